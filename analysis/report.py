@@ -1,0 +1,71 @@
+"""Write a run's report: CSV tables and a Markdown summary under ``RUN/report/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import yesno
+from analysis.frames import open_run, readouts
+from probe.store import atomic_write_text
+
+
+def _md_table(df: pd.DataFrame, floatfmt: str = "{:+.3f}") -> str:
+    cols = [df.index.name or "", *map(str, df.columns)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for idx, row in df.iterrows():
+        cells = [floatfmt.format(v) if isinstance(v, float) else str(v) for v in row]
+        lines.append("| " + " | ".join([str(idx), *cells]) + " |")
+    return "\n".join(lines)
+
+
+def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
+    """Per-dilemma P(CBR) cells and the lexical / order decomposition, as CSV and Markdown."""
+    store = open_run(run)
+    man = store.manifest()
+    opts, per_trial = readouts(store)
+    pc = yesno.p_cbr(opts)
+    cells = yesno.cell_table(per_trial, pc)
+    dec = yesno.decompose(cells)
+    table = cells.join(dec)
+    table.loc["mean"] = table.mean(numeric_only=True)
+    cov = per_trial.groupby("item_id")["coverage"].mean()
+    out = store.root / "report"
+    out.mkdir(exist_ok=True)
+    atomic_write_text(out / "yesno_by_item.csv", table.to_csv(float_format="%.6f"))
+    short = table[["p_cbr_approve_yes_first", "p_cbr_approve_no_first", "p_cbr_oppose_yes_first",
+                   "p_cbr_oppose_no_first", "z", "lexical", "order", "apparent"]]
+    short.columns = ["P approve yf", "P approve nf", "P oppose yf", "P oppose nf", "z", "lexical", "order", "apparent"]
+    short.index.name = "dilemma"
+    eng = man.get("engine", {})
+    lines = [
+        f"# yes/no battery: {eng.get('settings', {}).get('model', '?')}",
+        "",
+        f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
+        f"- model path: `{eng.get('model_path')}` ({eng.get('model_class')}, {eng.get('dtype')}, {eng.get('device')})",
+        f"- think mode: {eng.get('settings', {}).get('think')}; forms: {', '.join(man['spec'].get('forms', []))}",
+        f"- mean option coverage at the answer slot: {cov.mean():.3f} (min over dilemmas {cov.min():.3f})",
+        "",
+        "P = P(cost-benefit answer) per verb x printed order cell (yf: yes printed first, nf: no first),",
+        "averaged over wording forms. z = mean(2P - 1) is the story's stance; lexical = pull toward the",
+        "word yes (negative: toward no); order = pull toward the first-printed option; apparent = lexical + order.",
+        "",
+        _md_table(short),
+        "",
+    ]
+    if per_trial["replicate"].nunique() > 1:
+        sd = yesno.salt_noise(per_trial, pc)
+        lines += [f"Salt noise floor: median within-form SD of P(CBR) over {per_trial['replicate'].nunique()} "
+                  f"replicates = {sd.median():.4f} (max {sd.max():.4f}).", ""]
+        atomic_write_text(out / "yesno_salt_noise.csv", sd.to_frame().to_csv(float_format="%.6f"))
+    atomic_write_text(out / "summary.md", "\n".join(lines))
+    return out, table
+
+
+def write_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
+    store = open_run(run)
+    experiment = store.manifest().get("experiment")
+    if experiment == "yesno":
+        return yesno_report(run)
+    raise ValueError(f"no report for experiment {experiment!r} yet")

@@ -1,0 +1,46 @@
+"""The engine contract: lists in, lists out, same order.
+
+A logit engine implements ``readout``; every engine implements ``sample``.
+Nothing else is required. Engines import their heavy libraries lazily so that
+a CPU-only or API-only install works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from probe.types import Readout, Sample, Trial
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every backend provides."""
+
+    name: str
+
+    def readout(self, trials: Sequence[Trial]) -> list[Readout]:
+        """The answer-slot distribution of each trial, in input order."""
+        ...
+
+    def sample(self, trials: Sequence[Trial], n: int, temperature: float) -> list[Sample]:
+        """``n`` sampled answers per trial at ``temperature``, trial-major, in input order."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Model, revision and settings, for the run manifest."""
+        ...
+
+
+class MissingExtra(ImportError):
+    """A backend's library is not installed; the message says which extra to install."""
+
+
+def require(module: str, extra: str) -> Any:
+    """Import ``module`` or fail with a pip hint naming the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise MissingExtra(f"{module} is not installed; install it with: pip install 'probe[{extra}]'") from e

@@ -1,0 +1,113 @@
+"""The forced yes/no instrument (paper 003, I-3, its first slice).
+
+Each dilemma is asked as a yes/no question crossed by
+
+* **verb**: ``approve`` ("Is it morally acceptable to X?", *yes* endorses X)
+  or ``oppose`` ("Is it morally wrong to X?", *yes* rejects X);
+* **order**: ``yes_first`` ("Answer with Yes or No.") or ``no_first``;
+* **form**: a small family of logically equivalent wordings of each verb.
+
+Crossing verb with order is what separates the order bias (a pull toward a
+printed position) from the lexical bias (a pull toward the word) in the
+analysis; the forms make the result a property of a family of wordings rather
+than of one sentence. Each option carries its meaning: ``cbr`` when answering
+it endorses the dilemma's cost-benefit pole, ``anti`` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from experiments.dilemmas import Dilemma, load_dilemmas
+from probe.grid import Grid
+from probe.salts import SaltSpec, apply_salt, make_salt
+from probe.types import Message, Trial, make_trial_id
+
+NAME = "yesno"
+
+# form -> (approve question, oppose question); {action} is the dilemma's action phrase.
+FORMS: dict[str, tuple[str, str]] = {
+    "acceptable": ("Is it morally acceptable to {action}?", "Is it morally wrong to {action}?"),
+    "permissible": ("Is it permissible for you to {action}?", "Is it impermissible for you to {action}?"),
+    "should": ("Should you {action}?", "Should you refuse to {action}?"),
+}
+VERBS = ("approve", "oppose")
+ORDERS = ("yes_first", "no_first")
+
+
+@dataclass(frozen=True)
+class YesNoSpec:
+    """What the yes/no battery asks. Serialized into the run manifest."""
+
+    dilemmas: str | None = None
+    """Path of a dilemma file (YAML/JSONL); None = the project's own set."""
+    forms: tuple[str, ...] = tuple(FORMS)
+    labels: tuple[str, str] = ("Yes", "No")
+    """The printed yes and no words (the options the slot is read over)."""
+    salts: SaltSpec = field(default_factory=SaltSpec)
+    items: tuple[str, ...] = ()
+    """Restrict to these dilemma ids (empty = all)."""
+
+    def __post_init__(self) -> None:
+        bad = [f for f in self.forms if f not in FORMS]
+        if bad or not self.forms:
+            raise ValueError(f"unknown yes/no forms {bad or '(none given)'}; choose from {sorted(FORMS)}")
+        if len(self.labels) != 2 or self.labels[0] == self.labels[1] or not all(self.labels):
+            raise ValueError(f"labels must be two distinct non-empty strings, got {self.labels!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": NAME, **asdict(self)}
+
+
+def question(d: Dilemma, form: str, verb: str, order: str, labels: tuple[str, str]) -> tuple[str, tuple[str, str]]:
+    """The user message text and the printed options (in print order)."""
+    q = FORMS[form][VERBS.index(verb)].format(action=d.action)
+    yes, no = labels
+    printed = (yes, no) if order == "yes_first" else (no, yes)
+    return f"{d.story}\n\n{q} Answer with {printed[0]} or {printed[1]}.", printed
+
+
+def meaning(d: Dilemma, verb: str, option_is_yes: bool) -> str:
+    """``cbr`` if answering this option endorses the dilemma's cost-benefit pole."""
+    endorses_action = option_is_yes == (verb == "approve")
+    endorsed = "action" if endorses_action else "complement"
+    return "cbr" if endorsed == d.cbr_pole else "anti"
+
+
+def expand(spec: YesNoSpec, count_tokens: Callable[[str], int] | None = None) -> list[Trial]:
+    """All trials of the battery, in a fixed order (item, form, verb, order, replicate)."""
+    dilemmas = load_dilemmas(spec.dilemmas)
+    if spec.items:
+        known = {d.id for d in dilemmas}
+        missing = [i for i in spec.items if i not in known]
+        if missing:
+            raise ValueError(f"unknown dilemma ids {missing}; known: {sorted(known)}")
+        dilemmas = tuple(d for d in dilemmas if d.id in spec.items)
+    grid = Grid.of({"form": spec.forms, "verb": VERBS, "order": ORDERS})
+    salts = [make_salt(r, spec.salts, count_tokens) for r in range(spec.salts.count)]
+    label_pair = "/".join(spec.labels)
+    trials = []
+    for d in dilemmas:
+        for cell in grid:
+            text, printed = question(d, cell["form"], cell["verb"], cell["order"], spec.labels)
+            means = tuple(meaning(d, cell["verb"], o == spec.labels[0]) for o in printed)
+            factors = {**cell, "labels": label_pair}
+            for rep, salt in enumerate(salts):
+                system, user = apply_salt(None, text, salt, spec.salts.place)
+                msgs = ((Message("system", system),) if system else ()) + (Message("user", user),)
+                trials.append(
+                    Trial(
+                        trial_id=make_trial_id(NAME, d.id, factors, salt, rep),
+                        experiment=NAME,
+                        item_id=d.id,
+                        factors=factors,
+                        messages=msgs,
+                        options=printed,
+                        meaning=means,
+                        salt=salt,
+                        replicate=rep,
+                    )
+                )
+    return trials

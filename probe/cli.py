@@ -1,0 +1,223 @@
+"""The ``probe`` command line: run, readout, merge, analyze, tiny."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EPILOG = """examples:
+  probe run yesno --model tiny --out runs/yesno-tiny
+  probe analyze runs/yesno-tiny
+  probe readout --model tiny --prompt "Is water wet? Answer with Yes or No." --options Yes,No
+  probe run yesno --model Qwen/Qwen3-8B --out runs/q8 --shard $SLURM_ARRAY_TASK_ID/8   # then: probe merge runs/q8
+"""
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", default="tiny", help="tiny, tiny-hybrid, a local model folder, or a Hugging Face id (default: tiny)")
+    g.add_argument("--think", action="store_true", help="reason first (greedy, up to --think-budget tokens), then read the answer slot")
+    g.add_argument("--think-budget", type=int, default=512, help="most reasoning tokens in think mode (default: 512)")
+    g.add_argument("--system", default=None, help="system prompt added to every trial")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    g.add_argument("--batch-size", type=int, default=16, help="most trials per forward pass (default: 16)")
+    g.add_argument("--revision", default=None, help="model revision (hub branch, tag or commit)")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub (needed by some models)")
+
+
+def _settings(a: argparse.Namespace) -> object:
+    from engines.hf import HFSettings
+
+    return HFSettings(
+        model=a.model, dtype=a.dtype, device=a.device, batch_size=a.batch_size, think=a.think,
+        think_budget=a.think_budget, system_prompt=a.system, revision=a.revision,
+        trust_remote_code=a.trust_remote_code,
+    )
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from experiments.yesno import YesNoSpec
+    from probe.runner import run
+    from probe.salts import SaltSpec
+    from probe.store import Shard
+
+    if a.experiment != "yesno":
+        raise ValueError(f"unknown experiment {a.experiment!r}; available: yesno")
+    spec = YesNoSpec(
+        dilemmas=str(Path(a.dilemmas).resolve()) if a.dilemmas else None,
+        items=tuple(a.items.split(",")) if a.items else (),
+        salts=SaltSpec(count=a.salts, seed=a.salt_seed, n_tokens=a.salt_tokens, place=a.salt_place),
+        **({"forms": tuple(a.forms.split(","))} if a.forms else {}),
+    )
+    shard = Shard.parse(a.shard) if a.shard else None
+    store = run(a.experiment, spec, _settings(a), Path(a.out), shard=shard, chunk_size=a.chunk_size,  # type: ignore[arg-type]
+                progress=not a.quiet)
+    print(f"wrote {store.root}")
+    if shard is None and not a.no_report:
+        from analysis.report import write_report
+
+        out, _ = write_report(store.root)
+        print(f"report: {out / 'summary.md'}")
+    return 0
+
+
+def cmd_readout(a: argparse.Namespace) -> int:
+    from engines.hf import HFEngine
+    from probe.types import Message, Trial
+
+    options = tuple(o for o in a.options.split(a.sep))
+    if not a.options or any(not o for o in options):
+        raise ValueError(f"--options needs non-empty options separated by {a.sep!r}, got {a.options!r}")
+    msgs = ((Message("system", a.system),) if a.system else ()) + (Message("user", a.prompt),)
+    trial = Trial("cli", "cli", "cli", {}, msgs, options, options, assistant_prefix=a.assistant_prefix)
+    settings = _settings(a)
+    engine = HFEngine(settings)  # type: ignore[arg-type]
+    r = engine.readout([trial])[0]
+    if a.json:
+        doc = {
+            "model": a.model,
+            "model_path": engine.describe()["model_path"],
+            "think": a.think,
+            "prompt_token_ids": list(r.prompt_ids),
+            "options": [
+                {"option": s.option, "token_ids": list(s.token_ids), "logprob": s.logprob, "prob": s.prob}
+                for s in r.scores
+            ],
+            "coverage": r.coverage,
+            "greedy_option": r.greedy_option,
+            "top_other": [{"token": t, "prob": p} for t, p in r.top_other],
+            "reasoning": r.reasoning,
+            "reasoning_tokens": r.reasoning_tokens,
+            "hit_budget": r.hit_budget,
+        }
+        print(json.dumps(doc, ensure_ascii=False, indent=2))
+        return 0
+    if r.reasoning:
+        print(f"reasoning ({r.reasoning_tokens} tokens{', budget hit' if r.hit_budget else ''}): {r.reasoning}\n")
+    width = max(len(s.option) for s in r.scores)
+    print(f"{'option':<{width}}  {'prob':>8}  {'logprob':>10}  tokens")
+    for s in r.scores:
+        print(f"{s.option:<{width}}  {s.prob:8.4f}  {s.logprob:10.4f}  {list(s.token_ids)}")
+    print(f"coverage {r.coverage:.4f}; greedy option {r.greedy_option!r}; prompt {r.prompt_tokens} tokens")
+    if r.top_other:
+        print("most likely non-option tokens: " + ", ".join(f"{t!r} {p:.4f}" for t, p in r.top_other))
+    return 0
+
+
+def cmd_merge(a: argparse.Namespace) -> int:
+    from probe.store import merge_shards
+
+    store = merge_shards(Path(a.run))
+    print(f"merged {len(store.manifest()['merged_from'])} shards into {store.root} ({store.manifest()['n_trials']} trials)")
+    if not a.no_report:
+        from analysis.report import write_report
+
+        out, _ = write_report(store.root)
+        print(f"report: {out / 'summary.md'}")
+    return 0
+
+
+def cmd_analyze(a: argparse.Namespace) -> int:
+    from analysis.report import write_report
+
+    out, _ = write_report(Path(a.run))
+    print((out / "summary.md").read_text())
+    print(f"report written to {out}")
+    return 0
+
+
+def cmd_tiny(a: argparse.Namespace) -> int:
+    from probe import tiny
+
+    for name in a.names or tiny.TINY_NAMES:
+        print(f"{name}: {tiny.ensure_tiny(name, progress=True)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="probe",
+        description="Measure what language models value, crossing the frames of the question.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    r = sub.add_parser("run", help="run an experiment into a run directory (resumes if interrupted)",
+                       description="Expand an experiment into trials, read each answer slot, store the results. "
+                       "Re-running the same command resumes; a different spec in the same --out is refused.")
+    r.add_argument("experiment", help="experiment name (available: yesno)")
+    r.add_argument("--out", required=True, help="run directory (created; reused to resume)")
+    _engine_args(r)
+    g = r.add_argument_group("battery")
+    g.add_argument("--dilemmas", default=None, help="dilemma file (YAML or JSONL) instead of the project's own set")
+    g.add_argument("--items", default=None, help="comma-separated dilemma ids to keep (default: all)")
+    g.add_argument("--forms", default=None, help="comma-separated wording forms (default: all)")
+    g.add_argument("--salts", type=int, default=1, help="salted replicates per trial, the unsalted one included (default: 1)")
+    g.add_argument("--salt-seed", type=int, default=0, help="seed of the salt strings (default: 0)")
+    g.add_argument("--salt-tokens", type=int, default=8, help="tokens per salt string (default: 8)")
+    g.add_argument("--salt-place", default="user_start", choices=["user_start", "user_end", "system"],
+                   help="where the salt goes (default: user_start)")
+    g = r.add_argument_group("execution")
+    g.add_argument("--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n")
+    g.add_argument("--chunk-size", type=int, default=256, help="trials per committed chunk (default: 256)")
+    g.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+
+    o = sub.add_parser("readout", help="print the answer-slot distribution of one prompt",
+                       description="Render one prompt through the model's chat template and print the "
+                       "probability of each option at the answer slot.")
+    o.add_argument("--prompt", required=True, help="the user message")
+    o.add_argument("--options", required=True, help="the options, separated by --sep (default ',')")
+    o.add_argument("--sep", default=",", help="separator of --options (default ',')")
+    o.add_argument("--assistant-prefix", default="", help="text the reply starts with before the slot, e.g. 'Answer:'")
+    o.add_argument("--json", action="store_true", help="machine-readable output with token ids")
+    _engine_args(o)
+    o.set_defaults(func=cmd_readout)
+
+    m = sub.add_parser("merge", help="join the shard-i-of-n folders of a run",
+                       description="Join OUT/shard-*-of-n (from --shard runs) into OUT, after checking that every "
+                       "shard is present, complete and from the same run.")
+    m.add_argument("run", help="the --out folder the shards were written under")
+    m.add_argument("--no-report", action="store_true", help="do not write the report after merging")
+    m.set_defaults(func=cmd_merge)
+
+    n = sub.add_parser("analyze", help="write a run's report (CSV tables and a Markdown summary)",
+                       description="Read a run directory and write RUN/report/.")
+    n.add_argument("run", help="run directory")
+    n.set_defaults(func=cmd_analyze)
+
+    t = sub.add_parser("tiny", help="build the built-in tiny models (done automatically on first use)",
+                       description="Build the locally trained tiny test models into the cache ($PROBE_CACHE or ~/.cache/probe).")
+    t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
+    t.set_defaults(func=cmd_tiny)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from engines.base import MissingExtra
+    from engines.hf import OptionError
+    from experiments.dilemmas import DilemmaError
+    from probe.models import ModelError
+    from probe.store import StoreError
+
+    try:
+        return int(args.func(args))
+    except (ModelError, StoreError, DilemmaError, OptionError, MissingExtra, ValueError, FileNotFoundError) as e:
+        print(f"probe {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"probe {args.verb}: interrupted; committed chunks are kept, re-run the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The answer parser shared by every engine's ``sample()``.
+
+Sampled text is turned into one of the trial's options, or a status. The
+order of the rules matters and is the documented contract:
+
+1. **exact label**: the reply (think block removed, markup and trailing
+   punctuation stripped) is one option;
+2. **stated format**: the last line of the form ``Answer: X`` names an option;
+3. **refusal**: a recognizable refusal phrase -> ``refusal`` (checked before the
+   next rule so that "I can't say yes to this" is not read as *yes*);
+4. **single standalone label**: exactly one option occurs as a standalone
+   token in the reply;
+5. everything else is ``invalid``.
+
+Refusals and invalid answers are data: callers must never retry them away.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from probe.types import SampleStatus
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_OPEN_THINK = re.compile(r"^.*?</think>", re.DOTALL)
+_STRIP = " \t\r\n*_`\"'“”‘’()[]{}.,;:!?"
+_ANSWER_LINE = re.compile(r"^\s*(?:\*\*)?(?:final\s+)?answer(?:\*\*)?\s*[:：]\s*(.+?)\s*$", re.IGNORECASE)
+_REFUSAL = re.compile(
+    r"\b(i\s+(?:can(?:no|')t|cannot|won't|will\s+not|am\s+not\s+able\s+to|'m\s+not\s+able\s+to|"
+    r"am\s+unable\s+to|'m\s+unable\s+to|must\s+decline|decline\s+to|refuse\s+to|"
+    r"don't\s+feel\s+comfortable|do\s+not\s+feel\s+comfortable)|as\s+an\s+ai\b|"
+    r"it\s+(?:would\s+)?(?:is\s+)?not\s+(?:be\s+)?appropriate\s+for\s+me)",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    option: str | None
+    status: SampleStatus
+    rule: str
+    """Which rule decided: exact, stated, standalone, refusal or none."""
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """Split ``text`` into (reasoning, answer) at a think block, if any."""
+    m = _THINK.search(text)
+    if m:
+        return m.group(0)[len("<think>") : -len("</think>")].strip(), (text[: m.start()] + text[m.end() :]).strip()
+    m = _OPEN_THINK.search(text)  # template opened the block; the model only closed it
+    if m:
+        return m.group(0)[: -len("</think>")].strip(), text[m.end() :].strip()
+    if "<think>" in text:  # never closed: all reasoning, no answer
+        return text.split("<think>", 1)[1].strip(), ""
+    return "", text.strip()
+
+
+def _fold(options: Sequence[str]) -> bool:
+    """Match case-insensitively unless that would merge two options."""
+    return len({o.casefold() for o in options}) == len(options)
+
+
+def _match(candidate: str, options: Sequence[str], fold: bool) -> str | None:
+    cand = candidate.strip(_STRIP)
+    for o in options:
+        if cand == o or (fold and cand.casefold() == o.casefold()):
+            return o
+    return None
+
+
+def _standalone(text: str, options: Sequence[str], fold: bool) -> set[str]:
+    found: set[str] = set()
+    flags = re.IGNORECASE if fold else 0
+    for o in options:
+        if re.search(rf"(?<!\w){re.escape(o)}(?!\w)", text, flags):
+            found.add(o)
+    return found
+
+
+def parse_answer(text: str, options: Sequence[str]) -> Parsed:
+    """Parse a sampled reply into one of ``options`` (see the module docstring)."""
+    _, answer = split_reasoning(text)
+    fold = _fold(options)
+    if (hit := _match(answer, options, fold)) is not None:
+        return Parsed(hit, "ok", "exact")
+    for line in reversed(answer.splitlines()):
+        m = _ANSWER_LINE.match(line)
+        if m:
+            hit = _match(m.group(1), options, fold)
+            if hit is not None:
+                return Parsed(hit, "ok", "stated")
+            break
+    if _REFUSAL.search(answer):
+        return Parsed(None, "refusal", "refusal")
+    found = _standalone(answer, options, fold)
+    if len(found) == 1:
+        return Parsed(found.pop(), "ok", "standalone")
+    return Parsed(None, "invalid", "none")
