@@ -26,7 +26,7 @@ def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
     man = store.manifest()
     opts, per_trial = readouts(store)
     pc = yesno.p_cbr(opts)
-    cells = yesno.cell_table(per_trial, pc)
+    cells = yesno.cell_table(yesno.with_cbr_verb(per_trial, opts), pc)
     dec = yesno.decompose(cells)
     table = cells.join(dec)
     table.loc["mean"] = table.mean(numeric_only=True)
@@ -47,8 +47,9 @@ def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
         f"- think mode: {eng.get('settings', {}).get('think')}; forms: {', '.join(man['spec'].get('forms', []))}",
         f"- mean option coverage at the answer slot: {cov.mean():.3f} (min over dilemmas {cov.min():.3f})",
         "",
-        "P = P(cost-benefit answer) per verb x printed order cell (yf: yes printed first, nf: no first),",
-        "averaged over wording forms. z = mean(2P - 1) is the story's stance; lexical = pull toward the",
+        "P = P(cost-benefit answer) per verb x printed order cell, averaged over wording forms; approve:",
+        "yes endorses the cost-benefit pole, oppose: yes rejects it; yf / nf: yes / no printed first.",
+        "z = mean(2P - 1) is the story's stance; lexical = pull toward the",
         "word yes (negative: toward no); order = pull toward the first-printed option; apparent = lexical + order.",
         "",
         _md_table(short),

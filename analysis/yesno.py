@@ -8,6 +8,13 @@ For each story and printed order ``o`` (yes-first ``yf`` / no-first ``nf``)::
     apparent = bias_yf = lexical + order    # what the standard "yes or no" question shows
     z        = mean over the four cells of 2 P(CBR) - 1   # the story's I-3 stance
 
+The verb is taken **relative to the cost-benefit pole**: "approve" means that
+answering *yes* endorses the CBR pole. For the usual item (the CBR pole is the
+action) that is the question's own verb; for an item whose CBR pole is the
+complement, "Is it acceptable to <action>?" is an *oppose* question in this
+sense. With that reading, lexical = mean(2 P(yes) - 1) for every item, so the
+components keep their meaning (and sign) across the whole item set.
+
 All functions are pure and take tidy frames.
 """
 
@@ -24,14 +31,38 @@ def p_cbr(options: pd.DataFrame) -> pd.Series:
     return cbr.groupby(options["trial_id"]).sum().rename("p_cbr")
 
 
+def with_cbr_verb(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFrame:
+    """Add ``cbr_verb``: ``approve`` where answering yes endorses the CBR pole, else ``oppose``.
+
+    Derived from the stored option meanings, not re-derived from the item: the
+    first-printed option is *yes* under ``yes_first``, so its meaning (flipped
+    under ``no_first``) is what *yes* means in that trial.
+    """
+    first = options[options["position"] == 0].set_index("trial_id")["meaning"]
+    df = per_trial.copy()
+    first_meaning = df["trial_id"].map(first)
+    if first_meaning.isna().any():
+        raise ValueError(f"{int(first_meaning.isna().sum())} trials have no printed options in the results")
+    yes_is_cbr = (first_meaning == "cbr") == (df["order"] == "yes_first")
+    df["cbr_verb"] = yes_is_cbr.map({True: "approve", False: "oppose"})
+    return df
+
+
 def cell_table(per_trial: pd.DataFrame, pcbr: pd.Series, replicate: int = 0) -> pd.DataFrame:
-    """Mean P(CBR) per (item, verb, order), averaged over wording forms, for one salt replicate."""
+    """Mean P(CBR) per (item, CBR-relative verb, order), averaged over wording forms, for one salt replicate.
+
+    ``per_trial`` needs the ``cbr_verb`` column of :func:`with_cbr_verb`.
+    Every item must have all four cells; a missing one is an error naming the items.
+    """
     df = per_trial[per_trial["replicate"] == replicate].join(pcbr, on="trial_id")
-    cells = df.groupby(["item_id", "verb", "order"], sort=False)["p_cbr"].mean().unstack(["verb", "order"])
+    cells = df.groupby(["item_id", "cbr_verb", "order"], sort=False)["p_cbr"].mean().unstack(["cbr_verb", "order"])
     missing = [c for c in CELLS if c not in cells.columns]
     if missing:
         raise ValueError(f"yes/no cells missing from the run: {missing}; the battery needs all four verb x order cells")
     cells = cells[CELLS]
+    holes = cells.index[cells.isna().any(axis=1)].tolist()
+    if holes:
+        raise ValueError(f"yes/no cells missing for items {holes}; every item needs all four verb x order cells")
     cells.columns = [f"p_cbr_{v}_{o}" for v, o in CELLS]
     return cells
 
@@ -51,6 +82,10 @@ def decompose(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def salt_noise(per_trial: pd.DataFrame, pcbr: pd.Series) -> pd.Series:
-    """Within-form SD of P(CBR) across salted replicates, per (item, form, verb, order)."""
+    """Within-form SD of P(CBR) across replicates (the unsalted one included), per (item, form, verb, order).
+
+    Every replicate, salted or not, is one draw of a meaningless context around
+    the same question, so all of them enter the noise floor.
+    """
     df = per_trial.join(pcbr, on="trial_id")
     return df.groupby(["item_id", "form", "verb", "order"])["p_cbr"].std(ddof=1).rename("salt_sd")

@@ -141,6 +141,7 @@ class HFEngine:
             s.dtype, torch.bfloat16 if cuda else torch.float32
         )
         kw: dict[str, Any] = {"revision": s.revision, "trust_remote_code": s.trust_remote_code}
+        transformers.logging.disable_progress_bar()  # probe shows its own progress; keep logs clean
         try:
             self._tok = transformers.AutoTokenizer.from_pretrained(ref.path, **kw)
             device_map: Any = "auto" if (cuda and s.device == "auto") else (s.device if cuda else "cpu")

@@ -28,12 +28,14 @@ _OPEN_THINK = re.compile(r"^.*?</think>", re.DOTALL)
 _STRIP = " \t\r\n*_`\"'“”‘’()[]{}.,;:!?"
 _ANSWER_LINE = re.compile(r"^\s*(?:\*\*)?(?:final\s+)?answer(?:\*\*)?\s*[:：]\s*(.+?)\s*$", re.IGNORECASE)
 _REFUSAL = re.compile(
-    r"\b(i\s+(?:can(?:no|')t|cannot|won't|will\s+not|am\s+not\s+able\s+to|'m\s+not\s+able\s+to|"
-    r"am\s+unable\s+to|'m\s+unable\s+to|must\s+decline|decline\s+to|refuse\s+to|"
-    r"don't\s+feel\s+comfortable|do\s+not\s+feel\s+comfortable)|as\s+an\s+ai\b|"
-    r"it\s+(?:would\s+)?(?:is\s+)?not\s+(?:be\s+)?appropriate\s+for\s+me)",
+    r"\b(?:i\s*(?:'m|am)\s+(?:not\s+able|unable|not\s+comfortable|not\s+going)\s+to"
+    r"|i\s+(?:can(?:no|')t|cannot|won't|will\s+not|must\s+decline|decline\s+to|refuse\s+to"
+    r"|(?:don't|do\s+not)\s+feel\s+comfortable)"
+    r"|as\s+an\s+ai\b"
+    r"|it(?:'s|\s+is|\s+would\s+(?:not\s+)?be)\s+(?:not\s+)?(?:appropriate|inappropriate)\s+for\s+me)",
     re.IGNORECASE,
 )
+_APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "ʼ": "'"})
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def parse_answer(text: str, options: Sequence[str]) -> Parsed:
             if hit is not None:
                 return Parsed(hit, "ok", "stated")
             break
-    if _REFUSAL.search(answer):
+    if _REFUSAL.search(answer.translate(_APOSTROPHES)):
         return Parsed(None, "refusal", "refusal")
     found = _standalone(answer, options, fold)
     if len(found) == 1:

@@ -1,0 +1,194 @@
+"""Engine conformance on both tiny architectures, against independent brute force."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from tests.conftest import make_trial
+
+YESNO = "You are on a bridge. Is it morally acceptable to push the man? Answer with Yes or No."
+SCALE = "How acceptable is it? On a scale from 0 to 100, answer with a number only."
+SCALE_OPTIONS = [str(i) for i in range(101)]
+LETTERS = "Pick one. Answer with A or B."
+
+
+def brute_force(engine, prompt_ids, options_ids) -> list[float]:
+    """log P(option is the whole answer) from plain full-sequence forward passes.
+
+    No cache, no padding, no trie: every sequence prompt + tokens is run whole
+    (sequences of equal length share one forward, which needs no padding).
+    P(o) is the chain rule over o's tokens, and an option that is a prefix of
+    longer options loses the mass P(o + c) of each continuation token c.
+    """
+    model = engine.model
+    wanted = {tuple(o) for o in options_ids}
+    for o in options_ids:
+        wanted |= {(*o, oo[len(o)]) for oo in options_ids if len(oo) > len(o) and tuple(oo[: len(o)]) == tuple(o)}
+    seq_lp: dict[tuple[int, ...], float] = {}
+    for length in sorted({len(w) for w in wanted}):
+        group = sorted(w for w in wanted if len(w) == length)
+        full = torch.tensor([list(prompt_ids) + list(w) for w in group])
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(input_ids=full).logits.double(), dim=-1)
+        start = len(prompt_ids) - 1
+        for r, w in enumerate(group):
+            seq_lp[w] = float(sum(lp[r, start + i, t] for i, t in enumerate(w)))
+    out = []
+    for o in options_ids:
+        conts = {oo[len(o)] for oo in options_ids if len(oo) > len(o) and tuple(oo[: len(o)]) == tuple(o)}
+        p_end = math.exp(seq_lp[tuple(o)]) - math.fsum(math.exp(seq_lp[(*o, c)]) for c in conts)
+        out.append(math.log(p_end))
+    return out
+
+
+@pytest.mark.parametrize(
+    "user,options",
+    [(YESNO, ["Yes", "No"]), (LETTERS, ["A", "B", "C"]), (SCALE, SCALE_OPTIONS), (YESNO, ["Yes, it is", "No", "Yes"])],
+    ids=["yesno", "letters", "scale0-100", "multiword-prefix"],
+)
+def test_logprobs_match_brute_force(engine, user, options):
+    trial = make_trial(user, options)
+    r = engine.readout([trial])[0]
+    ref = brute_force(engine, r.prompt_ids, [s.token_ids for s in r.scores])
+    got = [s.logprob for s in r.scores]
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    assert math.isclose(sum(s.prob for s in r.scores), 1.0, abs_tol=1e-9)
+    assert r.coverage == pytest.approx(sum(math.exp(v) for v in ref), abs=1e-4)
+    assert r.greedy_option == options[int(np.argmax(ref))]
+
+
+def test_scale_digits_are_multi_token(engine):
+    r = engine.readout([make_trial(SCALE, SCALE_OPTIONS)])[0]
+    n = {s.option: len(s.token_ids) for s in r.scores}
+    assert (n["7"], n["10"], n["100"]) == (1, 2, 3)
+    assert r.computed_tokens > r.prompt_tokens  # the trie was expanded on the cache
+    assert r.coverage <= 1.0 + 1e-9
+
+
+def _mixed_trials():
+    stories = ["Short one.", "A much longer story " * 12, "Medium length story here " * 4]
+    out = []
+    for i in range(18):
+        s = stories[i % 3]
+        if i % 2:
+            out.append(make_trial(f"{s} {SCALE}", SCALE_OPTIONS[:21], trial_id=f"t{i}"))
+        else:
+            out.append(make_trial(f"{s} {YESNO}", ["Yes", "No"], trial_id=f"t{i}"))
+    return out
+
+
+def test_batch_size_and_padding_invariance(engine):
+    from engines.hf import HFEngine
+
+    trials = _mixed_trials()
+    ref = None
+    for bs in (1, 3, 16):
+        e = HFEngine(engine.settings.__class__(**{**engine.settings.__dict__, "batch_size": bs}),
+                     model=engine.model, tokenizer=engine.tokenizer).load()
+        got = np.array([[s.logprob for s in r.scores] + [r.coverage] for r in e.readout(trials)], dtype=object)
+        flat = np.concatenate([np.asarray(g, dtype=float) for g in got])
+        if ref is None:
+            ref = flat
+        else:
+            np.testing.assert_allclose(flat, ref, atol=1e-5, rtol=0)
+    # alone (no padding) vs in a batch with much longer prompts (heavy left padding)
+    alone = engine.readout([trials[0]])[0]
+    padded = engine.readout([trials[1], trials[0], trials[3]])[1]
+    np.testing.assert_allclose([s.logprob for s in alone.scores], [s.logprob for s in padded.scores], atol=1e-5)
+
+
+def test_results_come_back_in_input_order(engine):
+    trials = _mixed_trials()
+    rs = engine.readout(trials)
+    assert [r.trial_id for r in rs] == [t.trial_id for t in trials]
+
+
+def test_think_mode_matches_brute_force_on_concatenated_ids(engine):
+    from engines.hf import HFEngine
+
+    e = HFEngine(engine.settings.__class__(**{**engine.settings.__dict__, "think": True, "think_budget": 12}),
+                 model=engine.model, tokenizer=engine.tokenizer).load()
+    trials = [make_trial(YESNO, ["Yes", "No"], trial_id="a"), make_trial(SCALE, SCALE_OPTIONS[:12], trial_id="b")]
+    for r, t in zip(e.readout(trials), trials, strict=True):
+        base = e.render(t, think=True)
+        assert r.prompt_ids[: len(base)] == base  # reasoning appended as ids, prompt never re-tokenized
+        assert r.reasoning_tokens > 0
+        tail = e.tokenizer.decode(list(r.prompt_ids[len(base):]))
+        assert tail.endswith("</think>\n\n")
+        if r.hit_budget:
+            assert r.reasoning_tokens == 12
+        ref = brute_force(e, r.prompt_ids, [s.token_ids for s in r.scores])
+        np.testing.assert_allclose([s.logprob for s in r.scores], ref, atol=1e-4)
+
+
+def test_assistant_prefix_scores_options_with_a_space(tiny_engine):
+    r = tiny_engine.readout([make_trial(YESNO, ["Yes", "No"], prefix="Answer:")])[0]
+    yes_ids = r.scores[0].token_ids
+    assert tiny_engine.tokenizer.decode(list(yes_ids)) == " Yes"
+    assert tiny_engine.tokenizer.decode(list(r.prompt_ids)).endswith("Answer:")
+
+
+def test_option_errors_are_clear(tiny_engine):
+    from engines.hf import OptionError
+    from probe.types import Message, Trial
+
+    with pytest.raises(ValueError, match="option list is empty"):
+        Trial("x", "e", "i", {}, (Message("user", "q"),), (), ())
+    with pytest.raises(OptionError, match="empty option"):
+        tiny_engine.readout([make_trial(YESNO, ["Yes", ""])])
+
+
+def test_sampled_frequencies_match_readout(tiny_engine):
+    """First-token frequencies at T=1 against the readout (chi-square goodness of fit)."""
+    from engines.hf import HFEngine
+
+    e = HFEngine(tiny_engine.settings.__class__(model="tiny", max_new_tokens=1, batch_size=64),
+                 model=tiny_engine.model, tokenizer=tiny_engine.tokenizer).load()
+    trial = make_trial(YESNO, ["Yes", "No"])
+    r = e.readout([trial])[0]
+    n = 3000
+    samples = e.sample([trial], n=n, temperature=1.0)
+    assert [s.replicate for s in samples] == list(range(n))
+    counts = np.array([sum(s.option == o for s in samples) for o in ("Yes", "No")] + [0])
+    counts[2] = n - counts[:2].sum()
+    p = np.array([math.exp(r.scores[0].logprob), math.exp(r.scores[1].logprob), 1 - r.coverage])
+    res = stats.chisquare(counts, p * n)
+    assert res.pvalue > 1e-3, (counts, p * n)
+    again = e.sample([trial], n=50, temperature=1.0)
+    assert [s.text for s in again] == [s.text for s in samples[:50]]  # per-draw seeding: reproducible
+
+
+def test_sample_statuses_and_usage(tiny_engine):
+    trial = make_trial(LETTERS, ["A", "B"])
+    samples = tiny_engine.sample([trial, trial], n=4, temperature=0.7)
+    assert len(samples) == 8
+    assert all(s.status in ("ok", "invalid", "refusal") for s in samples)
+    assert sum(s.status == "ok" for s in samples) >= 6  # the trained tiny model answers in format
+    assert all(s.completion_tokens >= 1 and s.prompt_tokens > 0 for s in samples)
+    greedy = tiny_engine.sample([trial], n=2, temperature=0.0)
+    assert greedy[0].text == greedy[1].text
+
+
+def test_bad_settings_fail_clearly():
+    from engines.hf import HFSettings
+
+    with pytest.raises(ValueError, match="dtype"):
+        HFSettings(model="tiny", dtype="float8")
+    with pytest.raises(ValueError, match="batch_size"):
+        HFSettings(model="tiny", batch_size=0)
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    from engines.hf import HFEngine, HFSettings
+    from probe.models import ModelError
+
+    with pytest.raises(ModelError, match="does not exist"):
+        HFEngine(HFSettings(model=str(tmp_path / "nope"))).load()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="config.json"):
+        HFEngine(HFSettings(model=str(tmp_path / "empty"))).load()

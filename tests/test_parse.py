@@ -1,0 +1,195 @@
+"""probe.parse: the answer parser's rules, in their documented order."""
+
+from __future__ import annotations
+
+import pytest
+
+from probe.parse import parse_answer, split_reasoning
+
+YN = ["Yes", "No"]
+AB = ["A", "B"]
+
+
+def _check(text: str, options, option, status, rule) -> None:
+    got = parse_answer(text, options)
+    assert (got.option, got.status, got.rule) == (option, status, rule), text
+
+
+# ---------------------------------------------------------------- rule 1: exact label
+
+
+@pytest.mark.parametrize(
+    ("text", "option"),
+    [
+        ("Yes", "Yes"),
+        ("**Yes.**", "Yes"),
+        ("  No!\n", "No"),
+        ('"No"', "No"),
+        ("`Yes`", "Yes"),
+        ("(No).", "No"),
+        ("yes", "Yes"),  # case folded: options differ otherwise
+        ("NO", "No"),
+    ],
+)
+def test_exact_label(text: str, option: str) -> None:
+    _check(text, YN, option, "ok", "exact")
+
+
+def test_exact_returns_the_option_spelling() -> None:
+    assert parse_answer("b", AB).option == "B"
+
+
+# ---------------------------------------------------------------- rule 2: stated format
+
+
+@pytest.mark.parametrize(
+    ("text", "option"),
+    [
+        ("Reasoning about the case...\nAnswer: B", "B"),
+        ("Some thoughts.\n**Answer:** A", "A"),
+        ("Some thoughts.\n**Answer**: A", "A"),
+        ("Weighing it up.\nFinal answer: **B**", "B"),
+        ("Thinking.\nANSWER: b.", "B"),
+        ("Answer: A\nOn reflection...\nAnswer: B", "B"),  # the last such line counts
+    ],
+)
+def test_stated_format(text: str, option: str) -> None:
+    _check(text, AB, option, "ok", "stated")
+
+
+def test_stated_beats_refusal_and_standalone() -> None:
+    # a refusal phrase and both labels occur, but the stated line decides
+    _check("I can't be certain; A or B both have merit.\nAnswer: B", AB, "B", "ok", "stated")
+
+
+def test_stated_non_option_falls_through_to_later_rules() -> None:
+    # the last Answer: line names no option, so rule 4 finds the single standalone label
+    _check("I lean towards B here.\nAnswer: C", AB, "B", "ok", "standalone")
+
+
+# ---------------------------------------------------------------- rule 3: refusal
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I can't help with that.",
+        "I cannot answer this question.",
+        "I won't choose between these.",
+        "I must decline to answer.",
+        "As an AI, I do not have moral opinions.",
+        "It would not be appropriate for me to pick.",
+    ],
+)
+def test_refusal(text: str) -> None:
+    _check(text, YN, None, "refusal", "refusal")
+
+
+def test_refusal_checked_before_standalone() -> None:
+    _check("I can't say yes to this", YN, None, "refusal", "refusal")
+
+
+@pytest.mark.parametrize("text", ["I'm unable to say yes to this.", "I'm not able to say yes to this."])
+def test_refusal_contracted_im(text: str) -> None:
+    _check(text, YN, None, "refusal", "refusal")
+
+
+def test_refusal_typographic_apostrophe() -> None:
+    _check("I can’t say yes to this.", YN, None, "refusal", "refusal")
+
+
+# ---------------------------------------------------------------- rule 4: single standalone label
+
+
+@pytest.mark.parametrize(
+    ("text", "option"),
+    [
+        ("I think the answer is no, definitely", "No"),
+        ("My verdict: yes. It saves more lives.", "Yes"),
+    ],
+)
+def test_single_standalone(text: str, option: str) -> None:
+    _check(text, YN, option, "ok", "standalone")
+
+
+def test_standalone_needs_word_boundaries() -> None:
+    # "Nothing", "yesterday" and "Noah" contain the labels only inside words
+    _check("Nothing happened yesterday to Noah.", YN, None, "invalid", "none")
+
+
+# ---------------------------------------------------------------- rule 5: invalid
+
+
+@pytest.mark.parametrize("text", ["yes or no?", "", "   \n ", "Maybe.", "Yes. No. Yes."])
+def test_invalid(text: str) -> None:
+    _check(text, YN, None, "invalid", "none")
+
+
+# ---------------------------------------------------------------- think blocks
+
+
+def test_think_block_is_stripped_before_parsing() -> None:
+    _check("<think>yes yes</think>\n\nNo", YN, "No", "ok", "exact")
+
+
+def test_template_opened_think_only_closed_by_model() -> None:
+    _check("Yes seems right... or not.</think>\nNo", YN, "No", "ok", "exact")
+
+
+def test_unclosed_think_is_invalid() -> None:
+    _check("<think>I am leaning towards yes", YN, None, "invalid", "none")
+
+
+def test_split_reasoning_cases() -> None:
+    assert split_reasoning("<think> weigh it </think>\n\n Yes ") == ("weigh it", "Yes")
+    assert split_reasoning("pre <think>r</think> post") == ("r", "pre  post")
+    assert split_reasoning("only closed</think>  No") == ("only closed", "No")
+    assert split_reasoning("<think>never closed") == ("never closed", "")
+    assert split_reasoning("  plain answer \n") == ("", "plain answer")
+
+
+# ---------------------------------------------------------------- case folding and symbol labels
+
+
+@pytest.mark.parametrize(
+    ("text", "option", "rule"),
+    [
+        ("A", "A", "exact"),
+        ("a", "a", "exact"),
+        ("**a.**", "a", "exact"),
+        ("Reasoning.\nAnswer: A", "A", "stated"),
+        ("Reasoning.\nAnswer: a", "a", "stated"),
+        ("My pick is a, clearly.", "a", "standalone"),
+        ("My pick is A, clearly.", "A", "standalone"),
+    ],
+)
+def test_no_case_folding_when_options_differ_only_by_case(text: str, option: str, rule: str) -> None:
+    _check(text, ["A", "a"], option, "ok", rule)
+
+
+@pytest.mark.parametrize(
+    ("text", "options", "option", "rule"),
+    [
+        ("✓", ["✓", "✗"], "✓", "exact"),
+        ("**✗**", ["✓", "✗"], "✗", "exact"),
+        ("I would mark it ✗ because of the harm.", ["✓", "✗"], "✗", "standalone"),
+        ("+", ["+", "-"], "+", "exact"),
+        ("-", ["+", "-"], "-", "exact"),
+        ("Considering it.\nAnswer: -", ["+", "-"], "-", "stated"),
+        ("A well-meant + from me.", ["+", "-"], "+", "standalone"),  # the hyphen in a word is no label
+    ],
+)
+def test_symbol_labels(text: str, options, option: str, rule: str) -> None:
+    _check(text, options, option, "ok", rule)
+
+
+def test_symbol_labels_ambiguous() -> None:
+    _check("Either ✓ or ✗.", ["✓", "✗"], None, "invalid", "none")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["It's not appropriate for me to say yes.", "It would not be appropriate for me to say yes", "I’m unable to say no"],
+)
+def test_refusal_other_phrasings(text: str) -> None:
+    _check(text, YN, None, "refusal", "refusal")

@@ -1,0 +1,191 @@
+"""The run store: atomic chunks, resume after SIGKILL, shards and merge, clear refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probe.store import RunStore, Shard, StoreError, chunk_bounds
+
+ROOT = Path(__file__).resolve().parent.parent
+ITEMS = "mine_cart_bridge,pond_child,dam_spillway"
+
+
+def probe_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "probe.cli", *args]
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run(probe_cmd(*args), capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"probe {' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
+def results(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    s = RunStore(run)
+    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
+    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
+    return opts, per
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    run_cli("run", "yesno", "--model", "tiny", "--out", str(out), "--items", ITEMS, "--salts", "2",
+            "--chunk-size", "8", "--quiet")
+    return out
+
+
+def test_run_writes_manifest_trials_results_and_report(reference_run: Path):
+    man = json.loads((reference_run / "manifest.json").read_text())
+    assert man["experiment"] == "yesno" and man["n_trials"] == 3 * 3 * 2 * 2 * 2
+    assert man["engine"]["model_class"] == "Qwen3MoeForCausalLM"
+    assert man["packages"]["torch"] and man["packages"]["transformers"]
+    assert man["identity"]["model_fingerprint"]
+    opts, per = results(reference_run)
+    assert len(per) == man["n_trials"] and per["trial_id"].is_unique
+    assert len(opts) == 2 * man["n_trials"]
+    assert opts.groupby("trial_id")["prob"].sum().sub(1).abs().max() < 1e-9
+    assert (reference_run / "report" / "summary.md").exists()
+    table = pd.read_csv(reference_run / "report" / "yesno_by_item.csv", index_col=0)
+    assert {"z", "lexical", "order", "apparent"} <= set(table.columns)
+    assert "salt" in (reference_run / "report" / "summary.md").read_text().lower()
+
+
+def test_sigkill_then_resume_gives_identical_results(reference_run: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["run", "yesno", "--model", "tiny", "--out", str(out), "--items", ITEMS, "--salts", "2",
+            "--chunk-size", "8", "--quiet", "--no-report"]
+    proc = subprocess.Popen(probe_cmd(*args), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    results_dir = out / "results"
+    while time.time() < deadline:  # kill as soon as at least one chunk is committed, mid-run
+        if results_dir.is_dir() and len(list(results_dir.glob("*.done"))) >= 2:
+            break
+        if proc.poll() is not None:
+            pytest.fail("the run finished before it could be killed; make the workload bigger")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_chunks = len(chunk_bounds(36, 8))
+    done_before = len(RunStore(out).done_chunks())
+    assert 1 <= done_before < n_chunks
+    p = run_cli(*args)
+    assert "resuming" in p.stdout
+    opts, per = results(out)
+    ref_opts, ref_per = results(reference_run)
+    assert per["trial_id"].is_unique and len(per) == len(ref_per)
+    pd.testing.assert_frame_equal(opts, ref_opts)  # bit-identical, not merely close
+    pd.testing.assert_frame_equal(per, ref_per)
+    p = run_cli(*args)  # a third run has nothing left to do
+    assert "already done" in p.stdout
+
+
+def test_a_different_spec_in_the_same_folder_is_refused(reference_run: Path):
+    p = run_cli("run", "yesno", "--model", "tiny", "--out", str(reference_run), "--items", ITEMS, "--quiet", check=False)
+    assert p.returncode == 2
+    assert "different run" in p.stderr and "spec" in p.stderr and "start fresh" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_shards_merge_to_the_unsharded_run(reference_run: Path, tmp_path: Path):
+    out = tmp_path / "sharded"
+    base = ["run", "yesno", "--model", "tiny", "--out", str(out), "--items", ITEMS, "--salts", "2",
+            "--chunk-size", "8", "--quiet"]
+    for i in range(3):
+        run_cli(*base, "--shard", f"{i}/3")
+    assert sorted(p.name for p in out.iterdir()) == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
+    run_cli("merge", str(out))
+    opts, per = results(out)
+    ref_opts, ref_per = results(reference_run)
+    cols = ["trial_id", "option", "prob"]
+    merged = opts[cols].merge(ref_opts[cols], on=["trial_id", "option"], suffixes=("", "_ref"))
+    assert len(merged) == len(ref_opts)
+    assert (merged["prob"] - merged["prob_ref"]).abs().max() < 1e-5  # batches differ across shards
+    assert sorted(per["trial_id"]) == sorted(ref_per["trial_id"])
+    assert (out / "report" / "summary.md").exists()
+
+
+def test_merge_refuses_missing_shards(tmp_path: Path):
+    out = tmp_path / "partial"
+    run_cli("run", "yesno", "--model", "tiny", "--out", str(out), "--items", "pond_child", "--shard", "1/2", "--quiet")
+    p = run_cli("merge", str(out), check=False)
+    assert p.returncode == 2 and "missing [0]" in p.stderr
+
+
+@pytest.mark.parametrize("text", ["3/3", "-1/2", "1", "a/b", "0/0"])
+def test_bad_shard_is_rejected(text: str):
+    with pytest.raises(ValueError, match="shard"):
+        Shard.parse(text)
+
+
+def test_shards_partition_the_trials():
+    trials = list(range(37))
+    parts = [Shard(i, 5).select(trials) for i in range(5)]  # type: ignore[arg-type]
+    assert sum(parts, []) == trials
+
+
+def test_cli_errors_are_one_clear_line(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- id: x\n  title: t\n")
+    cases = [
+        (["run", "yesno", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o1"), "--quiet"], "does not exist"),
+        (["run", "yesno", "--dilemmas", str(bad), "--out", str(tmp_path / "o2"), "--quiet"], "bad.yaml"),
+        (["run", "yesno", "--shard", "4/4", "--out", str(tmp_path / "o3"), "--quiet"], "shard"),
+        (["readout", "--prompt", "hi", "--options", "Yes,"], "non-empty"),
+        (["analyze", str(tmp_path)], "not a run directory"),
+    ]
+    for args, needle in cases:
+        p = run_cli(*args, check=False)
+        assert p.returncode == 2, (args, p.stderr)
+        assert needle in p.stderr, (args, p.stderr)
+        assert "Traceback" not in p.stderr
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists()
+
+
+def test_help_on_every_verb():
+    for verb in ("run", "readout", "merge", "analyze", "tiny"):
+        p = run_cli(verb, "--help")
+        assert "usage: probe " + verb in p.stdout
+
+
+def test_readout_json_has_ids_and_probabilities():
+    p = run_cli("readout", "--model", "tiny", "--prompt", "Is it fine? Answer with Yes or No.", "--options", "Yes,No", "--json")
+    doc = json.loads(p.stdout)
+    assert doc["model_path"] and doc["prompt_token_ids"]
+    assert [o["option"] for o in doc["options"]] == ["Yes", "No"]
+    assert all(o["token_ids"] and o["logprob"] <= 0 for o in doc["options"])
+    assert abs(sum(o["prob"] for o in doc["options"]) - 1) < 1e-9 and 0 < doc["coverage"] <= 1
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from probe import store
+
+    target = tmp_path / "x.json"
+    store.atomic_write_text(target, "old")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.os, "replace", boom)
+    with pytest.raises(OSError):
+        store.atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_store_open_refuses_a_non_run_folder(tmp_path: Path):
+    (tmp_path / "stuff.txt").write_text("x")
+    with pytest.raises(StoreError, match="not empty"):
+        RunStore.open(tmp_path, {"run_key": "k"}, [])
