@@ -110,8 +110,7 @@ def run(
         "dtype": desc["dtype"],
         "model_fingerprint": desc.get("fingerprint") or desc.get("commit_hash"),
         **{k: getattr(settings, k) for k in _IDENTITY_SETTINGS},
-        "shard": asdict(shard) if shard else None,
-    }
+    }  # the shard is not part of the identity: all shards of one run share its key
     manifest = {
         "run_key": run_key(identity),
         "identity": identity,

@@ -105,6 +105,10 @@ class Shard:
         return f"shard-{self.index}-of-{self.count}"
 
 
+def _trials_text(trials: Sequence[Trial]) -> str:
+    return "".join(canonical_json(t.to_record()) + "\n" for t in trials)
+
+
 def chunk_bounds(n_trials: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + chunk_size, n_trials)) for lo in range(0, n_trials, chunk_size)]
 
@@ -138,19 +142,19 @@ class RunStore:
                     f"{store.root} holds a different run (differs in: {', '.join(diff) or 'run key'}); "
                     f"refusing to mix results. Use a new --out, or delete {store.root} to start fresh."
                 )
-            ids = [t.trial_id for t in trials]
-            if store.trial_ids() != ids:
+            stored = (store.root / TRIALS).read_text(encoding="utf-8")
+            if stored != _trials_text(trials):
                 raise StoreError(
-                    f"{store.root}: the stored trials differ from this spec's expansion (same run key); "
-                    "the experiment code changed. Delete the folder to start fresh."
+                    f"{store.root}: the stored trials (prompts, options or ids) differ from what this spec "
+                    "expands to now, so the experiment code changed; refusing to mix. "
+                    "Use a new --out, or delete the folder to start fresh."
                 )
             return store
-        if store.root.exists() and any(store.root.iterdir()):
+        leftovers = [p for p in store.root.iterdir() if p.name != TRIALS and not p.name.startswith(".")] if store.root.exists() else []
+        if leftovers:  # a crash between trials.jsonl and manifest.json leaves only files we rewrite
             raise StoreError(f"{store.root} exists, is not empty and has no {MANIFEST}; choose another --out")
         store.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(
-            store.root / TRIALS, "".join(canonical_json(t.to_record()) + "\n" for t in trials)
-        )
+        atomic_write_text(store.root / TRIALS, _trials_text(trials))
         atomic_write_text(mpath, json.dumps(dict(manifest), indent=2, sort_keys=True, default=str) + "\n")
         return store
 
@@ -241,7 +245,7 @@ def merge_shards(root: Path) -> RunStore:
         existing = RunStore(root).manifest()
         if existing.get("run_key") != manifest["run_key"]:
             raise StoreError(f"{root} already holds a different run; merge into an empty folder")
-    atomic_write_text(root / TRIALS, "".join(canonical_json(t.to_record()) + "\n" for t in trials))
+    atomic_write_text(root / TRIALS, _trials_text(trials))
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
     merged = RunStore(root)
     names = sorted({n for s in stores for n in _table_names(s)})

@@ -14,7 +14,7 @@ from tests.conftest import make_trial
 YESNO = "You are on a bridge. Is it morally acceptable to push the man? Answer with Yes or No."
 SCALE = "How acceptable is it? On a scale from 0 to 100, answer with a number only."
 SCALE_OPTIONS = [str(i) for i in range(101)]
-LETTERS = "Pick one. Answer with A or B."
+LETTERS = "Tom found a key near the river.\nWhich is more likely?\nA. Tom went home\nB. Tom fell asleep\nAnswer with A or B."
 
 
 def brute_force(engine, prompt_ids, options_ids) -> list[float]:
@@ -165,10 +165,10 @@ def test_sampled_frequencies_match_readout(tiny_engine):
 
 def test_sample_statuses_and_usage(tiny_engine):
     trial = make_trial(LETTERS, ["A", "B"])
-    samples = tiny_engine.sample([trial, trial], n=4, temperature=0.7)
-    assert len(samples) == 8
+    samples = tiny_engine.sample([trial, trial], n=10, temperature=0.7)
+    assert len(samples) == 20
     assert all(s.status in ("ok", "invalid", "refusal") for s in samples)
-    assert sum(s.status == "ok" for s in samples) >= 6  # the trained tiny model answers in format
+    assert sum(s.status == "ok" for s in samples) >= 14  # the trained tiny model answers in format
     assert all(s.completion_tokens >= 1 and s.prompt_tokens > 0 for s in samples)
     greedy = tiny_engine.sample([trial], n=2, temperature=0.0)
     assert greedy[0].text == greedy[1].text

@@ -1,0 +1,26 @@
+"""GPU checks: skipped cleanly where there is no CUDA device (CI never has one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import make_trial
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-hybrid"])
+def test_gpu_fp32_matches_cpu_and_bf16_is_close(model: str) -> None:
+    from engines.hf import HFEngine, HFSettings
+
+    trials = [make_trial("Is it fine? Answer with Yes or No.", ["Yes", "No"], trial_id="a"),
+              make_trial("On a scale from 0 to 100, answer with a number only.", [str(i) for i in range(101)],
+                         trial_id="b")]
+    cpu = HFEngine(HFSettings(model=model, device="cpu")).readout(trials)
+    gpu32 = HFEngine(HFSettings(model=model, device="cuda", dtype="float32")).readout(trials)
+    gpu16 = HFEngine(HFSettings(model=model, device="cuda", dtype="bfloat16")).readout(trials)
+    for a, b, c in zip(cpu, gpu32, gpu16, strict=True):
+        np.testing.assert_allclose([s.prob for s in a.scores], [s.prob for s in b.scores], atol=1e-4)
+        assert max(abs(s.prob - t.prob) for s, t in zip(a.scores, c.scores, strict=True)) < 0.05
