@@ -34,8 +34,18 @@ def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
     out = store.root / "report"
     out.mkdir(exist_ok=True)
     atomic_write_text(out / "yesno_by_item.csv", table.to_csv(float_format="%.6f"))
-    short = table[["p_cbr_approve_yes_first", "p_cbr_approve_no_first", "p_cbr_oppose_yes_first",
-                   "p_cbr_oppose_no_first", "z", "lexical", "order", "apparent"]]
+    short = table[
+        [
+            "p_cbr_approve_yes_first",
+            "p_cbr_approve_no_first",
+            "p_cbr_oppose_yes_first",
+            "p_cbr_oppose_no_first",
+            "z",
+            "lexical",
+            "order",
+            "apparent",
+        ]
+    ]
     short.columns = ["P approve yf", "P approve nf", "P oppose yf", "P oppose nf", "z", "lexical", "order", "apparent"]
     short.index.name = "dilemma"
     eng = man.get("engine", {})
@@ -57,8 +67,11 @@ def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
     ]
     if per_trial["replicate"].nunique() > 1:
         sd = yesno.salt_noise(per_trial, pc)
-        lines += [f"Salt noise floor: median within-form SD of P(CBR) over {per_trial['replicate'].nunique()} "
-                  f"replicates = {sd.median():.4f} (max {sd.max():.4f}).", ""]
+        lines += [
+            f"Salt noise floor: median within-form SD of P(CBR) over {per_trial['replicate'].nunique()} "
+            f"replicates = {sd.median():.4f} (max {sd.max():.4f}).",
+            "",
+        ]
         atomic_write_text(out / "yesno_salt_noise.csv", sd.to_frame().to_csv(float_format="%.6f"))
     atomic_write_text(out / "summary.md", "\n".join(lines))
     return out, table

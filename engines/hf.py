@@ -193,7 +193,7 @@ class HFEngine:
         from probe.models import folder_fingerprint
 
         m = self.model
-        path = self._path or getattr(m, "name_or_path", "")
+        path = str(self._path or getattr(m, "name_or_path", ""))
         info: dict[str, Any] = {
             "engine": self.name,
             "settings": asdict(self.settings),
@@ -204,13 +204,10 @@ class HFEngine:
             "commit_hash": getattr(m.config, "_commit_hash", None),
             "n_parameters": sum(p.numel() for p in m.parameters()),
         }
-        try:
-            from pathlib import Path
+        from pathlib import Path
 
-            if Path(path).is_dir():
-                info["fingerprint"] = folder_fingerprint(path)
-        except OSError:
-            pass
+        if path and Path(path).is_dir():
+            info["fingerprint"] = folder_fingerprint(path)
         return info
 
     # ------------------------------------------------------------- rendering
@@ -289,10 +286,8 @@ class HFEngine:
         for t, ids, o, gen in zip(trials, base, opts, gens, strict=True):
             closed = bool(gen) and gen[-1] == end_id
             body = [g for g in gen if g not in stops]
-            if closed:
-                tail = self._special_ids("\n\n")
-            else:  # budget spent (or the model stopped inside the block): close it for it
-                tail = self._special_ids("\n</think>\n\n")
+            # budget spent (or the model stopped inside the block): close the block for it
+            tail = self._special_ids("\n\n" if closed else "\n</think>\n\n")
             pre = t.assistant_prefix
             full = (*ids, *body, *tail, *(self._special_ids(pre) if pre else ()))
             reasoning, _ = split_reasoning(tok.decode(body + ([] if closed else [end_id]), skip_special_tokens=False))
@@ -361,12 +356,7 @@ class HFEngine:
         expanded = [0] * len(prepared)
         rows: list[tuple[int, Prefix]] = [(b, ()) for b in range(len(prepared))]
         while True:  # breadth-first over internal nodes, one token per step
-            nxt = [
-                (r, b, (*p, t))
-                for r, (b, p) in enumerate(rows)
-                for t in tries[b][p]
-                if (*p, t) in tries[b]
-            ]
+            nxt = [(r, b, (*p, t)) for r, (b, p) in enumerate(rows) for t in tries[b][p] if (*p, t) in tries[b]]
             if not nxt:
                 break
             idx = torch.tensor([r for r, _, _ in nxt], device=mask.device)
@@ -451,9 +441,7 @@ class HFEngine:
                         nxt = lp.argmax(-1)
                     else:
                         probs = torch.softmax(lp / temperature, dim=-1)
-                        nxt = torch.stack(
-                            [torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(gens)]
-                        )
+                        nxt = torch.stack([torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(gens)])
                     toks = nxt.tolist()
                     for r, i in enumerate(batch):
                         if not done[r]:

@@ -24,7 +24,9 @@ def _table() -> dict[str, Experiment]:
     from experiments import yesno
 
     return {
-        yesno.NAME: Experiment(yesno.NAME, "forced yes/no: verb x printed order x wording form", yesno.YesNoSpec, yesno.expand),
+        yesno.NAME: Experiment(
+            yesno.NAME, "forced yes/no: verb x printed order x wording form", yesno.YesNoSpec, yesno.expand
+        ),
     }
 
 

@@ -79,9 +79,7 @@ _JSONL_SUFFIXES: Final[frozenset[str]] = frozenset({".jsonl"})
 
 #: The dilemma set shipped with the probe. Resolved from this module's own
 #: location, so it works from a checkout and from an installed package alike.
-DEFAULT_DILEMMAS: Final[pathlib.Path] = (
-    pathlib.Path(__file__).resolve().parent / "data" / "dilemmas.yaml"
-)
+DEFAULT_DILEMMAS: Final[pathlib.Path] = pathlib.Path(__file__).resolve().parent / "data" / "dilemmas.yaml"
 
 
 class DilemmaError(ValueError):
@@ -121,9 +119,7 @@ class Dilemma:
             return self.action
         if pole == "complement":
             return self.complement
-        raise ValueError(
-            f"dilemma {self.id!r}: pole must be 'action' or 'complement', got {pole!r}"
-        )
+        raise ValueError(f"dilemma {self.id!r}: pole must be 'action' or 'complement', got {pole!r}")
 
     @property
     def cbr_text(self) -> str:
@@ -149,10 +145,7 @@ def load_dilemmas(path: str | pathlib.Path | None = None) -> tuple[Dilemma, ...]
     name = str(file)
     suffix = file.suffix.lower()
     if suffix not in _YAML_SUFFIXES | _JSONL_SUFFIXES:
-        raise DilemmaError(
-            f"{name}: unsupported file extension {file.suffix or '(none)'!r}; "
-            "use .yaml, .yml or .jsonl"
-        )
+        raise DilemmaError(f"{name}: unsupported file extension {file.suffix or '(none)'!r}; use .yaml, .yml or .jsonl")
     text = _read_text(file)
     if suffix in _JSONL_SUFFIXES:
         records, lines = _parse_jsonl(text, name)
@@ -178,23 +171,16 @@ def _read_text(file: pathlib.Path) -> str:
     name = str(file)
     if not file.exists():
         raise DilemmaError(
-            f"{name}: file not found; check the path, or pass no path to use the "
-            f"shipped set at {DEFAULT_DILEMMAS}"
+            f"{name}: file not found; check the path, or pass no path to use the shipped set at {DEFAULT_DILEMMAS}"
         )
     if not file.is_file():
-        raise DilemmaError(
-            f"{name}: not a regular file; pass the path of a .yaml or .jsonl file"
-        )
+        raise DilemmaError(f"{name}: not a regular file; pass the path of a .yaml or .jsonl file")
     try:
         return file.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DilemmaError(
-            f"{name}: not valid UTF-8 (byte {exc.start}); re-save the file as UTF-8"
-        ) from exc
+        raise DilemmaError(f"{name}: not valid UTF-8 (byte {exc.start}); re-save the file as UTF-8") from exc
     except OSError as exc:
-        raise DilemmaError(
-            f"{name}: cannot read file ({exc.strerror or exc}); check its permissions"
-        ) from exc
+        raise DilemmaError(f"{name}: cannot read file ({exc.strerror or exc}); check its permissions") from exc
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -205,9 +191,7 @@ class _StrictLoader(yaml.SafeLoader):
     """
 
 
-def _construct_strict_mapping(
-    loader: _StrictLoader, node: yaml.MappingNode
-) -> dict[Any, Any]:
+def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     """Build a mapping like SafeLoader does, but fail on a repeated key."""
     loader.flatten_mapping(node)
     seen: dict[Hashable, int] = {}
@@ -226,9 +210,7 @@ def _construct_strict_mapping(
     return mapping
 
 
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping
-)
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping)
 
 
 def _parse_yaml(text: str, name: str) -> list[object]:
@@ -239,13 +221,9 @@ def _parse_yaml(text: str, name: str) -> list[object]:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise DilemmaError(
-            f"{name}: invalid YAML{where}: {problem}; fix the syntax"
-        ) from exc
+        raise DilemmaError(f"{name}: invalid YAML{where}: {problem}; fix the syntax") from exc
     if data is None:
-        raise DilemmaError(
-            f"{name}: file is empty; it must hold a list of dilemma records"
-        )
+        raise DilemmaError(f"{name}: file is empty; it must hold a list of dilemma records")
     if isinstance(data, Mapping):
         extra = sorted(str(k) for k in data if k != "dilemmas")
         if "dilemmas" not in data:
@@ -255,14 +233,11 @@ def _parse_yaml(text: str, name: str) -> list[object]:
             )
         if extra:
             raise DilemmaError(
-                f"{name}: unknown top-level key(s) {', '.join(map(repr, extra))}; "
-                "only 'dilemmas' is allowed"
+                f"{name}: unknown top-level key(s) {', '.join(map(repr, extra))}; only 'dilemmas' is allowed"
             )
         data = data["dilemmas"]
     if not isinstance(data, list):
-        raise DilemmaError(
-            f"{name}: expected a list of dilemma records, got {type(data).__name__}"
-        )
+        raise DilemmaError(f"{name}: expected a list of dilemma records, got {type(data).__name__}")
     return data
 
 
@@ -278,8 +253,7 @@ def _parse_jsonl(text: str, name: str) -> tuple[list[object], list[int]]:
         except (json.JSONDecodeError, _DuplicateKeyError) as exc:
             detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise DilemmaError(
-                f"{name}: line {lineno}: invalid JSON ({detail}); each non-blank "
-                "line must be one JSON object"
+                f"{name}: line {lineno}: invalid JSON ({detail}); each non-blank line must be one JSON object"
             ) from exc
         records.append(record)
         lines.append(lineno)
@@ -303,14 +277,10 @@ def _strict_json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 # validation
 
 
-def _parse(
-    records: Sequence[object], source: str, lines: Sequence[int] | None
-) -> tuple[Dilemma, ...]:
+def _parse(records: Sequence[object], source: str, lines: Sequence[int] | None) -> tuple[Dilemma, ...]:
     """Validate every record and build the dilemmas, preserving order."""
     if not isinstance(records, Sequence) or isinstance(records, (str, bytes)):
-        raise DilemmaError(
-            f"{source}: expected a list of dilemma records, got {type(records).__name__}"
-        )
+        raise DilemmaError(f"{source}: expected a list of dilemma records, got {type(records).__name__}")
     if not records:
         raise DilemmaError(f"{source}: contains no dilemmas; add at least one record")
     dilemmas: list[Dilemma] = []
@@ -343,8 +313,7 @@ def _parse_record(record: object, index: int, line: int | None, source: str) -> 
     """Validate one raw record and turn it into a ``Dilemma``."""
     if not isinstance(record, Mapping):
         raise DilemmaError(
-            f"{_where(source, index, line, None)}: must be a mapping of fields, "
-            f"got {type(record).__name__}"
+            f"{_where(source, index, line, None)}: must be a mapping of fields, got {type(record).__name__}"
         )
 
     # Name the record by its id in later messages, when the id is usable.
@@ -355,8 +324,7 @@ def _parse_record(record: object, index: int, line: int | None, source: str) -> 
     unknown = [str(key) for key in record if key not in ALLOWED_FIELDS]
     if unknown:
         raise DilemmaError(
-            f"{where}: field {unknown[0]!r} is not allowed; allowed fields are "
-            f"{', '.join(ALLOWED_FIELDS)}"
+            f"{where}: field {unknown[0]!r} is not allowed; allowed fields are {', '.join(ALLOWED_FIELDS)}"
         )
 
     values: dict[str, str] = {}
@@ -368,28 +336,18 @@ def _parse_record(record: object, index: int, line: int | None, source: str) -> 
             raise DilemmaError(f"{where}: field {field!r} is missing")
         value = record[field]
         if not isinstance(value, str):
-            raise DilemmaError(
-                f"{where}: field {field!r} must be a string, got {type(value).__name__} "
-                f"{value!r}"
-            )
+            raise DilemmaError(f"{where}: field {field!r} must be a string, got {type(value).__name__} {value!r}")
         value = value.strip()
         if not value:
             raise DilemmaError(f"{where}: field {field!r} must not be empty")
         values[field] = value
 
     if not _ID_PATTERN.fullmatch(values["id"]):
-        raise DilemmaError(
-            f"{where}: field 'id' must match [a-z0-9_]+, got {values['id']!r}"
-        )
+        raise DilemmaError(f"{where}: field 'id' must match [a-z0-9_]+, got {values['id']!r}")
     if values["kind"] not in KINDS:
-        raise DilemmaError(
-            f"{where}: field 'kind' must be one of {', '.join(KINDS)}, got {values['kind']!r}"
-        )
+        raise DilemmaError(f"{where}: field 'kind' must be one of {', '.join(KINDS)}, got {values['kind']!r}")
     if values["cbr_pole"] not in POLES:
-        raise DilemmaError(
-            f"{where}: field 'cbr_pole' must be 'action' or 'complement', "
-            f"got {values['cbr_pole']!r}"
-        )
+        raise DilemmaError(f"{where}: field 'cbr_pole' must be 'action' or 'complement', got {values['cbr_pole']!r}")
     for field in POLES:
         phrase = values[field]
         if phrase[-1] in _TRAILING_PUNCTUATION:
@@ -399,8 +357,7 @@ def _parse_record(record: object, index: int, line: int | None, source: str) -> 
             )
         if phrase[0].isupper():
             raise DilemmaError(
-                f"{where}: field {field!r} must start lowercase "
-                f"(it completes 'Should you ...?'), got {phrase!r}"
+                f"{where}: field {field!r} must start lowercase (it completes 'Should you ...?'), got {phrase!r}"
             )
     if values["action"] == values["complement"]:
         raise DilemmaError(f"{where}: field 'complement' must differ from 'action'")

@@ -18,24 +18,42 @@ EPILOG = """examples:
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and engine")
-    g.add_argument("--model", default="tiny", help="tiny, tiny-hybrid, a local model folder, or a Hugging Face id (default: tiny)")
-    g.add_argument("--think", action="store_true", help="reason first (greedy, up to --think-budget tokens), then read the answer slot")
+    g.add_argument(
+        "--model", default="tiny", help="tiny, tiny-hybrid, a local model folder, or a Hugging Face id (default: tiny)"
+    )
+    g.add_argument(
+        "--think",
+        action="store_true",
+        help="reason first (greedy, up to --think-budget tokens), then read the answer slot",
+    )
     g.add_argument("--think-budget", type=int, default=512, help="most reasoning tokens in think mode (default: 512)")
     g.add_argument("--system", default=None, help="system prompt added to every trial")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32",
+    )
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     g.add_argument("--batch-size", type=int, default=16, help="most trials per forward pass (default: 16)")
     g.add_argument("--revision", default=None, help="model revision (hub branch, tag or commit)")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub (needed by some models)")
+    g.add_argument(
+        "--trust-remote-code", action="store_true", help="allow model code from the hub (needed by some models)"
+    )
 
 
 def _settings(a: argparse.Namespace) -> object:
     from engines.hf import HFSettings
 
     return HFSettings(
-        model=a.model, dtype=a.dtype, device=a.device, batch_size=a.batch_size, think=a.think,
-        think_budget=a.think_budget, system_prompt=a.system, revision=a.revision,
+        model=a.model,
+        dtype=a.dtype,
+        device=a.device,
+        batch_size=a.batch_size,
+        think=a.think,
+        think_budget=a.think_budget,
+        system_prompt=a.system,
+        revision=a.revision,
         trust_remote_code=a.trust_remote_code,
     )
 
@@ -55,8 +73,15 @@ def cmd_run(a: argparse.Namespace) -> int:
         **({"forms": tuple(a.forms.split(","))} if a.forms else {}),
     )
     shard = Shard.parse(a.shard) if a.shard else None
-    store = run(a.experiment, spec, _settings(a), Path(a.out), shard=shard, chunk_size=a.chunk_size,  # type: ignore[arg-type]
-                progress=not a.quiet)
+    store = run(
+        a.experiment,
+        spec,
+        _settings(a),
+        Path(a.out),
+        shard=shard,
+        chunk_size=a.chunk_size,  # type: ignore[arg-type]
+        progress=not a.quiet,
+    )
     print(f"wrote {store.root}")
     if shard is None and not a.no_report:
         from analysis.report import write_report
@@ -113,7 +138,9 @@ def cmd_merge(a: argparse.Namespace) -> int:
     from probe.store import merge_shards
 
     store = merge_shards(Path(a.run))
-    print(f"merged {len(store.manifest()['merged_from'])} shards into {store.root} ({store.manifest()['n_trials']} trials)")
+    print(
+        f"merged {len(store.manifest()['merged_from'])} shards into {store.root} ({store.manifest()['n_trials']} trials)"
+    )
     if not a.no_report:
         from analysis.report import write_report
 
@@ -148,9 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    r = sub.add_parser("run", help="run an experiment into a run directory (resumes if interrupted)",
-                       description="Expand an experiment into trials, read each answer slot, store the results. "
-                       "Re-running the same command resumes; a different spec in the same --out is refused.")
+    r = sub.add_parser(
+        "run",
+        help="run an experiment into a run directory (resumes if interrupted)",
+        description="Expand an experiment into trials, read each answer slot, store the results. "
+        "Re-running the same command resumes; a different spec in the same --out is refused.",
+    )
     r.add_argument("experiment", help="experiment name (available: yesno)")
     r.add_argument("--out", required=True, help="run directory (created; reused to resume)")
     _engine_args(r)
@@ -158,11 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dilemmas", default=None, help="dilemma file (YAML or JSONL) instead of the project's own set")
     g.add_argument("--items", default=None, help="comma-separated dilemma ids to keep (default: all)")
     g.add_argument("--forms", default=None, help="comma-separated wording forms (default: all)")
-    g.add_argument("--salts", type=int, default=1, help="salted replicates per trial, the unsalted one included (default: 1)")
+    g.add_argument(
+        "--salts", type=int, default=1, help="salted replicates per trial, the unsalted one included (default: 1)"
+    )
     g.add_argument("--salt-seed", type=int, default=0, help="seed of the salt strings (default: 0)")
     g.add_argument("--salt-tokens", type=int, default=8, help="tokens per salt string (default: 8)")
-    g.add_argument("--salt-place", default="user_start", choices=["user_start", "user_end", "system"],
-                   help="where the salt goes (default: user_start)")
+    g.add_argument(
+        "--salt-place",
+        default="user_start",
+        choices=["user_start", "user_end", "system"],
+        help="where the salt goes (default: user_start)",
+    )
     g = r.add_argument_group("execution")
     g.add_argument("--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n")
     g.add_argument("--chunk-size", type=int, default=256, help="trials per committed chunk (default: 256)")
@@ -170,9 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
 
-    o = sub.add_parser("readout", help="print the answer-slot distribution of one prompt",
-                       description="Render one prompt through the model's chat template and print the "
-                       "probability of each option at the answer slot.")
+    o = sub.add_parser(
+        "readout",
+        help="print the answer-slot distribution of one prompt",
+        description="Render one prompt through the model's chat template and print the "
+        "probability of each option at the answer slot.",
+    )
     o.add_argument("--prompt", required=True, help="the user message")
     o.add_argument("--options", required=True, help="the options, separated by --sep (default ',')")
     o.add_argument("--sep", default=",", help="separator of --options (default ',')")
@@ -181,20 +220,29 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(o)
     o.set_defaults(func=cmd_readout)
 
-    m = sub.add_parser("merge", help="join the shard-i-of-n folders of a run",
-                       description="Join OUT/shard-*-of-n (from --shard runs) into OUT, after checking that every "
-                       "shard is present, complete and from the same run.")
+    m = sub.add_parser(
+        "merge",
+        help="join the shard-i-of-n folders of a run",
+        description="Join OUT/shard-*-of-n (from --shard runs) into OUT, after checking that every "
+        "shard is present, complete and from the same run.",
+    )
     m.add_argument("run", help="the --out folder the shards were written under")
     m.add_argument("--no-report", action="store_true", help="do not write the report after merging")
     m.set_defaults(func=cmd_merge)
 
-    n = sub.add_parser("analyze", help="write a run's report (CSV tables and a Markdown summary)",
-                       description="Read a run directory and write RUN/report/.")
+    n = sub.add_parser(
+        "analyze",
+        help="write a run's report (CSV tables and a Markdown summary)",
+        description="Read a run directory and write RUN/report/.",
+    )
     n.add_argument("run", help="run directory")
     n.set_defaults(func=cmd_analyze)
 
-    t = sub.add_parser("tiny", help="build the built-in tiny models (done automatically on first use)",
-                       description="Build the locally trained tiny test models into the cache ($PROBE_CACHE or ~/.cache/probe).")
+    t = sub.add_parser(
+        "tiny",
+        help="build the built-in tiny models (done automatically on first use)",
+        description="Build the locally trained tiny test models into the cache ($PROBE_CACHE or ~/.cache/probe).",
+    )
     t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
     t.set_defaults(func=cmd_tiny)
     return p
@@ -214,8 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"probe {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"probe {args.verb}: interrupted; committed chunks are kept, re-run the same command to resume",
-              file=sys.stderr)
+        print(
+            f"probe {args.verb}: interrupted; committed chunks are kept, re-run the same command to resume",
+            file=sys.stderr,
+        )
         return 130
 
 

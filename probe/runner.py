@@ -42,7 +42,9 @@ def project_commit() -> str | None:
             return None
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
@@ -136,7 +138,9 @@ def run(
         log(f"{store.root}: resuming, {n_done}/{len(trials)} trials already done")
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(trials), initial=n_done, desc=f"{experiment} readout", unit="trial", disable=not progress) as bar:
+    with tqdm(
+        total=len(trials), initial=n_done, desc=f"{experiment} readout", unit="trial", disable=not progress
+    ) as bar:
         for k in todo:
             lo, hi = bounds[k]
             readouts = engine.readout(trials[lo:hi], progress=bar.update)

@@ -135,7 +135,8 @@ class RunStore:
             old = store.manifest()
             if old.get("run_key") != key:
                 diff = sorted(
-                    k for k in set(old.get("identity", {})) | set(manifest.get("identity", {}))
+                    k
+                    for k in set(old.get("identity", {})) | set(manifest.get("identity", {}))
                     if old.get("identity", {}).get(k) != manifest.get("identity", {}).get(k)
                 )
                 raise StoreError(
@@ -150,7 +151,11 @@ class RunStore:
                     "Use a new --out, or delete the folder to start fresh."
                 )
             return store
-        leftovers = [p for p in store.root.iterdir() if p.name != TRIALS and not p.name.startswith(".")] if store.root.exists() else []
+        leftovers = (
+            [p for p in store.root.iterdir() if p.name != TRIALS and not p.name.startswith(".")]
+            if store.root.exists()
+            else []
+        )
         if leftovers:  # a crash between trials.jsonl and manifest.json leaves only files we rewrite
             raise StoreError(f"{store.root} exists, is not empty and has no {MANIFEST}; choose another --out")
         store.root.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,9 @@ class Readout:
         for s in self.scores:
             if s.option == option:
                 return s.prob
-        raise KeyError(f"{option!r} is not an option of trial {self.trial_id}; options: {[s.option for s in self.scores]}")
+        raise KeyError(
+            f"{option!r} is not an option of trial {self.trial_id}; options: {[s.option for s in self.scores]}"
+        )
 
 
 @dataclass(frozen=True)

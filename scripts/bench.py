@@ -25,8 +25,21 @@ def main() -> None:
     trials = expand(YesNoSpec(), count_tokens=engine.count_tokens)
     scale = tuple(str(i) for i in range(101))
     graded = [
-        Trial(f"g{i}", "bench", t.item_id, {}, (Message("user", t.messages[-1].content.rsplit("\n\n", 1)[0]
-              + "\n\nHow acceptable is it, on a scale from 0 to 100? Answer with a number only."),), scale, scale)
+        Trial(
+            f"g{i}",
+            "bench",
+            t.item_id,
+            {},
+            (
+                Message(
+                    "user",
+                    t.messages[-1].content.rsplit("\n\n", 1)[0]
+                    + "\n\nHow acceptable is it, on a scale from 0 to 100? Answer with a number only.",
+                ),
+            ),
+            scale,
+            scale,
+        )
         for i, t in enumerate(trials[::12])
     ]
     report = {}
@@ -44,8 +57,10 @@ def main() -> None:
             "tokens_one_sequence_per_option": naive,
             "reuse_ratio": round(naive / computed, 2),
         }
-        print(f"{name:>14}: {len(batch)} trials in {dt:.2f}s = {len(batch) / dt:.1f} trials/s; "
-              f"computed {computed} tokens vs {naive} for one sequence per option ({naive / computed:.1f}x less)")
+        print(
+            f"{name:>14}: {len(batch)} trials in {dt:.2f}s = {len(batch) / dt:.1f} trials/s; "
+            f"computed {computed} tokens vs {naive} for one sequence per option ({naive / computed:.1f}x less)"
+        )
     print(json.dumps(report, indent=2))
 
 

@@ -52,9 +52,7 @@ def _record(**overrides: Any) -> dict[str, Any]:
 
 
 def _write_yaml(path: pathlib.Path, records: list[Any]) -> pathlib.Path:
-    path.write_text(
-        yaml.safe_dump({"dilemmas": records}, sort_keys=False), encoding="utf-8"
-    )
+    path.write_text(yaml.safe_dump({"dilemmas": records}, sort_keys=False), encoding="utf-8")
     return path
 
 
@@ -152,9 +150,7 @@ def test_jsonl_blank_lines_skipped(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".yml"])
-def test_yaml_round_trip(
-    shipped: tuple[Dilemma, ...], tmp_path: pathlib.Path, suffix: str
-) -> None:
+def test_yaml_round_trip(shipped: tuple[Dilemma, ...], tmp_path: pathlib.Path, suffix: str) -> None:
     path = _write_yaml(tmp_path / f"set{suffix}", [d.to_dict() for d in shipped])
     assert load_dilemmas(path) == shipped
 
@@ -167,9 +163,7 @@ def test_yaml_plain_list_and_string_path(tmp_path: pathlib.Path) -> None:
 
 
 def test_whitespace_stripped_and_source_defaults() -> None:
-    (d,) = parse_dilemmas(
-        [_record(title="  Padded  \n", action=" pull the lever \n", source=None)], "mem"
-    )
+    (d,) = parse_dilemmas([_record(title="  Padded  \n", action=" pull the lever \n", source=None)], "mem")
     assert d.title == "Padded"
     assert d.action == "pull the lever"
     assert d.source == "probe"
@@ -205,9 +199,7 @@ INVALID_RECORDS: list[tuple[str, dict[str, Any], str]] = [
     ("overrides", "field"),
     [pytest.param(o, f, id=name) for name, o, f in INVALID_RECORDS],
 )
-def test_invalid_record_is_reported(
-    tmp_path: pathlib.Path, suffix: str, overrides: dict[str, Any], field: str
-) -> None:
+def test_invalid_record_is_reported(tmp_path: pathlib.Path, suffix: str, overrides: dict[str, Any], field: str) -> None:
     records = [
         _record(id="first"),
         _record(id="second"),
@@ -232,8 +224,7 @@ def test_error_message_shape(tmp_path: pathlib.Path) -> None:
     with pytest.raises(DilemmaError) as info:
         load_dilemmas(path)
     assert str(info.value).endswith(
-        "dilemmas.yaml: record 3 (id 'footbridge'): field 'cbr_pole' must be "
-        "'action' or 'complement', got 'acton'"
+        "dilemmas.yaml: record 3 (id 'footbridge'): field 'cbr_pole' must be 'action' or 'complement', got 'acton'"
     )
 
 
@@ -268,15 +259,10 @@ def test_non_mapping_record(tmp_path: pathlib.Path) -> None:
 def test_jsonl_record_errors_also_name_line(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "set.jsonl"
     path.write_text(
-        json.dumps(_record(id="a"))
-        + "\n\n"
-        + json.dumps(_record(id="b", kind="nope"))
-        + "\n",
+        json.dumps(_record(id="a")) + "\n\n" + json.dumps(_record(id="b", kind="nope")) + "\n",
         encoding="utf-8",
     )
-    with pytest.raises(
-        DilemmaError, match=r"set\.jsonl: record 2 \(line 3, id 'b'\): field 'kind'"
-    ):
+    with pytest.raises(DilemmaError, match=r"set\.jsonl: record 2 \(line 3, id 'b'\): field 'kind'"):
         load_dilemmas(path)
 
 
@@ -298,9 +284,7 @@ def test_duplicate_json_key_rejected(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "dupkey.jsonl"
     good = json.dumps(_record())
     path.write_text(good + "\n" + good[:-1] + ', "id": "again"}\n', encoding="utf-8")
-    with pytest.raises(
-        DilemmaError, match=r"dupkey\.jsonl: line 2: .*duplicate key 'id'"
-    ):
+    with pytest.raises(DilemmaError, match=r"dupkey\.jsonl: line 2: .*duplicate key 'id'"):
         load_dilemmas(path)
 
 
@@ -342,9 +326,7 @@ def test_invalid_yaml_syntax(tmp_path: pathlib.Path) -> None:
 def test_unsupported_extension(tmp_path: pathlib.Path, name: str) -> None:
     path = tmp_path / name
     path.write_text("[]", encoding="utf-8")
-    with pytest.raises(
-        DilemmaError, match=re.escape(name) + r": unsupported file extension"
-    ):
+    with pytest.raises(DilemmaError, match=re.escape(name) + r": unsupported file extension"):
         load_dilemmas(path)
 
 

@@ -14,7 +14,9 @@ from tests.conftest import make_trial
 YESNO = "You are on a bridge. Is it morally acceptable to push the man? Answer with Yes or No."
 SCALE = "How acceptable is it? On a scale from 0 to 100, answer with a number only."
 SCALE_OPTIONS = [str(i) for i in range(101)]
-LETTERS = "Tom found a key near the river.\nWhich is more likely?\nA. Tom went home\nB. Tom fell asleep\nAnswer with A or B."
+LETTERS = (
+    "Tom found a key near the river.\nWhich is more likely?\nA. Tom went home\nB. Tom fell asleep\nAnswer with A or B."
+)
 
 
 def brute_force(engine, prompt_ids, options_ids) -> list[float]:
@@ -88,8 +90,11 @@ def test_batch_size_and_padding_invariance(engine):
     trials = _mixed_trials()
     ref = None
     for bs in (1, 3, 16):
-        e = HFEngine(engine.settings.__class__(**{**engine.settings.__dict__, "batch_size": bs}),
-                     model=engine.model, tokenizer=engine.tokenizer).load()
+        e = HFEngine(
+            engine.settings.__class__(**{**engine.settings.__dict__, "batch_size": bs}),
+            model=engine.model,
+            tokenizer=engine.tokenizer,
+        ).load()
         got = np.array([[s.logprob for s in r.scores] + [r.coverage] for r in e.readout(trials)], dtype=object)
         flat = np.concatenate([np.asarray(g, dtype=float) for g in got])
         if ref is None:
@@ -111,14 +116,17 @@ def test_results_come_back_in_input_order(engine):
 def test_think_mode_matches_brute_force_on_concatenated_ids(engine):
     from engines.hf import HFEngine
 
-    e = HFEngine(engine.settings.__class__(**{**engine.settings.__dict__, "think": True, "think_budget": 12}),
-                 model=engine.model, tokenizer=engine.tokenizer).load()
+    e = HFEngine(
+        engine.settings.__class__(**{**engine.settings.__dict__, "think": True, "think_budget": 12}),
+        model=engine.model,
+        tokenizer=engine.tokenizer,
+    ).load()
     trials = [make_trial(YESNO, ["Yes", "No"], trial_id="a"), make_trial(SCALE, SCALE_OPTIONS[:12], trial_id="b")]
     for r, t in zip(e.readout(trials), trials, strict=True):
         base = e.render(t, think=True)
         assert r.prompt_ids[: len(base)] == base  # reasoning appended as ids, prompt never re-tokenized
         assert r.reasoning_tokens > 0
-        tail = e.tokenizer.decode(list(r.prompt_ids[len(base):]))
+        tail = e.tokenizer.decode(list(r.prompt_ids[len(base) :]))
         assert tail.endswith("</think>\n\n")
         if r.hit_budget:
             assert r.reasoning_tokens == 12
@@ -147,8 +155,11 @@ def test_sampled_frequencies_match_readout(tiny_engine):
     """First-token frequencies at T=1 against the readout (chi-square goodness of fit)."""
     from engines.hf import HFEngine
 
-    e = HFEngine(tiny_engine.settings.__class__(model="tiny", max_new_tokens=1, batch_size=64),
-                 model=tiny_engine.model, tokenizer=tiny_engine.tokenizer).load()
+    e = HFEngine(
+        tiny_engine.settings.__class__(model="tiny", max_new_tokens=1, batch_size=64),
+        model=tiny_engine.model,
+        tokenizer=tiny_engine.tokenizer,
+    ).load()
     trial = make_trial(YESNO, ["Yes", "No"])
     r = e.readout([trial])[0]
     n = 3000
@@ -190,5 +201,5 @@ def test_missing_model_is_a_clear_error(tmp_path):
     with pytest.raises(ModelError, match="does not exist"):
         HFEngine(HFSettings(model=str(tmp_path / "nope"))).load()
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelError, match="config.json"):
+    with pytest.raises(ModelError, match=r"config\.json"):
         HFEngine(HFSettings(model=str(tmp_path / "empty"))).load()

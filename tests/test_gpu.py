@@ -15,9 +15,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_gpu_fp32_matches_cpu_and_bf16_is_close(model: str) -> None:
     from engines.hf import HFEngine, HFSettings
 
-    trials = [make_trial("Is it fine? Answer with Yes or No.", ["Yes", "No"], trial_id="a"),
-              make_trial("On a scale from 0 to 100, answer with a number only.", [str(i) for i in range(101)],
-                         trial_id="b")]
+    trials = [
+        make_trial("Is it fine? Answer with Yes or No.", ["Yes", "No"], trial_id="a"),
+        make_trial("On a scale from 0 to 100, answer with a number only.", [str(i) for i in range(101)], trial_id="b"),
+    ]
     cpu = HFEngine(HFSettings(model=model, device="cpu")).readout(trials)
     gpu32 = HFEngine(HFSettings(model=model, device="cuda", dtype="float32")).readout(trials)
     gpu16 = HFEngine(HFSettings(model=model, device="cuda", dtype="bfloat16")).readout(trials)

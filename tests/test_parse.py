@@ -189,7 +189,11 @@ def test_symbol_labels_ambiguous() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["It's not appropriate for me to say yes.", "It would not be appropriate for me to say yes", "I’m unable to say no"],
+    [
+        "It's not appropriate for me to say yes.",
+        "It would not be appropriate for me to say yes",
+        "I’m unable to say no",
+    ],
 )
 def test_refusal_other_phrasings(text: str) -> None:
     _check(text, YN, None, "refusal", "refusal")

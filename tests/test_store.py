@@ -41,8 +41,21 @@ def results(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "run"
-    run_cli("run", "yesno", "--model", "tiny", "--out", str(out), "--items", ITEMS, "--salts", "2",
-            "--chunk-size", "8", "--quiet")
+    run_cli(
+        "run",
+        "yesno",
+        "--model",
+        "tiny",
+        "--out",
+        str(out),
+        "--items",
+        ITEMS,
+        "--salts",
+        "2",
+        "--chunk-size",
+        "8",
+        "--quiet",
+    )
     return out
 
 
@@ -65,8 +78,22 @@ def test_run_writes_manifest_trials_results_and_report(reference_run: Path):
 def test_sigkill_then_resume_gives_identical_results(reference_run: Path, tmp_path: Path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["run", "yesno", "--model", "tiny", "--out", str(out), "--items", ITEMS, "--salts", "2",
-            "--chunk-size", "8", "--quiet", "--no-report"]
+    args = [
+        "run",
+        "yesno",
+        "--model",
+        "tiny",
+        "--out",
+        str(out),
+        "--items",
+        ITEMS,
+        "--salts",
+        "2",
+        "--chunk-size",
+        "8",
+        "--quiet",
+        "--no-report",
+    ]
     proc = subprocess.Popen(probe_cmd(*args), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     results_dir = out / "results"
@@ -93,7 +120,9 @@ def test_sigkill_then_resume_gives_identical_results(reference_run: Path, tmp_pa
 
 
 def test_a_different_spec_in_the_same_folder_is_refused(reference_run: Path):
-    p = run_cli("run", "yesno", "--model", "tiny", "--out", str(reference_run), "--items", ITEMS, "--quiet", check=False)
+    p = run_cli(
+        "run", "yesno", "--model", "tiny", "--out", str(reference_run), "--items", ITEMS, "--quiet", check=False
+    )
     assert p.returncode == 2
     assert "different run" in p.stderr and "spec" in p.stderr and "start fresh" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
@@ -101,8 +130,21 @@ def test_a_different_spec_in_the_same_folder_is_refused(reference_run: Path):
 
 def test_shards_merge_to_the_unsharded_run(reference_run: Path, tmp_path: Path):
     out = tmp_path / "sharded"
-    base = ["run", "yesno", "--model", "tiny", "--out", str(out), "--items", ITEMS, "--salts", "2",
-            "--chunk-size", "8", "--quiet"]
+    base = [
+        "run",
+        "yesno",
+        "--model",
+        "tiny",
+        "--out",
+        str(out),
+        "--items",
+        ITEMS,
+        "--salts",
+        "2",
+        "--chunk-size",
+        "8",
+        "--quiet",
+    ]
     for i in range(3):
         run_cli(*base, "--shard", f"{i}/3")
     assert sorted(p.name for p in out.iterdir()) == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
@@ -133,14 +175,17 @@ def test_bad_shard_is_rejected(text: str):
 def test_shards_partition_the_trials():
     trials = list(range(37))
     parts = [Shard(i, 5).select(trials) for i in range(5)]  # type: ignore[arg-type]
-    assert sum(parts, []) == trials
+    assert [t for part in parts for t in part] == trials
 
 
 def test_cli_errors_are_one_clear_line(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("- id: x\n  title: t\n")
     cases = [
-        (["run", "yesno", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o1"), "--quiet"], "does not exist"),
+        (
+            ["run", "yesno", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o1"), "--quiet"],
+            "does not exist",
+        ),
         (["run", "yesno", "--dilemmas", str(bad), "--out", str(tmp_path / "o2"), "--quiet"], "bad.yaml"),
         (["run", "yesno", "--shard", "4/4", "--out", str(tmp_path / "o3"), "--quiet"], "shard"),
         (["readout", "--prompt", "hi", "--options", "Yes,"], "non-empty"),
@@ -161,7 +206,9 @@ def test_help_on_every_verb():
 
 
 def test_readout_json_has_ids_and_probabilities():
-    p = run_cli("readout", "--model", "tiny", "--prompt", "Is it fine? Answer with Yes or No.", "--options", "Yes,No", "--json")
+    p = run_cli(
+        "readout", "--model", "tiny", "--prompt", "Is it fine? Answer with Yes or No.", "--options", "Yes,No", "--json"
+    )
     doc = json.loads(p.stdout)
     assert doc["model_path"] and doc["prompt_token_ids"]
     assert [o["option"] for o in doc["options"]] == ["Yes", "No"]

@@ -298,8 +298,13 @@ def _run_fixed_yes(trials, p_yes: float) -> tuple[pd.DataFrame, pd.DataFrame]:
         trial_rows.append({"trial_id": t.trial_id, "item_id": t.item_id, "replicate": t.replicate, **t.factors})
         for pos, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
             opt_rows.append(
-                {"trial_id": t.trial_id, "option": o, "position": pos, "meaning": m,
-                 "prob": p_yes if o == "Yes" else 1 - p_yes}
+                {
+                    "trial_id": t.trial_id,
+                    "option": o,
+                    "position": pos,
+                    "meaning": m,
+                    "prob": p_yes if o == "Yes" else 1 - p_yes,
+                }
             )
     return pd.DataFrame(opt_rows), pd.DataFrame(trial_rows)
 
