@@ -28,13 +28,15 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
+	$(PY) -c "import probe.cli, engines.hf, transformers" # fail here, not later, if the install is broken
 	touch $(STAMP)
 
 install: $(STAMP)
 
 probe: $(STAMP)
 	$(VENV)/bin/probe run $(EXPERIMENT) --model $(MODEL) --out $(RUN) $(ARGS)
+	@echo; cat $(RUN)/report/summary.md
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -271,7 +271,7 @@ class HFEngine:
             ids.update(eos)
         return {i for i in ids if i is not None}
 
-    def prepare(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[_Prepared]:
+    def prepare(self, trials: Sequence[Trial]) -> list[_Prepared]:
         """Render trials; in think mode, generate and append the reasoning."""
         base = [self.render(t) for t in trials]
         opts = [self.option_ids(t) for t in trials]
@@ -292,8 +292,6 @@ class HFEngine:
             full = (*ids, *body, *tail, *(self._special_ids(pre) if pre else ()))
             reasoning, _ = split_reasoning(tok.decode(body + ([] if closed else [end_id]), skip_special_tokens=False))
             out.append(_Prepared(full, o, reasoning, len(gen), not closed and len(gen) >= budget))
-            if progress:
-                progress(0)
         return out
 
     # ------------------------------------------------------------ the forward
@@ -328,20 +326,33 @@ class HFEngine:
 
     # -------------------------------------------------------------- readouts
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
-        """The answer-slot distribution of each trial, in input order."""
+        """The answer-slot distribution of each trial, in input order.
+
+        In think mode the reasoning is generated one length bucket at a time
+        (so progress is reported as it goes and memory stays bounded), then
+        the bucket's slots are read.
+        """
         if not trials:
             return []
         torch = require("torch", "hf")
-        prepared = self.prepare(trials)
         s = self.settings
+        for t in trials:  # fail on a bad option before spending any compute
+            self.option_ids(t)
+        if s.think:
+            groups = length_batches([len(self.render(t)) for t in trials], s.batch_size, s.max_batch_tokens)
+        else:
+            groups = [list(range(len(trials)))]
         results: list[Readout | None] = [None] * len(trials)
         with torch.inference_mode():
-            for batch in length_batches([len(p.ids) for p in prepared], s.batch_size, s.max_batch_tokens):
-                outs = self._readout_batch([trials[i] for i in batch], [prepared[i] for i in batch])
-                for i, r in zip(batch, outs, strict=True):
-                    results[i] = r
-                if progress:
-                    progress(len(batch))
+            for group in groups:
+                prepared = self.prepare([trials[i] for i in group])
+                for batch in length_batches([len(p.ids) for p in prepared], s.batch_size, s.max_batch_tokens):
+                    rows = [group[j] for j in batch]
+                    outs = self._readout_batch([trials[i] for i in rows], [prepared[j] for j in batch])
+                    for i, r in zip(rows, outs, strict=True):
+                        results[i] = r
+                    if progress:
+                        progress(len(batch))
         return [r for r in results if r is not None]
 
     def _readout_batch(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engines.hf import HFSettings
 
 EPILOG = """examples:
   probe run yesno --model tiny --out runs/yesno-tiny
@@ -42,7 +47,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _settings(a: argparse.Namespace) -> object:
+def _settings(a: argparse.Namespace) -> HFSettings:
     from engines.hf import HFSettings
 
     return HFSettings(
@@ -79,7 +84,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         _settings(a),
         Path(a.out),
         shard=shard,
-        chunk_size=a.chunk_size,  # type: ignore[arg-type]
+        chunk_size=a.chunk_size,
         progress=not a.quiet,
     )
     print(f"wrote {store.root}")
@@ -101,7 +106,7 @@ def cmd_readout(a: argparse.Namespace) -> int:
     msgs = ((Message("system", a.system),) if a.system else ()) + (Message("user", a.prompt),)
     trial = Trial("cli", "cli", "cli", {}, msgs, options, options, assistant_prefix=a.assistant_prefix)
     settings = _settings(a)
-    engine = HFEngine(settings)  # type: ignore[arg-type]
+    engine = HFEngine(settings)
     r = engine.readout([trial])[0]
     if a.json:
         doc = {
@@ -120,7 +125,10 @@ def cmd_readout(a: argparse.Namespace) -> int:
             "reasoning_tokens": r.reasoning_tokens,
             "hit_budget": r.hit_budget,
         }
-        print(json.dumps(doc, ensure_ascii=False, indent=2))
+        text = json.dumps(doc, ensure_ascii=False, indent=2)
+        # keep token-id lists on one line each: readable, and still valid JSON
+        text = re.sub(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
+        print(text)
         return 0
     if r.reasoning:
         print(f"reasoning ({r.reasoning_tokens} tokens{', budget hit' if r.hit_budget else ''}): {r.reasoning}\n")
@@ -261,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ModelError, StoreError, DilemmaError, OptionError, MissingExtra, ValueError, FileNotFoundError) as e:
         print(f"probe {args.verb}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `probe readout ... | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(
             f"probe {args.verb}: interrupted; committed chunks are kept, re-run the same command to resume",

@@ -203,3 +203,44 @@ def test_missing_model_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelError, match=r"config\.json"):
         HFEngine(HFSettings(model=str(tmp_path / "empty"))).load()
+
+
+def test_salted_readouts_are_deterministic_and_differ_from_unsalted(engine):
+    from experiments.yesno import YesNoSpec, expand
+    from probe.salts import SaltSpec
+
+    spec = YesNoSpec(items=("mine_cart_bridge",), forms=("acceptable",), salts=SaltSpec(count=3, n_tokens=8))
+    trials = expand(spec, count_tokens=engine.count_tokens)
+    assert [t.replicate for t in trials[:3]] == [0, 1, 2]
+    assert trials[0].salt == "" and trials[1].salt != trials[2].salt
+    assert all(engine.count_tokens(t.salt) == 8 for t in trials if t.replicate)
+    first = engine.readout(trials)
+    again = engine.readout(list(reversed(trials)))[::-1]
+    assert [[s.logprob for s in r.scores] for r in first] == [[s.logprob for s in r.scores] for r in again]
+    unsalted = {
+        t.factors["order"] + t.factors["verb"]: r for t, r in zip(trials, first, strict=True) if not t.replicate
+    }
+    for t, r in zip(trials, first, strict=True):
+        if t.replicate:
+            base = unsalted[t.factors["order"] + t.factors["verb"]]
+            assert r.prompt_tokens >= base.prompt_tokens + 8  # the salt's 8 tokens (plus its separator)
+            assert abs(r.scores[0].logprob - base.scores[0].logprob) > 1e-6
+
+
+def test_an_option_the_tokenizer_cannot_write_is_refused(tiny_engine):
+    """A tokenizer that loses characters (as sentencepiece does with <unk>) must not score a different string."""
+    from engines.hf import HFEngine, OptionError
+
+    class Lossy:
+        def __init__(self, tok):
+            self._tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self._tok, name)
+
+        def decode(self, ids, **kw):
+            return self._tok.decode(ids, **kw).replace("é", "")
+
+    e = HFEngine(tiny_engine.settings, model=tiny_engine.model, tokenizer=Lossy(tiny_engine.tokenizer)).load()
+    with pytest.raises(OptionError, match="does not survive the tokenizer"):
+        e.readout([make_trial(YESNO, ["Yes", "Né"])])
