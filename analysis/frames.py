@@ -9,7 +9,9 @@ import pandas as pd
 from probe.store import RunStore, StoreError, find_shards
 
 
-def open_run(run: str | Path) -> RunStore:
+def open_run(run: str | Path | RunStore) -> RunStore:
+    if isinstance(run, RunStore):
+        return run
     store = RunStore(Path(run))
     if not (store.root / "manifest.json").exists() and find_shards(store.root):
         raise StoreError(f"{store.root} holds shards but no merged run; run `probe merge {store.root}` first")
@@ -39,7 +41,43 @@ def readouts(store: RunStore) -> tuple[pd.DataFrame, pd.DataFrame]:
     opts = store.load("readout_options")
     per_trial = store.load("readout_trials")
     if opts.empty:
-        raise StoreError(f"{store.root} has no readouts yet; run `probe run` first (or let it finish)")
+        raise StoreError(f"{store.root} has no readouts; run `probe run` first (or let it finish)")
     opts = opts.merge(option_meaning(store), on=["trial_id", "option"], how="left", validate="one_to_one")
     per_trial = per_trial.merge(trial_meta(store), on="trial_id", how="left", validate="one_to_one")
     return opts, per_trial
+
+
+def sample_counts(store: RunStore) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Sampled behaviour as (long options table of frequencies, per-trial status counts).
+
+    ``prob`` is the option's share among the *parsed* samples of the trial;
+    refusals and invalid answers are counted per trial, never dropped silently.
+    """
+    s = store.load("samples")
+    if s.empty:
+        raise StoreError(f"{store.root} has no samples; run with --samples N")
+    meaning = option_meaning(store)
+    status = s.groupby(["trial_id", "status"]).size().unstack(fill_value=0)
+    for col in ("ok", "refusal", "invalid", "error"):
+        if col not in status.columns:
+            status[col] = 0
+    status = status[["ok", "refusal", "invalid", "error"]].rename(columns=lambda c: f"n_{c}").reset_index()
+    ok = s[s["status"] == "ok"].groupby(["trial_id", "option"]).size().rename("count").reset_index()
+    opts = meaning.merge(ok, on=["trial_id", "option"], how="left").fillna({"count": 0})
+    opts = opts.merge(status[["trial_id", "n_ok"]], on="trial_id", how="left")
+    opts["prob"] = opts["count"] / opts["n_ok"].where(opts["n_ok"] > 0)
+    per_trial = status.merge(trial_meta(store), on="trial_id", how="left", validate="one_to_one")
+    per_trial["coverage"] = per_trial["n_ok"] / per_trial[["n_ok", "n_refusal", "n_invalid", "n_error"]].sum(axis=1)
+    return opts, per_trial
+
+
+def choice_probs(store: RunStore) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The option probabilities an analysis should use, and where they came from.
+
+    A run with readouts uses them (the exact distribution); a sampled-only run
+    uses the sampled frequencies among parsed answers, so every analysis works
+    the same on logit and sampled runs. Returns (options, per_trial, source).
+    """
+    if not store.load("readout_options").empty:
+        return (*readouts(store), "readout")
+    return (*sample_counts(store), "samples")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import yesno
-from analysis.frames import open_run, readouts
-from probe.store import atomic_write_text
+from analysis.frames import choice_probs, open_run
+from probe.store import RunStore, atomic_write_text
 
 
 def _md_table(df: pd.DataFrame, floatfmt: str = "{:+.3f}") -> str:
@@ -20,19 +20,17 @@ def _md_table(df: pd.DataFrame, floatfmt: str = "{:+.3f}") -> str:
     return "\n".join(lines)
 
 
-def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
+def yesno_report(store: RunStore, out: Path) -> list[Path]:
     """Per-dilemma P(CBR) cells and the lexical / order decomposition, as CSV and Markdown."""
-    store = open_run(run)
     man = store.manifest()
-    opts, per_trial = readouts(store)
+    opts, per_trial, source = choice_probs(store)
     pc = yesno.p_cbr(opts)
     cells = yesno.cell_table(yesno.with_cbr_verb(per_trial, opts), pc)
     dec = yesno.decompose(cells)
     table = cells.join(dec)
     table.loc["mean"] = table.mean(numeric_only=True)
     cov = per_trial.groupby("item_id")["coverage"].mean()
-    out = store.root / "report"
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "yesno_by_item.csv", table.to_csv(float_format="%.6f"))
     short = table[
         [
@@ -55,7 +53,14 @@ def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
         f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
         f"- model path: `{eng.get('model_path')}` ({eng.get('model_class')}, {eng.get('dtype')}, {eng.get('device')})",
         f"- think mode: {eng.get('settings', {}).get('think')}; forms: {', '.join(man['spec'].get('forms', []))}",
-        f"- mean option coverage at the answer slot: {cov.mean():.3f} (min over dilemmas {cov.min():.3f})",
+        f"- probabilities from: {source}"
+        + (
+            f" ({man['plan']['samples']} samples per trial at T = {man['plan']['temperature']})"
+            if source == "samples"
+            else ""
+        ),
+        f"- mean option coverage ({'option mass at the answer slot' if source == 'readout' else 'share of parsed answers'}): "
+        f"{cov.mean():.3f} (min over dilemmas {cov.min():.3f})",
         "",
         "P = P(cost-benefit answer) per verb x printed order cell, averaged over wording forms; approve:",
         "yes endorses the cost-benefit pole, oppose: yes rejects it; yf / nf: yes / no printed first.",
@@ -74,12 +79,14 @@ def yesno_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
         ]
         atomic_write_text(out / "yesno_salt_noise.csv", sd.to_frame().to_csv(float_format="%.6f"))
     atomic_write_text(out / "summary.md", "\n".join(lines))
-    return out, table
+    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
 
 
-def write_report(run: str | Path) -> tuple[Path, pd.DataFrame]:
+def write_report(run: str | Path) -> list[Path]:
+    """Write ``RUN/report/`` for whatever experiment the run holds; returns the files written."""
+    from experiments import get_experiment
+
     store = open_run(run)
     experiment = store.manifest().get("experiment")
-    if experiment == "yesno":
-        return yesno_report(run)
-    raise ValueError(f"no report for experiment {experiment!r} yet")
+    out = store.root / "report"
+    return get_experiment(str(experiment)).report(store, out)

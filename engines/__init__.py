@@ -1,0 +1,112 @@
+"""Engines: one small contract (:mod:`engines.base`) and its backends.
+
+The backend is chosen from the model spec's scheme, or with ``--engine``:
+
+====================  ===========  =========================================
+model spec            engine       module
+====================  ===========  =========================================
+``tiny``, a folder,   ``hf``       :mod:`engines.hf` (Transformers)
+a Hugging Face id
+``vllm:<model>``      ``vllm``     :mod:`engines.vllm`
+``sim`` / ``sim:..``  ``sim``      :mod:`engines.sim` (synthetic subject)
+``openai:<model>``,   ``api``      :mod:`engines.api`
+``anthropic:<m>``,
+``openai-compatible:<name>@<url>``
+====================  ===========  =========================================
+
+Each backend module provides ``add_arguments(parser)`` (its own CLI flags,
+named so they do not collide with the shared ones) and
+``from_args(model, args) -> Engine``. Backend modules import their heavy
+libraries lazily, so this table costs nothing to import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ENGINE_MODULES: dict[str, str] = {
+    "hf": "engines.hf",
+    "vllm": "engines.vllm",
+    "sim": "engines.sim",
+    "api": "engines.api",
+}
+_SCHEMES: dict[str, str] = {
+    "vllm": "vllm",
+    "sim": "sim",
+    "openai": "api",
+    "anthropic": "api",
+    "openai-compatible": "api",
+}
+
+
+def engine_kind(model: str, engine: str = "auto") -> str:
+    """Which backend serves ``model`` (``engine`` = auto infers it from the spec's scheme)."""
+    if engine != "auto":
+        if engine not in ENGINE_MODULES:
+            raise ValueError(f"unknown engine {engine!r}; choose from auto, {', '.join(ENGINE_MODULES)}")
+        return engine
+    if model == "sim":
+        return "sim"
+    scheme = model.split(":", 1)[0] if ":" in model and not Path(model).exists() else ""
+    return _SCHEMES.get(scheme, "hf")
+
+
+def engine_module(kind: str) -> ModuleType:
+    try:
+        return importlib.import_module(ENGINE_MODULES[kind])
+    except ModuleNotFoundError as e:
+        if e.name == ENGINE_MODULES[kind]:
+            raise ValueError(f"the {kind!r} engine is not part of this version of probe yet") from None
+        raise
+
+
+def available_modules() -> list[ModuleType]:
+    """The backend modules present in this checkout (for their CLI flags)."""
+    out = []
+    for kind in ENGINE_MODULES:
+        try:
+            out.append(engine_module(kind))
+        except ValueError:
+            continue
+    return out
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The shared engine flags, then each backend's own."""
+    g = p.add_argument_group("model and engine")
+    g.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny, tiny-hybrid, a local model folder, a Hugging Face id, sim, vllm:<model>, "
+        "openai:<model>, anthropic:<model> or openai-compatible:<name>@<url> (default: tiny)",
+    )
+    g.add_argument("--engine", default="auto", help="auto (from --model), " + ", ".join(ENGINE_MODULES))
+    g.add_argument(
+        "--think", action="store_true", help="reason first (up to --think-budget tokens), then read the answer slot"
+    )
+    g.add_argument("--think-budget", type=int, default=512, help="most reasoning tokens in think mode (default: 512)")
+    g.add_argument("--system", default=None, help="system prompt added to every trial")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32",
+    )
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    g.add_argument("--batch-size", type=int, default=16, help="most trials per forward pass (default: 16)")
+    g.add_argument("--max-new-tokens", type=int, default=32, help="answer tokens when sampling (default: 32)")
+    g.add_argument("--seed", type=int, default=0, help="seed of sampling (default: 0)")
+    g.add_argument("--revision", default=None, help="model revision (hub branch, tag or commit)")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
+    for module in available_modules():
+        module.add_arguments(p)
+
+
+def make_engine(args: argparse.Namespace) -> Any:
+    """Build (not yet load) the engine the arguments ask for."""
+    kind = engine_kind(args.model, getattr(args, "engine", "auto"))
+    return engine_module(kind).from_args(args.model, args)

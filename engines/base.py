@@ -1,16 +1,20 @@
 """The engine contract: lists in, lists out, same order.
 
 A logit engine implements ``readout``; every engine implements ``sample``.
-Nothing else is required. Engines import their heavy libraries lazily so that
-a CPU-only or API-only install works.
+Nothing else is required beyond ``load``, ``describe`` and ``identity`` (for
+the run manifest). Engines import their heavy libraries lazily so that a
+CPU-only or API-only install works.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from probe.types import Readout, Sample, Trial
+
+ProgressFn = Callable[[int], None]
+"""Called with the number of trials (or samples) just finished."""
 
 
 @runtime_checkable
@@ -19,16 +23,35 @@ class Engine(Protocol):
 
     name: str
 
-    def readout(self, trials: Sequence[Trial]) -> list[Readout]:
-        """The answer-slot distribution of each trial, in input order."""
+    def load(self) -> Any:
+        """Load the model or open the client (idempotent); returns the engine."""
         ...
 
-    def sample(self, trials: Sequence[Trial], n: int, temperature: float) -> list[Sample]:
+    def sample(
+        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+    ) -> list[Sample]:
         """``n`` sampled answers per trial at ``temperature``, trial-major, in input order."""
         ...
 
     def describe(self) -> dict[str, Any]:
         """Model, revision and settings, for the run manifest."""
+        ...
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that changes the values (it enters the run key); speed-only settings stay out."""
+        ...
+
+
+@runtime_checkable
+class LogitEngine(Engine, Protocol):
+    """An engine that can read the answer-slot distribution."""
+
+    def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
+        """The answer-slot distribution of each trial, in input order."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` in the model's tokenizer (salts are drawn to a fixed token length)."""
         ...
 
 

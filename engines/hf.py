@@ -21,19 +21,19 @@ Design notes (why it is shaped like this):
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engines.base import require
+from engines.base import ProgressFn, require
 from engines.trie import Prefix, build_trie, normalize, option_logprobs
 from probe.parse import parse_answer, split_reasoning
 from probe.types import OptionScore, Readout, Sample, Trial
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ProgressFn = Callable[[int], None]
 
 
 class OptionError(ValueError):
@@ -89,6 +89,32 @@ class _Prepared:
     reasoning: str = ""
     reasoning_tokens: int = 0
     hit_budget: bool = False
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The Transformers engine uses only the shared engine flags."""
+
+
+def from_args(model: str, a: argparse.Namespace) -> HFEngine:
+    return HFEngine(
+        HFSettings(
+            model=model,
+            dtype=a.dtype,
+            device=a.device,
+            batch_size=a.batch_size,
+            think=a.think,
+            think_budget=a.think_budget,
+            system_prompt=a.system,
+            max_new_tokens=a.max_new_tokens,
+            seed=a.seed,
+            revision=a.revision,
+            trust_remote_code=a.trust_remote_code,
+        )
+    )
+
+
+# Settings that change values (the rest, like batch size and device, only change speed).
+_IDENTITY_SETTINGS = ("model", "think", "think_budget", "system_prompt", "revision", "trust_remote_code", "seed")
 
 
 def _seed_for(seed: int, trial_id: str, draw: int) -> int:
@@ -187,6 +213,16 @@ class HFEngine:
     @property
     def device(self) -> Any:
         return self.model.get_input_embeddings().weight.device
+
+    def identity(self) -> dict[str, Any]:
+        """What determines the values (enters the run key): model, its fingerprint, dtype, value settings."""
+        d = self.describe()
+        return {
+            "engine": self.name,
+            "dtype": d["dtype"],
+            "model_fingerprint": d.get("fingerprint") or d.get("commit_hash"),
+            **{k: getattr(self.settings, k) for k in _IDENTITY_SETTINGS},
+        }
 
     def describe(self) -> dict[str, Any]:
         """Model, revision, dtype and settings for the manifest."""

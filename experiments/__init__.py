@@ -1,40 +1,61 @@
 """The instruments of the three papers, as data plus small builders.
 
-``get_experiment`` maps a name to its spec class and expander; the CLI and the
-run store go through it, so adding an experiment is one entry in ``_table``.
+Every module in this package that defines ``EXPERIMENTS`` (a tuple of
+:class:`Experiment`) is found automatically, so adding an experiment means
+adding a module, not editing a central table. Experiment modules must be
+cheap to import (no torch, no engines at module level).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from probe.types import Trial
+if TYPE_CHECKING:
+    from probe.store import RunStore
+    from probe.types import Trial
+
+
+class Spec(Protocol):
+    """What an experiment spec provides: a frozen dataclass that serializes to the manifest."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
 class Experiment:
+    """One runnable experiment: its CLI flags, its spec, its trials and its report."""
+
     name: str
     summary: str
-    spec: type
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    """Add the experiment's own flags to ``probe run NAME``."""
+    spec_from_args: Callable[[argparse.Namespace], Spec]
     expand: Callable[..., list[Trial]]
+    """``expand(spec, count_tokens=None) -> trials`` in a fixed order."""
+    report: Callable[[RunStore, Path], list[Path]]
+    """Write the report files of a finished run into the given folder; return their paths."""
 
 
-def _table() -> dict[str, Experiment]:
-    from experiments import yesno
-
-    return {
-        yesno.NAME: Experiment(
-            yesno.NAME, "forced yes/no: verb x printed order x wording form", yesno.YesNoSpec, yesno.expand
-        ),
-    }
-
-
-EXPERIMENT_NAMES: tuple[str, ...] = ("yesno",)
+def all_experiments() -> dict[str, Experiment]:
+    """Every experiment in the package, by name (sorted)."""
+    found: dict[str, Experiment] = {}
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{mod.name}")
+        for exp in getattr(module, "EXPERIMENTS", ()):
+            if exp.name in found:
+                raise RuntimeError(f"experiment name {exp.name!r} is defined twice (second in {module.__name__})")
+            found[exp.name] = exp
+    return dict(sorted(found.items()))
 
 
 def get_experiment(name: str) -> Experiment:
-    table = _table()
+    table = all_experiments()
     if name not in table:
-        raise ValueError(f"unknown experiment {name!r}; available: {sorted(table)}")
+        raise ValueError(f"unknown experiment {name!r}; available: {', '.join(table)}")
     return table[name]

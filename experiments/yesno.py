@@ -16,14 +16,20 @@ it endorses the dilemma's cost-benefit pole, ``anti`` otherwise.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from experiments import Experiment
 from experiments.dilemmas import Dilemma, load_dilemmas
 from probe.grid import Grid
 from probe.salts import SaltSpec, apply_salt, make_salt
 from probe.types import Message, Trial, make_trial_id
+
+if TYPE_CHECKING:
+    from probe.store import RunStore
 
 NAME = "yesno"
 
@@ -111,3 +117,71 @@ def expand(spec: YesNoSpec, count_tokens: Callable[[str], int] | None = None) ->
                     )
                 )
     return trials
+
+
+def add_salt_arguments(p: argparse.ArgumentParser) -> None:
+    """The salted-replicate flags, shared by every dilemma instrument."""
+    g = p.add_argument_group("salted replicates")
+    g.add_argument("--salts", type=int, default=1, help="replicates per trial, the unsalted one included (default: 1)")
+    g.add_argument("--salt-seed", type=int, default=0, help="seed of the salt strings (default: 0)")
+    g.add_argument("--salt-tokens", type=int, default=8, help="tokens per salt string (default: 8)")
+    g.add_argument(
+        "--salt-place",
+        default="user_start",
+        choices=["user_start", "user_end", "system"],
+        help="where the salt goes (default: user_start)",
+    )
+
+
+def salts_from_args(a: argparse.Namespace) -> SaltSpec:
+    return SaltSpec(count=a.salts, seed=a.salt_seed, n_tokens=a.salt_tokens, place=a.salt_place)
+
+
+def add_dilemma_arguments(p: argparse.ArgumentParser) -> None:
+    """``--dilemmas`` and ``--items``, shared by every dilemma instrument."""
+    g = p.add_argument_group("dilemmas")
+    g.add_argument("--dilemmas", default=None, help="dilemma file (YAML or JSONL) instead of the project's own set")
+    g.add_argument("--items", default=None, help="comma-separated dilemma ids to keep (default: all)")
+
+
+def dilemma_path(a: argparse.Namespace) -> str | None:
+    return str(Path(a.dilemmas).resolve()) if a.dilemmas else None
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    add_dilemma_arguments(p)
+    g = p.add_argument_group("yes/no battery")
+    g.add_argument("--forms", default=None, help=f"comma-separated wording forms (default: all of {', '.join(FORMS)})")
+    g.add_argument("--labels", default="Yes,No", help="the yes and no words, comma-separated (default: Yes,No)")
+    add_salt_arguments(p)
+
+
+def _spec_from_args(a: argparse.Namespace) -> YesNoSpec:
+    labels = tuple(a.labels.split(","))
+    if len(labels) != 2:
+        raise ValueError(f"--labels needs exactly two words separated by a comma, got {a.labels!r}")
+    return YesNoSpec(
+        dilemmas=dilemma_path(a),
+        items=tuple(a.items.split(",")) if a.items else (),
+        salts=salts_from_args(a),
+        labels=(labels[0], labels[1]),
+        **({"forms": tuple(a.forms.split(","))} if a.forms else {}),
+    )
+
+
+def _report(store: RunStore, out: Path) -> list[Path]:
+    from analysis.report import yesno_report
+
+    return yesno_report(store, out)
+
+
+EXPERIMENTS = (
+    Experiment(
+        name=NAME,
+        summary="forced yes/no: verb x printed order x wording form (paper 003, I-3)",
+        add_arguments=_add_arguments,
+        spec_from_args=_spec_from_args,
+        expand=expand,
+        report=_report,
+    ),
+)

@@ -8,10 +8,6 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engines.hf import HFSettings
 
 EPILOG = """examples:
   probe run yesno --model tiny --out runs/yesno-tiny
@@ -21,83 +17,31 @@ EPILOG = """examples:
 """
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model and engine")
-    g.add_argument(
-        "--model", default="tiny", help="tiny, tiny-hybrid, a local model folder, or a Hugging Face id (default: tiny)"
-    )
-    g.add_argument(
-        "--think",
-        action="store_true",
-        help="reason first (greedy, up to --think-budget tokens), then read the answer slot",
-    )
-    g.add_argument("--think-budget", type=int, default=512, help="most reasoning tokens in think mode (default: 512)")
-    g.add_argument("--system", default=None, help="system prompt added to every trial")
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32",
-    )
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    g.add_argument("--batch-size", type=int, default=16, help="most trials per forward pass (default: 16)")
-    g.add_argument("--revision", default=None, help="model revision (hub branch, tag or commit)")
-    g.add_argument(
-        "--trust-remote-code", action="store_true", help="allow model code from the hub (needed by some models)"
-    )
-
-
-def _settings(a: argparse.Namespace) -> HFSettings:
-    from engines.hf import HFSettings
-
-    return HFSettings(
-        model=a.model,
-        dtype=a.dtype,
-        device=a.device,
-        batch_size=a.batch_size,
-        think=a.think,
-        think_budget=a.think_budget,
-        system_prompt=a.system,
-        revision=a.revision,
-        trust_remote_code=a.trust_remote_code,
-    )
-
-
 def cmd_run(a: argparse.Namespace) -> int:
-    from experiments.yesno import YesNoSpec
-    from probe.runner import run
-    from probe.salts import SaltSpec
+    from engines import make_engine
+    from experiments import get_experiment
+    from probe.runner import Plan, run
     from probe.store import Shard
 
-    if a.experiment != "yesno":
-        raise ValueError(f"unknown experiment {a.experiment!r}; available: yesno")
-    spec = YesNoSpec(
-        dilemmas=str(Path(a.dilemmas).resolve()) if a.dilemmas else None,
-        items=tuple(a.items.split(",")) if a.items else (),
-        salts=SaltSpec(count=a.salts, seed=a.salt_seed, n_tokens=a.salt_tokens, place=a.salt_place),
-        **({"forms": tuple(a.forms.split(","))} if a.forms else {}),
-    )
+    exp = get_experiment(a.experiment)
+    spec = exp.spec_from_args(a)
     shard = Shard.parse(a.shard) if a.shard else None
+    plan = Plan(readout=not a.no_readout, samples=a.samples, temperature=a.temperature)
+    engine = make_engine(a)
     store = run(
-        a.experiment,
-        spec,
-        _settings(a),
-        Path(a.out),
-        shard=shard,
-        chunk_size=a.chunk_size,
-        progress=not a.quiet,
+        a.experiment, spec, engine, Path(a.out), plan=plan, shard=shard, chunk_size=a.chunk_size, progress=not a.quiet
     )
     print(f"wrote {store.root}")
     if shard is None and not a.no_report:
         from analysis.report import write_report
 
-        out, _ = write_report(store.root)
-        print(f"report: {out / 'summary.md'}")
+        paths = write_report(store.root)
+        print(f"report: {paths[0].parent}")
     return 0
 
 
 def cmd_readout(a: argparse.Namespace) -> int:
-    from engines.hf import HFEngine
+    from engines import make_engine
     from probe.types import Message, Trial
 
     options = tuple(o for o in a.options.split(a.sep))
@@ -105,9 +49,10 @@ def cmd_readout(a: argparse.Namespace) -> int:
         raise ValueError(f"--options needs non-empty options separated by {a.sep!r}, got {a.options!r}")
     msgs = ((Message("system", a.system),) if a.system else ()) + (Message("user", a.prompt),)
     trial = Trial("cli", "cli", "cli", {}, msgs, options, options, assistant_prefix=a.assistant_prefix)
-    settings = _settings(a)
-    engine = HFEngine(settings)
-    r = engine.readout([trial])[0]
+    engine = make_engine(a)
+    if not hasattr(engine, "readout"):
+        raise ValueError(f"the {engine.name!r} engine cannot read logits; readout needs a logit engine")
+    r = engine.load().readout([trial])[0]
     if a.json:
         doc = {
             "model": a.model,
@@ -152,17 +97,19 @@ def cmd_merge(a: argparse.Namespace) -> int:
     if not a.no_report:
         from analysis.report import write_report
 
-        out, _ = write_report(store.root)
-        print(f"report: {out / 'summary.md'}")
+        paths = write_report(store.root)
+        print(f"report: {paths[0].parent}")
     return 0
 
 
 def cmd_analyze(a: argparse.Namespace) -> int:
     from analysis.report import write_report
 
-    out, _ = write_report(Path(a.run))
-    print((out / "summary.md").read_text())
-    print(f"report written to {out}")
+    paths = write_report(Path(a.run))
+    summary = paths[0].parent / "summary.md"
+    if summary.exists():
+        print(summary.read_text())
+    print(f"report written to {paths[0].parent}: {', '.join(p.name for p in paths)}")
     return 0
 
 
@@ -183,36 +130,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
+    from engines import add_engine_arguments
+    from experiments import all_experiments
+
     r = sub.add_parser(
         "run",
         help="run an experiment into a run directory (resumes if interrupted)",
-        description="Expand an experiment into trials, read each answer slot, store the results. "
-        "Re-running the same command resumes; a different spec in the same --out is refused.",
+        description="Expand an experiment into trials, read each answer slot (and/or sample answers), store the "
+        "results, write the report. Re-running the same command resumes; a different spec in the same --out is "
+        "refused. `probe run EXPERIMENT --help` lists the experiment's own options.",
     )
-    r.add_argument("experiment", help="experiment name (available: yesno)")
-    r.add_argument("--out", required=True, help="run directory (created; reused to resume)")
-    _engine_args(r)
-    g = r.add_argument_group("battery")
-    g.add_argument("--dilemmas", default=None, help="dilemma file (YAML or JSONL) instead of the project's own set")
-    g.add_argument("--items", default=None, help="comma-separated dilemma ids to keep (default: all)")
-    g.add_argument("--forms", default=None, help="comma-separated wording forms (default: all)")
-    g.add_argument(
-        "--salts", type=int, default=1, help="salted replicates per trial, the unsalted one included (default: 1)"
-    )
-    g.add_argument("--salt-seed", type=int, default=0, help="seed of the salt strings (default: 0)")
-    g.add_argument("--salt-tokens", type=int, default=8, help="tokens per salt string (default: 8)")
-    g.add_argument(
-        "--salt-place",
-        default="user_start",
-        choices=["user_start", "user_end", "system"],
-        help="where the salt goes (default: user_start)",
-    )
-    g = r.add_argument_group("execution")
-    g.add_argument("--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n")
-    g.add_argument("--chunk-size", type=int, default=256, help="trials per committed chunk (default: 256)")
-    g.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.set_defaults(func=cmd_run)
+    exps = r.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    for exp in all_experiments().values():
+        e = exps.add_parser(exp.name, help=exp.summary, description=exp.summary)
+        e.add_argument("--out", required=True, help="run directory (created; reused to resume)")
+        add_engine_arguments(e)
+        exp.add_arguments(e)
+        g = e.add_argument_group("what to collect")
+        g.add_argument("--samples", type=int, default=0, help="sampled answers per trial (default: 0)")
+        g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+        g.add_argument("--no-readout", action="store_true", help="sample only; do not read the answer slot")
+        g = e.add_argument_group("execution")
+        g.add_argument(
+            "--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n"
+        )
+        g.add_argument("--chunk-size", type=int, default=256, help="trials per committed chunk (default: 256)")
+        g.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+        g.add_argument("--quiet", action="store_true", help="no progress bar")
+        e.set_defaults(func=cmd_run)
 
     o = sub.add_parser(
         "readout",
@@ -225,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--sep", default=",", help="separator of --options (default ',')")
     o.add_argument("--assistant-prefix", default="", help="text the reply starts with before the slot, e.g. 'Answer:'")
     o.add_argument("--json", action="store_true", help="machine-readable output with token ids")
-    _engine_args(o)
+    add_engine_arguments(o)
     o.set_defaults(func=cmd_readout)
 
     m = sub.add_parser(

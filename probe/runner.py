@@ -1,4 +1,8 @@
-"""Experiment -> trials -> engine -> run store, resumably."""
+"""Experiment -> trials -> engine -> run store, resumably.
+
+A run reads answer slots (logit engines), draws samples (any engine), or
+both; every chunk commits its tables together (see :mod:`probe.store`).
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,38 @@ import datetime as dt
 import json
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from engines.hf import HFEngine, HFSettings
-from experiments import get_experiment
+from experiments import Spec, get_experiment
 from probe.store import RunStore, Shard, chunk_bounds, run_key
-from probe.types import Readout
+from probe.types import Readout, Sample
 
-# Settings that change values (the rest, like batch size and device, only change speed).
-_IDENTITY_SETTINGS = ("model", "think", "think_budget", "system_prompt", "revision", "trust_remote_code", "seed")
 _PACKAGES = ("probe", "torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to collect per trial."""
+
+    readout: bool = True
+    """Read the answer-slot distribution (logit engines only)."""
+    samples: int = 0
+    """Sampled answers per trial (0 = none)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 0:
+            raise ValueError(f"samples must be >= 0, got {self.samples}")
+        if not self.readout and self.samples == 0:
+            raise ValueError("nothing to collect: ask for readouts or for --samples N")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -82,43 +103,63 @@ def readout_tables(readouts: Sequence[Readout]) -> dict[str, pd.DataFrame]:
     return {"readout_options": pd.DataFrame(opts), "readout_trials": pd.DataFrame(trials)}
 
 
+def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
+    """One row per (trial, draw)."""
+    return pd.DataFrame(
+        [
+            {
+                "trial_id": s.trial_id,
+                "draw": s.replicate,
+                "option": s.option,
+                "status": s.status,
+                "text": s.text,
+                "reasoning": s.reasoning,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+            }
+            for s in samples
+        ],
+        columns=["trial_id", "draw", "option", "status", "text", "reasoning", "prompt_tokens", "completion_tokens"],
+    )
+
+
 def run(
     experiment: str,
-    spec: Any,
-    settings: HFSettings,
+    spec: Spec,
+    engine: Any,
     out: Path,
     *,
+    plan: Plan | None = None,
     shard: Shard | None = None,
     chunk_size: int = 256,
-    engine: HFEngine | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> RunStore:
-    """Run (or resume) ``experiment`` on the Transformers engine into ``out``."""
+    """Run (or resume) ``experiment`` on ``engine`` into ``out``."""
+    plan = plan or Plan()
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if plan.readout and not hasattr(engine, "readout"):
+        raise ValueError(f"the {engine.name!r} engine cannot read logits; use --samples N (and --no-readout)")
     exp = get_experiment(experiment)
-    engine = engine or HFEngine(settings)
     engine.load()
-    trials = exp.expand(spec, count_tokens=engine.count_tokens)
+    trials = exp.expand(spec, count_tokens=getattr(engine, "count_tokens", None))
     if shard is not None:
         trials = shard.select(trials)
         out = Path(out) / shard.folder
-    desc = engine.describe()
     identity = {
         "experiment": experiment,
         "spec": spec.to_dict(),
-        "engine": "hf",
-        "dtype": desc["dtype"],
-        "model_fingerprint": desc.get("fingerprint") or desc.get("commit_hash"),
-        **{k: getattr(settings, k) for k in _IDENTITY_SETTINGS},
+        "plan": asdict(plan),
+        **engine.identity(),
     }  # the shard is not part of the identity: all shards of one run share its key
     manifest = {
         "run_key": run_key(identity),
         "identity": identity,
         "experiment": experiment,
         "spec": spec.to_dict(),
-        "engine": desc,
+        "plan": asdict(plan),
+        "engine": engine.describe(),
         "packages": package_versions(),
         "project_commit": project_commit(),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -138,11 +179,22 @@ def run(
         log(f"{store.root}: resuming, {n_done}/{len(trials)} trials already done")
     from tqdm.auto import tqdm
 
+    per_trial = int(plan.readout) + plan.samples
     with tqdm(
-        total=len(trials), initial=n_done, desc=f"{experiment} readout", unit="trial", disable=not progress
+        total=len(trials) * per_trial,
+        initial=n_done * per_trial,
+        desc=f"{experiment} ({engine.name})",
+        unit="call",
+        disable=not progress,
     ) as bar:
         for k in todo:
             lo, hi = bounds[k]
-            readouts = engine.readout(trials[lo:hi], progress=bar.update)
-            store.write_chunk(k, readout_tables(readouts))
+            chunk = trials[lo:hi]
+            tables: dict[str, pd.DataFrame] = {}
+            if plan.readout:
+                tables.update(readout_tables(engine.readout(chunk, progress=bar.update)))
+            if plan.samples:
+                samples = engine.sample(chunk, plan.samples, plan.temperature, progress=bar.update)
+                tables["samples"] = sample_table(samples)
+            store.write_chunk(k, tables)
     return store

@@ -236,3 +236,39 @@ def test_store_open_refuses_a_non_run_folder(tmp_path: Path):
     (tmp_path / "stuff.txt").write_text("x")
     with pytest.raises(StoreError, match="not empty"):
         RunStore.open(tmp_path, {"run_key": "k"}, [])
+
+
+def test_sampled_only_run_is_analyzed_from_counts(tmp_path: Path):
+    out = tmp_path / "sampled"
+    run_cli(
+        "run",
+        "yesno",
+        "--model",
+        "tiny",
+        "--out",
+        str(out),
+        "--items",
+        "pond_child",
+        "--samples",
+        "6",
+        "--no-readout",
+        "--quiet",
+    )
+    s = RunStore(out).load("samples")
+    assert len(s) == 12 * 6 and not s.duplicated(["trial_id", "draw"]).any()
+    assert set(s["status"]) <= {"ok", "refusal", "invalid"}
+    from analysis.frames import sample_counts
+
+    opts, per = sample_counts(RunStore(out))
+    # frequencies among parsed answers, checked against a direct count
+    ok = s[s.status == "ok"]
+    for tid, grp in ok.groupby("trial_id"):
+        got = opts[opts.trial_id == tid].set_index("option")["prob"]
+        for option, share in (grp["option"].value_counts() / len(grp)).items():
+            assert got[option] == pytest.approx(share)
+    assert "samples" in (out / "report" / "summary.md").read_text()
+
+
+def test_nothing_to_collect_is_an_error(tmp_path: Path):
+    p = run_cli("run", "yesno", "--out", str(tmp_path / "x"), "--no-readout", "--quiet", check=False)
+    assert p.returncode == 2 and "nothing to collect" in p.stderr
