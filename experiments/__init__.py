@@ -40,6 +40,10 @@ class Experiment:
     """``expand(spec, count_tokens=None) -> trials`` in a fixed order."""
     report: Callable[[RunStore, Path], list[Path]]
     """Write the report files of a finished run into the given folder; return their paths."""
+    generative: Callable[[Trial], bool] | None = None
+    """Trials for which the runner generates text (and judges it) instead of reading the slot."""
+    judge_options: Callable[[argparse.Namespace], Any] | None = None
+    """Build the judge for generated trials from the CLI arguments (None: no judging)."""
 
 
 def all_experiments() -> dict[str, Experiment]:

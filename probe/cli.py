@@ -28,8 +28,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     shard = Shard.parse(a.shard) if a.shard else None
     plan = Plan(readout=not a.no_readout, samples=a.samples, temperature=a.temperature)
     engine = make_engine(a)
+    judge = exp.judge_options(a) if exp.judge_options else None
     store = run(
-        a.experiment, spec, engine, Path(a.out), plan=plan, shard=shard, chunk_size=a.chunk_size, progress=not a.quiet
+        a.experiment,
+        spec,
+        engine,
+        Path(a.out),
+        plan=plan,
+        judge=judge,
+        shard=shard,
+        chunk_size=a.chunk_size,
+        progress=not a.quiet,
     )
     print(f"wrote {store.root}")
     if shard is None and not a.no_report:

@@ -130,6 +130,7 @@ def run(
     out: Path,
     *,
     plan: Plan | None = None,
+    judge: Any = None,
     shard: Shard | None = None,
     chunk_size: int = 256,
     progress: bool = True,
@@ -143,6 +144,7 @@ def run(
         raise ValueError(f"the {engine.name!r} engine cannot read logits; use --samples N (and --no-readout)")
     exp = get_experiment(experiment)
     engine.load()
+    is_generative = exp.generative or (lambda t: False)
     trials = exp.expand(spec, count_tokens=getattr(engine, "count_tokens", None))
     if shard is not None:
         trials = shard.select(trials)
@@ -152,6 +154,7 @@ def run(
         "spec": spec.to_dict(),
         "plan": asdict(plan),
         **engine.identity(),
+        **({"judge": judge.identity()} if judge is not None else {}),
     }  # the shard is not part of the identity: all shards of one run share its key
     manifest = {
         "run_key": run_key(identity),
@@ -189,12 +192,20 @@ def run(
     ) as bar:
         for k in todo:
             lo, hi = bounds[k]
-            chunk = trials[lo:hi]
+            chunk = [t for t in trials[lo:hi] if not is_generative(t)]
+            generated = [t for t in trials[lo:hi] if is_generative(t)]
             tables: dict[str, pd.DataFrame] = {}
-            if plan.readout:
+            if plan.readout and chunk:
                 tables.update(readout_tables(engine.readout(chunk, progress=bar.update)))
-            if plan.samples:
+            if plan.samples and chunk:
                 samples = engine.sample(chunk, plan.samples, plan.temperature, progress=bar.update)
                 tables["samples"] = sample_table(samples)
+            if generated:  # free text: greedy unless sampling was asked for, then judged
+                n, temp = (plan.samples, plan.temperature) if plan.samples else (1, 0.0)
+                texts = engine.sample(generated, n, temp, progress=None)
+                tables["generations"] = sample_table(texts)
+                if judge is not None:
+                    tables["judgments"] = judge.judge(generated, texts)
+                bar.update(len(generated) * per_trial)
             store.write_chunk(k, tables)
     return store

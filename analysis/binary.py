@@ -1,0 +1,90 @@
+"""Forced-binary projections beyond yes/no (paper 003, "Identification: lexical versus logical").
+
+With labels other than the English yes/no words, each cell (verb x printed
+order x, for arbitrary labels, the label-to-verdict mapping) gives P(CBR), and
+from it three events whose balanced means are the *projections*:
+
+* **order**: ``mean(2 P(first-printed option) - 1)``; negative = toward the
+  last-printed option;
+* **logic** (the label pull of Fig. 6): ``mean(2 P(affirmative verdict) - 1)``,
+  the attachment to the verdict *yes* whatever label carries it; for the
+  yes/no words this is the lexical channel;
+* **label**: ``mean(2 P(the pair's canonical first label) - 1)``, the
+  attachment to the printed label itself, identified only where the mapping is
+  counterbalanced (arbitrary labels); NaN elsewhere, where it is confounded
+  with logic;
+
+and the stance ``z = mean(2 P(CBR) - 1)``. In a balanced design these are the
+main-effect contrasts of the crossing, so each is estimated free of the others.
+The lexicality gradient orders the pairs a priori (non-lexical, quasi-lexical
+mark, word) and compares the mean |logic| of word pairs with non-lexical ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.yesno import p_cbr
+
+
+def cell_events(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFrame:
+    """Per binary trial: P(CBR), P(first printed), P(affirmative verdict), P(canonical first label).
+
+    ``per_trial`` needs the factors ``verb`` (CBR-relative), ``order``,
+    ``labels``, ``yes_label`` and ``mapping``; ``options`` the long table with
+    ``position``, ``option``, ``meaning``, ``prob``.
+    """
+    pc = p_cbr(options)
+    first = options[options["position"] == 0].set_index("trial_id")
+    df = per_trial.join(pc, on="trial_id")
+    p_first = df["trial_id"].map(first["prob"])
+    first_is_yes = df["trial_id"].map(first["option"]) == df["yes_label"]
+    p_yes = np.where(first_is_yes, p_first, 1 - p_first)
+    canonical_yes = df["mapping"].eq("canonical")
+    out = df[["trial_id", "item_id", "replicate", "labels", "verb", "order", "mapping"]].copy()
+    out["p_cbr"] = df["p_cbr"]
+    out["p_first"] = p_first
+    out["p_yes"] = p_yes
+    out["p_label1"] = np.where(canonical_yes, p_yes, 1 - p_yes)
+    return out
+
+
+def projections(events: pd.DataFrame, counterbalanced: set[str]) -> pd.DataFrame:
+    """Per (item, label pair): z, order, logic and label projections (see the module docstring)."""
+    e = events.copy()
+    for col in ("p_cbr", "p_first", "p_yes", "p_label1"):
+        e[col] = 2 * e[col] - 1
+    # average the forms within each design cell first, so that every cell weighs the same
+    cells = e.groupby(["item_id", "labels", "verb", "order", "mapping"])[
+        ["p_cbr", "p_first", "p_yes", "p_label1"]
+    ].mean()
+    g = cells.groupby(["item_id", "labels"])
+    out = pd.DataFrame(
+        {
+            "z": g["p_cbr"].mean(),
+            "order": g["p_first"].mean(),
+            "logic": g["p_yes"].mean(),
+            "label": g["p_label1"].mean(),
+            "n_cells": g.size(),
+        }
+    )
+    mask = ~out.index.get_level_values("labels").isin(counterbalanced)
+    out.loc[mask, "label"] = np.nan
+    return out
+
+
+def lexicality_gradient(proj: pd.DataFrame, lexicality: dict[str, int]) -> tuple[pd.DataFrame, float]:
+    """Per label pair (ordered by lexicality): mean order and logic pull over items; and the word-minus-non-lexical contrast.
+
+    The contrast is ``mean |logic|`` over word pairs (lexicality >= 2) minus
+    ``mean |logic|`` over non-lexical pairs (lexicality 0), the |.| taken on the
+    story-averaged pull of each pair.
+    """
+    by_pair = proj.groupby("labels")[["order", "logic", "label", "z"]].mean()
+    by_pair["lexicality"] = [lexicality.get(p, -1) for p in by_pair.index]
+    by_pair = by_pair.sort_values(["lexicality"], kind="stable")
+    words = by_pair[by_pair["lexicality"] >= 2]["logic"].abs()
+    nonlex = by_pair[by_pair["lexicality"] == 0]["logic"].abs()
+    contrast = float(words.mean() - nonlex.mean()) if len(words) and len(nonlex) else float("nan")
+    return by_pair, contrast
