@@ -1,0 +1,84 @@
+"""Figures as small functions: data in, PNG out (matplotlib's Agg backend, no display)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _plt():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def stance_bars(df: pd.DataFrame, value: str, err: str | None, path: Path, title: str, xlabel: str) -> Path:
+    """Horizontal bars of one value per item (sorted), with optional error bars."""
+    plt = _plt()
+    d = df.sort_values(value)
+    fig, ax = plt.subplots(figsize=(7, 0.28 * len(d) + 1.2))
+    xerr = d[err].to_numpy() if err and err in d else None
+    ax.barh(range(len(d)), d[value].to_numpy(), xerr=xerr, color="#4c72b0", alpha=0.85, ecolor="#333333", capsize=2)
+    ax.set_yticks(range(len(d)), [str(i) for i in d.index], fontsize=7)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlim(-1.05, 1.05)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def grouped_bars(df: pd.DataFrame, columns: Sequence[str], path: Path, title: str, ylabel: str) -> Path:
+    """Bars of several columns per row (e.g. order / lexical / apparent per item or per label pair)."""
+    plt = _plt()
+    n, k = len(df), len(columns)
+    width = 0.8 / max(k, 1)
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * n + 2), 3.6))
+    x = np.arange(n)
+    for i, c in enumerate(columns):
+        ax.bar(x + (i - (k - 1) / 2) * width, df[c].to_numpy(dtype=float), width, label=c)
+    ax.set_xticks(x, [str(i) for i in df.index], rotation=60, ha="right", fontsize=7)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def scatter_xy(
+    x: np.ndarray,
+    y: np.ndarray,
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    diagonal: bool = True,
+    curve: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.4, 4.2))
+    ax.scatter(x, y, s=14, alpha=0.8)
+    if diagonal:
+        lo = float(np.nanmin([np.nanmin(x), np.nanmin(y)]))
+        hi = float(np.nanmax([np.nanmax(x), np.nanmax(y)]))
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
+    if curve is not None:
+        ax.plot(curve[0], curve[1], color="#c44e52", lw=1.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
