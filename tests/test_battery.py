@@ -1,0 +1,123 @@
+"""The battery's instruments, judges and report on the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.battery import REDUCED, BatterySpec, CorpusError, expand, graded_question, load_corpus
+from experiments.dilemmas import load_dilemmas
+from probe.judge import RuleJudge, rule_verdict
+from probe.types import Sample
+
+D = {d.id: d for d in load_dilemmas()}
+ACTION = D["mine_cart_bridge"]  # cbr_pole: action
+COMPLEMENT = D["dam_spillway"]  # cbr_pole: complement
+
+
+def test_full_design_counts_per_item():
+    trials = expand(BatterySpec(items=(ACTION.id,)))
+    by = {}
+    for t in trials:
+        by[t.factors["instrument"]] = by.get(t.factors["instrument"], 0) + 1
+    # graded 4 scales x 3 wordings x 2 anchors x 2 poles; choice 12 framings x 2 orders;
+    # binary 12 forms x 4 + 4 arbitrary pairs x 8 + 9 other pairs x 4
+    assert by == {"graded": 48, "choice": 24, "binary": 48 + 32 + 36}
+    assert len({t.trial_id for t in trials}) == len(trials)
+    assert [t.trial_id for t in expand(BatterySpec(items=(ACTION.id,)))] == [t.trial_id for t in trials]
+
+
+def test_reduced_preset_keeps_every_crossing():
+    trials = expand(BatterySpec(items=(ACTION.id,), **REDUCED))
+    graded = [t for t in trials if t.factors["instrument"] == "graded"]
+    assert {(t.factors["anchor"], t.factors["pole"]) for t in graded} == {
+        (a, p) for a in ("ascending", "descending") for p in ("action", "complement")
+    }
+    binary = [t for t in trials if t.factors["instrument"] == "binary"]
+    assert {(t.factors["verb"], t.factors["order"]) for t in binary} == {
+        (v, o) for v in ("approve", "oppose") for o in ("yes_first", "no_first")
+    }
+
+
+@pytest.mark.parametrize(
+    "d,scale,anchor,pole,value,x",
+    [
+        (ACTION, "0-10", "ascending", "action", "10", 1.0),
+        (ACTION, "0-10", "ascending", "action", "0", -1.0),
+        (ACTION, "0-10", "descending", "action", "10", -1.0),
+        (ACTION, "0-10", "ascending", "complement", "10", -1.0),
+        (ACTION, "0-100", "ascending", "action", "75", 0.5),
+        (ACTION, "bipolar-5", "ascending", "action", "0", 0.0),
+        (ACTION, "bipolar-5", "ascending", "action", "-5", -1.0),
+        (COMPLEMENT, "0-10", "ascending", "complement", "10", 1.0),
+        (COMPLEMENT, "0-10", "descending", "action", "2", -0.6),  # 2 of 10, descending: fairly acceptable anti act
+    ],
+)
+def test_graded_meanings_by_hand(d, scale, anchor, pole, value, x):
+    text, options, meanings = graded_question(d, load_corpus(), scale, "acceptable", anchor, pole)
+    assert float(meanings[options.index(value)]) == pytest.approx(x)
+    assert d.pole_text(pole) in text
+
+
+def test_descending_anchor_swaps_the_printed_end_labels():
+    asc, _, _ = graded_question(ACTION, load_corpus(), "0-10", "acceptable", "ascending", "action")
+    desc, _, _ = graded_question(ACTION, load_corpus(), "0-10", "acceptable", "descending", "action")
+    assert "0 (completely unacceptable) to 10 (completely acceptable)" in asc
+    assert "0 (completely acceptable) to 10 (completely unacceptable)" in desc
+
+
+def test_bad_specs_and_corpora_fail_clearly(tmp_path: Path):
+    with pytest.raises(ValueError, match="unknown instruments"):
+        BatterySpec(instruments=("graded", "essay"))
+    with pytest.raises(ValueError, match="unknown label pairs"):
+        BatterySpec(label_pairs=("Si/No",))
+    bad = tmp_path / "c.yaml"
+    bad.write_text("graded: {}\n")
+    with pytest.raises(CorpusError, match="missing section 'binary'"):
+        load_corpus(str(bad))
+
+
+def _choice_trial():
+    return next(t for t in expand(BatterySpec(items=(ACTION.id,), instruments=("choice",))))
+
+
+def test_rule_judge_verdicts():
+    t = _choice_trial()
+    cbr = t.options[t.meaning.index("cbr")]
+    anti = t.options[t.meaning.index("anti")]
+    assert rule_verdict(t, f"After thinking it over, I would {cbr}.") == "PRO"
+    assert rule_verdict(t, f"<think>maybe {cbr}</think>\n\nI choose to {anti}.") == "ANTI"
+    assert rule_verdict(t, f"Either {cbr} or {anti}; I cannot say.") == "NONCOMMIT"
+    assert rule_verdict(t, "I can't help with that.") == "NONCOMMIT"
+    table = RuleJudge().judge([t], [Sample(t.trial_id, 0, f"I would {cbr}", None, "invalid")])
+    assert table.loc[0, ["p_pro", "p_anti", "p_noncommit"]].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_logit_judge_keeps_the_distribution(tiny_engine):
+    from probe.judge import LogitJudge
+
+    t = _choice_trial()
+    cbr = t.options[t.meaning.index("cbr")]
+    table = LogitJudge(tiny_engine).judge([t], [Sample(t.trial_id, 0, f"I would {cbr}.", None, "invalid")])
+    row = table.iloc[0]
+    assert row[["p_pro", "p_anti", "p_noncommit"]].sum() == pytest.approx(1.0)
+    assert row["verdict"] in ("PRO", "ANTI", "NONCOMMIT")
+
+
+def test_battery_runs_end_to_end_on_tiny(tmp_path: Path):
+    from tests.test_store import run_cli
+
+    out = tmp_path / "b"
+    run_cli(
+        "run", "battery", "--model", "tiny", "--out", str(out), "--items", f"{ACTION.id},{COMPLEMENT.id}", "--quiet"
+    )
+    summary = (out / "report" / "summary.md").read_text()
+    for title in ("verb flip", "Label map", "Free choice"):
+        assert title in summary
+    assert (out / "report" / "fig_bias_decomposition.png").stat().st_size > 1000
+    from probe.store import RunStore
+
+    gens = RunStore(out).load("generations")
+    assert len(gens) == 2 * 2 * len(REDUCED["framings"])  # one greedy reply per choice trial, kept for audit
+    assert len(RunStore(out).load("judgments")) == len(gens)
