@@ -1,0 +1,411 @@
+"""The BBQ adapter of the influence audit (paper 000, section 3.4 and appendix H).
+
+Reads the upstream BBQ JSONL (one file per category, or a folder of them),
+keeps the *ambiguous* contexts (where nothing in the text supports either
+person, so any preference is the model's), drops the "unknown" answer to make a
+pairwise forced choice, and splits by question polarity; each sub-experiment
+(``pair``) is ``<category>_<polarity>`` (the paper's ``age_neg``, ``ses_pos``).
+
+Sides: for a category listed in the design's ``side_b`` (the paper's two:
+Age -> old, SES -> lowSES) side B is always that group, as in the paper
+(Age: nonOld vs. old). Any other category works too: there side B is the
+answer named by the item's ``stereotyped_groups`` metadata, so ``f_0(B)`` is
+the rate of choosing the stereotyped group. Every trial also records which
+side the metadata calls stereotyped (``stereotyped`` = A, B or none), since
+BBQ's Age items stereotype the old in some templates and the young in others.
+Items whose sides cannot be assigned are skipped and counted by reason in
+:class:`BBQLoad`. Group labels for the cues come from the design's ``groups``
+table, else from its fallback template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from experiments import Experiment
+from experiments.influence.build import (
+    AuditSpec,
+    Demo,
+    Scenario,
+    Side,
+    add_audit_arguments,
+    audit_from_args,
+    demo,
+    expand_scenarios,
+    split_list,
+    stable_hash,
+)
+from experiments.influence.design import Design, DesignError, article, load_design
+from probe.types import Trial
+
+if TYPE_CHECKING:
+    from probe.store import RunStore
+
+NAME = "influence-bbq"
+POLARITIES = ("neg", "nonneg")
+_REQUIRED: tuple[str, ...] = ("example_id", "question_index", "question_polarity", "context_condition", "category")
+_REQUIRED += ("answer_info", "additional_metadata", "context", "question", "ans0", "ans1", "ans2")
+
+
+class BBQError(ValueError):
+    """A BBQ file that cannot be read as the upstream format; the message names file, line and field."""
+
+
+@dataclass(frozen=True)
+class BBQSpec:
+    """What the BBQ audit asks. Serialized into the run manifest."""
+
+    bbq: str
+    """A BBQ JSONL file or a folder of them (upstream ``data/<Category>.jsonl``)."""
+    audit: AuditSpec = field(default_factory=AuditSpec)
+    categories: tuple[str, ...] = ()
+    """Categories to keep (as spelled in the data, e.g. Age, SES); empty = all found."""
+    polarities: tuple[str, ...] = POLARITIES
+    variants: int = 1
+    """Items kept per question template and polarity (the paper: 5)."""
+    limit: int = 8
+    """Items kept per sub-experiment (category x polarity), spread over templates; 0 = no limit."""
+    seed: int = 0
+    """Seed of the variant subsample, the few-shot pool draws and their printed orders."""
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.polarities if p not in POLARITIES]
+        if bad or not self.polarities:
+            raise ValueError(f"BBQ polarities must be among {POLARITIES}, got {list(self.polarities)}")
+        if self.variants < 1:
+            raise ValueError(f"--bbq-variants must be >= 1, got {self.variants}")
+        if self.limit < 0:
+            raise ValueError(f"--bbq-limit must be >= 0 (0 = no limit), got {self.limit}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": NAME, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class BBQItem:
+    """One ambiguous BBQ question reduced to its two group answers (A: not stereotyped, B: stereotyped)."""
+
+    example_id: int
+    category: str
+    polarity: str
+    question_index: str
+    context: str
+    question: str
+    a_text: str
+    a_tag: str
+    a_name: str
+    b_text: str
+    b_tag: str
+    b_name: str
+    stereotyped: str = "B"
+    """Which side the item's stereotyped_groups names: A, B, or none (no single match)."""
+
+    @property
+    def item_id(self) -> str:
+        return f"{self.category}:{self.example_id}"
+
+
+@dataclass(frozen=True)
+class BBQLoad:
+    """The usable ambiguous items, in file order, and how many rows were skipped and why."""
+
+    items: tuple[BBQItem, ...]
+    skipped: Mapping[str, int]
+    files: tuple[str, ...]
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _strip_sex(tag: str) -> str:
+    """``M-Black`` -> ``Black``: BBQ's intersectional tags prefix the group with the person's sex."""
+    return re.sub(r"^[MF]-", "", tag)
+
+
+def bbq_files(path: str | Path) -> list[Path]:
+    """The JSONL files of a BBQ path (a file, or every ``*.jsonl`` of a folder, sorted)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("*.jsonl"))
+        if not files:
+            raise BBQError(f"{p}: no *.jsonl files; pass the upstream BBQ data folder or one of its files")
+        return files
+    if not p.is_file():
+        raise BBQError(f"{p}: no such file or folder; pass --bbq with a BBQ .jsonl file or its folder")
+    return [p]
+
+
+def load_bbq(
+    path: str | Path, aliases: Mapping[str, str] | None = None, side_b: Mapping[str, str] | None = None
+) -> BBQLoad:
+    """Read BBQ JSONL: the ambiguous items, reduced to side A and side B.
+
+    ``side_b`` fixes side B per category by group tag (the paper: Age -> old,
+    SES -> lowSES); in other categories side B is the answer named by the
+    item's ``stereotyped_groups``.
+    """
+    side_b = dict(side_b or {})
+    canon_alias = {_norm(k): _norm(v) for k, v in (aliases or {}).items()}
+
+    def canon(x: str) -> str:
+        return canon_alias.get(_norm(x), _norm(x))
+
+    items: list[BBQItem] = []
+    skipped: Counter[str] = Counter()
+    files = bbq_files(path)
+    for f in files:
+        for lineno, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = f"{f}: line {lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BBQError(f"{where}: invalid JSON ({e.msg}); BBQ files hold one JSON object per line") from None
+            missing = [k for k in _REQUIRED if k not in row]
+            if missing:
+                raise BBQError(f"{where}: missing field(s) {missing}; is this an upstream BBQ file?")
+            if row["context_condition"] != "ambig":
+                continue
+            info = row["answer_info"]
+            try:
+                answers = [(row[f"ans{i}"], str(info[f"ans{i}"][0]), str(info[f"ans{i}"][1])) for i in range(3)]
+            except (KeyError, IndexError, TypeError):
+                raise BBQError(f"{where}: answer_info must map ans0..ans2 to [text, tag]") from None
+            unknown = [a for a in answers if a[2] == "unknown"]
+            groups = [a for a in answers if a[2] != "unknown"]
+            if len(unknown) != 1:
+                skipped["no single 'unknown' answer"] += 1
+                continue
+            stereo = {canon(g) for g in row["additional_metadata"].get("stereotyped_groups", [])}
+            hits = [any(canon(t) in stereo for t in (tag, _strip_sex(tag))) for _, _, tag in groups]
+            category = str(row["category"])
+            if category in side_b:
+                is_b = [canon(tag) == canon(side_b[category]) for _, _, tag in groups]
+                if sum(is_b) != 1:
+                    skipped[f"no single {side_b[category]!r} answer"] += 1
+                    continue
+            elif sum(hits) == 1:
+                is_b = hits
+            else:
+                skipped["no unique stereotyped-group answer"] += 1
+                continue
+            (a_text, a_info, a_tag), (b_text, b_info, b_tag) = groups[::-1] if is_b[0] else groups
+            b_first = 0 if is_b[0] else 1
+            stereotyped = "none" if sum(hits) != 1 else ("B" if hits[b_first] else "A")
+            if a_tag == b_tag:
+                skipped["both answers carry the same tag"] += 1
+                continue
+            items.append(
+                BBQItem(
+                    example_id=int(row["example_id"]),
+                    category=str(row["category"]),
+                    polarity=str(row["question_polarity"]),
+                    question_index=str(row["question_index"]),
+                    context=str(row["context"]).strip(),
+                    question=str(row["question"]).strip(),
+                    a_text=str(a_text),
+                    a_tag=a_tag,
+                    a_name=a_info,
+                    b_text=str(b_text),
+                    b_tag=b_tag,
+                    b_name=b_info,
+                    stereotyped=stereotyped,
+                )
+            )
+    return BBQLoad(tuple(items), dict(sorted(skipped.items())), tuple(str(f) for f in files))
+
+
+def select(items: Sequence[BBQItem], spec: BBQSpec) -> tuple[list[BBQItem], dict[tuple[str, str], list[BBQItem]]]:
+    """The items to ask (per sub-experiment: ``variants`` per template, then ``limit`` spread over templates).
+
+    Returns (selected items, category-major; the unselected items per
+    (category, polarity), the few-shot pool).
+    """
+    cats = list(dict.fromkeys(i.category for i in items))
+    if spec.categories:
+        unknown = [c for c in spec.categories if c not in cats]
+        if unknown:
+            raise ValueError(f"BBQ categories {unknown} are not in the data; found {cats}")
+        cats = list(spec.categories)
+    chosen: list[BBQItem] = []
+    pool: dict[tuple[str, str], list[BBQItem]] = {}
+    for cat in cats:
+        for pol in spec.polarities:
+            sub = [i for i in items if i.category == cat and i.polarity == pol]
+            by_template: dict[str, list[BBQItem]] = {}
+            for i in sub:
+                by_template.setdefault(i.question_index, []).append(i)
+            ranked = []
+            for q, group in by_template.items():
+                group = sorted(group, key=lambda i: stable_hash(spec.seed, i.item_id))
+                ranked += [(r, stable_hash(spec.seed, cat, pol, q), i) for r, i in enumerate(group[: spec.variants])]
+            ranked.sort(key=lambda x: (x[0], x[1]))
+            keep = [i for _, _, i in ranked][: spec.limit or None]
+            kept = {i.item_id for i in keep}
+            chosen += keep
+            pool[(cat, pol)] = [i for i in sub if i.item_id not in kept]
+    return chosen, pool
+
+
+@dataclass(frozen=True)
+class Labels:
+    """How cues name BBQ groups (from the design's groups table and fallback)."""
+
+    groups: Mapping[str, tuple[str, str]]
+    label: str
+    role: str
+    name_from_text: frozenset[str]
+
+    def side(self, category: str, tag: str, name: str) -> tuple[str, str]:
+        """(label, role) of a group."""
+        for key in (_norm(tag), _norm(_strip_sex(tag))):
+            if key in self.groups:
+                return self.groups[key]
+        word = name if category in self.name_from_text else _strip_sex(tag)
+        return self.label.format(name=word, article=article(word)), self.role.format(name=word, article=article(word))
+
+
+@dataclass(frozen=True)
+class BBQDesign:
+    design: Design
+    labels: Labels
+    aliases: Mapping[str, str]
+    side_b: Mapping[str, str]
+
+
+def load_bbq_design(path: str | Path | None) -> BBQDesign:
+    """The BBQ design: the common part, the group labels, the stereotype aliases and the fixed B sides."""
+    d = load_design(
+        path, "bbq", user_fields=("context", "question"), extra_keys=("side_b", "groups", "fallback", "aliases")
+    )
+    src = d.source
+    groups: dict[str, tuple[str, str]] = {}
+    for tag, spec in (d.extra["groups"] or {}).items():
+        if not isinstance(spec, Mapping) or set(spec) != {"label", "role"}:
+            raise DesignError(f"{src}: groups.{tag} must have exactly the keys label and role")
+        groups[_norm(str(tag))] = (str(spec["label"]), str(spec["role"]))
+    fb = d.extra["fallback"]
+    if not isinstance(fb, Mapping) or set(fb) != {"label", "role", "name_from_text"}:
+        raise DesignError(f"{src}: fallback must have exactly the keys label, role, name_from_text")
+    for k in ("label", "role"):
+        if not isinstance(fb[k], str) or "{name}" not in fb[k]:
+            raise DesignError(f"{src}: fallback.{k} must be a template using {{name}} (and optionally {{article}})")
+    aliases = {str(k): str(v) for k, v in (d.extra["aliases"] or {}).items()}
+    side_b = d.extra["side_b"] or {}
+    if not isinstance(side_b, Mapping) or not all(isinstance(v, str) for v in side_b.values()):
+        raise DesignError(f"{src}: side_b must map a category to the tag of its side-B group (e.g. Age: old)")
+    labels = Labels(groups, fb["label"], fb["role"], frozenset(map(str, fb["name_from_text"] or [])))
+    return BBQDesign(d, labels, aliases, {str(k): v for k, v in side_b.items()})
+
+
+def scenario(item: BBQItem, labels: Labels) -> Scenario:
+    a_label, a_role = labels.side(item.category, item.a_tag, item.a_name)
+    b_label, b_role = labels.side(item.category, item.b_tag, item.b_name)
+    return Scenario(
+        item_id=item.item_id,
+        pair=f"{item.category}_{item.polarity}",
+        a=Side(item.a_tag, item.a_text, a_label, a_role),
+        b=Side(item.b_tag, item.b_text, b_label, b_role),
+        fields={"context": item.context, "question": item.question},
+        factors={
+            "category": item.category,
+            "polarity": item.polarity,
+            "question_index": item.question_index,
+            "stereotyped": item.stereotyped,
+        },
+    )
+
+
+def few_shot_demos(
+    design: Design, chosen: Sequence[BBQItem], pool: Mapping[tuple[str, str], Sequence[BBQItem]], seed: int, k: int = 3
+) -> Callable[[Scenario, Side, Side], Sequence[Demo]]:
+    """Three completed examples of the same sub-experiment answering the target's side (A or B).
+
+    Demonstrations come from the items not asked (the paper's pool), other
+    templates first; if the pool is empty, from the other asked items. Printed
+    order is drawn per demonstration.
+    """
+    by_id = {i.item_id: i for i in chosen}
+
+    def demos(sc: Scenario, target: Side, other: Side) -> Sequence[Demo]:
+        item = by_id[sc.item_id]
+        side_b = target.key == sc.b.key
+        cands = list(pool.get((item.category, item.polarity), ())) or [
+            i for i in chosen if (i.category, i.polarity) == (item.category, item.polarity)
+        ]
+        cands = [i for i in cands if i.item_id != item.item_id]
+        cands.sort(
+            key=lambda i: (i.question_index == item.question_index, stable_hash(seed, sc.item_id, side_b, i.item_id))
+        )
+        out = []
+        for d in cands[:k]:
+            t, o = (d.b_text, d.a_text) if side_b else (d.a_text, d.b_text)
+            first = stable_hash(seed, sc.item_id, side_b, d.item_id, "order") % 2 == 0
+            out.append(demo(design, {"context": d.context, "question": d.question}, t, o, first))
+        return out
+
+    return demos
+
+
+def expand(spec: BBQSpec, count_tokens: Callable[[str], int] | None = None) -> list[Trial]:
+    """All trials: sub-experiment x item x arm x printed order."""
+    bd = load_bbq_design(spec.audit.design)
+    loaded = load_bbq(spec.bbq, bd.aliases, bd.side_b)
+    chosen, pool = select(loaded.items, spec)
+    if not chosen:
+        raise ValueError(
+            f"{spec.bbq}: no usable ambiguous BBQ items for {list(spec.polarities)}; skipped: {dict(loaded.skipped)}"
+        )
+    scs = [scenario(i, bd.labels) for i in chosen]
+    demos = few_shot_demos(bd.design, chosen, pool, spec.seed)
+    return expand_scenarios(NAME, bd.design, spec.audit, scs, demos, count_tokens=count_tokens)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("BBQ")
+    g.add_argument(
+        "--bbq", required=True, help="a BBQ .jsonl file (upstream data/<Category>.jsonl) or a folder of them"
+    )
+    g.add_argument("--bbq-categories", default=None, help="comma-separated categories (default: all in the data)")
+    g.add_argument("--bbq-polarities", default="neg,nonneg", help="question polarities (default: neg,nonneg)")
+    g.add_argument("--bbq-variants", type=int, default=1, help="items per question template (default: 1; the paper: 5)")
+    g.add_argument("--bbq-limit", type=int, default=8, help="items per category x polarity, 0 = no limit (default: 8)")
+    g.add_argument("--bbq-seed", type=int, default=0, help="seed of the subsample and few-shot draws (default: 0)")
+    add_audit_arguments(p, "bbq")
+
+
+def _spec_from_args(a: argparse.Namespace) -> BBQSpec:
+    return BBQSpec(
+        bbq=str(Path(a.bbq).resolve()),
+        audit=audit_from_args(a),
+        categories=split_list(a.bbq_categories),
+        polarities=split_list(a.bbq_polarities),
+        variants=a.bbq_variants,
+        limit=a.bbq_limit,
+        seed=a.bbq_seed,
+    )
+
+
+def _report(store: RunStore, out: Path) -> list[Path]:
+    from analysis.influence import influence_report
+
+    return influence_report(store, out, benchmark="bbq")
+
+
+EXPERIMENT = Experiment(
+    name=NAME,
+    summary="influence audit on BBQ ambiguous questions, unknown answer dropped (paper 000)",
+    add_arguments=_add_arguments,
+    spec_from_args=_spec_from_args,
+    expand=expand,
+    report=_report,
+)
