@@ -8,19 +8,29 @@ MODEL  ?= tiny
 EXPERIMENT ?= yesno
 RUN    ?= runs/$(EXPERIMENT)-$(notdir $(MODEL))
 ARGS   ?=
+ENGINE ?= auto
 # The CPU wheel of torch when none is installed yet (a CUDA box may pre-install its own build).
 TORCH_SPEC ?= torch==2.13.0
 
 STAMP := $(VENV)/.installed
+# vLLM brings its own CUDA build of torch, so its tests get a venv of their own (never .venv).
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# `make probe ENGINE=vllm` (or MODEL=vllm:...) adds the [vllm] extra to .venv: for a GPU box.
+WANTS_VLLM := $(or $(filter vllm,$(ENGINE)),$(filter vllm:%,$(MODEL)))
+PROBE_DEPS := $(STAMP) $(if $(WANTS_VLLM),$(VENV)/.vllm-installed)
 
-.PHONY: probe test test-slow check bench install clean help
+.PHONY: probe test test-slow test-vllm check bench install clean help
 
 help:
-	@echo "make probe [MODEL=tiny|tiny-hybrid|<hf id>|<path>] [RUN=runs/NAME] [ARGS='--think --salts 4']"
+	@echo "make probe [MODEL=tiny|tiny-hybrid|<hf id>|<path>] [ENGINE=auto|hf|vllm] [RUN=runs/NAME] [ARGS='--think --salts 4']"
 	@echo "make test        fast tests (CI)"
 	@echo "make test-slow   slow tests too"
+	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
+	@echo "make test-vllm   the vLLM engine's tests in $(VLLM_VENV) (GPU tests skip without a GPU)"
 	@echo "make check       ruff + mypy"
-	@echo "make bench       benchmarks"
+	@echo "make bench       readout speed against lm-evaluation-harness [BENCH_ARGS=--quick]"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +44,13 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-probe: $(STAMP)
-	$(VENV)/bin/probe run $(EXPERIMENT) --model $(MODEL) --out $(RUN) $(ARGS)
+$(VENV)/.vllm-installed: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[vllm]" 2>&1 | grep -v -e "^WARNING: Location" || true
+	$(PY) -c "import vllm" || { echo "make probe: vLLM did not install into $(VENV); see the pip output above" >&2; exit 1; }
+	touch $@
+
+probe: $(PROBE_DEPS)
+	$(VENV)/bin/probe run $(EXPERIMENT) --model $(MODEL) --engine $(ENGINE) --out $(RUN) $(ARGS)
 	@echo; cat $(RUN)/report/summary.md
 
 test: $(STAMP)
@@ -44,12 +59,37 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"
 
+.PHONY: test-calibration
+test-calibration: $(STAMP)  # the API engine's sampled frequencies vs logit readouts (about 3 min on 2 CPU cores)
+	$(PY) -m pytest -q -s -m slow tests/test_api_serve.py -k readout_temperature
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet -e ".[vllm,dev]" || { \
+	  echo "make test-vllm: pip could not install vLLM into $(VLLM_VENV). vLLM publishes wheels for Linux" \
+	       "x86_64/aarch64 and CPython >= 3.10 only, and needs about 11 GB of disk and PyPI access." >&2; exit 1; }
+	$(VLLM_PY) -c "import vllm, engines.vllm" # fail here, not in the tests, if the install is broken
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_real.py tests/test_vllm_gpu.py
+
 check: $(STAMP)
 	$(VENV)/bin/ruff check probe engines experiments analysis tests scripts
 	$(VENV)/bin/mypy probe engines experiments analysis
 
-bench: $(STAMP)
-	$(PY) scripts/bench.py
+# The readout benchmark against lm-evaluation-harness (docs/speed.md); BENCH_ARGS=--quick for a smoke run.
+BENCH_ARGS ?=
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install --quiet -e ".[bench,dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
+	$(PY) -c "import lm_eval.models.huggingface" # fail here, not in the bench, if the install is broken
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(PY) -m scripts.bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,9 @@ def run(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if plan.readout and not hasattr(engine, "readout"):
-        raise ValueError(f"the {engine.name!r} engine cannot read logits; use --samples N (and --no-readout)")
+        if not plan.samples:
+            raise ValueError(f"the {engine.name!r} engine cannot read logits; use --samples N (and --no-readout)")
+        plan = replace(plan, readout=False)  # a sampling-only engine (api): --samples N means sample only
     exp = get_experiment(experiment)
     engine.load()
     is_generative = exp.generative or (lambda t: False)
@@ -171,18 +174,22 @@ def run(
         "chunk_size": chunk_size,
     }
     store = RunStore.open(Path(out), manifest, trials)
+    if hasattr(engine, "attach"):  # engines that persist per call (api: a journal of paid responses)
+        engine.attach(store)
     bounds = chunk_bounds(len(trials), chunk_size)
     done = store.done_chunks()
     todo = [k for k in range(len(bounds)) if k not in done]
     n_done = sum(hi - lo for k, (lo, hi) in enumerate(bounds) if k in done)
     if not todo:
         log(f"{store.root}: all {len(trials)} trials already done")
+        _record_engine_stats(store, engine)
         return store
     if n_done:
         log(f"{store.root}: resuming, {n_done}/{len(trials)} trials already done")
     from tqdm.auto import tqdm
 
     per_trial = int(plan.readout) + plan.samples
+    started, n_new, tokens = time.perf_counter(), 0, dict.fromkeys(TOKEN_COUNTS, 0)
     with tqdm(
         total=len(trials) * per_trial,
         initial=n_done * per_trial,
@@ -208,4 +215,74 @@ def run(
                     tables["judgments"] = judge.judge(generated, texts)
                 bar.update(len(generated) * per_trial)
             store.write_chunk(k, tables)
+            n_new += hi - lo
+            tokens = {name: tokens[name] + n for name, n in table_tokens(tables).items()}
+    entry = throughput(n_new, time.perf_counter() - started, tokens, peak_gpu_memory())
+    store.update_manifest({"throughput": entry})
+    log(throughput_line(entry))
+    _record_engine_stats(store, engine)
     return store
+
+
+def _record_engine_stats(store: RunStore, engine: Any) -> None:
+    """Engines that count calls, retries and spend (api) leave their totals in the manifest."""
+    if hasattr(engine, "run_stats"):
+        store.update_manifest({"engine_stats": engine.run_stats()})
+
+
+# ------------------------------------------------------------- throughput
+TOKEN_COUNTS = ("prompt_tokens", "computed_tokens", "completion_tokens")
+
+
+def table_tokens(tables: dict[str, pd.DataFrame]) -> dict[str, int]:
+    """Tokens in one chunk's tables: readout prompt and computed tokens, sampled completion tokens."""
+    out = dict.fromkeys(TOKEN_COUNTS, 0)
+    per = tables.get("readout_trials")
+    if per is not None and len(per):
+        out["prompt_tokens"] = int(per["prompt_tokens"].sum())
+        out["computed_tokens"] = int(per["computed_tokens"].sum())
+    for name in ("samples", "generations"):
+        frame = tables.get(name)
+        if frame is not None and len(frame):
+            out["prompt_tokens"] += int(frame["prompt_tokens"].sum())
+            out["completion_tokens"] += int(frame["completion_tokens"].sum())
+    return out
+
+
+def peak_gpu_memory() -> int | None:
+    """Peak bytes allocated by torch on the current CUDA device in this process (None without CUDA).
+
+    The vLLM engine allocates in its own engine-core process, so there this is
+    the front end's share only; vLLM's footprint is its ``gpu_memory_utilization``.
+    """
+    import sys
+
+    torch = sys.modules.get("torch")  # only if the engine imported it: never load CUDA just to ask
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.max_memory_allocated())
+
+
+def throughput(n_trials: int, seconds: float, tokens: dict[str, int], peak_bytes: int | None) -> dict[str, Any]:
+    """The manifest's throughput entry for the trials computed by this invocation (a resume counts only its own)."""
+    rate = (lambda n: n / seconds) if seconds > 0 else (lambda n: None)
+    return {
+        "trials": n_trials,
+        "seconds": round(seconds, 3),
+        "trials_per_s": rate(n_trials),
+        "tokens_per_s": rate(tokens["computed_tokens"] + tokens["completion_tokens"]),
+        **tokens,
+        "peak_gpu_memory_bytes": peak_bytes,
+    }
+
+
+def throughput_line(entry: dict[str, Any]) -> str:
+    def fmt(x: float | None, unit: str) -> str:
+        return "n/a" if x is None else f"{x:,.1f} {unit}"
+
+    mem = entry["peak_gpu_memory_bytes"]
+    gpu = f", peak GPU memory {mem / 2**30:.2f} GiB" if mem is not None else ""
+    return (
+        f"throughput: {entry['trials']} trials in {entry['seconds']:.1f} s, {fmt(entry['trials_per_s'], 'trials/s')}, "
+        f"{fmt(entry['tokens_per_s'], 'tokens/s')}{gpu}"
+    )

@@ -163,6 +163,15 @@ class RunStore:
         atomic_write_text(mpath, json.dumps(dict(manifest), indent=2, sort_keys=True, default=str) + "\n")
         return store
 
+    def update_manifest(self, fields: Mapping[str, Any]) -> None:
+        """Add or replace top-level manifest fields that do not enter the run key (e.g. engine stats), atomically."""
+        manifest = self.manifest()
+        clash = [k for k in fields if k in ("run_key", "identity")]
+        if clash:
+            raise ValueError(f"update_manifest may not change {clash}: they define the run")
+        manifest.update(fields)
+        atomic_write_text(self.root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+
     # ------------------------------------------------------------------ read
     def manifest(self) -> dict[str, Any]:
         path = self.root / MANIFEST

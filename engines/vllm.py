@@ -1,0 +1,959 @@
+"""The vLLM engine: the same answer-slot readouts and raw samples as :mod:`engines.hf`, at GPU scale.
+
+Design notes (why it is shaped like this):
+
+* **Token prompts, the Transformers engine's rendering.** Every trial is
+  rendered by :mod:`engines.render` (the chat template once, then ids) and sent
+  as a token prompt, so vLLM reads the slot after exactly the ids the
+  Transformers engine reads it after. vLLM's own chat rendering is never used.
+* **One request per trial, ending at the slot.** ``max_tokens=1``, greedy, and
+  the log probabilities of exactly the option tokens: ``logprob_token_ids``
+  (vLLM's specific-token option) where the installed vLLM has it, otherwise the
+  top-k with a raised ``max_logprobs``. An option token outside the returned
+  set is asked for again with a request that can only emit that token
+  (``allowed_token_ids=[t]``; vLLM computes logprobs from the raw logits
+  *before* that mask), never taken as zero.
+* **Raw logprobs.** vLLM's sampler computes them as the float32 log-softmax
+  of the raw logits (``logprobs_mode="raw_logprobs"``), before temperature,
+  penalties, top-k/top-p or token masks.
+* **The trie as follow-up requests.** Multi-token options use the trie of
+  :mod:`engines.trie`; each internal node (a proper prefix of an option) is one
+  more ``max_tokens=1`` request on ``prompt + prefix``. They are sent after the
+  root requests have run, so the prompt's KV blocks are in the prefix cache and
+  only the last partial block is recomputed. No ``prompt_logprobs`` anywhere:
+  they make vLLM skip prefix-cache reads for the request.
+* **Think mode.** Greedy generation of the reasoning up to the budget, then the
+  slot readout on the concatenated token ids (:func:`engines.render.close_reasoning`).
+* **Built once per process.** vLLM holds the GPU for the life of its engine;
+  :func:`shared_llm` keeps one ``LLM`` per process and reuses it for every
+  engine object with the same construction arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+from engines.base import ProgressFn, require
+from engines.render import close_reasoning, option_ids, render_ids, stop_ids, think_end_id
+from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
+from probe.parse import parse_answer, split_reasoning
+from probe.types import OptionScore, Readout, Sample, Trial
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAMBA_DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOGPROB_REQUESTS = ("auto", "token_ids", "top_k")
+MAX_TOKEN_IDS = 128
+"""Most ids one ``logprob_token_ids`` request may carry (vLLM's ``MAX_LOGPROB_TOKEN_IDS``)."""
+MAX_SAMPLING_TEMPERATURE = 2.0
+"""vLLM refuses a higher sampling temperature."""
+
+
+class VLLMReadoutError(RuntimeError):
+    """vLLM did not return a log probability that was explicitly asked for."""
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """Settings of the vLLM engine (all recorded in the run manifest)."""
+
+    model: str
+    """A built-in tiny model name, a local folder, or a Hugging Face id (without the ``vllm:`` scheme)."""
+    dtype: str = "auto"
+    """Weights and activation dtype: auto (vLLM's choice: bfloat16 for float32 checkpoints), float32, bfloat16, float16."""
+    tensor_parallel_size: int = 1
+    """GPUs one model replica is split over."""
+    data_parallel_size: int = 1
+    """Model replicas, one process each (vLLM's offline data parallelism; MoE models only)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of each GPU's memory vLLM may take (weights + KV cache), in (0, 1]."""
+    max_model_len: int | None = None
+    """Context length to reserve KV cache for (None: the model's own)."""
+    mamba_cache_dtype: str = "auto"
+    """dtype of the Mamba state of hybrid models (auto follows the model dtype; float32 is the exact choice)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV blocks of shared prompt prefixes (the trie follow-ups depend on it for speed)."""
+    enforce_eager: bool = False
+    """Skip CUDA-graph capture: a faster start, slower steps (useful for tiny models and tests)."""
+    trust_remote_code: bool = False
+    revision: str | None = None
+    think: bool = False
+    """Reason first (greedy, up to ``think_budget`` tokens), then read the slot."""
+    think_budget: int = 512
+    system_prompt: str | None = None
+    """Added as a system turn to trials that have none."""
+    top_other: int = 5
+    """How many of the most likely non-option tokens to report (0 saves one request per trial)."""
+    max_new_tokens: int = 32
+    """Answer tokens allowed to ``sample()`` after any reasoning."""
+    seed: int = 0
+    """Seed of the per-(trial, draw) sampling requests."""
+    max_logprobs: int = 128
+    """vLLM's cap on top-k logprobs per request (raised from vLLM's 20 for the top-k path)."""
+    logprob_request: str = "auto"
+    """How option tokens are asked for: token_ids (vLLM's ``logprob_token_ids``), top_k, or auto (token_ids if the
+    installed vLLM has it)."""
+
+    def __post_init__(self) -> None:
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("mamba_cache_dtype", self.mamba_cache_dtype, MAMBA_DTYPES)
+        _choice("logprob_request", self.logprob_request, LOGPROB_REQUESTS)
+        for name in ("tensor_parallel_size", "data_parallel_size", "think_budget", "max_new_tokens", "max_logprobs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.top_other, int) or self.top_other < 0:
+            raise ValueError(f"top_other must be an integer >= 0, got {self.top_other!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ValueError(
+                f"max_model_len must be an integer >= 2 or None (the model's own), got {self.max_model_len!r}"
+            )
+        g = self.gpu_memory_utilization
+        if not (isinstance(g, (int, float)) and math.isfinite(g) and 0.0 < g <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {g!r}")
+        if not self.model or self.model.startswith("vllm:"):
+            raise ValueError(f"model must be a model name without the vllm: scheme, got {self.model!r}")
+
+
+def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+# ------------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """vLLM's own flags (the shared ones, like --dtype and --think, live in :mod:`engines`)."""
+    g = p.add_argument_group("vLLM engine (--engine vllm or --model vllm:<model>)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model replica (default: 1)")
+    g.add_argument(
+        "--data-parallel-size", type=int, default=1, help="model replicas, one process each; MoE models (default: 1)"
+    )
+    g.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory vLLM may use (default: 0.9)"
+    )
+    g.add_argument("--max-model-len", type=int, default=None, help="context length to reserve (default: the model's)")
+    g.add_argument(
+        "--mamba-cache-dtype",
+        default="auto",
+        choices=MAMBA_DTYPES,
+        help="Mamba state dtype of hybrid models, e.g. Nemotron-H (default: auto)",
+    )
+    g.add_argument("--no-prefix-caching", action="store_true", help="turn off vLLM's prefix cache")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: faster start, slower steps")
+    g.add_argument(
+        "--max-logprobs", type=int, default=128, help="vLLM's top-k logprob cap for the top-k path (default: 128)"
+    )
+
+
+def strip_scheme(model: str) -> str:
+    return model[len("vllm:") :] if model.startswith("vllm:") else model
+
+
+def settings_from_args(model: str, a: argparse.Namespace) -> VLLMSettings:
+    def get(name: str, default: Any) -> Any:
+        return getattr(a, name, default)
+
+    if get("device", "auto") not in ("auto", "cuda"):
+        raise ValueError(
+            f"--device {a.device} is not used by the vLLM engine (it places the model itself); "
+            "choose GPUs with CUDA_VISIBLE_DEVICES and --tensor-parallel-size"
+        )
+    return VLLMSettings(
+        model=strip_scheme(model),
+        dtype=get("dtype", "auto"),
+        tensor_parallel_size=get("tensor_parallel_size", 1),
+        data_parallel_size=get("data_parallel_size", 1),
+        gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
+        max_model_len=get("max_model_len", None),
+        mamba_cache_dtype=get("mamba_cache_dtype", "auto"),
+        enable_prefix_caching=not get("no_prefix_caching", False),
+        enforce_eager=get("enforce_eager", False),
+        trust_remote_code=get("trust_remote_code", False),
+        revision=get("revision", None),
+        think=get("think", False),
+        think_budget=get("think_budget", 512),
+        system_prompt=get("system", None),
+        max_new_tokens=get("max_new_tokens", 32),
+        seed=get("seed", 0),
+        max_logprobs=get("max_logprobs", 128),
+    )
+
+
+def from_args(model: str, a: argparse.Namespace) -> VLLMEngine:
+    return VLLMEngine(settings_from_args(model, a))
+
+
+# ------------------------------------------------------- engine construction
+def llm_kwargs(s: VLLMSettings, path: str) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for these settings (data parallelism is ours: see :class:`_DPPool`).
+
+    Options left at vLLM's default are not passed unless they matter for the
+    values (``logprobs_mode``), so older vLLM versions accept the rest.
+    """
+    kw: dict[str, Any] = {
+        "model": path,
+        "tokenizer": path,
+        "dtype": s.dtype,
+        "tensor_parallel_size": s.tensor_parallel_size,
+        "gpu_memory_utilization": float(s.gpu_memory_utilization),
+        "enable_prefix_caching": s.enable_prefix_caching,
+        "trust_remote_code": s.trust_remote_code,
+        "seed": s.seed,
+        "max_logprobs": s.max_logprobs,
+        "logprobs_mode": "raw_logprobs",
+    }
+    if s.enforce_eager:
+        kw["enforce_eager"] = True
+    if s.revision is not None:
+        kw["revision"] = s.revision
+        kw["tokenizer_revision"] = s.revision
+    if s.max_model_len is not None:
+        kw["max_model_len"] = s.max_model_len
+    if s.mamba_cache_dtype != "auto":
+        kw["mamba_cache_dtype"] = s.mamba_cache_dtype
+    return kw
+
+
+def check_engine_kwargs(kw: Mapping[str, Any], supported: Iterable[str], version: str) -> dict[str, Any]:
+    """Keep the arguments this vLLM knows; fail, naming the option, where the user asked for one it lacks.
+
+    ``logprobs_mode`` is dropped silently on versions before it existed: their
+    V1 sampler already returned raw logprobs.
+    """
+    known = set(supported)
+    out = dict(kw)
+    if "logprobs_mode" not in known:
+        out.pop("logprobs_mode", None)
+    unknown = sorted(k for k in out if k not in known)
+    if unknown:
+        raise ValueError(
+            f"vllm {version} does not accept {', '.join(unknown)}; upgrade vLLM (pip install -U 'probe[vllm]') "
+            "or leave those options at their defaults"
+        )
+    return out
+
+
+_SHARED: dict[str, Any] = {"key": None, "llm": None}
+
+
+def _canonical(kw: Mapping[str, Any]) -> str:
+    import json
+
+    return json.dumps(kw, sort_keys=True, default=str)
+
+
+def shared_llm(kw: Mapping[str, Any], build: Callable[..., Any]) -> Any:
+    """The process's one ``LLM``: reused for the same arguments, rebuilt (the old one shut down) for new ones."""
+    key = _canonical(kw)
+    if _SHARED["key"] == key:
+        return _SHARED["llm"]
+    release_shared_llm()
+    llm = build(**kw)
+    _SHARED.update(key=key, llm=llm)
+    return llm
+
+
+def release_shared_llm() -> None:
+    """Shut down the process's ``LLM`` (frees its GPU memory and engine-core process)."""
+    llm = _SHARED.get("llm")
+    _SHARED.update(key=None, llm=None)
+    if llm is None:
+        return
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+# ------------------------------------------------------------ slot requests
+Kind = Literal["token_ids", "top_k", "force"]
+
+
+@dataclass(frozen=True)
+class SlotQuery:
+    """One ``max_tokens=1`` request at a trie node of one trial."""
+
+    row: int
+    """Index of the trial in the readout call."""
+    prefix: Prefix
+    """The trie node: option tokens already emitted after the prompt (``()`` is the slot itself)."""
+    kind: Kind
+    """token_ids: exactly ``tokens``; top_k: the ``k`` most likely (hoping ``tokens`` are among them);
+    force: the single token ``tokens[0]``, the only one allowed."""
+    tokens: tuple[int, ...]
+    """The tokens whose log probabilities this request is for."""
+    k: int = 0
+
+
+def slot_params(q: SlotQuery) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments of one slot request: greedy, one token, raw logprobs."""
+    kw: dict[str, Any] = {
+        "n": 1,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+    if q.kind == "token_ids":
+        kw["logprob_token_ids"] = list(q.tokens)
+    elif q.kind == "top_k":
+        kw["logprobs"] = q.k
+    else:  # the mask applies after the raw logprobs are taken, so this reads p(t) unmasked
+        kw["logprobs"] = 0
+        kw["allowed_token_ids"] = [q.tokens[0]]
+    return kw
+
+
+def node_queries(row: int, prefix: Prefix, kids: Sequence[int], kind: Kind, k: int = 0) -> list[SlotQuery]:
+    """The requests that read ``kids`` at one trie node (``token_ids`` in chunks vLLM accepts)."""
+    if kind == "token_ids":
+        return [
+            SlotQuery(row, prefix, "token_ids", tuple(kids[i : i + MAX_TOKEN_IDS]))
+            for i in range(0, len(kids), MAX_TOKEN_IDS)
+        ]
+    if kind == "top_k":
+        return [SlotQuery(row, prefix, "top_k", tuple(kids), k)]
+    return [SlotQuery(row, prefix, "force", (t,)) for t in kids]
+
+
+def _by_kind(queries: Sequence[SlotQuery]) -> list[list[SlotQuery]]:
+    """Queries grouped by kind, one ``generate`` call each.
+
+    vLLM's V1 sampler answers a whole batch from the ``logprob_token_ids``
+    gather as soon as one request in it has them, so a top-k request batched
+    with token-id requests would get back only its sampled token. Never mixing
+    kinds in one call keeps every reply what its request asked for.
+    """
+    order: tuple[Kind, ...] = ("token_ids", "top_k", "force")
+    return [g for kind in order if (g := [q for q in queries if q.kind == kind])]
+
+
+def position_logprobs(output: Any) -> dict[int, float]:
+    """``{token id: raw logprob}`` at the first generated position of a vLLM ``RequestOutput``."""
+    comp = output.outputs[0]
+    if not comp.logprobs:
+        raise VLLMReadoutError(f"vLLM returned no logprobs for request {getattr(output, 'request_id', '?')}")
+    pos = comp.logprobs[0]
+    return {int(t): float(getattr(lp, "logprob", lp)) for t, lp in pos.items()}
+
+
+def sampled_token(output: Any) -> int:
+    return int(output.outputs[0].token_ids[0])
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    ids: tuple[int, ...]
+    options: tuple[tuple[int, ...], ...]
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+    hit_budget: bool = False
+
+
+_IDENTITY_SETTINGS = (
+    "model",
+    "think",
+    "think_budget",
+    "system_prompt",
+    "revision",
+    "trust_remote_code",
+    "seed",
+    "mamba_cache_dtype",
+)
+
+
+def _seed_for(seed: int, trial_id: str, draw: int) -> int:
+    """The same per-(trial, draw) seed as the Transformers engine (a resumed run redraws the same)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
+
+
+class VLLMEngine:
+    """Answer-slot readouts and samples from a vLLM ``LLM``.
+
+    ``llm``, ``tokenizer`` and ``params`` (the ``SamplingParams`` class) can be
+    injected: the tests drive the engine with a fake ``LLM`` that computes from
+    a logit table, to check every request it builds without a GPU.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        settings: VLLMSettings,
+        *,
+        llm: Any = None,
+        tokenizer: Any = None,
+        params: Callable[..., Any] | None = None,
+        token_ids_supported: bool | None = None,
+        model_path: str | None = None,
+        replica_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._llm = llm
+        self._tok = tokenizer
+        self._params = params
+        self._token_ids_supported = token_ids_supported
+        self._path = model_path
+        self._pool: _DPPool | None = None
+        self._replica_factory = replica_factory
+        self._generation_eos: Any = None
+        self.stats: dict[str, int] = {"requests": 0, "generate_calls": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        """Counters since load: requests sent, ``LLM.generate`` calls, prompt tokens sent, prompt tokens vLLM
+        found in its prefix cache (its ``num_cached_tokens``)."""
+
+    # ---------------------------------------------------------------- loading
+    def load(self) -> VLLMEngine:
+        """Load tokenizer and model (idempotent); with ``data_parallel_size > 1``, start the replicas."""
+        s = self.settings
+        if self._path is None:
+            from probe.models import resolve_model
+
+            self._path = resolve_model(s.model).path
+        if self._tok is None:
+            from probe.models import ModelError
+
+            transformers = require("transformers", "hf")
+            transformers.logging.disable_progress_bar()
+            try:
+                self._tok = transformers.AutoTokenizer.from_pretrained(
+                    self._path, revision=s.revision, trust_remote_code=s.trust_remote_code
+                )
+            except (OSError, ValueError) as e:
+                raise ModelError(
+                    f"cannot load the tokenizer of model {s.model!r} ({self._path}): {str(e).splitlines()[0]}. "
+                    "Pass a built-in name (tiny, tiny-hybrid), a local model folder, or a Hugging Face id "
+                    "that is in the local hub cache (compute nodes usually run with HF_HUB_OFFLINE=1)."
+                ) from e
+        if not getattr(self._tok, "chat_template", None):
+            raise ValueError(
+                f"model {s.model!r} has no chat template; probe renders every trial as a chat. "
+                "Use an instruction-tuned model (or add a chat_template to its tokenizer_config.json)."
+            )
+        if self._generation_eos is None:
+            self._generation_eos = self._read_generation_eos()
+        if s.data_parallel_size > 1:
+            if self._pool is None:
+                one = replace(s, data_parallel_size=1)
+                self._pool = _DPPool(one, s.data_parallel_size, self._path, self._replica_factory)
+            return self
+        if self._llm is None:
+            vllm = require("vllm", "vllm")
+            supported = {f.name for f in fields(vllm.EngineArgs)}
+            kw = check_engine_kwargs(llm_kwargs(s, self._path), supported, getattr(vllm, "__version__", "?"))
+            self._llm = shared_llm(kw, vllm.LLM)
+        if self._params is None:
+            vllm = require("vllm", "vllm")
+            self._params = vllm.SamplingParams
+        if self._token_ids_supported is None:
+            self._token_ids_supported = _has_field(self._params, "logprob_token_ids")
+        return self
+
+    def _read_generation_eos(self) -> Any:
+        import json
+        from pathlib import Path
+
+        p = Path(str(self._path)) / "generation_config.json"
+        if p.is_file():
+            return json.loads(p.read_text()).get("eos_token_id")
+        try:
+            transformers = require("transformers", "hf")
+            cfg = transformers.GenerationConfig.from_pretrained(self._path, revision=self.settings.revision)
+            return cfg.eos_token_id
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tok is None:
+            self.load()
+        return self._tok
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None and self._pool is None:
+            self.load()
+        return self._llm
+
+    def _replicas(self) -> _DPPool:
+        self.load()
+        assert self._pool is not None
+        return self._pool
+
+    def placeholder(self) -> None:
+        """One 1-token request, for a data-parallel replica that has no trials in this call."""
+        self._generate([[int(self.tokenizer.eos_token_id)]], [{"n": 1, "max_tokens": 1, "temperature": 0.0}])
+
+    def close(self) -> None:
+        """Stop the data-parallel replicas, if any (the single-process ``LLM`` lives until the process ends)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    # ------------------------------------------------------------- manifest
+    def _dtype(self) -> str:
+        cfg = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
+        d = getattr(cfg, "dtype", None)
+        return str(d).replace("torch.", "") if d is not None else self.settings.dtype
+
+    def describe(self) -> dict[str, Any]:
+        """Model, path, dtype, settings and vLLM version for the manifest."""
+        from pathlib import Path
+
+        from probe.models import folder_fingerprint
+
+        self.tokenizer  # noqa: B018 - resolves the path
+        info: dict[str, Any] = {
+            "engine": self.name,
+            "settings": asdict(self.settings),
+            "model_path": str(self._path),
+            "dtype": self._pool.info["dtype"] if self._pool is not None else self._dtype(),
+            "logprob_request": self._pool.info["logprob_request"] if self._pool is not None else self._logprob_kind(),
+            "vllm_version": _vllm_version(),
+        }
+        if self._path and Path(self._path).is_dir():
+            info["fingerprint"] = folder_fingerprint(self._path)
+        else:
+            info["commit_hash"] = _hub_commit(str(self._path), self.settings.revision)
+        return info
+
+    def identity(self) -> dict[str, Any]:
+        """What determines the values (enters the run key)."""
+        d = self.describe()
+        return {
+            "engine": self.name,
+            "dtype": d["dtype"],
+            "model_fingerprint": d.get("fingerprint") or d.get("commit_hash"),
+            **{k: getattr(self.settings, k) for k in _IDENTITY_SETTINGS},
+        }
+
+    # ------------------------------------------------------------- rendering
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
+        think = self.settings.think if think is None else think
+        return render_ids(self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt)
+
+    def option_ids(self, trial: Trial) -> tuple[tuple[int, ...], ...]:
+        return option_ids(self.tokenizer, trial)
+
+    def _stops(self) -> set[int]:
+        return stop_ids(self.tokenizer, self._generation_eos)
+
+    def _logprob_kind(self) -> Kind:
+        want = self.settings.logprob_request
+        if want == "top_k":
+            return "top_k"
+        if want == "token_ids":
+            if self._token_ids_supported is False:
+                raise ValueError(
+                    "logprob_request='token_ids' needs a vLLM with SamplingParams.logprob_token_ids; "
+                    "upgrade vLLM or use logprob_request='top_k'"
+                )
+            return "token_ids"
+        return "token_ids" if self._token_ids_supported else "top_k"
+
+    # -------------------------------------------------------------- requests
+    def _generate(self, prompts: Sequence[Sequence[int]], params: Sequence[dict[str, Any]]) -> list[Any]:
+        """One ``LLM.generate`` call on token prompts; results in input order."""
+        if not prompts:
+            return []
+        assert self._params is not None
+        sp = [self._params(**p) for p in params]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        if len(outs) != len(prompts):
+            raise VLLMReadoutError(f"vLLM returned {len(outs)} results for {len(prompts)} requests")
+        self.stats["generate_calls"] += 1
+        self.stats["requests"] += len(prompts)
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["cached_tokens"] += sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs)
+        return list(outs)
+
+    def prepare(self, trials: Sequence[Trial]) -> list[_Prepared]:
+        """Render trials; in think mode, generate the reasoning greedily and append it as ids."""
+        opts = [self.option_ids(t) for t in trials]
+        base = [self.render(t) for t in trials]
+        if not self.settings.think:
+            return [_Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
+        tok = self.tokenizer
+        end_id = think_end_id(tok, self.settings.model)
+        stops = self._stops()
+        budget = self.settings.think_budget
+        params = think_params(budget, stops | {end_id})
+        outs = self._generate(base, [params] * len(base))
+        out = []
+        for t, ids, o, res in zip(trials, base, opts, outs, strict=True):
+            gen = generated_ids(res, end_id)
+            r = close_reasoning(tok, t, ids, gen, end_id=end_id, stops=stops, budget=budget)
+            out.append(_Prepared(r.ids, o, r.reasoning, r.reasoning_tokens, r.hit_budget))
+        return out
+
+    # -------------------------------------------------------------- readouts
+    def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
+        """The answer-slot distribution of each trial, in input order."""
+        if not trials:
+            return []
+        if self.settings.data_parallel_size > 1:
+            rs = self._replicas().call("readout", list(trials))
+            if progress:
+                progress(len(trials))
+            return rs
+        for t in trials:  # fail on a bad option before spending any compute
+            self.option_ids(t)
+        prepared = self.prepare(trials)
+        tries = [build_trie(p.options) for p in prepared]
+        cond, seen = self._read_nodes(prepared, tries)
+        out = [
+            self._assemble(t, p, tr, cond[i], seen[i])
+            for i, (t, p, tr) in enumerate(zip(trials, prepared, tries, strict=True))
+        ]
+        if progress:
+            progress(len(trials))
+        return out
+
+    def _read_nodes(
+        self, prepared: Sequence[_Prepared], tries: Sequence[Trie]
+    ) -> tuple[list[dict[Prefix, dict[int, float]]], list[dict[int, float]]]:
+        """Conditional logprobs of every trie node's children, and everything seen at each slot.
+
+        Round 1 reads every slot; round 2 the deeper trie nodes, on prefixes
+        now in the prefix cache; round 3 (token-id path) the slot's top-k for
+        ``top_other``. After any round, option tokens a reply lacked are asked
+        for again, one forced token each, before the next round.
+        """
+        kind = self._logprob_kind()
+        top_other = self.settings.top_other
+        cap = self.settings.max_logprobs
+        cond: list[dict[Prefix, dict[int, float]]] = [{} for _ in prepared]
+        seen: list[dict[int, float]] = [{} for _ in prepared]
+        rounds: list[list[SlotQuery]] = [[], [], []]
+        for i, trie in enumerate(tries):
+            kids = trie[()]
+            if kind == "top_k":
+                rounds[0] += node_queries(i, (), kids, "top_k", min(cap, len(kids) + top_other))
+            else:
+                rounds[0] += node_queries(i, (), kids, "token_ids")
+                if top_other:
+                    rounds[2].append(SlotQuery(i, (), "top_k", (), min(cap, len(kids) + top_other)))
+            for node, node_kids in trie.items():
+                if node:
+                    rounds[1] += node_queries(i, node, node_kids, kind, min(cap, len(node_kids)))
+        while rounds:
+            todo = rounds.pop(0)
+            retry: list[SlotQuery] = []
+            for group in _by_kind(todo):
+                prompts = [(*prepared[q.row].ids, *q.prefix) for q in group]
+                outs = self._generate(prompts, [slot_params(q) for q in group])
+                for q, res in zip(group, outs, strict=True):
+                    retry += self._absorb(q, res, cond[q.row], seen[q.row])
+            if retry:
+                rounds.insert(0, retry)
+        return cond, seen
+
+    @staticmethod
+    def _absorb(
+        q: SlotQuery, res: Any, cond: dict[Prefix, dict[int, float]], seen: dict[int, float]
+    ) -> list[SlotQuery]:
+        """Store one reply's logprobs; return the forced re-asks for option tokens it lacked."""
+        got = position_logprobs(res)
+        if q.kind == "force" and sampled_token(res) != q.tokens[0]:
+            raise VLLMReadoutError(f"vLLM sampled token {sampled_token(res)} although only {q.tokens[0]} was allowed")
+        if not q.prefix:
+            for t, lp in got.items():
+                seen.setdefault(t, lp)
+        known = cond.setdefault(q.prefix, {})
+        missing = []
+        for t in q.tokens:
+            if t in got:
+                known.setdefault(t, got[t])
+            elif t not in known:
+                missing.append(t)
+        if missing and q.kind == "force":
+            raise VLLMReadoutError(f"vLLM did not return the logprob of forced token {missing[0]}")
+        return node_queries(q.row, q.prefix, missing, "force")
+
+    def _assemble(
+        self, trial: Trial, prep: _Prepared, trie: Trie, cond: dict[Prefix, dict[int, float]], seen: dict[int, float]
+    ) -> Readout:
+        lps = option_logprobs(prep.options, trie, cond)
+        probs, coverage = normalize(lps)
+        best = max(range(len(lps)), key=lambda i: (lps[i], -i))
+        first = set(trie[()])
+        ranked = sorted(((lp, t) for t, lp in seen.items() if t not in first), key=lambda x: (-x[0], x[1]))
+        other = tuple((self.tokenizer.decode([t]), math.exp(lp)) for lp, t in ranked[: self.settings.top_other])
+        return Readout(
+            trial_id=trial.trial_id,
+            scores=tuple(
+                OptionScore(o, ids, lp, p)
+                for o, ids, lp, p in zip(trial.options, prep.options, lps, probs, strict=True)
+            ),
+            coverage=coverage,
+            greedy_option=trial.options[best],
+            top_other=other,
+            prompt_tokens=len(prep.ids),
+            computed_tokens=len(prep.ids) + sum(1 for node in trie if node),
+            reasoning=prep.reasoning,
+            reasoning_tokens=prep.reasoning_tokens,
+            hit_budget=prep.hit_budget,
+            prompt_ids=prep.ids,
+        )
+
+    # -------------------------------------------------------------- sampling
+    def sample(
+        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+    ) -> list[Sample]:
+        """``n`` raw samples per trial at ``temperature`` (no top-k/top-p/min-p, no penalties), parsed; trial-major.
+
+        Each (trial, draw) is its own request with its own seed, so a draw does
+        not depend on what else was in the batch. In think mode the model
+        reasons and answers freely, so an assistant prefix is not forced.
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not (math.isfinite(temperature) and 0 <= temperature <= MAX_SAMPLING_TEMPERATURE):
+            raise ValueError(f"temperature must be in [0, {MAX_SAMPLING_TEMPERATURE}] for vLLM, got {temperature}")
+        if not trials:
+            return []
+        if self.settings.data_parallel_size > 1:
+            out = self._replicas().call("sample", list(trials), n, temperature)
+            if progress:
+                progress(len(trials) * n)
+            return out
+        s = self.settings
+        rows = [(t, d) for t in trials for d in range(n)]
+        base = {t.trial_id: self.render(t) for t in trials}
+        prompts = [base[t.trial_id] for t, _ in rows]
+        stops = self._stops()
+        budget = s.max_new_tokens + (s.think_budget if s.think else 0)
+        params = [sample_params(temperature, _seed_for(s.seed, t.trial_id, d), budget, stops) for t, d in rows]
+        outs = self._generate(prompts, params)
+        samples = []
+        for (t, d), p, res in zip(rows, prompts, outs, strict=True):
+            gen = [int(g) for g in res.outputs[0].token_ids]
+            body = [g for g in gen if g not in stops]
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            if t.assistant_prefix and not s.think:
+                text = t.assistant_prefix + text
+            reasoning, _ = split_reasoning(text)
+            parsed = parse_answer(text, t.options)
+            samples.append(
+                Sample(
+                    trial_id=t.trial_id,
+                    replicate=d,
+                    text=text,
+                    option=parsed.option,
+                    status=parsed.status,
+                    prompt_tokens=len(p),
+                    completion_tokens=len(gen),
+                    reasoning=reasoning,
+                )
+            )
+        if progress:
+            progress(len(rows))
+        return samples
+
+
+def think_params(budget: int, stops: Iterable[int]) -> dict[str, Any]:
+    """Greedy reasoning up to ``budget`` tokens, stopping at ``</think>`` or end of turn."""
+    return {
+        "n": 1,
+        "max_tokens": budget,
+        "temperature": 0.0,
+        "stop_token_ids": sorted(stops),
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+
+
+def sample_params(temperature: float, seed: int, max_tokens: int, stops: Iterable[int]) -> dict[str, Any]:
+    """Raw sampling: the model's distribution at ``temperature``, nothing truncated or penalized."""
+    return {
+        "n": 1,
+        "temperature": float(temperature),
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "seed": seed,
+        "max_tokens": max_tokens,
+        "stop_token_ids": sorted(stops),
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+
+
+def generated_ids(output: Any, end_id: int) -> list[int]:
+    """The generated ids with their stop token (vLLM keeps it; restored from ``stop_reason`` if a version did not)."""
+    comp = output.outputs[0]
+    gen = [int(g) for g in comp.token_ids]
+    if getattr(comp, "stop_reason", None) == end_id and (not gen or gen[-1] != end_id):
+        gen.append(end_id)
+    return gen
+
+
+def _has_field(cls: Any, name: str) -> bool:
+    names = getattr(cls, "__struct_fields__", None)
+    if names is not None:
+        return name in names
+    try:
+        return name in {f.name for f in fields(cls)}
+    except TypeError:
+        import inspect
+
+        return name in inspect.signature(cls).parameters
+
+
+def _vllm_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _hub_commit(repo: str, revision: str | None) -> str | None:
+    """The hub snapshot a model id resolves to in the local cache (no network), for the run key."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(repo, "config.json", revision=revision)
+    except Exception:  # best effort: the model id is in the run key anyway
+        return None
+    if isinstance(hit, str):
+        from pathlib import Path
+
+        return Path(hit).parent.name
+    return None
+
+
+# ---------------------------------------------------------- data parallelism
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dp_env(rank: int, size: int, port: int) -> dict[str, str]:
+    """vLLM's offline data-parallel environment for one replica (all replicas on this node)."""
+    return {
+        "VLLM_DP_RANK": str(rank),
+        "VLLM_DP_RANK_LOCAL": str(rank),
+        "VLLM_DP_SIZE": str(size),
+        "VLLM_DP_MASTER_IP": "127.0.0.1",
+        "VLLM_DP_MASTER_PORT": str(port),
+    }
+
+
+def split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous ``[lo, hi)`` blocks of ``range(n)``, sizes differing by at most one."""
+    return [((i * n) // parts, ((i + 1) * n) // parts) for i in range(parts)]
+
+
+def _dp_worker(settings: VLLMSettings, path: str, env: dict[str, str], conn: Any, factory: Any) -> None:
+    """One data-parallel replica: builds its engine, then answers (verb, args) messages until ``stop``."""
+    os.environ.update(env)
+    try:
+        engine = (factory or VLLMEngine)(settings, model_path=path)
+        engine.load()
+        d = engine.describe()
+        conn.send(("ready", {"dtype": d["dtype"], "logprob_request": d["logprob_request"]}))
+    except Exception as e:  # reported to the parent, which raises it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            break
+        try:
+            verb, args = msg[0], msg[1:]
+            if not args[0]:  # an idle replica still steps with the others (vLLM's offline DP recipe)
+                engine.placeholder()
+                conn.send(("ok", []))
+            elif verb == "readout":
+                conn.send(("ok", engine.readout(args[0])))
+            elif verb == "sample":
+                trials, n, temperature = args
+                conn.send(("ok", engine.sample(trials, n, temperature)))
+            else:
+                conn.send(("error", f"unknown verb {verb!r}"))
+        except Exception as e:  # reported to the parent, which raises it
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+    conn.close()
+
+
+class _DPPool:
+    """``size`` engine replicas in spawned processes, each given a contiguous block of every call's trials.
+
+    vLLM's ``LLM`` refuses ``data_parallel_size > 1`` in one process; its
+    offline recipe is one process per replica with ``VLLM_DP_*`` set, which is
+    what this does (GPUs are assigned by vLLM from the local rank). Results
+    are concatenated in block order, so they come back in input order.
+    """
+
+    def __init__(self, settings: VLLMSettings, size: int, path: str, factory: Any = None) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self.size = size
+        self._conns = []
+        self._procs = []
+        for rank in range(size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_dp_worker, args=(settings, path, dp_env(rank, size, port), child, factory), daemon=False
+            )
+            proc.start()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        infos = [self._receive(r) for r in range(size)]
+        self.info: dict[str, str] = infos[0]
+        """The replicas' resolved dtype and logprob request path (for the manifest)."""
+
+    def _receive(self, rank: int) -> Any:
+        status, payload = self._conns[rank].recv()
+        if status == "error":
+            self.close()
+            raise VLLMReadoutError(f"data-parallel replica {rank}: {payload}")
+        return payload
+
+    def call(self, verb: str, trials: list[Trial], *args: Any) -> list[Any]:
+        blocks = split_even(len(trials), self.size)
+        for conn, (lo, hi) in zip(self._conns, blocks, strict=True):
+            conn.send((verb, trials[lo:hi], *args))
+        out: list[Any] = []
+        for rank in range(self.size):
+            out += self._receive(rank)
+        return out
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send(("stop",))
+        for proc in self._procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.terminate()
+        self._conns, self._procs = [], []

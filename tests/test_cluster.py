@@ -1,0 +1,243 @@
+"""Cluster batch jobs on CPU: shards merge to exactly one run, and the Slurm scripts under a fake array.
+
+Readouts are computed one trial per forward pass (``batch_size=1``), so a
+trial's values cannot depend on which shard or chunk it landed in: the merged
+tables must equal the unsharded run's bit for bit, not merely within a
+tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probe.store import RunStore, Shard, merge_shards
+
+ROOT = Path(__file__).resolve().parent.parent
+SLURM = ROOT / "scripts" / "slurm"
+ITEMS = ("mine_cart_bridge", "pond_child")
+FORMS = ("acceptable",)
+CHUNK = 3
+N_TRIALS = 8  # 2 dilemmas x 1 form x 2 verbs x 2 orders
+
+
+def spec():
+    from experiments.yesno import YesNoSpec
+
+    return YesNoSpec(items=ITEMS, forms=FORMS)
+
+
+def tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    s = RunStore(run)
+    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
+    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
+    return opts, per
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from engines.hf import HFEngine, HFSettings
+
+    return HFEngine(HFSettings(model="tiny", batch_size=1)).load()
+
+
+@pytest.fixture(scope="module")
+def reference(engine, tmp_path_factory) -> Path:
+    from probe.runner import run
+
+    out = tmp_path_factory.mktemp("one") / "run"
+    run("yesno", spec(), engine, out, chunk_size=CHUNK, progress=False, log=lambda _: None)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_n_shards_merge_to_exactly_the_one_run(engine, reference, tmp_path, n):
+    from probe.runner import run
+
+    out = tmp_path / "sharded"
+    for i in range(n):
+        run("yesno", spec(), engine, out, shard=Shard(i, n), chunk_size=CHUNK, progress=False, log=lambda _: None)
+    merged = merge_shards(out)
+    assert merged.manifest()["run_key"] == RunStore(reference).manifest()["run_key"]
+    assert merged.trial_ids() == RunStore(reference).trial_ids()  # same trials, same order
+    ref_opts, ref_per = tables(reference)
+    opts, per = tables(out)
+    assert len(per) == N_TRIALS and per["trial_id"].is_unique
+    pd.testing.assert_frame_equal(opts, ref_opts, check_exact=True)
+    pd.testing.assert_frame_equal(per, ref_per, check_exact=True)
+
+
+def test_run_records_throughput_in_the_manifest(reference):
+    man = json.loads((reference / "manifest.json").read_text())
+    tp = man["throughput"]
+    _, per = tables(reference)
+    assert tp["trials"] == N_TRIALS and tp["seconds"] > 0
+    assert tp["computed_tokens"] == int(per["computed_tokens"].sum()) > tp["trials"]
+    assert tp["prompt_tokens"] == int(per["prompt_tokens"].sum())
+    assert tp["trials_per_s"] == pytest.approx(N_TRIALS / tp["seconds"], rel=1e-2)
+    assert tp["tokens_per_s"] == pytest.approx(tp["computed_tokens"] / tp["seconds"], rel=1e-2)
+    assert tp["peak_gpu_memory_bytes"] is None  # no CUDA here
+
+
+def test_throughput_line_and_entry():
+    from probe.runner import throughput, throughput_line
+
+    e = throughput(10, 4.0, {"prompt_tokens": 300, "computed_tokens": 320, "completion_tokens": 80}, 3 * 2**30)
+    assert (e["trials_per_s"], e["tokens_per_s"]) == (2.5, 100.0)
+    line = throughput_line(e)
+    assert line == "throughput: 10 trials in 4.0 s, 2.5 trials/s, 100.0 tokens/s, peak GPU memory 3.00 GiB"
+    assert (
+        throughput(0, 0.0, dict.fromkeys(("prompt_tokens", "computed_tokens", "completion_tokens"), 0), None)[
+            "trials_per_s"
+        ]
+        is None
+    )
+
+
+# ----------------------------------------------------------- Slurm scripts
+def slurm_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(
+        {
+            "SLURM_SUBMIT_DIR": str(ROOT),
+            "PROBE_SLURM_DIR": str(SLURM),
+            "PROBE_BIN": f"{sys.executable} -m probe.cli",
+            "PROBE_PYTHON": sys.executable,
+            "PYTHONPATH": str(ROOT),
+            **extra,
+        }
+    )
+    return env
+
+
+def bash(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SLURM / script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+
+
+def test_submit_makes_one_array_task_per_model_and_shard_then_a_dependent_merge(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "sbatch.calls"
+    (fake / "sbatch").write_text(
+        f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\nif grep -q dependency <<<"$*"; then echo 8; else echo "7;clusterA"; fi\n'
+    )
+    (fake / "sbatch").chmod(0o755)
+    env = slurm_env(tmp_path, PATH=f"{fake}:{os.environ['PATH']}", SBATCH_ARGS="--partition=gpu")
+    p = subprocess.run(
+        ["bash", str(SLURM / "submit.sh"), "yesno", "runs/c", "3", "Qwen/Qwen3-30B-A3B,vllm:/m/nemo", "--think"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    array, merge = calls.read_text().splitlines()
+    assert (
+        array
+        == f"--parsable --partition=gpu --array=0-5 {SLURM}/array.sbatch yesno runs/c 3 Qwen/Qwen3-30B-A3B,vllm:/m/nemo --think"
+    )
+    assert (
+        merge
+        == f"--parsable --partition=gpu --dependency=afterok:7 --kill-on-invalid-dep=yes {SLURM}/merge.sbatch runs/c Qwen/Qwen3-30B-A3B,vllm:/m/nemo"
+    )
+    assert "array job 7 (tasks 0-5: 2 model(s) x 3 shards), merge job 8" in p.stdout
+    assert (tmp_path / "logs").is_dir()  # Slurm does not create the --output folder
+
+
+def test_array_task_logic_with_a_fake_probe(engine, tmp_path):
+    """Task index -> (model, shard), the skip of finished shards and the merge job, with ``probe`` recorded, not run."""
+    from probe.runner import run
+
+    out = tmp_path / "cluster"
+    for i in range(2):  # real shards of model "tiny", made in-process
+        run("yesno", spec(), engine, out / "tiny", shard=Shard(i, 2), chunk_size=CHUNK, progress=False, log=print)
+    last = sorted((out / "tiny" / "shard-1-of-2" / "results").glob("*.done"))[-1]
+    last.unlink()  # shard 1 was preempted before its last chunk was committed
+    calls = tmp_path / "probe.calls"
+    fake = tmp_path / "probe"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    args = ["yesno", str(out), "2", "tiny,vllm:/models/nemo/", "--engine", "vllm", "--think"]
+
+    def task(t: str | None) -> subprocess.CompletedProcess[str]:
+        extra = {"PROBE_BIN": str(fake)} | ({"SLURM_ARRAY_TASK_ID": t} if t is not None else {})
+        return bash("array.sbatch", *args, env=slurm_env(tmp_path, **extra))
+
+    assert "SLURM_ARRAY_TASK_ID" in task(None).stderr
+    skipped = task("0")
+    assert skipped.returncode == 0 and "is complete; nothing to do" in skipped.stdout
+    assert not calls.exists()  # a finished shard does not even start probe (no model load)
+    for t in ("1", "2", "3"):
+        assert task(t).returncode == 0
+    beyond = task("4")
+    assert beyond.returncode == 2 and "no model 2 in 'tiny,vllm:/models/nemo/'" in beyond.stderr
+    assert calls.read_text().splitlines() == [
+        f"run yesno --model tiny --out {out}/tiny --shard 1/2 --quiet --engine vllm --think",
+        f"run yesno --model vllm:/models/nemo/ --out {out}/nemo --shard 0/2 --quiet --engine vllm --think",
+        f"run yesno --model vllm:/models/nemo/ --out {out}/nemo --shard 1/2 --quiet --engine vllm --think",
+    ]
+    calls.unlink()
+    merged = bash("merge.sbatch", str(out), "tiny,vllm:/models/nemo/", env=slurm_env(tmp_path, PROBE_BIN=str(fake)))
+    assert merged.returncode == 0, merged.stderr
+    assert calls.read_text().splitlines() == [f"merge {out}/tiny", f"merge {out}/nemo"]
+
+
+@pytest.mark.slow
+def test_array_tasks_resume_only_unfinished_shards_then_merge(reference, tmp_path):
+    """End to end: the task bodies run the real probe on the tiny model (6 processes: slow on 2 cores)."""
+    out = tmp_path / "cluster"
+    args = ["yesno", str(out), "2", "tiny,/nonexistent/model", "--items", ",".join(ITEMS), "--forms", ",".join(FORMS)]
+    args += ["--batch-size", "1"]
+    args += ["--chunk-size", str(CHUNK)]
+
+    missing = bash("array.sbatch", *args, env=slurm_env(tmp_path))
+    assert missing.returncode != 0 and "SLURM_ARRAY_TASK_ID" in missing.stderr
+
+    for task in (0, 1):  # model 0 (tiny), shards 0 and 1
+        p = bash("array.sbatch", *args, env=slurm_env(tmp_path, SLURM_ARRAY_TASK_ID=str(task)))
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert f"tiny shard {task}/2 -> {out}/tiny/shard-{task}-of-2" in p.stdout
+    wrong = bash("array.sbatch", *args, env=slurm_env(tmp_path, SLURM_ARRAY_TASK_ID="2"))  # model 1, shard 0
+    assert wrong.returncode == 2 and "does not exist" in wrong.stderr
+    assert "/nonexistent/model shard 0/2 -> " + f"{out}/model/shard-0-of-2" in wrong.stdout
+    beyond = bash("array.sbatch", *args, env=slurm_env(tmp_path, SLURM_ARRAY_TASK_ID="4"))
+    assert beyond.returncode == 2 and "no model 2" in beyond.stderr
+
+    # resubmitting: a finished shard exits without running probe; an interrupted one resumes
+    done = bash("array.sbatch", *args, env=slurm_env(tmp_path, SLURM_ARRAY_TASK_ID="0"))
+    assert done.returncode == 0 and "is complete; nothing to do" in done.stdout
+    shard1 = out / "tiny" / "shard-1-of-2"
+    last = sorted((shard1 / "results").glob("*.done"))[-1]
+    last.unlink()  # as if the task had been preempted before its last chunk was committed
+    again = bash("array.sbatch", *args, env=slurm_env(tmp_path, SLURM_ARRAY_TASK_ID="1"))
+    assert again.returncode == 0 and "resuming" in again.stdout
+
+    merged = bash("merge.sbatch", str(out), "tiny", env=slurm_env(tmp_path))
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert (out / "tiny" / "report" / "summary.md").exists()
+    ref_opts, ref_per = tables(reference)
+    opts, per = tables(out / "tiny")
+    pd.testing.assert_frame_equal(opts, ref_opts, check_exact=True)
+    pd.testing.assert_frame_equal(per, ref_per, check_exact=True)
+
+
+def test_model_slugs():
+    env = slurm_env(Path("."))
+    for model, slug in [
+        ("Qwen/Qwen3-30B-A3B", "Qwen3-30B-A3B"),
+        ("vllm:/models/nemotron nano/", "nemotron_nano"),
+        ("tiny", "tiny"),
+    ]:
+        p = subprocess.run(
+            ["bash", "-c", f'. {SLURM}/env.sh && probe_slug "$0"', model], capture_output=True, text=True, env=env
+        )
+        assert p.stdout.strip() == slug, (model, p.stdout, p.stderr)
