@@ -1,0 +1,944 @@
+"""The API engine: frontier models by sampling, at study scale, losing nothing.
+
+Model specs (the scheme picks this engine, see :mod:`engines`):
+
+* ``openai:<model>``: OpenAI's API, key in ``OPENAI_API_KEY``;
+* ``anthropic:<model>``: Anthropic's API, key in ``ANTHROPIC_API_KEY``;
+* ``openai-compatible:<name>@<base_url>``: any Chat Completions server
+  (OpenRouter, Gemini's compatible endpoint, ``vllm serve``,
+  ``transformers serve``); the key comes from ``--api-key-env NAME``, or the
+  usual variable of a well-known host, and is optional on other hosts.
+
+The engine implements ``sample()`` only: APIs expose no answer-slot logits.
+Each (trial, draw) is one call; the reply is parsed by the parser every
+engine shares (:mod:`probe.parse`); refusals and unparseable answers are
+data and are never retried. Only transport failures are retried
+(:mod:`engines.api_limits`), under an adaptive concurrency limit per
+(provider, model). Every response is journaled durably as it arrives
+(:mod:`engines.api_journal`), so a killed run resumes without repeating a
+paid call. Usage and cost are kept per call (:mod:`engines.api_pricing`);
+``--max-cost`` stops cleanly at a budget and ``--dry-run`` prints the
+calls and their estimated cost before spending anything. ``--batch-api``
+sends single-turn trials through the providers' batch interfaces
+(:mod:`engines.api_batch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from engines.api_batch import BatchClient, run_batches
+from engines.api_journal import BATCHES, JOURNAL, LOCK, STATS, AppendLog, CallRecord, Journal, Key
+from engines.api_limits import AdaptiveLimiter, RetryPolicy, shared_limiter
+from engines.api_pricing import Price, PriceTable, Usage, estimate_prompt_tokens
+from engines.api_providers import (
+    HOST_KEY_ENV,
+    KEY_ENV,
+    PROVIDERS,
+    ProviderRefusal,
+    Reply,
+    TransportError,
+    anthropic_body,
+    classify,
+    openai_body,
+    parse_reply,
+)
+from engines.base import ProgressFn, require
+from probe.parse import parse_answer, split_reasoning
+from probe.types import Sample, Trial
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
+
+
+class BudgetExhausted(ValueError):
+    """``--max-cost`` reached: the run stopped before the next call; raise the budget and re-run to resume.
+
+    A ``ValueError`` so that the command line reports it as one line with
+    exit status 2, like every other "change the arguments" condition.
+    """
+
+
+class TransportGaveUp(RuntimeError):
+    """A call kept failing in transport after every retry; the run stopped (re-run to resume)."""
+
+
+# ------------------------------------------------------------------ specs
+@dataclass(frozen=True)
+class ModelSpec:
+    provider: str
+    model: str
+    base_url: str | None = None
+
+    @property
+    def host(self) -> str | None:
+        return urlparse(self.base_url).hostname if self.base_url else None
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """``openai:<model>``, ``anthropic:<model>`` or ``openai-compatible:<name>@<base_url>``."""
+    provider, sep, rest = spec.partition(":")
+    if not sep or provider not in PROVIDERS:
+        raise ValueError(
+            f"API model spec {spec!r} must start with one of {', '.join(p + ':' for p in PROVIDERS)} "
+            "(e.g. openai:gpt-5.5, anthropic:claude-sonnet-4-6, openai-compatible:llama@http://127.0.0.1:8000/v1)"
+        )
+    if provider != "openai-compatible":
+        if not rest:
+            raise ValueError(f"API model spec {spec!r} names no model; write {provider}:<model>")
+        return ModelSpec(provider, rest)
+    cut = max(rest.rfind("@http://"), rest.rfind("@https://"))
+    if cut <= 0:
+        raise ValueError(
+            f"openai-compatible model spec {spec!r} needs <name>@<base_url> with an http(s) URL, "
+            "e.g. openai-compatible:tiny@http://127.0.0.1:8000/v1"
+        )
+    return ModelSpec(provider, rest[:cut], rest[cut + 1 :].rstrip("/"))
+
+
+# --------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class ApiSettings:
+    """Settings of the API engine (all recorded in the run manifest; see :meth:`ApiEngine.identity`)."""
+
+    provider: str
+    model: str
+    base_url: str | None = None
+    """The endpoint of an openai-compatible model (None: the provider's default)."""
+    system_prompt: str | None = None
+    """Added as the system prompt of trials that have none."""
+    max_new_tokens: int = 32
+    """Answer tokens per call; a reasoning allowance is added when the model reasons."""
+    think: bool = False
+    """Ask the model to reason: Anthropic adaptive thinking; ``enable_thinking`` on a compatible server."""
+    think_budget: int = 512
+    """Reasoning allowance added to the token limit when the model reasons (``--think-budget``)."""
+    thinking_budget: int | None = None
+    """Anthropic manual extended thinking with this many budget tokens (>= 1024)."""
+    reasoning_effort: str | None = None
+    """OpenAI ``reasoning_effort`` / Anthropic ``output_config.effort``."""
+    seed: int = 0
+    """Seeds the per-(trial, draw) seeds sent to compatible servers."""
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    """Extra request fields merged into every request (e.g. a server's ``top_k``)."""
+    api_key_env: str | None = None
+    """The environment variable holding the key (None: the provider's usual one)."""
+    concurrency: int = 16
+    """Most calls in flight (the adaptive limit starts lower and grows to this cap)."""
+    timeout: float = 300.0
+    """Seconds one call may take before it counts as a transport timeout."""
+    max_retries: int = 8
+    """Transport retries per call; when spent the run stops (resumable)."""
+    max_cost: float | None = None
+    """USD budget for the whole run (resumes included); None = no limit."""
+    dry_run: bool = False
+    prices: str | None = None
+    """Price table YAML (None: engines/data/prices.yaml)."""
+    batch: bool = False
+    """Use the provider's batch interface for single-turn trials."""
+    batch_poll: float = 30.0
+    """Seconds between polls of a running batch."""
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
+        if not self.model:
+            raise ValueError("the model name is empty")
+        if self.provider == "openai-compatible" and not self.base_url:
+            raise ValueError("an openai-compatible model needs a base URL: openai-compatible:<name>@<base_url>")
+        for name in ("max_new_tokens", "think_budget", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_retries < 0:
+            raise ValueError(f"--api-retries must be >= 0, got {self.max_retries}")
+        if not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise ValueError(f"--api-timeout must be a number of seconds > 0, got {self.timeout}")
+        if self.max_cost is not None and not (self.max_cost >= 0 and math.isfinite(self.max_cost)):
+            raise ValueError(f"--max-cost must be a number of USD >= 0, got {self.max_cost}")
+        if self.reasoning_effort is not None and self.reasoning_effort not in EFFORTS:
+            raise ValueError(f"--reasoning-effort must be one of {', '.join(EFFORTS)}, got {self.reasoning_effort!r}")
+        if self.thinking_budget is not None:
+            if self.provider != "anthropic":
+                raise ValueError("--thinking-budget is Anthropic's extended thinking; use --reasoning-effort elsewhere")
+            if self.thinking_budget < 1024:
+                raise ValueError(f"--thinking-budget must be >= 1024 (Anthropic's minimum), got {self.thinking_budget}")
+        if self.think and self.provider == "openai":
+            raise ValueError("OpenAI models reason by effort: use --reasoning-effort instead of --think")
+        if self.batch_poll <= 0:
+            raise ValueError(f"--batch-poll must be > 0 seconds, got {self.batch_poll}")
+        if not isinstance(self.extra_body, Mapping):
+            raise ValueError(f"--api-extra-body must be a JSON object, got {self.extra_body!r}")
+
+    @property
+    def reasons(self) -> bool:
+        return self.think or self.thinking_budget is not None or self.reasoning_effort not in (None, "none")
+
+    @property
+    def max_tokens(self) -> int:
+        """The token limit sent: the answer allowance plus, when the model reasons, the reasoning allowance."""
+        if self.thinking_budget is not None:
+            return self.max_new_tokens + self.thinking_budget
+        return self.max_new_tokens + (self.think_budget if self.reasons else 0)
+
+    @property
+    def host(self) -> str | None:
+        return urlparse(self.base_url).hostname if self.base_url else None
+
+    def key_env(self) -> tuple[str | None, bool]:
+        """(variable, required): where the key lives and whether a missing one is an error."""
+        if self.api_key_env:
+            return self.api_key_env, True
+        if self.provider in KEY_ENV:
+            return KEY_ENV[self.provider], True
+        host = self.host or ""
+        if host in HOST_KEY_ENV:
+            return HOST_KEY_ENV[host], True
+        return "OPENAI_API_KEY", False  # a self-hosted server usually wants no key
+
+
+# ------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The API engine's own flags (the shared ``--system``, ``--max-new-tokens``, ``--seed``,
+    ``--think`` and ``--think-budget`` keep their meaning)."""
+    g = p.add_argument_group("API engine (openai:, anthropic:, openai-compatible: models)")
+    g.add_argument("--concurrency", type=int, default=16, help="most API calls in flight (default: 16)")
+    g.add_argument("--max-cost", type=float, default=None, help="stop before the run's spend would pass this (USD)")
+    g.add_argument("--dry-run", action="store_true", help="print the calls and their estimated cost, call nothing")
+    g.add_argument("--prices", default=None, help="price table YAML (default: engines/data/prices.yaml)")
+    g.add_argument("--batch-api", action="store_true", help="use the provider's batch interface (single-turn trials)")
+    g.add_argument("--batch-poll", type=float, default=30.0, help="seconds between batch polls (default: 30)")
+    g.add_argument("--reasoning-effort", default=None, choices=EFFORTS, help="OpenAI / Anthropic reasoning effort")
+    g.add_argument("--thinking-budget", type=int, default=None, help="Anthropic extended thinking budget (>= 1024)")
+    g.add_argument("--api-timeout", type=float, default=300.0, help="seconds per call before a retry (default: 300)")
+    g.add_argument("--api-retries", type=int, default=8, help="transport retries per call (default: 8)")
+    g.add_argument("--api-key-env", default=None, help="environment variable with the key (default: the provider's)")
+    g.add_argument(
+        "--api-extra-body", default=None, help="JSON object merged into every request, e.g. '{\"top_k\": 20}'"
+    )
+
+
+def _extra_body(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--api-extra-body is not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--api-extra-body must be a JSON object, got {text!r}")
+    return value
+
+
+def from_args(model: str, a: argparse.Namespace) -> ApiEngine:
+    spec = parse_model_spec(model)
+
+    def get(name: str, default: Any) -> Any:
+        return getattr(a, name, default)
+
+    return ApiEngine(
+        ApiSettings(
+            provider=spec.provider,
+            model=spec.model,
+            base_url=spec.base_url,
+            system_prompt=get("system", None),
+            max_new_tokens=get("max_new_tokens", 32),
+            think=get("think", False),
+            think_budget=get("think_budget", 512),
+            thinking_budget=get("thinking_budget", None),
+            reasoning_effort=get("reasoning_effort", None),
+            seed=get("seed", 0),
+            extra_body=_extra_body(get("api_extra_body", None)),
+            api_key_env=get("api_key_env", None),
+            concurrency=get("concurrency", 16),
+            timeout=get("api_timeout", 300.0),
+            max_retries=get("api_retries", 8),
+            max_cost=get("max_cost", None),
+            dry_run=get("dry_run", False),
+            prices=get("prices", None),
+            batch=get("batch_api", False),
+            batch_poll=get("batch_poll", 30.0),
+        )
+    )
+
+
+def call_seed(seed: int, trial_id: str, draw: int) -> int:
+    """A 31-bit seed per (run seed, trial, draw): replicates differ, a re-sent call asks for the same draw."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 33
+
+
+# --------------------------------------------------------------- progress
+class _Progress:
+    """Calls done / remaining, rate, transport errors by kind, spend; on the run's bar or as log lines."""
+
+    def __init__(
+        self, total: int, resumed: int, spent: float, sink: ProgressFn | None, log: Callable[[str], None]
+    ) -> None:
+        self.total, self.resumed = total, resumed
+        self.done = 0
+        self.errors: Counter[str] = Counter()
+        self.spent = spent
+        """USD of the whole run so far (earlier sessions included)."""
+        self.priced = True
+        self.start = time.monotonic()
+        self._sink = sink
+        self._bar = getattr(sink, "__self__", None)
+        self._log = log
+        self._last_line = self.start
+        self._lock = threading.Lock()
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        left = self.total - self.resumed - self.done
+        errs = " ".join(f"{k}x{v}" for k, v in sorted(self.errors.items())) or "none"
+        spend = f"${self.spent:.4f}" if self.priced else "unknown (no price for this model)"
+        return f"{self.done} new + {self.resumed} resumed / {self.total} calls, {left} left, " + (
+            f"{self.done / elapsed:.1f}/s, retries: {errs}, spent: {spend}"
+        )
+
+    def called(self, cost: float | None) -> None:
+        with self._lock:
+            self.done += 1
+            if cost is None:
+                self.priced = False
+            else:
+                self.spent += cost
+        if self._sink:
+            self._sink(1)
+        self._show()
+
+    def failed(self, kind: str) -> None:
+        with self._lock:
+            self.errors[kind] += 1
+        self._show()
+
+    def _show(self) -> None:
+        if self._bar is not None and hasattr(self._bar, "set_postfix_str"):
+            self._bar.set_postfix_str(self.line(), refresh=False)
+        elif time.monotonic() - self._last_line > 30:
+            self._last_line = time.monotonic()
+            self._log(f"api: {self.line()}")
+
+
+# ----------------------------------------------------------------- engine
+class ApiEngine:
+    """Sampling through a provider's API; see the module docstring."""
+
+    name = "api"
+
+    def __init__(
+        self,
+        settings: ApiSettings,
+        *,
+        client_factory: Callable[[ApiSettings, str | None], Any] | None = None,
+        log: Callable[[str], None] | None = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        self.settings = settings
+        self._client_factory = client_factory
+        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.retry_policy = retry_policy or RetryPolicy(max_retries=settings.max_retries)
+        self._client: Any = None
+        self._prices: PriceTable | None = None
+        self._price: Price | None = None
+        self._limiter: AdaptiveLimiter | None = None
+        self._journal = Journal(None)
+        self._batch_log: AppendLog | None = None
+        self._store_root: Path | None = None
+        self._lock_file: Any = None
+        self._rng = random.Random(settings.seed)
+        self._rng_lock = threading.Lock()
+        self._unrecovered: Counter[str] = Counter()
+        self._prior_unrecovered: Counter[str] = Counter()
+        self.session = os.urandom(6).hex()
+
+    # ------------------------------------------------------------ set-up
+    def load(self) -> ApiEngine:
+        """Read the price table, check the key (not in a dry run), open the client (idempotent; no network)."""
+        s = self.settings
+        if self._prices is None:
+            self._prices = PriceTable.load(s.prices)
+            self._price = self._prices.lookup(s.provider, s.model, s.host)
+        if s.max_cost is not None and self._price is None:
+            raise ValueError(
+                f"--max-cost needs a price for {s.provider}:{s.model}, and {self._prices.source} has none; "
+                "add an entry (USD per million tokens) or pass --prices FILE"
+            )
+        if self._limiter is None:
+            self._limiter = shared_limiter(f"{s.provider}@{s.base_url or ''}", s.model, s.concurrency)
+        if self._client is None and not s.dry_run:
+            self._client = self._make_client()
+        return self
+
+    def _api_key(self) -> str:
+        var, required = self.settings.key_env()
+        key = os.environ.get(var or "", "")
+        if key:
+            return key
+        if required:
+            raise ValueError(
+                f"no API key: set the environment variable {var} for {self.settings.provider}:{self.settings.model}"
+                + (" (or name another one with --api-key-env)" if self.settings.provider == "openai-compatible" else "")
+            )
+        return "EMPTY"  # a local server ignores it; the client insists on a string
+
+    def _make_client(self) -> Any:
+        s = self.settings
+        key = self._api_key()
+        if self._client_factory is not None:
+            return self._client_factory(s, key)
+        if s.provider == "anthropic":
+            anthropic = require("anthropic", "api")
+            return anthropic.Anthropic(api_key=key, base_url=s.base_url, max_retries=0, timeout=s.timeout)
+        openai = require("openai", "api")
+        return openai.OpenAI(api_key=key, base_url=s.base_url, max_retries=0, timeout=s.timeout)
+
+    def attach(self, store: Any) -> None:
+        """Journal into ``store``'s results folder; in a dry run, print the estimate and exit.
+
+        The runner calls this after opening the run folder and before the
+        first chunk.
+        """
+        from filelock import FileLock
+
+        root = Path(store.root)
+        results = root / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        if self._store_root != root:
+            self.close()  # a previous run folder's files, if this engine served one
+            self._lock_file = FileLock(str(results / LOCK))
+            self._journal = Journal(results / JOURNAL)
+            if (results / BATCHES).exists() or self.settings.batch:
+                self._batch_log = AppendLog(results / BATCHES)
+            self._store_root = root
+            prior = _read_json(results / STATS)
+            self._prior_unrecovered = Counter({str(k): int(v) for k, v in prior.get("unrecovered", {}).items()})
+            if self._journal.torn_bytes:
+                self._log(f"api: cut a torn last line ({self._journal.torn_bytes} bytes) off {results / JOURNAL}")
+        if self.settings.dry_run:
+            self._log(self.dry_run_report(store))
+            raise SystemExit(0)
+
+    def close(self) -> None:
+        """Close the run folder's journal and batch log (the engine can be attached to another run after)."""
+        self._journal.close()
+        if self._batch_log is not None:
+            self._batch_log.close()
+            self._batch_log = None
+
+    def _hold_run(self) -> Any:
+        """The run folder's lock for the length of one ``sample()``: a second process on the same run
+        would pay twice for the same draws, so it is refused."""
+        import contextlib
+
+        from filelock import Timeout
+
+        if self._lock_file is None:
+            return contextlib.nullcontext()
+        try:
+            return self._lock_file.acquire(timeout=0)  # released when the with-block ends
+        except Timeout:
+            raise ValueError(
+                f"another probe process is running {self._store_root} (lock {self._lock_file.lock_file}); "
+                "wait for it to finish or stop it"
+            ) from None
+
+    # --------------------------------------------------------- manifest
+    def identity(self) -> dict[str, Any]:
+        """What changes the answers: provider, model and the request settings.
+
+        The base URL is left out (a server that moved to another port still
+        serves the same model, and the run may resume against it); so are
+        speed and spending settings and the batch switch.
+        """
+        s = self.settings
+        return {
+            "engine": self.name,
+            "provider": s.provider,
+            "model": s.model,
+            "system_prompt": s.system_prompt,
+            "max_tokens": s.max_tokens,
+            "think": s.think,
+            "thinking_budget": s.thinking_budget,
+            "reasoning_effort": s.reasoning_effort,
+            "seed": s.seed,
+            "extra_body": dict(s.extra_body),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """Settings, endpoint, key variable (never the key), price entry, SDK versions."""
+        s = self.settings
+        var, required = s.key_env()
+        versions: dict[str, str | None] = {}
+        for pkg in ("openai", "anthropic"):
+            try:
+                versions[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                versions[pkg] = None
+        return {
+            "engine": self.name,
+            "settings": {**asdict(s), "extra_body": dict(s.extra_body)},
+            "model_path": f"{s.provider}:{s.model}" + (f"@{s.base_url}" if s.base_url else ""),
+            "max_tokens_sent": s.max_tokens,
+            "key_env": var,
+            "key_required": required,
+            "price": asdict(self._price) if self._price else None,
+            "price_table": self._prices.source if self._prices else None,
+            "sdk_versions": versions,
+            "temperature_policy": "sent always"
+            if s.provider == "openai-compatible"
+            else "omitted at 1.0 (the provider's default), sent otherwise",
+        }
+
+    # ---------------------------------------------------------- requests
+    def request_body(self, trial: Trial, draw: int, temperature: float) -> dict[str, Any]:
+        """The JSON body of the call for (trial, draw) at ``temperature``."""
+        s = self.settings
+        if s.provider == "anthropic":
+            return anthropic_body(
+                model=s.model,
+                messages=trial.messages,
+                system=s.system_prompt,
+                max_tokens=s.max_tokens,
+                temperature=temperature,
+                reasoning_effort=s.reasoning_effort,
+                think=s.think,
+                thinking_budget=s.thinking_budget,
+                extra=s.extra_body,
+            )
+        return openai_body(
+            provider=s.provider,
+            model=s.model,
+            messages=trial.messages,
+            system=s.system_prompt,
+            max_tokens=s.max_tokens,
+            temperature=temperature,
+            seed=call_seed(s.seed, trial.trial_id, draw),
+            reasoning_effort=s.reasoning_effort,
+            think=s.think,
+            extra=s.extra_body,
+        )
+
+    def _send(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One call with the official client; the response as a plain dict."""
+        rest = {k: v for k, v in body.items() if k not in ("model", "messages", "max_tokens")}
+        if self.settings.provider == "anthropic":
+            resp = self._client.messages.create(
+                model=body["model"], messages=body["messages"], max_tokens=body["max_tokens"], extra_body=rest
+            )
+        else:
+            if "max_tokens" in body:
+                rest["max_tokens"] = body["max_tokens"]
+            resp = self._client.chat.completions.create(model=body["model"], messages=body["messages"], extra_body=rest)
+        if hasattr(resp, "model_dump"):
+            return dict(resp.model_dump(mode="json"))
+        if isinstance(resp, Mapping):
+            return dict(resp)
+        raise TransportError("malformed", f"the server did not return JSON: {str(resp)[:120]!r}")
+
+    def record(
+        self,
+        trial: Trial,
+        key: Key,
+        reply: Reply,
+        *,
+        attempts: int,
+        retries: Mapping[str, int],
+        batch: bool,
+        latency: float,
+    ) -> CallRecord:
+        """Parse a reply into the journal record of (trial, draw)."""
+        answer_reasoning = reply.reasoning
+        if reply.refused:
+            status, option = "refusal", None
+        else:
+            parsed = parse_answer(reply.text, trial.options)
+            status, option = parsed.status, parsed.option
+        if not answer_reasoning:
+            answer_reasoning, _ = split_reasoning(reply.text)
+        cost = self._price.cost(reply.usage, batch=batch) if self._price else None
+        return CallRecord(
+            trial_id=key[0],
+            draw=key[1],
+            temperature=key[2],
+            status=status,
+            option=option,
+            text=reply.text,
+            reasoning=answer_reasoning,
+            finish=reply.finish,
+            usage=reply.usage,
+            cost=cost,
+            attempts=attempts,
+            retries=dict(retries),
+            batch=batch,
+            latency=latency,
+            response_id=reply.response_id,
+            served_model=reply.served_model,
+            session=self.session,
+        )
+
+    # ------------------------------------------------------------ budget
+    def spent(self) -> float:
+        """USD of every call journaled in this run (all sessions)."""
+        return self._journal.total_cost
+
+    def estimate_call(self, trial: Trial) -> tuple[int, int]:
+        """(estimated prompt tokens, most output tokens) of one call of ``trial``."""
+        texts = [m.content for m in trial.messages]
+        if self.settings.system_prompt and not any(m.role == "system" for m in trial.messages):
+            texts.append(self.settings.system_prompt)
+        return estimate_prompt_tokens(texts), self.settings.max_tokens
+
+    def _reserve_for(self, trial: Trial, *, batch: bool = False) -> float:
+        """The cost to hold back for one call in flight: the mean so far, else the upper-bound estimate."""
+        if self._price is None:
+            return 0.0
+        if self._journal.n_priced >= 10:
+            return self._journal.total_cost / self._journal.n_priced
+        inp, out = self.estimate_call(trial)
+        return self._price.cost(Usage(input_tokens=inp, output_tokens=out), batch=batch)
+
+    def dry_run_report(self, store: Any) -> str:
+        """Calls still to make in this run folder and their estimated cost."""
+        from probe.store import chunk_bounds
+
+        man = store.manifest()
+        plan = man.get("plan", {})
+        n, temperature = int(plan.get("samples", 0)), float(plan.get("temperature", 1.0))
+        trials = store.trials()
+        bounds = chunk_bounds(len(trials), int(man.get("chunk_size", 256)))
+        done = store.done_chunks()
+        todo = [t for k, (lo, hi) in enumerate(bounds) if k not in done for t in trials[lo:hi]]
+        calls = [(t, d) for t in todo for d in range(n) if (t.trial_id, d, temperature) not in self._journal]
+        inp = sum(self.estimate_call(t)[0] for t, _ in calls)
+        out = len(calls) * self.settings.max_tokens
+        s = self.settings
+        lines = [
+            f"dry run: {len(calls)} calls to {s.provider}:{s.model} "
+            f"({len(todo)} trials x {n} samples, {len(trials) * n - len(calls) if n else 0} already done), nothing sent",
+            f"  tokens: ~{inp} prompt (estimated at 4 characters a token), at most {out} output ({s.max_tokens} a call)",
+        ]
+        if self._price is None:
+            lines.append(
+                f"  cost: unknown, {self._prices.source if self._prices else 'the price table'} has no price "
+                f"for {s.provider}:{s.model}; add one or pass --prices FILE"
+            )
+        else:
+            bound = self._price.cost(Usage(input_tokens=inp, output_tokens=out), batch=s.batch)
+            lines.append(f"  cost: at most ${bound:.4f} (every reply at the token limit; price {self._price.key})")
+            if self._journal.n_priced:
+                mean = self._journal.total_cost / self._journal.n_priced
+                lines.append(
+                    f"  cost at the mean of the {self._journal.n_priced} calls so far: ${mean * len(calls):.4f}"
+                )
+            spent = self.spent()
+            lines.append(f"  spent so far in this run: ${spent:.4f}")
+            if s.max_cost is not None:
+                lines.append(f"  budget --max-cost ${s.max_cost:.4f}: ${max(0.0, s.max_cost - spent):.4f} left")
+        return "\n".join(lines)
+
+    # ----------------------------------------------------------- sample
+    def sample(
+        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+    ) -> list[Sample]:
+        """``n`` answers per trial at ``temperature``, one call each, trial-major, in input order.
+
+        Pairs already in the journal are answered from it; the rest are
+        called (or batched) and journaled as they arrive. Raises (after
+        every call in flight has been journaled) when the budget is reached,
+        a call is rejected, or transport retries run out; the next run
+        resumes from the journal.
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not (temperature >= 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        if self._client is None:
+            self.load()
+        temperature = float(temperature)
+        pairs = [(t, d) for t in trials for d in range(n)]
+        todo = [(t, d) for t, d in pairs if (t.trial_id, d, temperature) not in self._journal]
+        prog = _Progress(len(pairs), len(pairs) - len(todo), self.spent(), progress, self._log)
+        prog.priced = self._price is not None
+        if progress and prog.resumed:
+            progress(prog.resumed)
+        try:
+            if todo:
+                with self._hold_run():
+                    self._call(todo, temperature, prog)
+        finally:
+            self._write_stats()
+        return [self._sample_of(t, d, temperature) for t, d in pairs]
+
+    def _call(self, todo: list[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
+        """Batch what may be batched (single-turn trials, with --batch-api); call the rest directly."""
+        if self.settings.batch:
+            single = [(t, d) for t, d in todo if sum(m.role != "system" for m in t.messages) == 1]
+            multi = [(t, d) for t, d in todo if sum(m.role != "system" for m in t.messages) != 1]
+            if multi:
+                self._log(f"api: --batch-api takes single-turn trials only; calling {len(multi)} draws directly")
+            todo = multi + (self._run_batch(single, temperature, prog) if single else [])
+        if todo:
+            self._run_online(todo, temperature, prog)
+
+    def _sample_of(self, t: Trial, d: int, temperature: float) -> Sample:
+        rec = self._journal.get((t.trial_id, d, temperature))
+        if rec is None:  # pragma: no cover - sample() raises before this can happen
+            raise RuntimeError(f"no response recorded for trial {t.trial_id} draw {d}")
+        return Sample(
+            trial_id=t.trial_id,
+            replicate=d,
+            text=rec.text,
+            option=rec.option,
+            status=rec.status,  # type: ignore[arg-type]
+            prompt_tokens=rec.usage.input_tokens,
+            completion_tokens=rec.usage.output_tokens,
+            reasoning=rec.reasoning,
+        )
+
+    def _sleep(self, seconds: float, stop: threading.Event) -> None:
+        stop.wait(seconds)
+
+    def _guard(self, call: Callable[[], Any], stop: threading.Event | None = None) -> Any:
+        """Run one control call (batch create / poll) with transport retries; rejections stop the run."""
+        stop = stop or threading.Event()
+        var, _ = self.settings.key_env()
+        for attempt in range(self.retry_policy.max_retries + 1):
+            try:
+                return call()
+            except Exception as e:
+                err = classify(e, var)
+                if isinstance(err, TransportError) and attempt < self.retry_policy.max_retries:
+                    with self._rng_lock:
+                        wait = self.retry_policy.delay(attempt, err.retry_after, self._rng)
+                    self._sleep(wait, stop)
+                    continue
+                if isinstance(err, TransportError):
+                    self._unrecovered[err.kind] += 1
+                    raise TransportGaveUp(f"{err} (after {attempt + 1} attempts); re-run to resume") from e
+                raise err from e
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run_online(self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
+        assert self._limiter is not None
+        limiter = self._limiter
+        stop = threading.Event()
+        problems: list[BaseException] = []
+        budget_lock = threading.Lock()
+        reserved = [0.0]
+        spent = [self.spent()]
+        var, _ = self.settings.key_env()
+        max_cost = self.settings.max_cost
+
+        def one(trial: Trial, draw: int) -> None:
+            key: Key = (trial.trial_id, draw, temperature)
+            body = self.request_body(trial, draw, temperature)
+            retries: Counter[str] = Counter()
+            hold = self._reserve_for(trial) if max_cost is not None else 0.0
+            for attempt in range(self.retry_policy.max_retries + 1):
+                if stop.is_set():
+                    return
+                with budget_lock:
+                    if max_cost is not None and spent[0] + reserved[0] + hold > max_cost:
+                        if not problems:
+                            problems.append(
+                                BudgetExhausted(
+                                    f"--max-cost ${max_cost:.4f} reached (${spent[0]:.4f} spent, "
+                                    f"${reserved[0]:.4f} in flight); raise it and re-run the same command to resume"
+                                )
+                            )
+                        stop.set()
+                        return
+                    reserved[0] += hold
+                if not limiter.acquire(stop):
+                    with budget_lock:
+                        reserved[0] -= hold
+                    return
+                t0 = time.monotonic()
+                outcome = "failed"
+                try:
+                    reply = parse_reply(self.settings.provider, self._send(body))
+                    outcome = "ok"
+                except Exception as e:
+                    err: Exception
+                    try:
+                        err = classify(e, var)
+                    except Exception as unknown:  # not a transport or request error: a bug or an SDK change
+                        err = unknown
+                    if isinstance(err, ProviderRefusal):
+                        outcome = "ok"
+                        reply = Reply(text="", finish=f"blocked:{err.code}", refused=True)
+                    elif isinstance(err, TransportError):
+                        outcome = "throttled" if err.kind == "rate_limit" else "failed"
+                        retries[err.kind] += 1
+                        prog.failed(err.kind)
+                        if err.retry_after is not None:
+                            limiter.pause(min(err.retry_after, self.retry_policy.max_retry_after))
+                        if attempt == self.retry_policy.max_retries:
+                            self._unrecovered[err.kind] += 1
+                            problems.append(
+                                TransportGaveUp(
+                                    f"trial {trial.trial_id} draw {draw}: {err} after {attempt + 1} attempts; "
+                                    "the run stopped, re-run the same command to resume"
+                                )
+                            )
+                            stop.set()
+                            return
+                        with self._rng_lock:
+                            wait = self.retry_policy.delay(attempt, err.retry_after, self._rng)
+                        self._sleep(wait, stop)
+                        continue
+                    else:
+                        problems.append(err)
+                        stop.set()
+                        return
+                finally:
+                    limiter.release(outcome)
+                    with budget_lock:
+                        reserved[0] -= hold
+                rec = self.record(
+                    trial,
+                    key,
+                    reply,
+                    attempts=attempt + 1,
+                    retries=retries,
+                    batch=False,
+                    latency=time.monotonic() - t0,
+                )
+                self._journal.add(rec)
+                with budget_lock:
+                    spent[0] += rec.cost or 0.0
+                prog.called(rec.cost)
+                return
+
+        workers = min(self.settings.concurrency, len(todo))
+        pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe-api")
+        try:
+            futures = [pool.submit(one, t, d) for t, d in todo]
+            pending = set(futures)
+            while pending:
+                _, pending = cf.wait(pending, timeout=0.5)
+        except KeyboardInterrupt:
+            stop.set()
+            self._log(f"api: interrupted; waiting for {limiter.in_flight} calls in flight (they are paid) to land")
+            raise
+        finally:
+            if problems:
+                stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+        for f in futures:
+            if f.done() and not f.cancelled() and f.exception() is not None:
+                problems.append(f.exception())  # type: ignore[arg-type]
+        if problems:
+            raise problems[0]
+
+    def _run_batch(
+        self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: _Progress
+    ) -> list[tuple[Trial, int]]:
+        """Send ``todo`` through the batch interface; returns the pairs to call directly (transient failures)."""
+        if self._batch_log is None:
+            raise ValueError(
+                "--batch-api keeps batch ids in the run folder; run it through `probe run` (attach a store)"
+            )
+        by_key = {(t.trial_id, d, temperature): t for t, d in todo}
+        pending = [(key, self.request_body(t, key[1], temperature)) for key, t in by_key.items()]
+        stop = threading.Event()
+        bc = BatchClient(self.settings.provider, self._client, guard=lambda call: self._guard(call, stop))
+
+        def on_success(key: Key, body: dict[str, Any], batch_id: str) -> None:
+            trial = by_key.get(key)
+            if trial is None:
+                return
+            try:
+                reply = parse_reply(self.settings.provider, body)
+            except TransportError as e:
+                prog.failed(e.kind)
+                return  # left out of the journal: sent again directly
+            rec = self.record(trial, key, reply, attempts=1, retries={}, batch=True, latency=0.0)
+            rec = dataclasses.replace(rec, response_id=rec.response_id or batch_id)
+            self._journal.add(rec)
+            prog.called(rec.cost)
+
+        if self.settings.max_cost is not None:
+            need = sum(self._reserve_for(by_key[k], batch=True) for k, _ in pending)
+            if self.spent() + need > self.settings.max_cost:
+                raise BudgetExhausted(
+                    f"--max-cost ${self.settings.max_cost:.4f}: this batch of {len(pending)} calls may cost up to "
+                    f"${need:.4f} on top of ${self.spent():.4f} spent; raise the budget (or drop --batch-api) to go on"
+                )
+        retry = run_batches(
+            client=bc,
+            log=self._batch_log,
+            pending=pending,
+            done=lambda k: k in self._journal,
+            on_success=on_success,
+            poll_seconds=self.settings.batch_poll,
+            on_poll=lambda status: self._log(f"api: batches {dict(status)}; {prog.line()}") if status else None,
+        )
+        for _, kind in retry:
+            prog.failed(kind)
+        return [(by_key[k], k[1]) for k, _ in by_key.items() if k not in self._journal]
+
+    # ------------------------------------------------------------- stats
+    def run_stats(self) -> dict[str, Any]:
+        """Totals over the whole run (every session): calls, statuses, usage, spend, retries, failures."""
+        recs = self._journal.records()
+        unique: dict[Key, CallRecord] = {}
+        for r in recs:
+            unique.setdefault(r.key, r)
+        usage = sum((r.usage for r in recs), Usage())
+        retries: Counter[str] = Counter()
+        for r in recs:
+            retries.update(r.retries)
+        costs = [r.cost for r in recs]
+        return {
+            "calls": len(unique),
+            "by_status": dict(sorted(Counter(r.status for r in unique.values()).items())),
+            "batch_calls": sum(r.batch for r in unique.values()),
+            "usage": usage.to_dict(),
+            "cost_usd": None if any(c is None for c in costs) else round(sum(c or 0.0 for c in costs), 6),
+            "retries": dict(sorted(retries.items())),
+            "unrecovered": dict(sorted((self._prior_unrecovered + self._unrecovered).items())),
+            "duplicates": self._journal.duplicates,
+            "corrupt_journal_lines": self._journal.corrupt_lines,
+            "sessions": len({r.session for r in recs}),
+            "session": self.session,
+            "concurrency": {
+                "cap": self.settings.concurrency,
+                "limit_now": int(self._limiter.limit) if self._limiter else None,
+                "cuts": self._limiter.n_cuts if self._limiter else 0,
+            },
+            "price": self._price.key if self._price else None,
+        }
+
+    def _write_stats(self) -> None:
+        if self._store_root is None:
+            return
+        from probe.store import atomic_write_text
+
+        path = self._store_root / "results" / STATS
+        atomic_write_text(path, json.dumps(self.run_stats(), indent=2, sort_keys=True) + "\n")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+        return value if isinstance(value, dict) else {}
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}

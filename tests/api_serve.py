@@ -1,0 +1,101 @@
+"""Start ``transformers serve`` on localhost serving the tiny model (for the API engine's tests).
+
+``transformers serve`` takes its sampling defaults from the model's
+``generation_config.json``; the tiny model's says ``do_sample: false``, and
+the server does not turn sampling on when a request sends a temperature.
+So the server gets a folder that links the tiny model's files and carries
+its own generation config (sampling on, no top-k or top-p truncation). The
+folder is named ``tiny`` and the server runs inside its parent with
+``tiny`` as its pinned model, so requests name the model ``tiny``:
+``openai-compatible:tiny@http://127.0.0.1:PORT/v1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+SAMPLING_CONFIG = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
+
+
+@dataclass
+class Server:
+    url: str
+    """Base URL of the OpenAI-compatible API (ends in /v1)."""
+    proc: subprocess.Popen
+    log: Path
+    model_dir: Path
+
+    @property
+    def origin(self) -> str:
+        return self.url.rsplit("/v1", 1)[0]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serving_folder(model_path: Path, root: Path) -> Path:
+    """``root/tiny``: links to the model's files, with a sampling generation config."""
+    folder = root / "tiny"
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in Path(model_path).iterdir():
+        if f.name != "generation_config.json" and not (folder / f.name).exists():
+            (folder / f.name).symlink_to(f.resolve())
+    gen = json.loads((Path(model_path) / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**gen, **SAMPLING_CONFIG}, indent=2))
+    return folder
+
+
+def start_server(root: Path, *, timeout: float = 180.0) -> Server:
+    """Start the server and wait until it serves the model; fail with its log if it cannot."""
+    from probe.tiny import ensure_tiny
+
+    exe = Path(sys.executable).with_name("transformers")
+    if not exe.exists():
+        raise RuntimeError(f"{exe} not found; install transformers (pip install -e '.[dev]')")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(f"transformers serve needs fastapi and uvicorn ({e}); pip install -e '.[dev]'") from e
+    folder = serving_folder(ensure_tiny("tiny"), root)
+    port = free_port()
+    log = root / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    cmd = [str(exe), "serve", "tiny", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    cmd += ["--reasoning", "off", "--log-level", "warning"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=folder.parent, stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = Server(f"http://127.0.0.1:{port}/v1", proc, log, folder)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"transformers serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/models", timeout=2) as r:
+                if any(m.get("id") == "tiny" for m in json.load(r).get("data", [])):
+                    return server
+        except OSError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"transformers serve did not come up within {timeout:.0f} s:\n{log.read_text()[-3000:]}")

@@ -1,0 +1,214 @@
+"""A fault-injecting HTTP proxy for testing the API engine against a real server.
+
+It sits in front of an OpenAI-compatible server and, by a deterministic
+schedule (a seeded draw per request), answers some requests itself with a
+failure instead of (or after) forwarding them:
+
+* ``429``: rate limited, with ``Retry-After`` (not forwarded);
+* ``500`` / ``503``: server errors (not forwarded);
+* ``timeout``: holds the connection past the client's timeout, then drops it (not forwarded);
+* ``drop``: closes the connection without a response (not forwarded);
+* ``truncated``: forwards, then sends only half of the upstream body under the
+  full Content-Length and closes (the server did the work: a lost paid call);
+* ``malformed``: forwards, then sends a well-framed 200 whose JSON is cut in
+  half (also a lost paid call).
+
+It counts what it did, including every upstream completion and its usage,
+so a test can check that the client's totals count each accepted response
+exactly once while the upstream did strictly more work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+FAULTS = ("429", "500", "503", "timeout", "drop", "truncated", "malformed")
+FORWARDED_FAULTS = frozenset({"truncated", "malformed"})
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that went away (killed, or timed out on a held connection) is part of the test, not an error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
+class FaultProxy:
+    """Forward to ``upstream`` (``http://host:port``), injecting faults at the given rates."""
+
+    def __init__(
+        self,
+        upstream: str,
+        rates: Mapping[str, float],
+        *,
+        seed: int = 0,
+        retry_after: str = "1",
+        hang_seconds: float = 3.0,
+        only_path: str = "/v1/chat/completions",
+    ) -> None:
+        bad = set(rates) - set(FAULTS)
+        if bad or sum(rates.values()) >= 1:
+            raise ValueError(f"rates must be over {FAULTS} and sum below 1, got {dict(rates)}")
+        u = urlparse(upstream)
+        self.upstream_host, self.upstream_port = u.hostname or "127.0.0.1", u.port or 80
+        self.rates = dict(rates)
+        self.retry_after = retry_after
+        self.hang_seconds = hang_seconds
+        self.only_path = only_path
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.faults: Counter[str] = Counter()
+        self.upstream_ok = 0
+        """Completions the upstream produced (forwarded with a 200), including those the client never got."""
+        self.upstream_usage: Counter[str] = Counter()
+        self.delivered_ok = 0
+        """Complete 200 responses handed to the client."""
+        self.delivered_usage: Counter[str] = Counter()
+        self.upstream_errors: list[str] = []
+        """Failures talking to the upstream (answered 502): not part of the schedule, so tests expect none."""
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _draw(self) -> str:
+        with self._lock:
+            self.requests += 1
+            x = self._rng.random()
+        acc = 0.0
+        for kind in FAULTS:
+            acc += self.rates.get(kind, 0.0)
+            if x < acc:
+                return kind
+        return "ok"
+
+    def _forward(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, list, bytes]:
+        conn = http.client.HTTPConnection(self.upstream_host, self.upstream_port, timeout=120)
+        try:
+            fwd = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection", "accept-encoding")}
+            conn.request(method, path, body=body, headers=fwd)
+            resp = conn.getresponse()
+            return resp.status, resp.getheaders(), resp.read()
+        finally:
+            conn.close()
+
+    def _count(self, counter: Counter[str], data: bytes) -> None:
+        try:
+            usage = json.loads(data).get("usage") or {}
+        except (ValueError, AttributeError):
+            return
+        for k in ("prompt_tokens", "completion_tokens"):
+            counter[k] += int(usage.get(k) or 0)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _kill(self) -> None:
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                kind = proxy._draw() if self.path.startswith(proxy.only_path) else "ok"
+                if kind != "ok":
+                    with proxy._lock:
+                        proxy.faults[kind] += 1
+                if kind == "429":
+                    err = b'{"error":{"message":"rate limited by the fault proxy","type":"rate_limit"}}'
+                    return self._send(429, err, {"Retry-After": proxy.retry_after})
+                if kind in ("500", "503"):
+                    return self._send(int(kind), b'{"error":{"message":"injected server error"}}')
+                if kind == "timeout":
+                    time.sleep(proxy.hang_seconds)
+                    return self._kill()
+                if kind == "drop":
+                    return self._kill()
+                try:
+                    status, headers, data = proxy._forward(self.command, self.path, dict(self.headers), body)
+                except OSError as e:
+                    with proxy._lock:
+                        proxy.upstream_errors.append(repr(e))
+                    return self._send(502, b'{"error":{"message":"upstream failed"}}')
+                if status == 200 and self.path.startswith(proxy.only_path):
+                    with proxy._lock:
+                        proxy.upstream_ok += 1
+                        proxy._count(proxy.upstream_usage, data)
+                if kind == "truncated":
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    return self._kill()
+                if kind == "malformed":
+                    return self._send(200, data[: len(data) // 2])
+                if status == 200 and self.path.startswith(proxy.only_path):
+                    with proxy._lock:
+                        proxy.delivered_ok += 1
+                        proxy._count(proxy.delivered_usage, data)
+                keep = {
+                    k: v for k, v in headers if k.lower() not in ("content-length", "transfer-encoding", "connection")
+                }
+                self.send_response(status)
+                for k, v in keep.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                self._relay()
+
+            def do_GET(self) -> None:
+                self._relay()
+
+        return Handler
