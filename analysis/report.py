@@ -51,7 +51,8 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
         f"# yes/no battery: {eng.get('settings', {}).get('model', '?')}",
         "",
         f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
-        f"- model path: `{eng.get('model_path')}` ({eng.get('model_class')}, {eng.get('dtype')}, {eng.get('device')})",
+        f"- engine {eng.get('engine', '?')}, model `{eng.get('model_path')}`"
+        + "".join(f", {eng[k]}" for k in ("model_class", "dtype", "device") if eng.get(k)),
         f"- think mode: {eng.get('settings', {}).get('think')}; forms: {', '.join(man['spec'].get('forms', []))}",
         f"- probabilities from: {source}"
         + (
