@@ -36,6 +36,7 @@ class Frames:
     readout_options: pd.DataFrame
     meta: pd.DataFrame
     """One row per trial of the run (all instruments), with its factors."""
+    trial_list: list[Any]
     results: dict[str, Any] = field(default_factory=dict)
     """Per-item series that later sections reuse (theta, z, choice stance)."""
 
@@ -179,7 +180,238 @@ def choice_section(f: Frames, out: Path) -> Section:
     return Section("Free choice (I-2)", lines, [out / "choice_by_item.csv"])
 
 
-SECTIONS: list[Callable[[Frames, Path], Section]] = [verbflip_section, labelmap_section, choice_section]
+def graded_section(f: Frames, out: Path) -> Section:
+    """I-1: theta per dilemma, its cross-form incoherence and components, G, the bipolar contrast, the salt floor."""
+    from analysis import stance
+
+    g = f.instrument("graded")
+    if g.empty:
+        return Section("Graded stance (I-1)", ["Not in this run (instrument graded)."], [])
+    opts = f.options[f.options["trial_id"].isin(g["trial_id"])]
+    gt = stance.graded_trials(opts, g, f.source)  # type: ignore[arg-type]
+    forms = stance.per_form(gt)
+    th = stance.theta(forms)
+    if th.empty:
+        return Section("Graded stance (I-1)", ["No unipolar (0-10, 0-100) forms in this run: theta needs them."], [])
+    inc = stance.incoherence(forms)
+    gen = stance.generalizability(inc)
+    th_mode = stance.theta(stance.per_form(gt, value="mode")).rename("theta_mode")
+    table = inc[["theta", "sigma_repro", "sigma_dir", "sigma_scale", "n_forms"]].join(th_mode)
+    if forms["bipolar"].any():
+        table = table.join(stance.bipolar_contrast(forms)[["theta_bipolar", "contrast"]])
+    f.results["theta"] = th
+    f.results["incoherence"] = inc
+    table.index.name = "dilemma"
+    atomic_write_text(out / "graded_theta.csv", table.to_csv(float_format="%.6f"))
+    fig = plots.stance_bars(
+        table,
+        "theta",
+        "sigma_repro",
+        out / "fig_stance.png",
+        "Stance theta per dilemma (bars: cross-form incoherence, descriptive)",
+        "theta (+1 endorses the cost-benefit pole)",
+    )
+    lines = [
+        f"theta = mean signed stance over {int(inc['n_forms'].median())} unipolar forms per dilemma (mean-based; "
+        "theta_mode from each form's most likely value). sigma_repro = sampling-corrected cross-form spread; "
+        "sigma_dir (anchor direction) and sigma_scale (scale, wording, pole) add in quadrature.",
+        "",
+        md_table(_with_mean(table.drop(columns=["n_forms"]))),
+        "",
+        f"Generalizability G = {gen.G:.3f} (Var_items(theta) = {gen.var_items:.4f}, mean sigma_repro^2 = "
+        f"{gen.mean_sigma2:.4f}, {gen.n_items} items)."
+        if hasattr(gen, "mean_sigma2")
+        else f"Generalizability: {gen}",
+    ]
+    if (g["replicate"] > 0).any():
+        floor = stance.salt_floor(stance.salt_spread(gt[~gt["bipolar"]], "mean_x", stance.FORM))
+        lines += [
+            "",
+            f"Salt floor: within-form SD under salts {floor.within_sd_mean:.4f} (median {floor.within_sd_median:.4f}) "
+            f"vs between-form SD {floor.between_sd_mean:.4f} (ratio {floor.ratio:.3f}; {floor.n_forms} forms).",
+        ]
+    return Section("Graded stance (I-1)", lines, [out / "graded_theta.csv", fig])
+
+
+def fit_section(f: Frames, out: Path) -> Section:
+    """The (s, m) fit per bias channel, with theta from I-1, and its bowtie / ridge figure."""
+    from analysis import fit
+
+    th = f.results.get("theta")
+    b = f.instrument("binary")
+    if th is None or b.empty:
+        return Section("Framing susceptibility m and decisiveness s", ["Needs the graded and binary instruments."], [])
+    bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
+    fits = fit.fit_channels(th, bt, n_boot=2000, seed=0)
+    if fits.empty:
+        return Section("Framing susceptibility m and decisiveness s", ["No channel could be fitted."], [])
+    fits = fits.set_index("channel")
+    atomic_write_text(out / "fit_sm.csv", fits.to_csv(float_format="%.6f"))
+    f.results["fits"] = fits
+    files = [out / "fit_sm.csv"]
+    sides = {}
+    for ch in fits.index:
+        try:
+            sides[ch] = fit.channel_sides(bt, ch).join(th, how="inner")
+        except ValueError:
+            continue
+    if sides:
+        files.append(_bowtie_figure(sides, fits, out / "fig_bowtie_ridge.png"))
+    show = fits[["s", "s_lo", "s_hi", "m", "m_lo", "m_hi", "r2", "n_items", "n_near_tie", "clip_limited"]].copy()
+    show["clip_limited"] = show["clip_limited"].map({True: "yes", False: "no"})
+    show.index.name = "channel"
+    lines = [
+        "Joint least-squares fit of p+ = sigmoid((theta + m)/s) and p- = sigmoid((theta - m)/s) per channel, theta "
+        "from I-1; 95% percentile bootstrap over dilemmas (2000 resamples, seed 0). m > 0 pulls toward the channel's + "
+        "side (order: the first-printed option; lexical: yes). clip_limited: saturated or degenerate fit, read only "
+        "the m-ranking.",
+        "",
+        md_table(show, fmt="{:+.3f}"),
+    ]
+    return Section("Framing susceptibility m and decisiveness s", lines, files)
+
+
+def _bowtie_figure(sides: dict[str, pd.DataFrame], fits: pd.DataFrame, path: Path) -> Path:
+    from analysis.fit import predict
+
+    plt = plots._plt()
+    fig, axes = plt.subplots(2, len(sides), figsize=(4 * len(sides), 7), squeeze=False)
+    grid = np.linspace(-1, 1, 201)
+    for j, (ch, d) in enumerate(sides.items()):
+        s, m = float(fits.loc[ch, "s"]), float(fits.loc[ch, "m"])
+        pp, pm = predict(grid, s, m)
+        ax = axes[0][j]
+        ax.scatter(d["z"], d["bias"], s=14)
+        ax.plot(pp + pm - 1, pp - pm, color="#c44e52")
+        ax.set(title=f"{ch}: bowtie (s={s:.2f}, m={m:+.2f})", xlabel="story stance z", ylabel="bias p+ - p-")
+        ax = axes[1][j]
+        ax.scatter(d["theta"], d["bias"], s=14)
+        ax.plot(grid, pp - pm, color="#c44e52")
+        ax.set(title=f"{ch}: ridge", xlabel="theta (I-1)", ylabel="bias p+ - p-")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def calibration_section(f: Frames, out: Path) -> Section:
+    """Readout temperature T from logits vs sampled behaviour, beside decisiveness s."""
+    from analysis.calibration import calibrate, calibration_table
+    from analysis.frames import count_samples
+
+    if f.readout_options.empty or f.samples.empty:
+        return Section(
+            "Readout temperature", ["Needs both readouts and --samples N in the same run (a logit engine)."], []
+        )
+    tau = float(f.manifest.get("plan", {}).get("temperature", 1.0))
+    if tau <= 0:
+        return Section("Readout temperature", ["Samples were greedy (temperature 0): no temperature to fit."], [])
+    sopts = count_samples(f.samples, f.trial_list)[0]
+    cal = calibrate(f.readout_options, sopts, tau=tau)
+    table = calibration_table(f.readout_options, sopts)
+    fig = plots.scatter_xy(
+        table["p_readout"].to_numpy(),
+        table["p_sampled"].to_numpy(),
+        out / "fig_calibration.png",
+        f"Readout vs sampled P(CBR) (tau = {tau:g}, fitted T = {cal.T:.3f})",
+        "logit readout probability",
+        "sampled frequency",
+    )
+    atomic_write_text(out / "calibration.csv", table.to_csv(index=False, float_format="%.6f"))
+    s_line = ""
+    fits = f.results.get("fits")
+    if fits is not None and len(fits):
+        s_line = (
+            " Decisiveness s (temperature-free greedy readouts): "
+            + ", ".join(f"{ch} {row['s']:.3f}" for ch, row in fits.iterrows())
+            + "; T and s are different quantities."
+        )
+    lines = [
+        f"Readout temperature T = {cal.T:.3f} [{cal.T_lo:.3f}, {cal.T_hi:.3f}] ({cal.level:.0%} profile-likelihood "
+        f"interval; T = 1 means sampling at tau draws from softmax(logits / tau)); {cal.n_samples} parsed samples over "
+        f"{cal.n_trials} trials at tau = {tau:g}; r(readout, sampled) = {cal.r:.3f}; mean |difference| "
+        f"{cal.mad:.4f} ({cal.mad_tempered:.4f} after re-tempering).{s_line}",
+    ]
+    return Section("Readout temperature", lines, [out / "calibration.csv", fig])
+
+
+def validity_section(f: Frames, out: Path) -> Section:
+    """Convergent validity: I-2 choice stance and I-3 story stance against theta (Pearson r, bootstrap CI)."""
+    from analysis.stance import pearson_ci
+
+    th = f.results.get("theta")
+    if th is None:
+        return Section("Convergent validity", ["Needs the graded instrument (theta)."], [])
+    lines, rows = [], {}
+    for name, series in (("I-2 choice stance", f.results.get("choice")), ("I-3 story stance z", f.results.get("z"))):
+        if series is None or len(series.dropna()) < 3:
+            lines.append(f"- {name}: not enough items.")
+            continue
+        c = pearson_ci(series, th, n_boot=2000, seed=0)
+        rows[name] = {"r": c.r, "lo": c.lo, "hi": c.hi, "n": c.n}
+        lines.append(
+            f"- {name} vs theta: r = {c.r:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] (95% bootstrap over items, n = {c.n})"
+        )
+    files = []
+    if rows:
+        atomic_write_text(out / "validity.csv", pd.DataFrame(rows).T.to_csv(float_format="%.6f"))
+        files.append(out / "validity.csv")
+    return Section("Convergent validity", lines, files)
+
+
+def planted_section(f: Frames, out: Path) -> Section:
+    """For a run of the synthetic subject: the planted parameters beside what the analysis recovered."""
+    eng = f.manifest.get("engine", {})
+    if eng.get("engine") != "sim":
+        return Section("Planted vs recovered", [], [])
+    from engines.sim import SimParams
+
+    params = SimParams(**eng["params"])
+    lines = []
+    th = f.results.get("theta")
+    if th is not None and len(th) > 2:
+        planted = pd.Series({i: params.item_theta(str(i)) for i in th.index})
+        r = float(np.corrcoef(planted.to_numpy(), th.to_numpy())[0, 1])
+        lines.append(f"- theta: r(planted, recovered) = {r:.3f} over {len(th)} items")
+    fits = f.results.get("fits")
+    truth = {
+        "order": params.m_order,
+        "lexical": params.m_word + params.m_logic,
+        "logic": params.m_logic,
+        "label": params.m_word,
+    }
+    rows = {}
+    if fits is not None:
+        for ch, row in fits.iterrows():
+            rows[ch] = {
+                "s planted": params.s,
+                "s": row["s"],
+                "s CI": f"[{row['s_lo']:.3f}, {row['s_hi']:.3f}]",
+                "m planted": truth.get(str(ch), float("nan")),
+                "m": row["m"],
+                "m CI": f"[{row['m_lo']:.3f}, {row['m_hi']:.3f}]",
+            }
+    table = pd.DataFrame(rows).T
+    if len(table):
+        table.index.name = "channel"
+        lines += ["", md_table(table), ""]
+        atomic_write_text(out / "planted_vs_recovered.csv", table.to_csv())
+    lines.append(f"- readout temperature planted T = {params.T:g} (recovered: see Readout temperature)")
+    return Section(
+        "Planted vs recovered (synthetic subject)", lines, [out / "planted_vs_recovered.csv"] if len(table) else []
+    )
+
+
+SECTIONS: list[Callable[[Frames, Path], Section]] = [
+    graded_section,
+    verbflip_section,
+    labelmap_section,
+    choice_section,
+    fit_section,
+    calibration_section,
+    validity_section,
+    planted_section,
+]
 
 
 def load_frames(store: RunStore) -> Frames:
@@ -193,6 +425,7 @@ def load_frames(store: RunStore) -> Frames:
         samples=store.load("samples"),
         readout_options=store.load("readout_options"),
         meta=trial_meta(store),
+        trial_list=store.trials(),
     )
 
 
@@ -214,8 +447,17 @@ def battery_report(store: RunStore, out: Path) -> list[Path]:
     files: list[Path] = []
     body: list[str] = []
     for make in SECTIONS:
-        s = make(f, out)
-        body += [f"## {s.title}", "", *s.lines, ""]
+        try:
+            s = make(f, out)
+        except ValueError as e:  # a section that cannot be computed says why; the others still run
+            title = (make.__doc__ or make.__name__).strip().splitlines()[0]
+            s = Section(
+                make.__name__.replace("_section", "").replace("_", " ").capitalize(),
+                [f"Not computed ({title}): {e}"],
+                [],
+            )
+        if s.lines:
+            body += [f"## {s.title}", "", *s.lines, ""]
         files += s.files
     atomic_write_text(out / "summary.md", "\n".join(head + body))
     return [out / "summary.md", *files]

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from probe.store import RunStore, StoreError, find_shards
+from probe.types import Trial
+
+
+def _trials(source: RunStore | Sequence[Trial]) -> Sequence[Trial]:
+    return source.trials() if isinstance(source, RunStore) else source
 
 
 def open_run(run: str | Path | RunStore) -> RunStore:
@@ -19,18 +25,18 @@ def open_run(run: str | Path | RunStore) -> RunStore:
     return store
 
 
-def trial_meta(store: RunStore) -> pd.DataFrame:
+def trial_meta(store: RunStore | Sequence[Trial]) -> pd.DataFrame:
     """One row per trial: ids, item, replicate and one column per factor."""
     rows = []
-    for t in store.trials():
+    for t in _trials(store):
         rows.append({"trial_id": t.trial_id, "item_id": t.item_id, "replicate": t.replicate, **dict(t.factors)})
     return pd.DataFrame(rows)
 
 
-def option_meaning(store: RunStore) -> pd.DataFrame:
+def option_meaning(store: RunStore | Sequence[Trial]) -> pd.DataFrame:
     """One row per (trial, option): the printed position and what the option means."""
     rows = []
-    for t in store.trials():
+    for t in _trials(store):
         for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
             rows.append({"trial_id": t.trial_id, "option": o, "position": i, "meaning": m})
     return pd.DataFrame(rows)
@@ -56,7 +62,13 @@ def sample_counts(store: RunStore) -> tuple[pd.DataFrame, pd.DataFrame]:
     s = store.load("samples")
     if s.empty:
         raise StoreError(f"{store.root} has no samples; run with --samples N")
-    meaning = option_meaning(store)
+    return count_samples(s, store.trials())
+
+
+def count_samples(s: pd.DataFrame, trials: Sequence[Trial]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`sample_counts` on an already loaded samples table and the run's trials."""
+    trials = [t for t in trials if t.trial_id in set(s["trial_id"])]
+    meaning = option_meaning(trials)
     status = s.groupby(["trial_id", "status"]).size().unstack(fill_value=0)
     for col in ("ok", "refusal", "invalid", "error"):
         if col not in status.columns:
@@ -66,7 +78,7 @@ def sample_counts(store: RunStore) -> tuple[pd.DataFrame, pd.DataFrame]:
     opts = meaning.merge(ok, on=["trial_id", "option"], how="left").fillna({"count": 0})
     opts = opts.merge(status[["trial_id", "n_ok"]], on="trial_id", how="left")
     opts["prob"] = opts["count"] / opts["n_ok"].where(opts["n_ok"] > 0)
-    per_trial = status.merge(trial_meta(store), on="trial_id", how="left", validate="one_to_one")
+    per_trial = status.merge(trial_meta(trials), on="trial_id", how="left", validate="one_to_one")
     per_trial["coverage"] = per_trial["n_ok"] / per_trial[["n_ok", "n_refusal", "n_invalid", "n_error"]].sum(axis=1)
     return opts, per_trial
 

@@ -240,14 +240,21 @@ def _cells(spec: BatterySpec, corpus: Mapping[str, Any]) -> list[tuple[dict[str,
         )
         for c in grid:
             f = {"instrument": "graded", **c}
-            cells.append(
-                (f, lambda d, c=c: graded_question(d, corpus, c["scale"], c["wording"], c["anchor"], c["pole"]))
-            )
+
+            def graded(d: Dilemma, c: dict[str, str] = c) -> Any:
+                return graded_question(d, corpus, c["scale"], c["wording"], c["anchor"], c["pole"])
+
+            cells.append((f, graded))
     if "choice" in spec.instruments:
         for framing in _pick("framings", spec.framings, corpus["choice"]["framings"]):
             for order in ("cbr_first", "anti_first"):
                 f = {"instrument": "choice", "framing": framing, "order": order}
-                cells.append((f, lambda d, fr=framing, o=order: (*choice_question(d, corpus, fr, o), ("cbr", "anti"))))
+
+                def choice(d: Dilemma, fr: str = framing, o: str = order) -> Any:
+                    text, printed = choice_question(d, corpus, fr, o)
+                    return text, printed, ("cbr", "anti")
+
+                cells.append((f, choice))
     if "binary" in spec.instruments:
         labels = corpus["binary"]["labels"]
         runs: list[tuple[str, str]] = [

@@ -1,0 +1,370 @@
+"""The graded stance theta, its cross-form incoherence and the generalizability coefficient (paper 003, I-1).
+
+A graded trial's options are the values of a rating scale, and each option's
+``meaning`` is its signed stance ``x`` toward the item's cost-benefit (CBR)
+pole (rating normalization of ``docs/battery-analysis.md``: ``a = (v-lo)/(hi-lo)``,
+``1-a`` under a descending anchor, ``x = 2a-1`` for the CBR pole, ``1-2a`` for
+the other). So a trial's answer distribution is a distribution over ``x``:
+
+* **per-trial stance**: its mean ``sum_i p_i x_i`` (mean-based) or the ``x`` of
+  its most likely option (mode-based);
+* **per-form value** ``x_f``: one value per (item, scale, wording, anchor,
+  pole), from the unsalted replicate or pooled over replicates, with its
+  sampling variance ``Var_samp(x_f)`` (how much ``x_f`` would move if the same
+  form were asked again);
+* **theta** = mean of ``x_f`` over the unipolar forms (= mean a_action - mean
+  a_complement); bipolar forms give the measured contrast ``theta_bipolar - theta``;
+* **sigma_repro** = ``sqrt(max(0, Var_forms(x_f) - mean Var_samp(x_f)))``,
+  the Gauge R&R correction, split by variance share into an anchor-direction
+  and a scale (within-direction) component that add in quadrature;
+* **G** = ``Var_items(theta) / (Var_items(theta) + mean sigma_repro^2)``.
+
+Also the salt floor (within-form SD under salts vs between-form SD) and the
+convergent-validity helpers. All functions are pure and take tidy frames as
+returned by :mod:`analysis.frames`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+FORM = ("scale", "wording", "anchor", "pole")
+"""The factors that make a graded form (condition)."""
+Source = Literal["readout", "samples"]
+Value = Literal["mean", "mode"]
+Replicates = Literal["unsalted", "pooled"]
+
+
+# ------------------------------------------------------------------ per trial
+def graded_trials(options: pd.DataFrame, per_trial: pd.DataFrame, source: Source) -> pd.DataFrame:
+    """Per graded trial: mean and mode stance, the distribution's variance and the sampling variance of the mean.
+
+    ``options``/``per_trial`` are what :func:`analysis.frames.choice_probs`
+    returns and ``source`` is its third value: ``readout`` (exact answer-slot
+    probabilities; the mean is exact, ``var_mean = 0``) or ``samples``
+    (``count`` per option; ``var_mean`` = the unbiased variance of the draws
+    divided by their number, NaN with fewer than two parsed draws).
+
+    Columns: trial_id, item_id, replicate, the form factors, ``bipolar``,
+    ``mean_x``, ``mode_x``, ``var_x`` (variance of the answer distribution),
+    ``n`` (parsed draws; NaN for readouts), ``var_mean``.
+    """
+    if source not in ("readout", "samples"):
+        raise ValueError(f"source must be 'readout' or 'samples', got {source!r}")
+    if "instrument" not in per_trial.columns:
+        raise ValueError("per_trial has no 'instrument' factor; graded trials come from the battery experiment")
+    meta = per_trial[per_trial["instrument"] == "graded"]
+    missing = [c for c in FORM if c not in meta.columns]
+    if missing:
+        raise ValueError(f"graded trials lack the factors {missing}; expected {list(FORM)}")
+    opts = options[options["trial_id"].isin(meta["trial_id"])].copy()
+    if opts.empty:
+        raise ValueError("no graded options in the run; run the battery with the graded instrument")
+    opts["x"] = pd.to_numeric(opts["meaning"], errors="raise")
+    opts["v"] = pd.to_numeric(opts["option"], errors="raise")
+    if source == "readout":
+        opts["w"] = opts["prob"]
+    else:
+        opts["w"] = opts["count"]
+    opts = opts.sort_values(["trial_id", "position"], kind="stable")
+    g = opts.groupby("trial_id", sort=False)
+    total = g["w"].sum()
+    mean_x = (opts["w"] * opts["x"]).groupby(opts["trial_id"], sort=False).sum() / total
+    dev2 = opts["w"] * (opts["x"] - opts["trial_id"].map(mean_x)) ** 2
+    ss = dev2.groupby(opts["trial_id"], sort=False).sum()
+    # mode: the option with the largest weight, ties to the first printed
+    idx = opts.groupby("trial_id", sort=False)["w"].idxmax()
+    mode_x = opts.loc[idx].set_index("trial_id")["x"]
+    bipolar = g["v"].min() < 0
+    out = pd.DataFrame({"mean_x": mean_x, "mode_x": mode_x, "bipolar": bipolar})
+    if source == "readout":
+        out["var_x"] = ss / total
+        out["n"] = np.nan
+        out["var_mean"] = 0.0
+    else:
+        n = total
+        out["var_x"] = ss / n.where(n > 0)
+        out["n"] = n
+        out["var_mean"] = ss / (n * (n - 1)).where(n > 1)
+        out.loc[n == 0, ["mean_x", "mode_x"]] = np.nan
+    cols = ["trial_id", "item_id", "replicate", *FORM]
+    return meta[cols].join(out, on="trial_id").reset_index(drop=True)
+
+
+# ------------------------------------------------------------------- per form
+def per_form(trials: pd.DataFrame, value: Value = "mean", replicates: Replicates = "unsalted") -> pd.DataFrame:
+    """One value per (item, form) with its sampling variance ``var_samp``.
+
+    With R salt replicates of a form (``x_r``, r = 0..R-1):
+
+    * ``unsalted``: ``x_f = x_0`` and ``var_samp`` = the variance of one
+      replicate, ``Var_r(x_r)`` (ddof 1), which holds the sampling and the
+      salt noise of a single context;
+    * ``pooled``: ``x_f = mean_r x_r`` and ``var_samp = Var_r(x_r) / R``.
+
+    With a single replicate ``var_samp`` is the trial's own ``var_mean``
+    (0 for a readout, variance of the mean of the draws for samples).
+    ``value`` picks the mean-based or mode-based per-trial stance.
+    """
+    if value not in ("mean", "mode"):
+        raise ValueError(f"value must be 'mean' or 'mode', got {value!r}")
+    if replicates not in ("unsalted", "pooled"):
+        raise ValueError(f"replicates must be 'unsalted' or 'pooled', got {replicates!r}")
+    col = f"{value}_x"
+    keys = ["item_id", *FORM]
+    df = trials.dropna(subset=[col])
+    g = df.groupby(keys, sort=True)
+    n_rep = g[col].size().rename("n_rep")
+    var_rep = g[col].var(ddof=1)
+    bipolar = g["bipolar"].first()
+    if replicates == "unsalted":
+        zero = df[df["replicate"] == 0].set_index(keys)
+        if zero.index.duplicated().any():
+            raise ValueError(
+                "more than one replicate-0 trial per form; per_form needs one trial per form and replicate"
+            )
+        x = zero[col].reindex(n_rep.index)
+        if x.isna().any():
+            forms = [tuple(k) for k in x.index[x.isna()][:3]]
+            raise ValueError(f"forms without an unsalted (replicate 0) value, e.g. {forms}; use replicates='pooled'")
+        single = zero["var_mean"].reindex(n_rep.index)
+        var_samp = var_rep.where(n_rep > 1, single)
+    else:
+        x = g[col].mean()
+        single = g["var_mean"].first()
+        var_samp = (var_rep / n_rep).where(n_rep > 1, single)
+    out = pd.DataFrame({"x": x, "var_samp": var_samp, "n_rep": n_rep, "bipolar": bipolar.astype(bool)})
+    return out.reset_index()
+
+
+def theta(forms: pd.DataFrame) -> pd.Series:
+    """theta per item: the mean of ``x_f`` over the unipolar forms."""
+    uni = forms[~forms["bipolar"]]
+    if uni.empty:
+        raise ValueError("no unipolar graded forms (0-10, 0-100); theta is defined on the unipolar scales only")
+    return uni.groupby("item_id")["x"].mean().rename("theta")
+
+
+def bipolar_contrast(forms: pd.DataFrame) -> pd.DataFrame:
+    """Per item: theta (unipolar), theta_bipolar (the same estimator on the bipolar forms), contrast = their difference."""
+    th = theta(forms)
+    bi = forms[forms["bipolar"]].groupby("item_id")["x"].mean().rename("theta_bipolar")
+    out = pd.concat([th, bi], axis=1)
+    out["contrast"] = out["theta_bipolar"] - out["theta"]
+    return out
+
+
+# ----------------------------------------------------------- incoherence
+def variance_shares(x: np.ndarray, groups: np.ndarray, noise: float) -> tuple[float, float]:
+    """Split the sampling-corrected cross-form variance into a between-``groups`` and a within-groups share.
+
+    ``Var_forms(x) = (SS_between + SS_within) / (K - 1)``; the sampling noise
+    ``noise`` (= mean Var_samp) is subtracted from each share in proportion to
+    its degrees of freedom (``J - 1`` and ``K - J`` of ``K - 1``). The two
+    shares add exactly to ``Var_forms(x) - noise`` (before any floor at zero).
+    """
+    k = len(x)
+    if k < 2:
+        return float("nan"), float("nan")
+    labels, codes = np.unique(groups, return_inverse=True)
+    j = len(labels)
+    means = np.bincount(codes, weights=x) / np.bincount(codes)
+    ss_between = float(np.sum((means[codes] - x.mean()) ** 2))
+    ss_within = float(np.sum((x - means[codes]) ** 2))
+    between = (ss_between - noise * (j - 1)) / (k - 1)
+    within = (ss_within - noise * (k - j)) / (k - 1)
+    return between, within
+
+
+def incoherence(forms: pd.DataFrame, *, include_bipolar: bool = False, by: str = "anchor") -> pd.DataFrame:
+    """Per item: theta, the cross-form incoherence and its components.
+
+    Columns: ``theta``, ``n_forms``, ``var_forms`` (ddof 1), ``var_samp``
+    (mean over forms), ``sigma_repro = sqrt(max(0, var_forms - var_samp))``,
+    ``sigma_dir`` (the between-``by`` share, anchor direction by default),
+    ``sigma_scale`` (the within-direction share: scale, wording, pole),
+    ``sigma_quad = sqrt(sigma_dir^2 + sigma_scale^2)`` (equal to sigma_repro
+    unless a share was floored at zero) and ``sigma_raw`` (sqrt of
+    ``var_forms``, uncorrected). Forms without a sampling variance are left
+    out of its mean. ``include_bipolar`` adds the bipolar forms (the paper's
+    robustness check); theta stays unipolar.
+    """
+    th = theta(forms)
+    use = forms if include_bipolar else forms[~forms["bipolar"]]
+    rows = {}
+    for item, df in use.groupby("item_id", sort=True):
+        x = df["x"].to_numpy(float)
+        vs = df["var_samp"].to_numpy(float)
+        noise = float(np.nanmean(vs)) if np.isfinite(vs).any() else 0.0
+        var_forms = float(np.var(x, ddof=1)) if len(x) > 1 else float("nan")
+        between, within = variance_shares(x, df[by].to_numpy(), noise)
+        sig_dir = np.sqrt(max(0.0, between)) if np.isfinite(between) else np.nan
+        sig_scale = np.sqrt(max(0.0, within)) if np.isfinite(within) else np.nan
+        rows[item] = {
+            "theta": th.get(item, np.nan),
+            "n_forms": len(x),
+            "var_forms": var_forms,
+            "var_samp": noise,
+            "sigma_repro": np.sqrt(max(0.0, var_forms - noise)) if np.isfinite(var_forms) else np.nan,
+            "sigma_dir": sig_dir,
+            "sigma_scale": sig_scale,
+            "sigma_quad": np.sqrt(sig_dir**2 + sig_scale**2),
+            "sigma_raw": np.sqrt(var_forms),
+        }
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "item_id"
+    return out
+
+
+@dataclass(frozen=True)
+class Generalizability:
+    """G = Var_items(theta) / (Var_items(theta) + mean sigma_repro^2): an ICC for one randomly chosen form."""
+
+    G: float
+    var_items: float
+    """Between-item variance of theta (ddof 1)."""
+    mean_sigma2: float
+    """Mean per-item sigma_repro^2."""
+    n_items: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def generalizability(inc: pd.DataFrame) -> Generalizability:
+    """G from the per-item table of :func:`incoherence`."""
+    df = inc.dropna(subset=["theta", "sigma_repro"])
+    if len(df) < 2:
+        raise ValueError(f"G needs at least two items with theta and sigma_repro, got {len(df)}")
+    var_items = float(np.var(df["theta"].to_numpy(float), ddof=1))
+    mean_s2 = float(np.mean(df["sigma_repro"].to_numpy(float) ** 2))
+    denom = var_items + mean_s2
+    return Generalizability(
+        G=var_items / denom if denom > 0 else float("nan"),
+        var_items=var_items,
+        mean_sigma2=mean_s2,
+        n_items=len(df),
+    )
+
+
+# ------------------------------------------------------------------ salt floor
+def salt_spread(values: pd.DataFrame, value: str, form: Sequence[str]) -> pd.DataFrame:
+    """Per (item, form): the replicate mean, the within-form SD across salt replicates (ddof 1) and the count.
+
+    ``values`` has one row per trial with ``item_id``, ``replicate``, the
+    ``form`` columns and the ``value`` column (a graded stance, or P(CBR) of a
+    binary trial). Every replicate, the unsalted one included, is one draw of
+    a meaningless context.
+    """
+    keys = ["item_id", *form]
+    g = values.dropna(subset=[value]).groupby(keys, sort=True)[value]
+    out = pd.DataFrame({"mean": g.mean(), "within_sd": g.std(ddof=1), "n_rep": g.size()})
+    if (out["n_rep"] < 2).all():
+        raise ValueError("the salt floor needs salted replicates: run with --salts 2 or more")
+    return out.reset_index()
+
+
+@dataclass(frozen=True)
+class SaltFloor:
+    """Within-form spread under salts against the between-form spread (paper 003, salt replication)."""
+
+    within_sd_mean: float
+    """Mean over forms of the within-form SD across salts."""
+    within_sd_median: float
+    between_sd_mean: float
+    """Mean over items of the SD across forms of the replicate-mean value."""
+    ratio: float
+    """between_sd_mean / within_sd_mean (inf when the floor is exactly zero)."""
+    n_forms: int
+    n_items: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def salt_floor(spread: pd.DataFrame) -> SaltFloor:
+    """Summarize :func:`salt_spread`: is the between-form spread more than the within-form (salt) noise?"""
+    w = spread["within_sd"].dropna()
+    between = spread.groupby("item_id")["mean"].std(ddof=1).dropna()
+    w_mean = float(w.mean())
+    b_mean = float(between.mean()) if len(between) else float("nan")
+    return SaltFloor(
+        within_sd_mean=w_mean,
+        within_sd_median=float(w.median()),
+        between_sd_mean=b_mean,
+        ratio=b_mean / w_mean if w_mean > 0 else float("inf"),
+        n_forms=len(w),
+        n_items=int(spread["item_id"].nunique()),
+    )
+
+
+# ------------------------------------------------------- convergent validity
+@dataclass(frozen=True)
+class Correlation:
+    """Pearson r between two per-item series, with a percentile bootstrap CI over items."""
+
+    r: float
+    lo: float
+    hi: float
+    p_value: float
+    n: int
+    level: float
+    n_boot: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pearson_ci(a: pd.Series, b: pd.Series, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> Correlation:
+    """Pearson r of ``a`` and ``b`` (aligned on their index, NaN dropped) with a percentile bootstrap over items.
+
+    Resamples in which either series is constant have no r and are skipped.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    df = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
+    n = len(df)
+    if n < 3:
+        raise ValueError(f"a correlation needs at least 3 items present in both series, got {n}")
+    x, y = df["a"].to_numpy(float), df["b"].to_numpy(float)
+    res = stats.pearsonr(x, y)
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    xb, yb = x[idx], y[idx]
+    xc = xb - xb.mean(axis=1, keepdims=True)
+    yc = yb - yb.mean(axis=1, keepdims=True)
+    den = np.sqrt((xc**2).sum(axis=1) * (yc**2).sum(axis=1))
+    ok = den > 0
+    rb = (xc * yc).sum(axis=1)[ok] / den[ok]
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(rb, [alpha, 1 - alpha]) if len(rb) else (np.nan, np.nan)
+    return Correlation(
+        r=float(res.statistic),
+        lo=float(lo),
+        hi=float(hi),
+        p_value=float(res.pvalue),
+        n=n,
+        level=level,
+        n_boot=int(ok.sum()),
+        seed=seed,
+    )
+
+
+def choice_stance(judgments: pd.DataFrame) -> pd.Series:
+    """I-2 stance per item: mean of ``p_pro - p_anti`` over judged replies (NONCOMMIT counts as 0).
+
+    ``judgments`` needs ``item_id``, ``p_pro``, ``p_anti`` (the judgments table
+    of a battery run joined with the trials' item ids; a rule judge gives 0/1,
+    a logit judge its probabilities). On the [-1, 1] axis, like theta.
+    """
+    need = {"item_id", "p_pro", "p_anti"} - set(judgments.columns)
+    if need:
+        raise ValueError(f"judgments lack the columns {sorted(need)}; join item_id onto the judgments table")
+    d = judgments["p_pro"] - judgments["p_anti"]
+    return d.groupby(judgments["item_id"]).mean().rename("choice_stance")

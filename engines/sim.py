@@ -1,0 +1,532 @@
+"""The synthetic subject: an engine that answers every instrument from planted parameters.
+
+Why it exists: an estimator is only trustworthy if it gives back what was put
+in. The sim answers the battery of paper 003 (graded rating I-1, free choice
+I-2, forced binary I-3; and the plain ``yesno`` battery) from parameters we
+choose, so the analysis can be checked against known truth: planted stances
+theta, framing offsets m, decisiveness s, readout temperature T, per-form
+scatter, salt noise and refusals.
+
+The response model (all of it documented in ``docs/battery-analysis.md``):
+
+* **Two-option trials** (binary, choice): with ``sgn_c = +1`` when the CBR
+  option is the one channel ``c`` pulls toward (else -1)::
+
+      P_readout(CBR) = sigmoid((theta + sum_c m_c sgn_c + e_form + e_ctx) / s)
+
+  channels: ``m_order`` (toward the first-printed option), ``m_word`` (toward
+  the pair's canonical first label, e.g. *Yes*, *A*; ``m_label`` overrides it
+  per pair), ``m_logic`` (toward the affirmative verdict). Choice trials use
+  ``s_choice`` and ``m_choice_order`` only.
+* **Graded trials**: a distribution over the options' stances ``x`` (the
+  trial's ``meaning``), peaked at ``mu = theta + anchor and scale contrasts +
+  e_form + e_ctx (+ bipolar_shift on bipolar scales)`` with width ``width``,
+  exponentially tilted so that its mean is exactly ``mu`` (then the
+  mean-based theta of the analysis is unbiased by construction).
+* **Readout vs sampling (the temperature convention).** The sim's option
+  logits ``z`` give the readout ``prob = softmax(z)`` (what a logit readout
+  reports at temperature 1). Sampling at temperature ``tau`` draws from
+  ``softmax(z / (tau * T))``. A faithful model has ``T = 1`` (sampling at
+  ``tau`` draws from ``softmax(logits / tau)``); a sim with ``T != 1`` is a
+  subject whose sampled behaviour is sharper (``T < 1``) or flatter than its
+  readout, which is what the readout-temperature fit must detect.
+  ``tau = 0`` is greedy (the argmax).
+* **Contexts.** ``e_ctx`` is drawn per (trial cell, salt string) with SD
+  ``sigma_salt``; the unsalted context (salt ``""``) is one draw like any
+  other, so all replicates are exchangeable and the salt floor is measurable.
+
+Everything is a deterministic function of (parameters, seed, trial): the
+readout of a trial does not depend on what else is in the batch, and sample
+draw ``d`` of a trial is seeded from (sampling seed, trial id, d).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines.base import ProgressFn
+from probe.parse import Parsed, parse_answer
+from probe.types import OptionScore, Readout, Sample, Trial
+
+_MU_LIMIT = 0.99
+"""Graded centres are clipped to [-0.99, 0.99] (a mean at the scale's end needs an infinite tilt)."""
+
+REFUSAL_TEXT = "I can't answer that question."
+"""Recognized by :func:`probe.parse.parse_answer` as a refusal."""
+NONCOMMIT_TEXT = "Both courses carry grave costs, and there is no clear answer here."
+"""Names no course and no option: the parser calls it invalid, the rule judge NONCOMMIT."""
+
+
+class SimParamsError(ValueError):
+    """Bad planted parameters (the message names the parameter, the allowed range and the value)."""
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """The planted parameters of the synthetic subject (all recorded in the run manifest)."""
+
+    seed: int = 0
+    """Seed of everything planted (thetas not given, scatter, contexts)."""
+    theta: Mapping[str, float] = field(default_factory=dict)
+    """Per-item stance toward the CBR pole in [-1, 1]; items not listed draw U(-theta_range, theta_range)."""
+    theta_range: float = 0.8
+    s: float = 0.3
+    """Decisiveness of the binary verdict (the logistic's scale on the theta axis)."""
+    m_order: float = 0.0
+    """Offset toward the first-printed option."""
+    m_word: float = 0.0
+    """Offset toward the label pair's canonical first label (Yes, A, 1, ...)."""
+    m_logic: float = 0.0
+    """Offset toward the affirmative verdict, whatever label carries it."""
+    m_label: Mapping[str, float] = field(default_factory=dict)
+    """Per label pair id (``A/B``): replaces ``m_word`` for that pair."""
+    T: float = 1.0
+    """Readout temperature: sampling at tau draws from softmax(z / (tau * T)); readout is softmax(z)."""
+    sigma_form: float = 0.0
+    """Graded: SD of the per-(item, condition) scatter of the centre (residual incoherence)."""
+    sigma_dir: float = 0.0
+    """Graded: SD of the per-item anchor-direction contrast (+d ascending, -d descending)."""
+    sigma_scale: float = 0.0
+    """Graded: SD of the per-item scale contrast (+c on 0-10 / bipolar-5, -c on the finer scales)."""
+    width: float = 0.15
+    """Graded: width of the response distribution on the stance axis."""
+    bipolar_shift: float = 0.0
+    """Graded: shift of the centre (toward CBR) on bipolar scales (the measured contrast)."""
+    sigma_binary: float = 0.0
+    """Binary and choice: SD of the per-(item, condition) scatter on the theta axis."""
+    sigma_salt: float = 0.0
+    """SD of the per-context noise (on the theta axis) that salts expose."""
+    s_choice: float | None = None
+    """Decisiveness of the free choice (None: same as ``s``)."""
+    m_choice_order: float = 0.0
+    """Free choice: offset toward the first-printed course."""
+    refusal: float = 0.0
+    """Probability that a sampled answer is a refusal (every instrument)."""
+    noncommit: float = 0.0
+    """Free choice: probability that a sampled (non-refused) reply commits to neither course."""
+    coverage: float = 1.0
+    """Option mass at the answer slot (the rest goes to a non-option token)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "theta", {str(k): float(v) for k, v in sorted(dict(self.theta).items())})
+        object.__setattr__(self, "m_label", {str(k): float(v) for k, v in sorted(dict(self.m_label).items())})
+        positive = ("s", "T", "width")
+        for name in positive:
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise SimParamsError(f"sim parameter {name} must be a finite number > 0, got {v!r}")
+        if self.s_choice is not None and not (self.s_choice > 0 and math.isfinite(self.s_choice)):
+            raise SimParamsError(f"sim parameter s_choice must be > 0 (or null = s), got {self.s_choice!r}")
+        for name in ("sigma_form", "sigma_dir", "sigma_scale", "sigma_binary", "sigma_salt", "theta_range"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise SimParamsError(f"sim parameter {name} must be a finite number >= 0, got {v!r}")
+        if self.theta_range > 1:
+            raise SimParamsError(f"sim parameter theta_range must be in [0, 1], got {self.theta_range!r}")
+        for name in ("refusal", "noncommit"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise SimParamsError(f"sim parameter {name} must be a probability in [0, 1], got {v!r}")
+        if not 0 < self.coverage <= 1:
+            raise SimParamsError(f"sim parameter coverage must be in (0, 1], got {self.coverage!r}")
+        offsets = {n: getattr(self, n) for n in ("m_order", "m_word", "m_logic", "bipolar_shift", "m_choice_order")}
+        offsets.update({f"m_label[{k}]": v for k, v in self.m_label.items()})
+        bad_offsets = {k: v for k, v in offsets.items() if not math.isfinite(v)}
+        if bad_offsets:
+            raise SimParamsError(f"sim offsets must be finite numbers, got {bad_offsets}")
+        bad = {k: v for k, v in self.theta.items() if not -1 <= v <= 1}
+        if bad:
+            raise SimParamsError(f"sim theta values must lie in [-1, 1]; out of range: {bad}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["theta"] = dict(self.theta)
+        d["m_label"] = dict(self.m_label)
+        return d
+
+    def item_theta(self, item_id: str) -> float:
+        """The planted stance of an item (given, or drawn deterministically from (seed, item))."""
+        if item_id in self.theta:
+            return self.theta[item_id]
+        return self.theta_range * (2 * _uniform(self.seed, "theta", item_id) - 1)
+
+
+def load_params(path: str | Path) -> SimParams:
+    """Planted parameters from a YAML file (a mapping of :class:`SimParams` fields)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SimParamsError(f"sim parameter file {p} does not exist; pass an existing YAML file") from None
+    except yaml.YAMLError as e:
+        raise SimParamsError(f"sim parameter file {p} is not valid YAML: {e}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise SimParamsError(f"sim parameter file {p} must hold a mapping of parameters, got {type(doc).__name__}")
+    known = {f.name for f in fields(SimParams)}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise SimParamsError(f"{p}: unknown sim parameters {unknown}; known: {sorted(known)}")
+    for key in ("theta", "m_label"):
+        if key in doc and not isinstance(doc[key], dict):
+            raise SimParamsError(f"{p}: {key} must be a mapping (id: value), got {doc[key]!r}")
+    try:
+        return SimParams(**doc)
+    except TypeError as e:
+        raise SimParamsError(f"{p}: {e}") from None
+
+
+# ------------------------------------------------------------------ determinism
+def _digest(seed: int, *keys: object) -> bytes:
+    return hashlib.sha256(json.dumps([seed, *keys], sort_keys=True, ensure_ascii=False).encode()).digest()
+
+
+def _uniform(seed: int, *keys: object) -> float:
+    """A uniform number in (0, 1) fixed by (seed, keys)."""
+    return (int.from_bytes(_digest(seed, *keys)[:8], "little") + 0.5) / 2.0**64
+
+
+def _normal(seed: int, *keys: object) -> float:
+    """A standard normal number fixed by (seed, keys) (Box-Muller on two hashed uniforms)."""
+    d = _digest(seed, *keys)
+    u1 = (int.from_bytes(d[:8], "little") + 0.5) / 2.0**64
+    u2 = (int.from_bytes(d[8:16], "little") + 0.5) / 2.0**64
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+def _draw_uniforms(seed: int, trial_id: str, draw: int) -> tuple[float, float, float]:
+    """Three uniforms in (0, 1) for one sampled draw, fixed by (sampling seed, trial, draw)."""
+    d = hashlib.sha256(f"sim:{seed}:{trial_id}:{draw}".encode()).digest()
+    u1, u2, u3 = ((int.from_bytes(d[k : k + 8], "little") + 0.5) / 2.0**64 for k in (0, 8, 16))
+    return u1, u2, u3
+
+
+@lru_cache(maxsize=65536)
+def _parse(text: str, options: tuple[str, ...]) -> Parsed:
+    return parse_answer(text, options)
+
+
+_TOKEN = re.compile(r"\w{1,4}|[^\w\s]")
+
+
+def count_tokens(text: str) -> int:
+    """The sim's tokenizer: runs of up to 4 word characters, and each other non-space character.
+
+    Roughly a BPE's 4 characters per token, and monotone in the length of a
+    hex string, so fixed-length salts can be drawn (:func:`probe.salts.make_salt`).
+    """
+    return len(_TOKEN.findall(text))
+
+
+@lru_cache(maxsize=65536)
+def _token_ids(text: str) -> tuple[int, ...]:
+    return tuple(int.from_bytes(hashlib.sha256(t.encode()).digest()[:3], "little") for t in _TOKEN.findall(text))
+
+
+# ----------------------------------------------------------------- the subject
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    out: np.ndarray = e / e.sum()
+    return out
+
+
+def graded_logits(x: np.ndarray, mu: float, width: float) -> np.ndarray:
+    """Logits over stances ``x``: a peak at ``mu`` of width ``width``, tilted so the mean is exactly ``mu``.
+
+    ``z_i = -(x_i - mu)^2 / (2 width^2) + lam * x_i``; the mean is increasing in
+    ``lam`` and spans (min x, max x), so one root gives mean == mu.
+    """
+    lo, hi = float(x.min()), float(x.max())
+    if not lo < mu < hi:
+        raise ValueError(f"graded centre {mu} must lie strictly inside the option stances [{lo}, {hi}]")
+    base = -((x - mu) ** 2) / (2 * width**2)
+
+    def moments(lam: float) -> tuple[float, float]:
+        q = _softmax(base + lam * x)
+        m = float(q @ x)
+        return m - mu, float(q @ (x - m) ** 2)
+
+    # safeguarded Newton (d mean / d lam = variance > 0): bisect whenever a step leaves the bracket
+    a, b = -1.0, 1.0
+    while moments(a)[0] > 0:
+        a *= 4
+    while moments(b)[0] < 0:
+        b *= 4
+    lam = 0.0
+    for _ in range(200):
+        g, v = moments(lam)
+        if abs(g) < 1e-13:
+            break
+        if g < 0:
+            a = lam
+        else:
+            b = lam
+        step = lam - g / v if v > 0 else (a + b) / 2
+        lam = step if a < step < b else (a + b) / 2
+    z: np.ndarray = base + lam * x
+    return z - z.max()
+
+
+def _instrument(t: Trial) -> str:
+    """graded, binary, choice (trial contract), or other (answered with fixed pseudo-random logits)."""
+    inst = t.factors.get("instrument")
+    if inst in ("graded", "binary", "choice"):
+        return inst
+    if inst is None and sorted(t.meaning) == ["anti", "cbr"]:
+        return "binary"  # the yesno battery: no instrument factor
+    return "other"
+
+
+def _form_key(t: Trial) -> list[object]:
+    return [t.item_id, sorted(t.factors.items())]
+
+
+class SimEngine:
+    """A logit engine whose answers come from :class:`SimParams` (see the module docstring)."""
+
+    name = "sim"
+
+    def __init__(self, params: SimParams | None = None, *, model: str = "sim", seed: int = 0) -> None:
+        self.params = params or SimParams()
+        self.model = model
+        self.seed = seed
+        """Seed of the sampled draws (the shared ``--seed``); the planted ones use ``params.seed``."""
+
+    # ------------------------------------------------------------- contract
+    def load(self) -> SimEngine:
+        return self
+
+    def count_tokens(self, text: str) -> int:
+        return count_tokens(text)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "settings": {"model": self.model, "seed": self.seed},
+            "model_path": self.model,
+            "model_class": "SimEngine",
+            "params": self.params.to_dict(),
+            "conventions": "readout prob = softmax(z); sampling at tau draws from softmax(z / (tau * T))",
+        }
+
+    def identity(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": self.model, "seed": self.seed, "params": self.params.to_dict()}
+
+    # ------------------------------------------------------------- the model
+    def _ctx(self, t: Trial) -> float:
+        """Per-context noise: every context (salt string, the empty one included) is one draw."""
+        p = self.params
+        return p.sigma_salt * _normal(p.seed, "ctx", *_form_key(t), t.salt) if p.sigma_salt else 0.0
+
+    def binary_pull(self, t: Trial) -> float:
+        """The planted offset toward the CBR option of a forced-binary trial (sum of m_c * sgn_c)."""
+        p = self.params
+        cbr = t.options[t.meaning.index("cbr")]
+        labels = t.factors.get("labels", "/".join(t.options) if len(t.options) == 2 else "")
+        yes_label = t.factors.get("yes_label") or labels.split("/")[0]
+        if yes_label not in t.options:
+            raise ValueError(
+                f"trial {t.trial_id}: yes_label {yes_label!r} is not one of its options {list(t.options)}; "
+                "binary trials need a yes_label factor (or a labels factor whose first label is printed)"
+            )
+        affirmative = cbr == yes_label
+        canonical = affirmative == (t.factors.get("mapping", "canonical") != "swapped")
+        m_word = p.m_label.get(labels, p.m_word)
+        sgn = {True: 1.0, False: -1.0}
+        return p.m_order * sgn[t.meaning[0] == "cbr"] + m_word * sgn[canonical] + p.m_logic * sgn[affirmative]
+
+    def cbr_margin(self, t: Trial, inst: str) -> float:
+        """The readout logit of CBR minus anti for a two-option trial."""
+        p = self.params
+        theta = p.item_theta(t.item_id)
+        scatter = p.sigma_binary * _normal(p.seed, "form", *_form_key(t)) if p.sigma_binary else 0.0
+        if inst == "choice":
+            pull = p.m_choice_order * (1.0 if t.meaning[0] == "cbr" else -1.0)
+            return (theta + pull + scatter + self._ctx(t)) / (p.s_choice or p.s)
+        return (theta + self.binary_pull(t) + scatter + self._ctx(t)) / p.s
+
+    def anchor_contrast(self, item_id: str) -> float:
+        """The planted anchor-direction contrast d of an item (+d ascending, -d descending)."""
+        p = self.params
+        return p.sigma_dir * _normal(p.seed, "dir", item_id) if p.sigma_dir else 0.0
+
+    def scale_contrast(self, item_id: str) -> float:
+        """The planted scale contrast c of an item (+c on 0-10 and bipolar-5, -c on the finer scales)."""
+        p = self.params
+        return p.sigma_scale * _normal(p.seed, "scale", item_id) if p.sigma_scale else 0.0
+
+    def graded_centre(self, t: Trial) -> float:
+        """The planted mean stance of a graded trial (clipped to +-0.99)."""
+        p = self.params
+        f = t.factors
+        x = [float(m) for m in t.meaning]
+        mu = p.item_theta(t.item_id) + self._ctx(t)
+        d, c = self.anchor_contrast(t.item_id), self.scale_contrast(t.item_id)
+        mu += d if f.get("anchor") == "ascending" else -d
+        mu += c if f.get("scale") in ("0-10", "bipolar-5") else -c
+        if p.sigma_form:
+            mu += p.sigma_form * _normal(p.seed, "form", *_form_key(t))
+        if _bipolar(t.options):
+            mu += p.bipolar_shift
+        lim = _MU_LIMIT * max(abs(min(x)), abs(max(x)))
+        return float(np.clip(mu, -lim, lim))
+
+    def logits(self, t: Trial) -> np.ndarray:
+        """The sim's option logits ``z`` of a trial (readout = softmax(z))."""
+        inst = _instrument(t)
+        if inst in ("binary", "choice"):
+            if sorted(t.meaning) != ["anti", "cbr"]:
+                raise ValueError(
+                    f"trial {t.trial_id}: a {inst} trial needs one 'cbr' and one 'anti' option, got {list(t.meaning)}"
+                )
+            half = self.cbr_margin(t, inst) / 2
+            return np.array([half if m == "cbr" else -half for m in t.meaning])
+        if inst == "graded":
+            try:
+                x = np.array([float(m) for m in t.meaning])
+            except ValueError:
+                raise ValueError(
+                    f"trial {t.trial_id}: graded meanings must be stances as decimal strings, got {list(t.meaning)}"
+                ) from None
+            return graded_logits(x, self.graded_centre(t), self.params.width)
+        # no planted structure: fixed pseudo-random logits
+        return np.array([_normal(self.params.seed, "other", t.trial_id, o) for o in t.options])
+
+    def probs(self, t: Trial, temperature: float = 1.0) -> np.ndarray:
+        """``softmax(z / temperature)``: the readout at 1; sampling at tau draws from ``temperature = tau * T``."""
+        return _softmax(self.logits(t) / temperature)
+
+    # --------------------------------------------------------------- readout
+    def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
+        """The answer-slot distribution of each trial: softmax of the sim's logits, times ``coverage``."""
+        out = []
+        cov = self.params.coverage
+        for t in trials:
+            z = self.logits(t)
+            prob = _softmax(z)
+            logp = z - (z.max() + math.log(np.exp(z - z.max()).sum())) + math.log(cov)
+            scores = tuple(
+                OptionScore(option=o, token_ids=_token_ids(o), logprob=lp, prob=pr)
+                for o, lp, pr in zip(t.options, logp.tolist(), prob.tolist(), strict=True)
+            )
+            n_prompt = sum(count_tokens(m.content) for m in t.messages) + count_tokens(t.assistant_prefix)
+            out.append(
+                Readout(
+                    trial_id=t.trial_id,
+                    scores=scores,
+                    coverage=cov,
+                    greedy_option=t.options[int(np.argmax(prob))],
+                    top_other=(("<other>", 1.0 - cov),) if cov < 1 else (),
+                    prompt_tokens=n_prompt,
+                    computed_tokens=n_prompt + sum(len(s.token_ids) for s in scores),
+                )
+            )
+            if progress:
+                progress(1)
+        return out
+
+    # -------------------------------------------------------------- sampling
+    def sample(
+        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+    ) -> list[Sample]:
+        """``n`` answers per trial drawn from softmax(z / (temperature * T)) (argmax at 0), parsed; trial-major.
+
+        Each draw uses three uniforms hashed from (seed, trial, draw) (refusal,
+        non-commitment, option), always all three, so changing a rate does not
+        move the other draws, and a draw does not depend on the batch.
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not (temperature >= 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        p = self.params
+        out = []
+        for t in trials:
+            inst = _instrument(t)
+            z = self.logits(t)
+            if temperature == 0:
+                cdf = None
+                greedy = int(np.argmax(z))
+            else:
+                cdf = np.cumsum(_softmax(z / (temperature * p.T)))
+            n_prompt = sum(count_tokens(m.content) for m in t.messages)
+            for d in range(n):
+                u_refuse, u_commit, u_option = _draw_uniforms(self.seed, t.trial_id, d)
+                if u_refuse < p.refusal:
+                    text = REFUSAL_TEXT
+                elif inst == "choice" and u_commit < p.noncommit:
+                    text = NONCOMMIT_TEXT
+                else:
+                    k = greedy if cdf is None else min(int(np.searchsorted(cdf, u_option * cdf[-1])), len(cdf) - 1)
+                    text = _answer_text(t.options[k], inst, d)
+                parsed = _parse(text, t.options)
+                out.append(
+                    Sample(
+                        trial_id=t.trial_id,
+                        replicate=d,
+                        text=text,
+                        option=parsed.option,
+                        status=parsed.status,
+                        prompt_tokens=n_prompt,
+                        completion_tokens=count_tokens(text),
+                    )
+                )
+            if progress:
+                progress(n)
+        return out
+
+
+def _bipolar(options: Sequence[str]) -> bool:
+    """A graded scale is bipolar when its printed values go below zero (-5..5, -50..50)."""
+    try:
+        return min(float(o) for o in options) < 0
+    except ValueError:
+        return False
+
+
+def _answer_text(option: str, inst: str, draw: int) -> str:
+    """How the sim states an answer: a free-choice sentence naming the course, or the label in one of three forms."""
+    if inst == "choice":
+        return f"I would {option}."
+    return (option, f"Answer: {option}", f"{option}.")[draw % 3]
+
+
+# ------------------------------------------------------------------------ CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The sim's own flags (``--sim-*``)."""
+    g = p.add_argument_group("synthetic subject (--model sim)")
+    g.add_argument(
+        "--sim-params", default=None, help="YAML file of planted parameters (engines/sim.py SimParams); or sim:PATH"
+    )
+    g.add_argument("--sim-seed", type=int, default=None, help="seed of the planted parameters (overrides the file's)")
+
+
+def from_args(model: str, a: argparse.Namespace) -> SimEngine:
+    """``sim`` (default parameters) or ``sim:PATH`` / ``--sim-params PATH`` (a YAML of planted parameters)."""
+    spec_path = model.split(":", 1)[1] if model.startswith("sim:") else None
+    flag_path = getattr(a, "sim_params", None)
+    if spec_path and flag_path and Path(spec_path).resolve() != Path(flag_path).resolve():
+        raise SimParamsError(
+            f"two parameter files given ({spec_path} in --model, {flag_path} in --sim-params); give one"
+        )
+    path = spec_path or flag_path
+    params = load_params(path) if path else SimParams()
+    if getattr(a, "sim_seed", None) is not None:
+        params = replace(params, seed=a.sim_seed)
+    if getattr(a, "think", False):
+        raise ValueError("the sim engine has no think mode; drop --think")
+    return SimEngine(params, model=model, seed=getattr(a, "seed", 0))

@@ -1,0 +1,274 @@
+"""The bias channels and the (s, m) fit: hand-worked cells, independent optimizers, flags, parameter recovery."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import optimize
+from scipy.special import expit
+
+import tests.battery_contract as bc
+from analysis import fit, stance
+from analysis.binary import cell_events, projections
+from analysis.yesno import decompose
+from engines.sim import SimEngine, SimParams
+
+
+def _yesno_binary(cells):
+    """cells: {(verb, order): P(CBR)} for one item 'd' (CBR = action) -> binary_trials table via the contract."""
+    trials = bc.binary(["d"], forms=("f",))
+    per = pd.DataFrame([{"trial_id": t.trial_id, "item_id": "d", "replicate": 0, **t.factors} for t in trials])
+    opts = []
+    for t in trials:
+        p = cells[(t.factors["verb"], t.factors["order"])]
+        for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
+            opts.append(
+                {"trial_id": t.trial_id, "option": o, "position": i, "meaning": m, "prob": p if m == "cbr" else 1 - p}
+            )
+    return pd.DataFrame(opts), per
+
+
+CELLS = {
+    ("approve", "yes_first"): 0.9,
+    ("approve", "no_first"): 0.7,
+    ("oppose", "yes_first"): 0.4,
+    ("oppose", "no_first"): 0.5,
+}
+
+
+def test_channel_sides_by_hand_and_eq1_identity():
+    opts, per = _yesno_binary(CELLS)
+    b = fit.binary_trials(opts, per)
+    # order: CBR printed first in (approve, yes_first) and (oppose, no_first): p+ = (0.9 + 0.5) / 2, p- = (0.7 + 0.4) / 2
+    o = fit.channel_sides(b, "order").loc["d"]
+    assert (o["p_plus"], o["p_minus"]) == pytest.approx((0.7, 0.55))
+    # lexical: CBR is "Yes" in the approve cells: p+ = (0.9 + 0.7) / 2, p- = (0.4 + 0.5) / 2
+    lx = fit.channel_sides(b, "lexical").loc["d"]
+    assert (lx["p_plus"], lx["p_minus"]) == pytest.approx((0.8, 0.45))
+    # z = mean(2P - 1) = 2 * 0.625 - 1 for both channels: the sides share the stance
+    assert o["z"] == pytest.approx(0.25) and lx["z"] == pytest.approx(0.25)
+    # Eq. 1 against analysis.yesno: apparent = bias_yf = 0.9 - 0.4 = order + lexical = 0.15 + 0.35
+    cells = pd.DataFrame({f"p_cbr_{v}_{od}": [p] for (v, od), p in CELLS.items()}, index=["d"])
+    dec = decompose(cells).loc["d"]
+    assert o["bias"] == pytest.approx(dec["order"], abs=1e-15)
+    assert lx["bias"] == pytest.approx(dec["lexical"], abs=1e-15)
+    assert o["bias"] + lx["bias"] == pytest.approx(0.5, abs=1e-15)
+
+
+def test_plain_yesno_runs_without_battery_factors():
+    opts, per = _yesno_binary(CELLS)
+    per = per.drop(columns=["instrument", "family", "mapping", "yes_label"])
+    b = fit.binary_trials(opts, per)
+    assert set(b["family"]) == {"yesno"}
+    assert fit.channel_sides(b, "lexical").loc["d", "bias"] == pytest.approx(0.35)
+
+
+def _ab_frames(p_of):
+    """The 8 A/B cells (verb x order x mapping) of item 'd', P(option) from p_of(option, position, verdict)."""
+    trials = bc.binary(["d"], forms=("f",), pairs=("A/B",))
+    per = pd.DataFrame([{"trial_id": t.trial_id, "item_id": "d", "replicate": 0, **t.factors} for t in trials])
+    opts = []
+    for t in trials:
+        raw = [p_of(o, i, "yes" if o == t.factors["yes_label"] else "no") for i, o in enumerate(t.options)]
+        for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
+            opts.append({"trial_id": t.trial_id, "option": o, "position": i, "meaning": m, "prob": raw[i] / sum(raw)})
+    return pd.DataFrame(opts), per
+
+
+@pytest.mark.parametrize(
+    ("p_of", "expect"),
+    [
+        (lambda o, pos, v: 0.7 if pos == 0 else 0.3, {"order": 0.4, "logic": 0.0, "label": 0.0}),
+        (lambda o, pos, v: 0.8 if o == "A" else 0.2, {"order": 0.0, "logic": 0.0, "label": 0.6}),
+        (lambda o, pos, v: 0.9 if v == "yes" else 0.1, {"order": 0.0, "logic": 0.8, "label": 0.0}),
+    ],
+)
+def test_arbitrary_label_channels_isolate_each_pull(p_of, expect):
+    opts, per = _ab_frames(p_of)
+    b = fit.binary_trials(opts, per)
+    for ch, val in expect.items():
+        assert fit.channel_sides(b, ch, family="arbitrary").loc["d", "bias"] == pytest.approx(val, abs=1e-12)
+
+
+def test_channel_biases_agree_with_the_label_map_projections():
+    """An independent implementation (analysis.binary, 2 P(event) - 1 means) gives the same three biases."""
+    rng = np.random.default_rng(7)
+    table = {}
+
+    def p_of(o, pos, v):
+        return table.setdefault((o, pos, v), rng.uniform(0.1, 0.9))
+
+    opts, per = _ab_frames(p_of)
+    b = fit.binary_trials(opts, per)
+    proj = projections(cell_events(per, opts), {"A/B"}).loc[("d", "A/B")]
+    for ch in ("order", "logic", "label"):
+        assert fit.channel_sides(b, ch, family="arbitrary").loc["d", "bias"] == pytest.approx(proj[ch], abs=1e-12)
+    assert fit.channel_sides(b, "order", family="arbitrary").loc["d", "z"] == pytest.approx(proj["z"], abs=1e-12)
+
+
+def test_unbalanced_or_confounded_designs_are_refused():
+    opts, per = _yesno_binary(CELLS)
+    keep = per[~((per["verb"] == "oppose") & (per["order"] == "no_first"))]
+    b = fit.binary_trials(opts[opts["trial_id"].isin(keep["trial_id"])], keep)
+    with pytest.raises(ValueError, match="not be balanced"):
+        fit.channel_sides(b, "order")
+    with pytest.raises(ValueError, match="counterbalanced"):
+        fit.channel_sides(fit.binary_trials(*_yesno_binary(CELLS)), "label", family="yesno")
+    with pytest.raises(ValueError, match="unknown channel"):
+        fit.channel_sides(b, "verdict")
+
+
+# ------------------------------------------------------------------- the fit
+def _sides(theta, s, m, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    pp, pm = fit.predict(theta, s, m)
+    pp = np.clip(pp + noise * rng.normal(size=len(theta)), 0, 1)
+    pm = np.clip(pm + noise * rng.normal(size=len(theta)), 0, 1)
+    idx = [f"i{k}" for k in range(len(theta))]
+    return pd.Series(theta, index=idx), pd.DataFrame({"p_plus": pp, "p_minus": pm, "z": pp + pm - 1}, index=idx)
+
+
+def test_noiseless_sides_give_back_s_and_m_exactly():
+    th, sides = _sides(np.linspace(-0.8, 0.8, 12), 0.25, -0.12)
+    f = fit.fit_channel(th, sides, n_boot=50, seed=1)
+    assert f.s == pytest.approx(0.25, abs=1e-8) and f.m == pytest.approx(-0.12, abs=1e-8)
+    assert f.r2 == pytest.approx(1.0) and f.rmse < 1e-8
+    assert f.s_lo == pytest.approx(0.25, abs=1e-6) and f.m_hi == pytest.approx(-0.12, abs=1e-6)
+    assert f.converged and not f.clip_limited
+
+
+def test_fit_matches_an_independent_optimizer_and_hand_r2():
+    th, sides = _sides(np.linspace(-0.9, 0.9, 15), 0.3, 0.2, noise=0.05, seed=3)
+    f = fit.fit_channel(th, sides, n_boot=0)
+    pp, pm = sides["p_plus"].to_numpy(), sides["p_minus"].to_numpy()
+    t = th.to_numpy()
+
+    def sse(x):
+        return np.sum((expit((t + x[1]) / x[0]) - pp) ** 2) + np.sum((expit((t - x[1]) / x[0]) - pm) ** 2)
+
+    ref = optimize.minimize(sse, x0=[0.5, 0.0], method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-14})
+    assert (f.s, f.m) == pytest.approx(tuple(ref.x), abs=1e-5)
+    stacked = np.concatenate([pp, pm])
+    assert f.r2 == pytest.approx(1 - ref.fun / np.sum((stacked - stacked.mean()) ** 2), abs=1e-9)
+    assert f.rmse == pytest.approx(np.sqrt(ref.fun / 30), abs=1e-9)
+
+
+def test_bootstrap_is_a_percentile_over_items_with_a_fixed_seed():
+    th, sides = _sides(np.linspace(-0.9, 0.9, 10), 0.3, 0.1, noise=0.04, seed=4)
+    a = fit.fit_channel(th, sides, n_boot=120, seed=9)
+    assert a == fit.fit_channel(th, sides, n_boot=120, seed=9)
+    assert a != fit.fit_channel(th, sides, n_boot=120, seed=10)
+    # brute force: refit each resample with an independent optimizer, same item draws
+    idx = np.random.default_rng(9).integers(0, 10, size=(120, 10))
+    t, pp, pm = th.to_numpy(), sides["p_plus"].to_numpy(), sides["p_minus"].to_numpy()
+    ms = []
+    for row in idx:
+
+        def sse(x, row=row):
+            return np.sum((expit((t[row] + x[1]) / x[0]) - pp[row]) ** 2) + np.sum(
+                (expit((t[row] - x[1]) / x[0]) - pm[row]) ** 2
+            )
+
+        ms.append(
+            optimize.minimize(sse, x0=[a.s, a.m], method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-14}).x[1]
+        )
+    assert (a.m_lo, a.m_hi) == pytest.approx(tuple(np.quantile(ms, [0.025, 0.975])), abs=1e-4)
+
+
+def test_flags_saturated_degenerate_and_items_near_the_tie():
+    # a decisive model far from its tie: almost every p is clipped at 0 or 1
+    th, sides = _sides(np.array([-0.9, -0.8, -0.7, 0.7, 0.8, 0.9]), 0.05, 0.02)
+    f = fit.fit_channel(th, sides, n_boot=0)
+    assert f.saturated and f.clip_limited and f.n_near_tie == 0
+    # a model whose verdict ignores its scale: flat at 0.5, s runs to its bound
+    th2, _ = _sides(np.linspace(-0.9, 0.9, 8), 1.0, 0.0)
+    flat = pd.DataFrame({"p_plus": 0.5, "p_minus": 0.5, "z": 0.0}, index=th2.index)
+    g = fit.fit_channel(th2, flat, n_boot=0)
+    assert g.degenerate and g.s == pytest.approx(fit.S_BOUNDS[1], rel=0.02)
+    # |z| < 0.9 by hand: z = 0.95, -0.5, 0.89, -0.95 -> two items near the tie
+    th3 = pd.Series([0.1, 0.2, 0.3, 0.4], index=list("abcd"))
+    s3 = pd.DataFrame({"p_plus": [0.98, 0.3, 0.95, 0.02], "p_minus": [0.97, 0.2, 0.94, 0.03]}, index=list("abcd"))
+    s3["z"] = s3["p_plus"] + s3["p_minus"] - 1
+    assert fit.fit_channel(th3, s3, n_boot=0).n_near_tie == 2
+
+
+def test_fit_needs_three_items():
+    th, sides = _sides(np.array([0.1, 0.2]), 0.3, 0.0)
+    with pytest.raises(ValueError, match="at least 3 items"):
+        fit.fit_channel(th, sides)
+
+
+# --------------------------------------------------------------- recovery
+ITEMS = [f"i{k:02d}" for k in range(30)]
+BINARY = bc.binary(ITEMS)
+STUDY = {"s": 0.3, "sigma_form": 0.05, "sigma_dir": 0.1, "sigma_scale": 0.05, "sigma_binary": 0.03}
+"""Planted incoherence on both instruments; small binary scatter, because scatter inside the logistic inflates
+the family-aggregate s (by about sqrt(s^2 + sigma^2 / 2.9)): see docs/battery-analysis.md."""
+
+
+@functools.cache
+def _theta(seed: int, scales: tuple[str, ...]) -> pd.Series:
+    """theta from the sim's graded answers (I-1); the graded instrument does not depend on the m's."""
+    p = SimParams(seed=seed, **STUDY)
+    trials = bc.graded(ITEMS, scales=scales)
+    opts, per = bc.frames_readout(trials, SimEngine(p).readout(trials))
+    th = stance.theta(stance.per_form(stance.graded_trials(opts, per, "readout")))
+    planted = np.array([p.item_theta(i) for i in th.index])
+    assert np.corrcoef(planted, th.to_numpy())[0, 1] > 0.95
+    return th
+
+
+def _recover(seed: int, channel: str, n_boot: int, scales: tuple[str, ...]) -> tuple[fit.ChannelFit, float, float]:
+    m = {"order": 0.15, "lexical": -0.2}[channel]
+    p = SimParams(
+        seed=seed, m_order=m if channel == "order" else 0.0, m_word=m if channel == "lexical" else 0.0, **STUDY
+    )
+    opts, per = bc.frames_readout(BINARY, SimEngine(p).readout(BINARY))
+    sides = fit.channel_sides(fit.binary_trials(opts, per), channel)
+    return fit.fit_channel(_theta(seed, scales), sides, channel=channel, n_boot=n_boot, seed=seed), p.s, m
+
+
+def _study(seeds, channel, n_boot, scales=("0-10", "0-100")):
+    hits_s = hits_m = 0
+    for seed in seeds:
+        f, s, m = _recover(seed, channel, n_boot, scales)
+        hits_s += f.s_lo <= s <= f.s_hi
+        hits_m += f.m_lo <= m <= f.m_hi
+    return hits_s / len(seeds), hits_m / len(seeds)
+
+
+@pytest.mark.parametrize("channel", ["order", "lexical"])
+def test_recovery_study_small(channel):
+    cover_s, cover_m = _study(range(10), channel, n_boot=500, scales=("0-10",))  # theta from 12 forms: fast
+    assert cover_s >= 0.9 and cover_m >= 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("channel", ["order", "lexical"])
+def test_recovery_study_100_seeds(channel):
+    cover_s, cover_m = _study(range(100), channel, n_boot=1000)
+    assert cover_s >= 0.9 and cover_m >= 0.9
+
+
+def test_cross_channel_offset_inflates_s():
+    """The other channel's +-m2 averaged inside each side flattens both sides, so a per-channel fit reads a larger s.
+
+    The fitted s equals the least-squares projection of the exact two-point mixture
+    1/2 [sigmoid((theta + m + m2)/s) + sigmoid((theta + m - m2)/s)] onto the model: nothing else moves it.
+    """
+    p = SimParams(seed=0, s=0.3, m_word=0.3)
+    opts, per = bc.frames_readout(BINARY, SimEngine(p).readout(BINARY))
+    th = pd.Series({i: p.item_theta(i) for i in ITEMS})
+    f = fit.fit_channel(th, fit.channel_sides(fit.binary_trials(opts, per), "order"), n_boot=0)
+    t = th.to_numpy()
+    mix = (expit((t + 0.3) / 0.3) + expit((t - 0.3) / 0.3)) / 2  # both order sides: m_order = 0
+
+    def sse(x):
+        return np.sum((expit((t + x[1]) / x[0]) - mix) ** 2) + np.sum((expit((t - x[1]) / x[0]) - mix) ** 2)
+
+    ref = optimize.minimize(sse, x0=[0.3, 0.0], method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-14})
+    assert (f.s, f.m) == pytest.approx((ref.x[0], 0.0), abs=1e-5)
+    assert f.s > 0.35  # +20% at m2 = s = 0.3

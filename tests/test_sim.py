@@ -1,0 +1,248 @@
+"""The synthetic subject: planted response model by hand, engine contract, determinism, CLI, and a real run."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.special import expit
+
+import tests.battery_contract as bc
+from engines import engine_kind, make_engine
+from engines.base import LogitEngine
+from engines.sim import REFUSAL_TEXT, SimEngine, SimParams, SimParamsError, count_tokens, from_args, graded_logits
+from probe.parse import parse_answer
+from probe.salts import SaltSpec, make_salt
+
+
+def _binary_trial(verb, order, pair="Yes/No", mapping="canonical", item="i"):
+    [t] = [
+        t
+        for t in bc.binary([item], forms=("f",), pairs=(pair,))
+        if t.factors["verb"] == verb and t.factors["order"] == order and t.factors["mapping"] == mapping
+    ]
+    return t
+
+
+def _p_cbr(engine, t):
+    r = engine.readout([t])[0]
+    return r.prob(t.options[t.meaning.index("cbr")])
+
+
+# --------------------------------------------------------------- the model
+def test_binary_readout_is_the_planted_logistic_by_hand():
+    p = SimParams(theta={"i": 0.2}, s=0.5, m_order=0.1, m_word=-0.2, m_logic=0.05)
+    e = SimEngine(p)
+    # approve, yes first: CBR = "Yes" is first, the canonical label and the affirmative verdict
+    assert _p_cbr(e, _binary_trial("approve", "yes_first")) == pytest.approx(expit((0.2 + 0.1 - 0.2 + 0.05) / 0.5))
+    # oppose, no first: CBR = "No" is first, neither canonical nor affirmative
+    assert _p_cbr(e, _binary_trial("oppose", "no_first")) == pytest.approx(expit((0.2 + 0.1 + 0.2 - 0.05) / 0.5))
+    # A/B with the swapped mapping: yes rides on B; approve + no_first prints A first and CBR = B (affirmative,
+    # not the canonical label A, printed second)
+    t = _binary_trial("approve", "no_first", pair="A/B", mapping="swapped")
+    assert t.options == ("A", "B") and t.factors["yes_label"] == "B"
+    assert _p_cbr(e, t) == pytest.approx(expit((0.2 - 0.1 + 0.2 + 0.05) / 0.5))
+    # a per-pair label offset replaces m_word for that pair only
+    e2 = SimEngine(SimParams(theta={"i": 0.2}, s=0.5, m_label={"A/B": 0.4}))
+    assert _p_cbr(e2, t) == pytest.approx(expit((0.2 - 0.4) / 0.5))
+    assert _p_cbr(e2, _binary_trial("approve", "yes_first")) == pytest.approx(expit(0.2 / 0.5))
+
+
+def test_choice_readout_uses_its_own_decisiveness_and_order_pull():
+    e = SimEngine(SimParams(theta={"i": -0.1}, s=0.5, s_choice=0.2, m_choice_order=0.05))
+    [cf, af] = bc.choice(["i"], framings=("choose",))
+    assert _p_cbr(e, cf) == pytest.approx(expit((-0.1 + 0.05) / 0.2))
+    assert _p_cbr(e, af) == pytest.approx(expit((-0.1 - 0.05) / 0.2))
+
+
+@pytest.mark.parametrize("mu", [-0.97, -0.3, 0.0, 0.55, 0.98])
+def test_graded_distribution_has_exactly_the_planted_mean(mu):
+    x = np.linspace(-1, 1, 11)
+    q = np.exp(graded_logits(x, mu, 0.15))
+    q /= q.sum()
+    assert float(q @ x) == pytest.approx(mu, abs=1e-12)
+    assert x[np.argmax(q)] == pytest.approx(round(mu * 5) / 5)  # peaked at the nearest scale point
+
+
+def test_graded_centre_adds_the_planted_contrasts():
+    p = SimParams(theta={"i": 0.3}, sigma_dir=0.1, sigma_scale=0.1, bipolar_shift=0.05)
+    e = SimEngine(p)
+    d, c = e.anchor_contrast("i"), e.scale_contrast("i")
+    assert d != 0 and c != 0
+    for t in bc.graded(["i"], scales=("0-10", "0-100", "bipolar-5")):
+        f = t.factors
+        want = 0.3 + (d if f["anchor"] == "ascending" else -d) + (c if f["scale"] in ("0-10", "bipolar-5") else -c)
+        want += 0.05 if f["scale"] == "bipolar-5" else 0.0
+        assert e.graded_centre(t) == pytest.approx(want)
+        r = e.readout([t])[0]
+        x = np.array([float(m) for m in t.meaning])
+        assert float(np.dot([s.prob for s in r.scores], x)) == pytest.approx(want, abs=1e-12)
+
+
+def test_graded_trials_of_the_real_battery_read_the_contract_meanings():
+    from experiments.battery import BatterySpec, expand
+
+    trials = expand(BatterySpec(instruments=("graded",), items=("mine_cart_bridge",), scales=("0-10",)))
+    e = SimEngine(SimParams(theta={"mine_cart_bridge": 0.8}))
+    for t in trials:
+        greedy = e.readout([t])[0].greedy_option
+        a = int(greedy) / 10
+        a = 1 - a if t.factors["anchor"] == "descending" else a
+        cbr_rated = t.factors["pole"] == "action"  # the item's CBR pole is the action
+        assert (2 * a - 1 if cbr_rated else 1 - 2 * a) == pytest.approx(0.8)
+
+
+# ----------------------------------------------------------- engine contract
+def test_readout_contract_and_batch_invariance():
+    trials = bc.graded(["a", "b"], scales=("0-10",)) + bc.binary(["a", "b"]) + bc.choice(["a"])
+    e = SimEngine(SimParams(seed=3, sigma_form=0.1, sigma_binary=0.1, coverage=0.9))
+    assert isinstance(e, LogitEngine)
+    whole = e.readout(trials)
+    pieces = [r for k in range(0, len(trials), 7) for r in e.readout(trials[k : k + 7])]
+    rev = e.readout(trials[::-1])[::-1]
+    assert whole == pieces == rev
+    for t, r in zip(trials, whole, strict=True):
+        assert r.trial_id == t.trial_id and [s.option for s in r.scores] == list(t.options)
+        probs = np.array([s.prob for s in r.scores])
+        assert probs.sum() == pytest.approx(1.0) and r.coverage == 0.9
+        assert [s.logprob for s in r.scores] == pytest.approx(list(np.log(probs * 0.9)))
+        assert r.greedy_option == t.options[int(np.argmax(probs))]
+        assert r.top_other[0][1] == pytest.approx(0.1)
+
+
+def test_samples_follow_the_tempered_distribution():
+    t = _binary_trial("approve", "yes_first")
+    e = SimEngine(SimParams(theta={"i": 0.3}, s=0.6, T=0.5), seed=1)
+    n = 4000
+    draws = e.sample([t], n, 0.8)
+    want = expit((0.3 / 0.6) / (0.8 * 0.5))  # softmax(z / (tau T)) with z = +-margin / 2
+    got = np.mean([s.option == "Yes" for s in draws])
+    assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / n)
+    assert all(s.status == "ok" and parse_answer(s.text, t.options).option == s.option for s in draws)
+    assert [s.replicate for s in draws] == list(range(n))
+    # greedy at temperature 0, and draws do not depend on the batch
+    assert {s.option for s in e.sample([t], 5, 0.0)} == {"Yes"}
+    other = _binary_trial("oppose", "no_first")
+    assert e.sample([other, t], 50, 1.0)[50:] == e.sample([t], 50, 1.0)
+
+
+def test_refusals_and_noncommittal_choices_are_data():
+    from probe.judge import rule_verdict
+
+    p = SimParams(seed=2, refusal=0.2, noncommit=0.3)
+    e = SimEngine(p, seed=4)
+    t = _binary_trial("approve", "yes_first")
+    s = e.sample([t], 2000, 1.0)
+    share = np.mean([x.status == "refusal" for x in s])
+    assert share == pytest.approx(0.2, abs=4 * math.sqrt(0.16 / 2000))
+    assert parse_answer(REFUSAL_TEXT, t.options).status == "refusal"
+    [c, _] = bc.choice(["i"], framings=("choose",))
+    cs = e.sample([c], 2000, 1.0)
+    verdicts = pd.Series([rule_verdict(c, x.text) for x in cs])
+    # NONCOMMIT = refused (0.2) or, if not, non-committal (0.8 * 0.3)
+    assert (verdicts == "NONCOMMIT").mean() == pytest.approx(0.2 + 0.8 * 0.3, abs=0.04)
+    committed = [x for x, v in zip(cs, verdicts, strict=True) if v != "NONCOMMIT"]
+    assert all(x.status == "ok" and x.option in c.options for x in committed)
+
+
+def test_salts_are_drawable_and_every_context_is_one_draw():
+    spec = SaltSpec(count=4, n_tokens=8)
+    salts = [make_salt(r, spec, count_tokens) for r in range(4)]
+    assert salts[0] == "" and all(count_tokens(s) == 8 for s in salts[1:])
+    p = SimParams(theta={"a": 0.1}, sigma_salt=0.05)
+    e = SimEngine(p)
+    reps = [
+        t for t in bc.binary(["a"], salts=4) if t.factors["verb"] == "approve" and t.factors["order"] == "yes_first"
+    ]
+    reps = [t for t in reps if t.factors["form"] == "acceptable"]
+    margins = [e.cbr_margin(t, "binary") * p.s for t in reps]
+    assert len(set(margins)) == 4  # the unsalted context is one draw like the salted ones
+    assert np.std(margins) < 0.2 and all(abs(m - 0.1) < 0.25 for m in margins)
+
+
+def test_params_validate_and_load_from_yaml(tmp_path):
+    with pytest.raises(SimParamsError, match="s must be"):
+        SimParams(s=0)
+    with pytest.raises(SimParamsError, match="refusal"):
+        SimParams(refusal=1.5)
+    with pytest.raises(SimParamsError, match="theta values"):
+        SimParams(theta={"a": 1.5})
+    f = tmp_path / "p.yaml"
+    f.write_text("s: 0.2\nm_order: -0.1\ntheta: {a: 0.4}\nm_label: {A/B: 0.3}\n")
+    a = argparse.Namespace(sim_params=None, sim_seed=7, think=False, seed=5)
+    e = from_args(f"sim:{f}", a)
+    assert e.params.s == 0.2 and e.params.theta == {"a": 0.4} and e.params.seed == 7 and e.seed == 5
+    assert e.identity()["params"]["m_label"] == {"A/B": 0.3}
+    assert e.describe()["params"]["m_order"] == -0.1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("s: 0.2\ndecisivness: 3\n")
+    with pytest.raises(SimParamsError, match="unknown sim parameters"):
+        from_args("sim", argparse.Namespace(sim_params=str(bad), sim_seed=None, think=False, seed=0))
+
+
+def test_the_registry_routes_sim_specs_to_this_engine():
+    assert engine_kind("sim") == "sim" and engine_kind("sim:params.yaml") == "sim"
+    from probe.cli import build_parser
+
+    a = build_parser().parse_args(["run", "yesno", "--model", "sim", "--out", "x", "--sim-seed", "3"])
+    e = make_engine(a)
+    assert isinstance(e, SimEngine) and e.params.seed == 3
+
+
+# ------------------------------------------------------------- a real run
+def test_yesno_run_through_the_store_gives_eq1_to_machine_precision(tmp_path):
+    """The plain yes/no battery, run on the sim by the real runner, read back, decomposed two independent ways."""
+    from analysis import fit
+    from analysis.frames import open_run, readouts
+    from analysis.yesno import cell_table, decompose, p_cbr, with_cbr_verb
+    from experiments.yesno import YesNoSpec
+    from probe.runner import run
+
+    e = SimEngine(SimParams(seed=1, m_order=-0.15, m_word=-0.1, m_logic=0.04, sigma_binary=0.1))
+    store = run("yesno", YesNoSpec(), e, tmp_path / "run", progress=False, log=lambda m: None)
+    opts, per = readouts(open_run(store.root))
+    dec = decompose(cell_table(with_cbr_verb(per, opts), p_cbr(opts)))
+    assert float((dec["apparent"] - dec["order"] - dec["lexical"]).abs().max()) < 1e-15
+    b = fit.binary_trials(opts, per)
+    order = fit.channel_sides(b, "order").reindex(dec.index)
+    lexical = fit.channel_sides(b, "lexical").reindex(dec.index)
+    assert np.allclose(order["bias"], dec["order"], atol=1e-15, rtol=0)
+    assert np.allclose(lexical["bias"], dec["lexical"], atol=1e-15, rtol=0)
+    assert np.allclose(order["z"], dec["z"], atol=1e-15, rtol=0)
+    # the planted pulls show with their signs: toward the last-printed option and toward "No"
+    assert (dec["order"].mean() < 0) and (dec["lexical"].mean() < 0)
+
+
+def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
+    """The lead's real battery, run by the real runner on the sim (readouts, greedy free choice judged by rule)."""
+    from analysis import fit, stance
+    from analysis.frames import open_run, readouts, trial_meta
+    from experiments.battery import REDUCED, BatterySpec
+    from probe.judge import RuleJudge
+    from probe.runner import run
+
+    items = ("mine_cart_bridge", "freight_yard_switch", "flooded_mine_door", "brake_failure", "uncle_juice")
+    spec = BatterySpec(**REDUCED, items=items, salts=SaltSpec(count=2))
+    p = SimParams(seed=2, m_order=-0.1, m_word=-0.1, sigma_form=0.1, sigma_salt=0.02, s_choice=0.1)
+    store = run("battery", spec, SimEngine(p), tmp_path / "run", judge=RuleJudge(), progress=False, log=lambda m: None)
+    opts, per = readouts(open_run(store.root))
+    gt = stance.graded_trials(opts, per, "readout")
+    forms = stance.per_form(gt)
+    th = stance.theta(forms)
+    assert np.corrcoef(th, [p.item_theta(i) for i in th.index])[0, 1] > 0.95
+    inc = stance.incoherence(forms)
+    assert inc["n_forms"].eq(2 * 2 * 2 * 2).all()  # reduced preset: 2 unipolar scales x 2 wordings x anchor x pole
+    assert 0 < stance.generalizability(inc).G <= 1
+    floor = stance.salt_floor(stance.salt_spread(gt[~gt["bipolar"]], "mean_x", stance.FORM))
+    assert floor.within_sd_mean < floor.between_sd_mean
+    b = fit.binary_trials(opts, per)
+    assert set(b["family"]) == {"yesno", "arbitrary", "mark", "foreign"}
+    fits = fit.fit_channels(th, b, n_boot=50, seed=0).set_index("channel")
+    assert list(fits.index) == ["order", "lexical", "logic", "label"]
+    assert fits.loc["order", "m"] == pytest.approx(-0.1, abs=0.05)
+    judgments = store.load("judgments").merge(trial_meta(store)[["trial_id", "item_id"]], on="trial_id")
+    choice = stance.choice_stance(judgments)
+    assert set(choice.index) == set(items) and choice.abs().max() <= 1

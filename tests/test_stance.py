@@ -1,0 +1,322 @@
+"""Stance theta, incoherence sigma_repro and its components, G, the bipolar contrast, the salt floor, validity.
+
+Every formula is checked on a small table worked out by hand (the arithmetic
+is in the comments), then on the synthetic subject against planted values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import tests.battery_contract as bc
+from analysis import stance
+from engines.sim import SimEngine, SimParams
+
+FORM = ["scale", "wording", "anchor", "pole"]
+
+
+def _graded_frames(rows):
+    """rows: (trial_id, item, replicate, scale, anchor, options, meanings, weights) -> (options, per_trial)."""
+    per, opts = [], []
+    for tid, item, rep, scale, anchor, options, means, weights in rows:
+        per.append(
+            {
+                "trial_id": tid,
+                "item_id": item,
+                "replicate": rep,
+                "instrument": "graded",
+                "scale": scale,
+                "wording": "w",
+                "anchor": anchor,
+                "pole": "action",
+            }
+        )
+        for i, (o, m, w) in enumerate(zip(options, means, weights, strict=True)):
+            opts.append({"trial_id": tid, "option": o, "position": i, "meaning": m, "prob": w, "count": w})
+    return pd.DataFrame(opts), pd.DataFrame(per)
+
+
+# ------------------------------------------------------------------ per trial
+def test_graded_trial_mean_mode_and_variance_by_hand():
+    # stances -1, 0, 1 with readout probabilities 0.2, 0.3, 0.5:
+    # mean = -0.2 + 0 + 0.5 = 0.3; variance = 0.2*1.69 + 0.3*0.09 + 0.5*0.49 = 0.61; mode = 1
+    opts, per = _graded_frames(
+        [("t", "a", 0, "0-2", "ascending", ["0", "1", "2"], ["-1.0", "0.0", "1.0"], [0.2, 0.3, 0.5])]
+    )
+    g = stance.graded_trials(opts, per, "readout").iloc[0]
+    assert g["mean_x"] == pytest.approx(0.3)
+    assert g["var_x"] == pytest.approx(0.61)
+    assert g["mode_x"] == 1.0
+    assert g["var_mean"] == 0.0 and not g["bipolar"]
+
+
+def test_graded_trial_from_sample_counts_by_hand():
+    # counts 1, 1, 2 over stances -1, 0, 1 (n = 4): mean = 1/4; sum of squares = 1.5625 + 0.0625 + 2*0.5625 = 2.75
+    # var_x = 2.75 / 4; var_mean = 2.75 / (4 * 3) (unbiased variance of the draws over n)
+    opts, per = _graded_frames([("t", "a", 0, "0-2", "ascending", ["0", "1", "2"], ["-1.0", "0.0", "1.0"], [1, 1, 2])])
+    g = stance.graded_trials(opts, per, "samples").iloc[0]
+    assert g["mean_x"] == pytest.approx(0.25)
+    assert g["var_x"] == pytest.approx(2.75 / 4)
+    assert g["var_mean"] == pytest.approx(2.75 / 12)
+    assert g["n"] == 4 and g["mode_x"] == 1.0
+
+
+def test_mode_ties_go_to_the_first_printed_and_bipolar_is_read_from_the_values():
+    opts, per = _graded_frames(
+        [("t", "a", 0, "bi", "ascending", ["-1", "0", "1"], ["-1.0", "0.0", "1.0"], [0.4, 0.4, 0.2])]
+    )
+    g = stance.graded_trials(opts, per, "readout").iloc[0]
+    assert g["mode_x"] == -1.0 and g["bipolar"]
+
+
+# ------------------------------------------------------------------- per form
+def _trials_table(values, *, var_mean=0.0):
+    """values: {(item, scale, anchor): [x per replicate]} -> a graded_trials-like table."""
+    rows = []
+    for (item, scale, anchor), xs in values.items():
+        for r, x in enumerate(xs):
+            rows.append(
+                {
+                    "trial_id": f"{item}{scale}{anchor}{r}",
+                    "item_id": item,
+                    "replicate": r,
+                    "scale": scale,
+                    "wording": "w",
+                    "anchor": anchor,
+                    "pole": "action",
+                    "bipolar": scale.startswith("bipolar"),
+                    "mean_x": x,
+                    "mode_x": round(x),
+                    "var_mean": var_mean,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_per_form_unsalted_and_pooled_by_hand():
+    # replicates 0.2, 0.4, 0.6: Var (ddof 1) = 0.04
+    t = _trials_table({("a", "0-10", "ascending"): [0.2, 0.4, 0.6]})
+    un = stance.per_form(t, replicates="unsalted").iloc[0]
+    assert un["x"] == pytest.approx(0.2) and un["var_samp"] == pytest.approx(0.04) and un["n_rep"] == 3
+    po = stance.per_form(t, replicates="pooled").iloc[0]
+    assert po["x"] == pytest.approx(0.4) and po["var_samp"] == pytest.approx(0.04 / 3)
+
+
+def test_per_form_single_replicate_uses_the_trials_own_sampling_variance():
+    t = _trials_table({("a", "0-10", "ascending"): [0.3]}, var_mean=0.002)
+    f = stance.per_form(t).iloc[0]
+    assert f["x"] == pytest.approx(0.3) and f["var_samp"] == pytest.approx(0.002)
+
+
+def _forms(rows):
+    """rows: (item, anchor, x, var_samp[, scale]) -> a per_form-like table."""
+    out = []
+    for k, row in enumerate(rows):
+        item, anchor, x, vs = row[:4]
+        scale = row[4] if len(row) > 4 else "0-10"
+        out.append(
+            {
+                "item_id": item,
+                "scale": scale,
+                "wording": f"w{k}",
+                "anchor": anchor,
+                "pole": "action",
+                "x": x,
+                "var_samp": vs,
+                "n_rep": 1,
+                "bipolar": scale.startswith("bipolar"),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+HAND = _forms(
+    [
+        ("a", "ascending", 0.5, 0.01),
+        ("a", "ascending", 0.3, 0.01),
+        ("a", "descending", 0.1, 0.01),
+        ("a", "descending", -0.1, 0.01),
+        ("b", "ascending", -0.4, 0.0),
+        ("b", "ascending", -0.6, 0.0),
+        ("b", "descending", -0.5, 0.0),
+        ("b", "descending", -0.5, 0.0),
+    ]
+)
+
+
+def test_incoherence_and_its_components_by_hand():
+    inc = stance.incoherence(HAND)
+    a, b = inc.loc["a"], inc.loc["b"]
+    # item a: mean 0.2, deviations +-0.3, +-0.1 -> SS = 0.2, Var_forms = 0.2/3; noise 0.01
+    assert a["theta"] == pytest.approx(0.2)
+    assert a["var_forms"] == pytest.approx(0.2 / 3)
+    assert a["sigma_repro"] == pytest.approx(math.sqrt(0.2 / 3 - 0.01))
+    # direction means 0.4 and 0.0: SS_between = 4 * 0.2^2 = 0.16 (1 df), SS_within = 4 * 0.1^2 = 0.04 (2 df)
+    # dir^2 = (0.16 - 0.01 * 1) / 3 = 0.05; scale^2 = (0.04 - 0.01 * 2) / 3 = 0.02 / 3
+    assert a["sigma_dir"] == pytest.approx(math.sqrt(0.05))
+    assert a["sigma_scale"] == pytest.approx(math.sqrt(0.02 / 3))
+    assert a["sigma_quad"] == pytest.approx(a["sigma_repro"], abs=1e-15)  # the shares add exactly
+    # item b: mean -0.5, SS = 0.02, no sampling variance, equal direction means
+    assert b["theta"] == pytest.approx(-0.5)
+    assert b["sigma_repro"] == pytest.approx(math.sqrt(0.02 / 3))
+    assert b["sigma_dir"] == pytest.approx(0.0, abs=1e-12)
+    assert b["sigma_raw"] == pytest.approx(math.sqrt(0.02 / 3))
+
+
+def test_sigma_repro_is_floored_at_zero_and_components_in_quadrature():
+    # Var_forms = 0.02/3 < noise 0.05: nothing left beyond sampling
+    f = _forms([("c", "ascending", 0.1, 0.05), ("c", "ascending", 0.0, 0.05), ("c", "descending", -0.1, 0.05)])
+    row = stance.incoherence(f).loc["c"]
+    assert row["sigma_repro"] == 0.0
+    assert row["sigma_raw"] == pytest.approx(0.1)
+    # direction: means 0.05 / -0.1, grand 0; SS_b = 2*0.05^2 + 0.1^2 = 0.015 -> (0.015 - 0.05) / 2 < 0 -> 0
+    assert row["sigma_dir"] == 0.0
+
+
+def test_generalizability_by_hand():
+    # theta 0.2 and -0.5: Var_items = 0.7^2 / 2 = 0.245; sigma^2: 0.2/3 - 0.01 and 0.02/3; G = 0.245 / (0.245 + mean)
+    g = stance.generalizability(stance.incoherence(HAND))
+    mean_s2 = (0.2 / 3 - 0.01 + 0.02 / 3) / 2
+    assert g.var_items == pytest.approx(0.245)
+    assert g.mean_sigma2 == pytest.approx(mean_s2)
+    coefficient = g.G
+    assert coefficient == pytest.approx(0.245 / (0.245 + mean_s2))
+    assert g.n_items == 2
+
+
+def test_bipolar_forms_stay_out_of_theta_and_give_the_contrast():
+    f = _forms(
+        [
+            ("a", "ascending", 0.4, 0.0),
+            ("a", "descending", 0.2, 0.0),
+            ("a", "ascending", 0.9, 0.0, "bipolar-5"),
+            ("a", "descending", 0.7, 0.0, "bipolar-5"),
+        ]
+    )
+    c = stance.bipolar_contrast(f).loc["a"]
+    assert c["theta"] == pytest.approx(0.3) and c["theta_bipolar"] == pytest.approx(0.8)
+    assert c["contrast"] == pytest.approx(0.5)
+    assert stance.incoherence(f).loc["a", "n_forms"] == 2
+    assert stance.incoherence(f, include_bipolar=True).loc["a", "n_forms"] == 4
+
+
+def test_variance_shares_match_a_one_way_anova():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=12)
+    groups = np.repeat(["asc", "desc", "mid"], 4)
+    between, within = stance.variance_shares(x, groups, noise=0.0)
+    # statsmodels-free check with scipy: F = (SS_b / 2) / (SS_w / 9)
+    f_stat = stats.f_oneway(*(x[groups == g] for g in ("asc", "desc", "mid"))).statistic
+    assert f_stat == pytest.approx((between * 11 / 2) / (within * 11 / 9))
+    assert between + within == pytest.approx(np.var(x, ddof=1))
+
+
+# ------------------------------------------------------------------ salt floor
+def test_salt_floor_by_hand():
+    # form 1: 0.1, 0.2, 0.3 -> SD 0.1, mean 0.2; form 2: 0.5 x 3 -> SD 0, mean 0.5; between-form SD = 0.3 / sqrt(2)
+    rows = [("f1", r, v) for r, v in enumerate([0.1, 0.2, 0.3])] + [("f2", r, 0.5) for r in range(3)]
+    values = pd.DataFrame([{"item_id": "a", "form": f, "replicate": r, "p": v} for f, r, v in rows])
+    spread = stance.salt_spread(values, "p", ["form"])
+    assert spread.set_index("form")["within_sd"].tolist() == pytest.approx([0.1, 0.0])
+    floor = stance.salt_floor(spread)
+    assert floor.within_sd_mean == pytest.approx(0.05) and floor.within_sd_median == pytest.approx(0.05)
+    assert floor.between_sd_mean == pytest.approx(0.3 / math.sqrt(2))
+    assert floor.ratio == pytest.approx(0.3 / math.sqrt(2) / 0.05)
+
+
+def test_salt_floor_needs_replicates():
+    values = pd.DataFrame([{"item_id": "a", "form": "f", "replicate": 0, "p": 0.2}])
+    with pytest.raises(ValueError, match="--salts"):
+        stance.salt_spread(values, "p", ["form"])
+
+
+# ---------------------------------------------------------- convergent validity
+def test_pearson_ci_matches_scipy_and_a_brute_force_bootstrap():
+    rng = np.random.default_rng(0)
+    a = pd.Series(rng.normal(size=15), index=[f"i{k}" for k in range(15)])
+    b = (a * 0.7 + pd.Series(rng.normal(size=15), index=a.index) * 0.5).iloc[::-1]  # order must not matter
+    c = stance.pearson_ci(a, b, n_boot=400, seed=5)
+    assert c.r == pytest.approx(stats.pearsonr(a, b.reindex(a.index)).statistic)
+    idx = np.random.default_rng(5).integers(0, 15, size=(400, 15))
+    x, y = a.to_numpy(), b.reindex(a.index).to_numpy()
+    rs = [np.corrcoef(x[i], y[i])[0, 1] for i in idx]
+    assert (c.lo, c.hi) == pytest.approx(tuple(np.quantile(rs, [0.025, 0.975])))
+    assert c.lo < c.r < c.hi and c.n == 15
+
+
+def test_choice_stance_by_hand():
+    j = pd.DataFrame(
+        {"item_id": ["a", "a", "a", "b"], "p_pro": [1.0, 0.0, 0.0, 0.2], "p_anti": [0.0, 0.0, 1.0, 0.7]}
+    )  # a: PRO, NONCOMMIT, ANTI -> 0; b: a logit judge's 0.2 - 0.7
+    s = stance.choice_stance(j)
+    assert s["a"] == pytest.approx(0.0) and s["b"] == pytest.approx(-0.5)
+
+
+# ------------------------------------------------------------ on the sim subject
+ITEMS = [f"i{k:02d}" for k in range(24)]
+
+
+def test_sim_theta_recovered_and_incoherence_components_planted():
+    p = SimParams(seed=1, sigma_form=0.08, sigma_dir=0.15, sigma_scale=0.0, bipolar_shift=0.1)
+    trials = bc.graded(ITEMS, scales=("0-10", "0-100", "bipolar-5"))
+    opts, per = bc.frames_readout(trials, SimEngine(p).readout(trials))
+    forms = stance.per_form(stance.graded_trials(opts, per, "readout"))
+    th = stance.theta(forms)
+    planted = pd.Series({i: p.item_theta(i) for i in ITEMS})
+    assert stats.pearsonr(th, planted[th.index]).statistic > 0.95
+    # the per-form scatter is the only error in theta: mean of 24 draws of SD 0.08
+    assert float((th - planted[th.index]).abs().max()) < 4 * 0.08 / math.sqrt(24)
+    inc = stance.incoherence(forms)
+    # planted: anchor contrast +-d per item (d ~ N(0, 0.15)), residual SD 0.08 per form. With K = 24 balanced
+    # forms the direction share is (K d^2 + noise) / (K - 1), so sigma_dir tracks |d| and the rest is residual
+    d = np.array([abs(SimEngine(p).anchor_contrast(i)) for i in inc.index])
+    assert stats.pearsonr(inc["sigma_dir"], d).statistic > 0.95
+    assert float(np.sqrt((inc["sigma_scale"] ** 2).mean())) == pytest.approx(0.08, rel=0.2)
+    contrast = stance.bipolar_contrast(forms)["contrast"]
+    assert float(contrast.mean()) == pytest.approx(0.1, abs=0.03)
+    g = stance.generalizability(inc)
+    assert 0.5 < g.G < 1
+
+
+def test_sampling_correction_removes_pure_sampling_spread():
+    # no planted incoherence at all: every form of an item has mean exactly theta, so the
+    # spread of the per-form sample means is sampling noise, which the correction must remove
+    p = SimParams(seed=2)
+    trials = bc.graded(ITEMS[:12], scales=("0-10",))
+    eng = SimEngine(p, seed=3)
+    opts, per = bc.frames_samples(trials, eng.sample(trials, 6, 1.0))
+    forms = stance.per_form(stance.graded_trials(opts, per, "samples"))
+    inc = stance.incoherence(forms)
+    assert float((inc["var_forms"] - inc["var_samp"]).mean()) == pytest.approx(0.0, abs=0.004)
+    assert float(inc["sigma_raw"].mean()) > 2 * float(inc["sigma_repro"].mean())
+
+
+def test_salt_floor_on_the_sim_separates_salt_noise_from_form_scatter():
+    p = SimParams(seed=4, sigma_form=0.2, sigma_salt=0.03)
+    trials = bc.graded(ITEMS[:8], scales=("0-10",), salts=4)
+    opts, per = bc.frames_readout(trials, SimEngine(p).readout(trials))
+    gt = stance.graded_trials(opts, per, "readout")
+    floor = stance.salt_floor(stance.salt_spread(gt, "mean_x", FORM))
+    assert floor.within_sd_mean == pytest.approx(0.03, rel=0.35)
+    assert floor.between_sd_mean == pytest.approx(0.2, rel=0.35)
+    assert floor.ratio > 4
+
+
+def test_on_the_real_battery_expansion():
+    """The estimators run on the lead's real instrument, and x follows the contract's normalization."""
+    from experiments.battery import BatterySpec, expand
+
+    spec = BatterySpec(instruments=("graded",), items=("mine_cart_bridge", "freight_yard_switch"))
+    trials = expand(spec)
+    p = SimParams(seed=0, theta={"mine_cart_bridge": 0.6, "freight_yard_switch": -0.4})
+    opts, per = bc.frames_readout(trials, SimEngine(p).readout(trials))
+    forms = stance.per_form(stance.graded_trials(opts, per, "readout"))
+    assert len(forms) == 2 * 48
+    th = stance.theta(forms)
+    assert th["mine_cart_bridge"] == pytest.approx(0.6, abs=1e-9)
+    assert th["freight_yard_switch"] == pytest.approx(-0.4, abs=1e-9)
