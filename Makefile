@@ -5,9 +5,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 MODEL  ?= tiny
-EXPERIMENT ?= yesno
+EXPERIMENT ?= battery
 RUN    ?= runs/$(EXPERIMENT)-$(notdir $(MODEL))
-ARGS   ?=
+# the default battery also samples its forced-binary trials, so the report can calibrate the readout temperature
+ARGS   ?= $(if $(filter battery,$(EXPERIMENT)),--samples 4 --sample-only instrument=binary,)
 ENGINE ?= auto
 # The CPU wheel of torch when none is installed yet (a CUDA box may pre-install its own build).
 TORCH_SPEC ?= torch==2.13.0

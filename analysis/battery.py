@@ -347,6 +347,9 @@ def validity_section(f: Frames, out: Path) -> Section:
         if series is None or len(series.dropna()) < 3:
             lines.append(f"- {name}: not enough items.")
             continue
+        if series.dropna().nunique() < 2 or th.nunique() < 2:
+            lines.append(f"- {name} vs theta: undefined (one of the two is constant across items).")
+            continue
         c = pearson_ci(series, th, n_boot=2000, seed=0)
         rows[name] = {"r": c.r, "lo": c.lo, "hi": c.hi, "n": c.n}
         lines.append(

@@ -26,7 +26,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     exp = get_experiment(a.experiment)
     spec = exp.spec_from_args(a)
     shard = Shard.parse(a.shard) if a.shard else None
-    plan = Plan(readout=not a.no_readout, samples=a.samples, temperature=a.temperature)
+    only = []
+    for pair in a.sample_only or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--sample-only needs FACTOR=VALUE (e.g. instrument=binary), got {pair!r}")
+        only.append((key, value))
+    plan = Plan(readout=not a.no_readout, samples=a.samples, temperature=a.temperature, sample_only=tuple(only))
     engine = make_engine(a)
     judge = exp.judge_options(a) if exp.judge_options else None
     store = run(
@@ -159,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--samples", type=int, default=0, help="sampled answers per trial (default: 0)")
         g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
         g.add_argument("--no-readout", action="store_true", help="sample only; do not read the answer slot")
+        g.add_argument(
+            "--sample-only",
+            action="append",
+            metavar="FACTOR=VALUE",
+            help="sample only trials with this factor value (repeatable), e.g. instrument=binary",
+        )
         g = e.add_argument_group("execution")
         g.add_argument(
             "--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n"

@@ -20,7 +20,7 @@ import pandas as pd
 
 from experiments import Spec, get_experiment
 from probe.store import RunStore, Shard, chunk_bounds, run_key
-from probe.types import Readout, Sample
+from probe.types import Readout, Sample, Trial
 
 _PACKAGES = ("probe", "torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow")
 
@@ -35,6 +35,11 @@ class Plan:
     """Sampled answers per trial (0 = none)."""
     temperature: float = 1.0
     """Sampling temperature."""
+    sample_only: tuple[tuple[str, str], ...] = ()
+    """Sample only the trials whose factors match all these (name, value) pairs (empty = all)."""
+
+    def samples_for(self, trial: Trial) -> bool:
+        return all(trial.factors.get(k) == v for k, v in self.sample_only)
 
     def __post_init__(self) -> None:
         if self.samples < 0:
@@ -188,11 +193,16 @@ def run(
         log(f"{store.root}: resuming, {n_done}/{len(trials)} trials already done")
     from tqdm.auto import tqdm
 
-    per_trial = int(plan.readout) + plan.samples
+    def calls(t: Trial) -> int:
+        """Progress units of one trial: its readout, its samples, or its generated replies."""
+        if is_generative(t):
+            return max(1, plan.samples)
+        return int(plan.readout) + (plan.samples if plan.samples_for(t) else 0)
+
     started, n_new, tokens = time.perf_counter(), 0, dict.fromkeys(TOKEN_COUNTS, 0)
     with tqdm(
-        total=len(trials) * per_trial,
-        initial=n_done * per_trial,
+        total=sum(calls(t) for t in trials),
+        initial=sum(calls(t) for k, (lo, hi) in enumerate(bounds) if k in done for t in trials[lo:hi]),
         desc=f"{experiment} ({engine.name})",
         unit="call",
         disable=not progress,
@@ -204,8 +214,9 @@ def run(
             tables: dict[str, pd.DataFrame] = {}
             if plan.readout and chunk:
                 tables.update(readout_tables(engine.readout(chunk, progress=bar.update)))
-            if plan.samples and chunk:
-                samples = engine.sample(chunk, plan.samples, plan.temperature, progress=bar.update)
+            to_sample = [t for t in chunk if plan.samples_for(t)]
+            if plan.samples and to_sample:
+                samples = engine.sample(to_sample, plan.samples, plan.temperature, progress=bar.update)
                 tables["samples"] = sample_table(samples)
             if generated:  # free text: greedy unless sampling was asked for, then judged
                 n, temp = (plan.samples, plan.temperature) if plan.samples else (1, 0.0)
@@ -213,7 +224,7 @@ def run(
                 tables["generations"] = sample_table(texts)
                 if judge is not None:
                     tables["judgments"] = judge.judge(generated, texts)
-                bar.update(len(generated) * per_trial)
+                bar.update(sum(calls(t) for t in generated))
             store.write_chunk(k, tables)
             n_new += hi - lo
             tokens = {name: tokens[name] + n for name, n in table_tokens(tables).items()}
