@@ -6,22 +6,40 @@ Design notes (why it is shaped like this):
   text once, it is tokenized once, and everything after (option tokens,
   reasoning, closing tags) is appended as ids. Nothing is ever cut out of a
   string that was tokenized whole, because BPE merges across a cut change the
-  ids the model saw.
-* **One prompt pass, then the trie on its cache.** Options become token
-  sequences in a trie (:mod:`engines.trie`); the prompt is run once, and the
-  trie's internal nodes are expanded one token per step by gathering rows of
-  the prompt's cache (``Cache.reorder_cache``, the beam-search primitive, which
-  every Transformers cache, attention and Mamba alike, implements). One token
-  per step keeps hybrid (Mamba) models on their well-trodden decode path.
+  ids the model saw. Renders and option encodings are cached per distinct
+  input, because a battery asks the same options thousands of times.
+* **Options through a trie.** Options become token sequences in a trie
+  (:mod:`engines.trie`); the model is asked for the next-token distribution
+  after the prompt and after every proper option prefix (the trie's internal
+  nodes), and nothing else: logits are computed only at those positions.
+* **Each shared token once.** A battery asks the same story under many forms,
+  so most prompt tokens are shared. Three readout paths compute the same
+  values (within 1e-5) and differ only in how much they share:
+
+  - ``tree`` (attention-only models): a batch's prompts *and* option prefixes
+    are packed as one token tree (:func:`pack_tree`), each distinct prefix
+    once, and run in one forward pass with a tree-shaped attention mask
+    (:func:`tree_mask`: a token sees its ancestors and itself) and position
+    ids equal to the depth, so every token is computed exactly as at the end
+    of its own sequence. No KV cache, no padding, no Python loop per token.
+  - ``branch`` (any model, Mamba hybrids included): trials that share a
+    prefix run it once (:func:`prefix_groups`); its cache is gathered into one
+    row per trial (``Cache.reorder_cache``, the beam-search primitive that
+    attention and Mamba caches implement), the suffixes of equal length run
+    together (no padding between prefix and suffix, which a recurrent state
+    would see), and the trie is expanded one token per step on that cache.
+  - ``plain``: every prompt whole, then the trie one token per step (the
+    reference the others are tested against).
 * **Batch- and padding-invariant.** Prompts are left-padded with explicit
-  position ids (so RoPE positions do not depend on the padding), length-bucketed,
-  and only the last position's logits are computed.
+  position ids (so RoPE positions do not depend on the padding), and rows
+  are grouped so that shared prefixes are adjacent.
 * **float32 from raw logits.** No temperature, no top-k, no processors.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import math
 from collections.abc import Sequence
@@ -29,11 +47,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engines.base import ProgressFn, require
-from engines.trie import Prefix, build_trie, normalize, option_logprobs
+from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
 from probe.parse import parse_answer, split_reasoning
 from probe.types import OptionScore, Readout, Sample, Trial
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+READOUT_PATHS = ("auto", "tree", "branch", "plain")
 
 
 class OptionError(ValueError):
@@ -67,11 +86,21 @@ class HFSettings:
     """Seed of the per-(trial, draw) sampling generators."""
     revision: str | None = None
     trust_remote_code: bool = False
+    readout_path: str = "auto"
+    """How shared prompt tokens are computed (speed only: every path gives the same values within 1e-5):
+    tree (one tree-masked forward per batch; attention-only models), branch (shared prefix once, then its
+    cache branched per trial; any model), plain (every prompt whole), auto (tree where possible, else branch on a
+    CPU and plain on a GPU)."""
+    tree_tokens: int = 1024
+    """Most tokens in one packed tree (its attention mask is tree_tokens x tree_tokens); one longer prompt gets
+    a tree of its own."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("batch_size", "max_batch_tokens", "think_budget", "max_new_tokens"):
+        if self.readout_path not in READOUT_PATHS:
+            raise ValueError(f"readout_path must be one of {READOUT_PATHS}, got {self.readout_path!r}")
+        for name in ("batch_size", "max_batch_tokens", "think_budget", "max_new_tokens", "tree_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_other < 0:
@@ -92,7 +121,17 @@ class _Prepared:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The Transformers engine uses only the shared engine flags."""
+    """The Transformers engine's own flags (speed only; the values do not change)."""
+    g = p.add_argument_group("Transformers engine")
+    g.add_argument(
+        "--hf-readout-path",
+        default="auto",
+        choices=list(READOUT_PATHS),
+        help="how shared prompt tokens are computed: tree, branch, plain or auto (default: auto)",
+    )
+    g.add_argument(
+        "--hf-tree-tokens", type=int, default=1024, help="most tokens in one packed prompt tree (default: 1024)"
+    )
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
@@ -109,6 +148,8 @@ def from_args(model: str, a: argparse.Namespace) -> HFEngine:
             seed=a.seed,
             revision=a.revision,
             trust_remote_code=a.trust_remote_code,
+            readout_path=getattr(a, "hf_readout_path", "auto"),
+            tree_tokens=getattr(a, "hf_tree_tokens", 1024),
         )
     )
 
@@ -137,6 +178,156 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> 
     return batches
 
 
+def shared_prefix_lengths(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """How many leading tokens each sequence shares with the one before it (0 for the first).
+
+    Vectorized with numpy: no Python loop walks the tokens.
+    """
+    import numpy as np
+
+    if not seqs:
+        return []
+    lengths = np.array([len(s) for s in seqs])
+    grid = np.full((len(seqs), int(lengths.max()) + 1), -1, dtype=np.int64)  # -1 ends every row
+    for r, s in enumerate(seqs):
+        grid[r, : len(s)] = s
+    diff = grid[1:] != grid[:-1]
+    first = np.where(diff.any(axis=1), diff.argmax(axis=1), lengths[1:])  # identical rows share everything
+    return [0, *first.tolist()]
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """Token sequences packed into one row with every shared prefix once.
+
+    The nodes are the distinct prefixes of the sequences in depth-first order
+    (a parent before its children). Sorting the distinct sequences makes that
+    order simple: each sequence adds the tokens after the prefix it shares with
+    the sequence before it. Run with the mask of :func:`tree_mask` and position
+    ids ``depth``, one forward computes every node exactly as it would be
+    computed at the end of its own sequence.
+    """
+
+    tokens: tuple[int, ...]
+    depth: tuple[int, ...]
+    """Position of each node in its sequences (its RoPE position id)."""
+    owner: tuple[int, ...]
+    """For each node, the (sorted, distinct) sequence that added it."""
+    shared: tuple[int, ...]
+    """For each sorted distinct sequence, the tokens it shares with the one before it."""
+    ends: tuple[int, ...]
+    """For each input sequence, the node of its last token."""
+    first: tuple[int, ...]
+    """For each sorted distinct sequence, its first index in the input."""
+
+
+def pack_tree(seqs: Sequence[Sequence[int]]) -> TokenTree:
+    """Pack non-empty token sequences into a :class:`TokenTree` (duplicates share all their nodes)."""
+    keys = [tuple(s) for s in seqs]
+    distinct = sorted(set(keys))
+    if not distinct or not all(distinct):
+        raise ValueError("pack_tree needs at least one sequence and no empty ones")
+    shared = shared_prefix_lengths(distinct)
+    tokens: list[int] = []
+    depth: list[int] = []
+    owner: list[int] = []
+    last: dict[tuple[int, ...], int] = {}
+    for k, (s, n) in enumerate(zip(distinct, shared, strict=True)):
+        # n < len(s): a sorted distinct sequence is never a prefix of the one before it
+        tokens.extend(s[n:])
+        depth.extend(range(n, len(s)))
+        owner.extend([k] * (len(s) - n))
+        last[s] = len(tokens) - 1
+    first: dict[tuple[int, ...], int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    return TokenTree(
+        tuple(tokens),
+        tuple(depth),
+        tuple(owner),
+        tuple(shared),
+        tuple(last[k] for k in keys),
+        tuple(first[s] for s in distinct),
+    )
+
+
+def tree_mask(tree: TokenTree, device: Any = None) -> Any:
+    """Boolean (nodes x nodes) mask: True where node i may attend to node j (j is i or one of its ancestors).
+
+    Node j of sorted sequence a at depth dj is an ancestor of node i of
+    sequence b >= a at depth di >= dj iff the two sequences agree on their
+    first dj + 1 tokens, and two sorted sequences agree on as many tokens as
+    the smallest ``shared`` between them: ``agree[a, b] = min(shared[a+1..b])``.
+    """
+    torch = require("torch", "hf")
+    owner = torch.tensor(tree.owner, device=device)
+    depth = torch.tensor(tree.depth, dtype=torch.int32, device=device)
+    m = len(tree.shared)
+    seq = torch.arange(m, device=device)
+    shared = torch.tensor(tree.shared, dtype=torch.int32, device=device)
+    later = seq[None, :] > seq[:, None]
+    agree = torch.cummin(torch.where(later, shared[None, :], torch.iinfo(torch.int32).max), dim=1).values
+    oi, oj = owner[:, None], owner[None, :]
+    di, dj = depth[:, None], depth[None, :]
+    return ((oi == oj) & (dj <= di)) | ((oj < oi) & (dj < agree[oj, oi]))
+
+
+def prefix_groups(seqs: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
+    """Split sequences (sorted, so that shared prefixes are adjacent) into groups that run one shared prefix.
+
+    Returns ``(prefix length, member indices)`` per group. A sequence joins the
+    current group when that saves tokens: not running its own copy of the
+    shared prefix (``p`` tokens) must save more than the group loses when its
+    prefix shrinks to ``p`` (``old - p`` more suffix tokens per member). Every
+    member keeps at least its last token as suffix, whose logits are the slot.
+    """
+    shared = shared_prefix_lengths(seqs)
+    groups: list[tuple[int, list[int]]] = []
+    for i, s in enumerate(seqs):
+        if groups:
+            old, members = groups[-1]
+            p = min(old, shared[i], len(s) - 1)
+            if p > (old - p) * len(members):
+                groups[-1] = (p, [*members, i])
+                continue
+        groups.append((len(s) - 1, [i]))
+    return groups
+
+
+def token_rows(
+    lengths: Sequence[int], shared: Sequence[int], extra: Sequence[int], max_tokens: int, max_items: int
+) -> list[list[int]]:
+    """Cut a sorted run of items into consecutive rows of at most ``max_items`` items and about ``max_tokens`` tokens.
+
+    Item i costs ``lengths[i] + extra[i]`` tokens, less the ``shared[i]`` it
+    shares with the item before it in the same row. When a row is full, the cut
+    goes where the least is shared (between two stories rather than inside
+    one), so that a shared prefix is rarely run twice. An item that alone
+    exceeds ``max_tokens`` gets a row of its own.
+    """
+
+    def cost(i: int, first: bool) -> int:
+        return lengths[i] + extra[i] - (0 if first else shared[i])
+
+    rows: list[list[int]] = []
+    cur: list[int] = []
+    for i in range(len(lengths)):
+        size = sum(cost(k, n == 0) for n, k in enumerate(cur))
+        if cur and (len(cur) >= max_items or size + cost(i, False) > max_tokens):
+            # cut before the item of the row that shares least with its predecessor, if it shares less than i
+            j = min(range(1, len(cur)), key=lambda n: (shared[cur[n]], -n), default=0)
+            if j and shared[cur[j]] < shared[i]:
+                rows.append(cur[:j])
+                cur = cur[j:]
+            else:
+                rows.append(cur)
+                cur = []
+        cur.append(i)
+    if cur:
+        rows.append(cur)
+    return rows
+
+
 class HFEngine:
     """Answer-slot readouts and samples from a Transformers causal LM."""
 
@@ -148,6 +339,10 @@ class HFEngine:
         self._tok = tokenizer
         self._path: str | None = None
         self._cache_kw = "past_key_values"
+        self._renders: dict[tuple[Any, ...], tuple[int, ...]] = {}
+        self._encodings: dict[str, tuple[int, ...] | str] = {}
+        self._token_texts: dict[int, str] = {}
+        self._resolved_path: str | None = None
 
     # ---------------------------------------------------------------- loading
     def load(self) -> HFEngine:
@@ -251,8 +446,14 @@ class HFEngine:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
-        """The prompt token ids up to the answer slot (or to where reasoning starts)."""
+        """The prompt token ids up to the answer slot (or to where reasoning starts); cached per distinct prompt."""
         think = self.settings.think if think is None else think
+        key = (trial.messages, trial.assistant_prefix, think)
+        if key not in self._renders:
+            self._renders[key] = self._render(trial, think)
+        return self._renders[key]
+
+    def _render(self, trial: Trial, think: bool) -> tuple[int, ...]:
         msgs = [{"role": m.role, "content": m.content} for m in trial.messages]
         if self.settings.system_prompt is not None and msgs[0]["role"] != "system":
             msgs.insert(0, {"role": "system", "content": self.settings.system_prompt})
@@ -273,20 +474,31 @@ class HFEngine:
         """
         pre = trial.assistant_prefix
         sep = " " if pre and not pre[-1].isspace() else ""
-        tok = self.tokenizer
         out = []
         for opt in trial.options:
             if not opt:
                 raise OptionError(f"trial {trial.trial_id}: empty option string")
-            ids = tuple(tok.encode(sep + opt, add_special_tokens=False))
-            back = tok.decode(list(ids), clean_up_tokenization_spaces=False)
-            if not ids or back != sep + opt or (tok.unk_token_id is not None and tok.unk_token_id in ids):
-                raise OptionError(
-                    f"trial {trial.trial_id}: option {opt!r} does not survive the tokenizer "
-                    f"(encodes to {list(ids)}, decodes to {back!r}); use options this model can write"
-                )
+            if sep + opt not in self._encodings:
+                self._encodings[sep + opt] = self._encode_option(sep + opt)
+            ids = self._encodings[sep + opt]
+            if isinstance(ids, str):
+                raise OptionError(f"trial {trial.trial_id}: option {opt!r} {ids}; use options this model can write")
             out.append(ids)
         return tuple(out)
+
+    def _encode_option(self, text: str) -> tuple[int, ...] | str:
+        """The ids of ``text``, or why they would not be ``text`` (a tokenizer that loses characters)."""
+        tok = self.tokenizer
+        ids = tuple(tok.encode(text, add_special_tokens=False))
+        back = tok.decode(list(ids), clean_up_tokenization_spaces=False)
+        if not ids or back != text or (tok.unk_token_id is not None and tok.unk_token_id in ids):
+            return f"does not survive the tokenizer (encodes to {list(ids)}, decodes to {back!r})"
+        return ids
+
+    def _token_text(self, tid: int) -> str:
+        if tid not in self._token_texts:
+            self._token_texts[tid] = self.tokenizer.decode([tid])
+        return self._token_texts[tid]
 
     def _special_ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -343,12 +555,14 @@ class HFEngine:
         return ids.to(self.device), mask.to(self.device)
 
     def _forward(self, ids: Any, mask: Any, cache: Any) -> tuple[Any, Any]:
-        """Last-position float32 log-probs and the updated cache."""
+        """Last-position float32 log-probs and the updated cache.
+
+        ``mask`` covers the cache and ``ids``; positions count only unmasked
+        tokens, so left padding (and the padding of a cached prefix) moves no
+        RoPE position.
+        """
         torch = require("torch", "hf")
-        if cache is None:
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        else:
-            pos = (mask.sum(-1, keepdim=True) - 1).expand(-1, ids.shape[1])
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -359,6 +573,62 @@ class HFEngine:
         )
         new_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return torch.log_softmax(out.logits[:, -1, :].float(), dim=-1), new_cache
+
+    def _forward_tree(self, tree: TokenTree, keep: Sequence[int]) -> Any:
+        """float32 log-probs at the nodes ``keep`` of a packed token tree, in one forward pass without a cache."""
+        torch = require("torch", "hf")
+        dev = self.device
+        # an additive float mask: eager attention adds it to the scores, and SDPA takes it without converting
+        dtype = next(self.model.parameters()).dtype
+        allowed = tree_mask(tree, dev)[None, None]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=torch.tensor([tree.tokens], device=dev),
+            attention_mask=mask,
+            position_ids=torch.tensor([tree.depth], device=dev),
+            use_cache=False,
+            logits_to_keep=torch.tensor(keep, device=dev),
+        )
+        return torch.log_softmax(out.logits[0].float(), dim=-1)
+
+    def readout_path(self) -> str:
+        """The readout path this engine takes on this model (``settings.readout_path`` with auto resolved).
+
+        auto = tree where the model allows it; otherwise branch on a CPU and
+        plain on an accelerator. The branch path runs one forward per distinct
+        suffix length, and on a GPU, where a small forward costs its kernel
+        launches rather than its FLOPs, that measured slower than plain
+        (docs/speed.md); on a CPU the tokens it saves are the time it saves.
+        """
+        if self._resolved_path is None:
+            want = self.settings.readout_path
+            if want in ("auto", "tree"):
+                why = self._tree_unsupported()
+                if why and want == "tree":
+                    raise ValueError(
+                        f"readout_path='tree' cannot run on model {self.settings.model!r}: {why}; "
+                        "use readout_path='branch' or 'plain' (or auto, which picks one)"
+                    )
+                want = "tree" if not why else ("branch" if self.device.type == "cpu" else "plain")
+            self._resolved_path = want
+        return self._resolved_path
+
+    def _tree_unsupported(self) -> str | None:
+        """Why one tree-masked forward would not compute what separate forwards compute (None if it would).
+
+        The tree mask replaces causal attention over the past, so every layer
+        that carries state must be plain full attention: a recurrent (Mamba)
+        state or a sliding window would see the packed siblings.
+        """
+        transformers = require("transformers", "hf")
+        config = self.model.config
+        impl = getattr(config, "_attn_implementation", None)
+        if impl not in ("sdpa", "eager"):
+            return f"its attention implementation {impl!r} takes no custom attention mask"
+        kinds = {type(layer).__name__ for layer in transformers.DynamicCache(config=config).layers}
+        if not kinds <= {"DynamicLayer", "DummyLayer"}:
+            return f"it has layers that are not full attention ({', '.join(sorted(kinds - {'DynamicLayer', 'DummyLayer'}))})"
+        return None
 
     # -------------------------------------------------------------- readouts
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
@@ -374,6 +644,8 @@ class HFEngine:
         s = self.settings
         for t in trials:  # fail on a bad option before spending any compute
             self.option_ids(t)
+        path = self.readout_path()
+        read = {"tree": self._readout_tree, "branch": self._readout_branch, "plain": self._readout_plain}[path]
         if s.think:
             groups = length_batches([len(self.render(t)) for t in trials], s.batch_size, s.max_batch_tokens)
         else:
@@ -382,61 +654,186 @@ class HFEngine:
         with torch.inference_mode():
             for group in groups:
                 prepared = self.prepare([trials[i] for i in group])
-                for batch in length_batches([len(p.ids) for p in prepared], s.batch_size, s.max_batch_tokens):
+                for batch in self._batches([trials[i] for i in group], prepared, path):
                     rows = [group[j] for j in batch]
-                    outs = self._readout_batch([trials[i] for i in rows], [prepared[j] for j in batch])
+                    outs = read([trials[i] for i in rows], [prepared[j] for j in batch])
                     for i, r in zip(rows, outs, strict=True):
                         results[i] = r
                     if progress:
                         progress(len(batch))
         return [r for r in results if r is not None]
 
-    def _readout_batch(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:
+    def _batches(self, trials: Sequence[Trial], prepared: Sequence[_Prepared], path: str) -> list[list[int]]:
+        """Indices per forward batch: length buckets (plain), or runs of sorted prompts so shared prefixes meet.
+
+        The sort key is the prompt ids, then the options and the trial id, so
+        the batches (and so the float rounding) do not depend on input order.
+        """
+        s = self.settings
+        if path == "plain":
+            return length_batches([len(p.ids) for p in prepared], s.batch_size, s.max_batch_tokens)
+        order = sorted(range(len(prepared)), key=lambda i: (prepared[i].ids, prepared[i].options, trials[i].trial_id))
+        ids = [prepared[i].ids for i in order]
+        if path == "tree":  # option prefixes are packed too: a trie's internal nodes, less the root
+            extra = [len(build_trie(prepared[i].options)) - 1 for i in order]
+            cap = s.tree_tokens
+        else:
+            extra, cap = [0] * len(order), s.max_batch_tokens
+        rows = token_rows([len(x) for x in ids], shared_prefix_lengths(ids), extra, cap, s.batch_size)
+        return [[order[j] for j in row] for row in rows]
+
+    def _readout_tree(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:
+        """One forward over the batch's token tree: every prompt and option prefix, each shared token once."""
+        tries = [build_trie(p.options) for p in prepared]
+        seqs: list[tuple[int, ...]] = []
+        asks: list[tuple[int, Prefix]] = []  # (trial, trie node) per sequence: the prompt, then the option prefix
+        for b, (p, trie) in enumerate(zip(prepared, tries, strict=True)):
+            for node in trie:
+                seqs.append(p.ids + node)
+                asks.append((b, node))
+        tree = pack_tree(seqs)
+        keep = sorted(set(tree.ends))
+        row = {node: r for r, node in enumerate(keep)}
+        lp = self._forward_tree(tree, keep)
+        cond = self._conditionals(lp, [(row[e], b, node) for e, (b, node) in zip(tree.ends, asks, strict=True)], tries)
+        roots = lp[[row[e] for e, (_, node) in zip(tree.ends, asks, strict=True) if node == ()]]
+        computed = [0] * len(prepared)  # the nodes each trial's sequences added (the first sharer pays the prefix)
+        added = [0] * len(tree.shared)
+        for k in tree.owner:
+            added[k] += 1
+        for k, n in enumerate(added):
+            computed[asks[tree.first[k]][0]] += n
+        return self._finish(trials, prepared, tries, cond, roots, computed)
+
+    def _readout_branch(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:
+        """Shared prefixes once, their cache gathered per trial, suffixes of equal length together, then the trie."""
         torch = require("torch", "hf")
+        tries = [build_trie(p.options) for p in prepared]
+        groups = prefix_groups([p.ids for p in prepared])
+        if all(n == 0 for n, _ in groups):  # one-token prompts: nothing to share
+            return self._readout_plain(trials, prepared)
+        ids, mask = self._pad_left([prepared[members[0]].ids[:n] for n, members in groups])
+        _, cache = self._forward(ids, mask, None)
+        computed = [0] * len(prepared)
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for g, (n, members) in enumerate(groups):
+            computed[members[0]] += n
+            for b in members:
+                by_length.setdefault(len(prepared[b].ids) - n, []).append((b, g))
+        cond: list[dict[Prefix, dict[int, float]]] = [{} for _ in prepared]
+        roots: list[Any] = [None] * len(prepared)
+        for k, (length, pairs) in enumerate(sorted(by_length.items())):
+            branch = cache if k == len(by_length) - 1 else copy.deepcopy(cache)
+            idx = torch.tensor([g for _, g in pairs], device=mask.device)
+            branch.reorder_cache(idx)
+            sub_mask = torch.cat([mask[idx], mask.new_ones((len(pairs), length))], dim=1)
+            suffix = torch.tensor([prepared[b].ids[groups[g][0] :] for b, g in pairs], device=mask.device)
+            lp, branch = self._forward(suffix, sub_mask, branch)
+            members = [b for b, _ in pairs]
+            sub_cond, expanded = self._expand(lp, branch, sub_mask, [tries[b] for b in members])
+            for j, b in enumerate(members):
+                cond[b], roots[b] = sub_cond[j], lp[j]
+                computed[b] += length + expanded[j]
+        return self._finish(trials, prepared, tries, cond, torch.stack(roots), computed)
+
+    def _readout_plain(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:
+        """Every prompt whole (left-padded), then the trie one token per step on its cache."""
         ids, mask = self._pad_left([p.ids for p in prepared])
         root_lp, cache = self._forward(ids, mask, None)
         tries = [build_trie(p.options) for p in prepared]
-        cond: list[dict[Prefix, dict[int, float]]] = [{} for _ in prepared]
-        for b, trie in enumerate(tries):
-            kids = list(trie[()])
-            cond[b][()] = dict(zip(kids, root_lp[b, kids].tolist(), strict=True))
-        expanded = [0] * len(prepared)
-        rows: list[tuple[int, Prefix]] = [(b, ()) for b in range(len(prepared))]
-        while True:  # breadth-first over internal nodes, one token per step
+        cond, expanded = self._expand(root_lp, cache, mask, tries)
+        computed = [len(p.ids) + e for p, e in zip(prepared, expanded, strict=True)]
+        return self._finish(trials, prepared, tries, cond, root_lp, computed)
+
+    def _expand(
+        self, root_lp: Any, cache: Any, mask: Any, tries: Sequence[Trie]
+    ) -> tuple[list[dict[Prefix, dict[int, float]]], list[int]]:
+        """Conditionals at every internal trie node, breadth-first, one token per step on the prompts' cache.
+
+        Row r of the cache (and of ``root_lp``) is the prompt of ``tries[r]``;
+        each step gathers one cache row per node to expand (all trials at once).
+        Returns the conditionals and the nodes expanded per trial.
+        """
+        torch = require("torch", "hf")
+        cond = self._conditionals(root_lp, [(b, b, ()) for b in range(len(tries))], tries)
+        expanded = [0] * len(tries)
+        rows: list[tuple[int, Prefix]] = [(b, ()) for b in range(len(tries))]
+        while True:
             nxt = [(r, b, (*p, t)) for r, (b, p) in enumerate(rows) for t in tries[b][p] if (*p, t) in tries[b]]
             if not nxt:
                 break
             idx = torch.tensor([r for r, _, _ in nxt], device=mask.device)
             cache.reorder_cache(idx)
-            mask = torch.cat([mask[idx], torch.ones((len(nxt), 1), dtype=mask.dtype, device=mask.device)], dim=1)
+            mask = torch.cat([mask[idx], mask.new_ones((len(nxt), 1))], dim=1)
             step = torch.tensor([[p[-1]] for _, _, p in nxt], device=mask.device)
             lp, cache = self._forward(step, mask, cache)
-            for r, (_, b, p) in enumerate(nxt):
-                kids = list(tries[b][p])
-                cond[b][p] = dict(zip(kids, lp[r, kids].tolist(), strict=True))
+            for b, found in enumerate(self._conditionals(lp, [(r, b, p) for r, (_, b, p) in enumerate(nxt)], tries)):
+                cond[b].update(found)
+            for _, b, _ in nxt:
                 expanded[b] += 1
             rows = [(b, p) for _, b, p in nxt]
+        return cond, expanded
+
+    @staticmethod
+    def _conditionals(
+        lp: Any, asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]
+    ) -> list[dict[Prefix, dict[int, float]]]:
+        """``cond[b][node][t] = lp[row, t]`` for each ask (row, trial b, trie node) and child t, in one gather."""
+        torch = require("torch", "hf")
+        rows = [r for r, b, node in asks for _ in tries[b][node]]
+        toks = [t for _, b, node in asks for t in tries[b][node]]
+        vals = lp[torch.tensor(rows, device=lp.device), torch.tensor(toks, device=lp.device)].tolist()
+        cond: list[dict[Prefix, dict[int, float]]] = [{} for _ in tries]
+        i = 0
+        for _, b, node in asks:
+            kids = tries[b][node]
+            cond[b][node] = dict(zip(kids, vals[i : i + len(kids)], strict=True))
+            i += len(kids)
+        return cond
+
+    def _finish(
+        self,
+        trials: Sequence[Trial],
+        prepared: Sequence[_Prepared],
+        tries: Sequence[Trie],
+        cond: Sequence[dict[Prefix, dict[int, float]]],
+        roots: Any,
+        computed: Sequence[int],
+    ) -> list[Readout]:
+        others = self._top_other(roots, tries)
         return [
-            self._assemble(t, p, tries[b], cond[b], root_lp[b], expanded[b])
-            for b, (t, p) in enumerate(zip(trials, prepared, strict=True))
+            self._assemble(t, p, trie, c, o, n)
+            for t, p, trie, c, o, n in zip(trials, prepared, tries, cond, others, computed, strict=True)
+        ]
+
+    def _top_other(self, roots: Any, tries: Sequence[Trie]) -> list[tuple[tuple[str, float], ...]]:
+        """The most likely first tokens that start no option, per trial (one top-k over the batch)."""
+        torch = require("torch", "hf")
+        k = self.settings.top_other
+        if not k:
+            return [() for _ in tries]
+        masked = roots.clone()
+        rows = [b for b, trie in enumerate(tries) for _ in trie[()]]
+        cols = [t for trie in tries for t in trie[()]]
+        masked[torch.tensor(rows, device=roots.device), torch.tensor(cols, device=roots.device)] = -math.inf
+        vals, idx = torch.topk(masked, k, dim=-1)
+        return [
+            tuple((self._token_text(i), math.exp(v)) for v, i in zip(vr, ir, strict=True))
+            for vr, ir in zip(vals.tolist(), idx.tolist(), strict=True)
         ]
 
     def _assemble(
-        self, trial: Trial, prep: _Prepared, trie: Any, cond: dict[Prefix, dict[int, float]], root: Any, expanded: int
+        self,
+        trial: Trial,
+        prep: _Prepared,
+        trie: Trie,
+        cond: dict[Prefix, dict[int, float]],
+        other: tuple[tuple[str, float], ...],
+        computed: int,
     ) -> Readout:
-        torch = require("torch", "hf")
         lps = option_logprobs(prep.options, trie, cond)
         probs, coverage = normalize(lps)
         best = max(range(len(lps)), key=lambda i: (lps[i], -i))
-        other: tuple[tuple[str, float], ...] = ()
-        if self.settings.top_other:
-            masked = root.clone()
-            masked[list(trie[()])] = -math.inf
-            vals, idx = torch.topk(masked, self.settings.top_other)
-            other = tuple(
-                (self.tokenizer.decode([int(i)]), float(math.exp(v)))
-                for v, i in zip(vals.tolist(), idx.tolist(), strict=True)
-            )
         return Readout(
             trial_id=trial.trial_id,
             scores=tuple(
@@ -447,7 +844,7 @@ class HFEngine:
             greedy_option=trial.options[best],
             top_other=other,
             prompt_tokens=len(prep.ids),
-            computed_tokens=len(prep.ids) + expanded,
+            computed_tokens=computed,
             reasoning=prep.reasoning,
             reasoning_tokens=prep.reasoning_tokens,
             hit_budget=prep.hit_budget,
