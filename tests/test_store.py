@@ -262,6 +262,7 @@ def test_sampled_only_run_is_analyzed_from_counts(tmp_path: Path):
     opts, per = sample_counts(RunStore(out))
     # frequencies among parsed answers, checked against a direct count
     ok = s[s.status == "ok"]
+    assert per["n_ok"].sum() == len(ok) and (per[["n_ok", "n_refusal", "n_invalid"]].sum(axis=1) == 6).all()
     for tid, grp in ok.groupby("trial_id"):
         got = opts[opts.trial_id == tid].set_index("option")["prob"]
         for option, share in (grp["option"].value_counts() / len(grp)).items():
