@@ -41,8 +41,8 @@ from experiments.yesno import (
     salts_from_args,
 )
 from probe.grid import Grid
-from probe.salts import SaltSpec, apply_salt, make_salt
-from probe.types import Message, Trial, make_trial_id
+from probe.salts import SaltSpec, make_salt, salted_trials
+from probe.types import Trial
 
 if TYPE_CHECKING:
     from probe.store import RunStore
@@ -309,22 +309,7 @@ def expand(spec: BatterySpec, count_tokens: Callable[[str], int] | None = None) 
                 f["yes_label"] = built[3]
             if len(set(options)) != len(options):
                 raise ValueError(f"dilemma {d.id!r}, condition {f}: options are not distinct: {options}")
-            for rep, salt in enumerate(salts):
-                system, user = apply_salt(None, text, salt, spec.salts.place)
-                msgs = ((Message("system", system),) if system else ()) + (Message("user", user),)
-                trials.append(
-                    Trial(
-                        trial_id=make_trial_id(NAME, d.id, f, salt, rep),
-                        experiment=NAME,
-                        item_id=d.id,
-                        factors=f,
-                        messages=msgs,
-                        options=options,
-                        meaning=meanings,
-                        salt=salt,
-                        replicate=rep,
-                    )
-                )
+            trials += salted_trials(NAME, d.id, f, text, options, meanings, salts, spec.salts.place)
     return trials
 
 

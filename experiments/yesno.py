@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from experiments import Experiment
 from experiments.dilemmas import Dilemma, load_dilemmas
 from probe.grid import Grid
-from probe.salts import SaltSpec, apply_salt, make_salt
-from probe.types import Message, Trial, make_trial_id
+from probe.salts import SaltSpec, make_salt, salted_trials
+from probe.types import Trial
 
 if TYPE_CHECKING:
     from probe.store import RunStore
@@ -94,28 +94,13 @@ def expand(spec: YesNoSpec, count_tokens: Callable[[str], int] | None = None) ->
     grid = Grid.of({"form": spec.forms, "verb": VERBS, "order": ORDERS})
     salts = [make_salt(r, spec.salts, count_tokens) for r in range(spec.salts.count)]
     label_pair = "/".join(spec.labels)
-    trials = []
+    trials: list[Trial] = []
     for d in dilemmas:
         for cell in grid:
             text, printed = question(d, cell["form"], cell["verb"], cell["order"], spec.labels)
             means = tuple(meaning(d, cell["verb"], o == spec.labels[0]) for o in printed)
             factors = {**cell, "labels": label_pair}
-            for rep, salt in enumerate(salts):
-                system, user = apply_salt(None, text, salt, spec.salts.place)
-                msgs = ((Message("system", system),) if system else ()) + (Message("user", user),)
-                trials.append(
-                    Trial(
-                        trial_id=make_trial_id(NAME, d.id, factors, salt, rep),
-                        experiment=NAME,
-                        item_id=d.id,
-                        factors=factors,
-                        messages=msgs,
-                        options=printed,
-                        meaning=means,
-                        salt=salt,
-                        replicate=rep,
-                    )
-                )
+            trials += salted_trials(NAME, d.id, factors, text, printed, means, salts, spec.salts.place)
     return trials
 
 

@@ -14,9 +14,11 @@ so every replicate perturbs the prompt by the same amount; without a tokenizer
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from probe.types import Message, Trial, make_trial_id
 
 SaltPlace = Literal["user_start", "user_end", "system"]
 SALT_PLACES: tuple[str, ...] = ("user_start", "user_end", "system")
@@ -91,3 +93,38 @@ def apply_salt(system: str | None, user: str, salt: str, place: SaltPlace) -> tu
     if place == "user_end":
         return system, f"{user}\n\n{salt}"
     return (f"{system}\n\n{salt}" if system else salt), user
+
+
+def salted_trials(
+    experiment: str,
+    item_id: str,
+    factors: dict[str, str],
+    text: str,
+    options: tuple[str, ...],
+    meaning: tuple[str, ...],
+    salts: Sequence[str],
+    place: SaltPlace,
+) -> list[Trial]:
+    """The trials of one single-turn question, one per salt replicate (``salts[r]`` for replicate r).
+
+    Every instrument builds its trials through here, so salting, message
+    layout and the trial id are the same everywhere.
+    """
+    out = []
+    for rep, salt in enumerate(salts):
+        system, user = apply_salt(None, text, salt, place)
+        msgs = ((Message("system", system),) if system else ()) + (Message("user", user),)
+        out.append(
+            Trial(
+                trial_id=make_trial_id(experiment, item_id, factors, salt, rep),
+                experiment=experiment,
+                item_id=item_id,
+                factors=factors,
+                messages=msgs,
+                options=options,
+                meaning=meaning,
+                salt=salt,
+                replicate=rep,
+            )
+        )
+    return out

@@ -53,8 +53,8 @@ from experiments.cue.prompts import (
 from experiments.cue.puzzles import DIFFICULTIES, INDIVIDUALS, Puzzle
 from experiments.cue.schema import CueDilemma, load_cue_dilemmas
 from experiments.yesno import add_dilemma_arguments, add_salt_arguments, dilemma_path, salts_from_args
-from probe.salts import SaltSpec, apply_salt, make_salt
-from probe.types import Message, Trial, make_trial_id
+from probe.salts import SaltSpec, make_salt, salted_trials
+from probe.types import Trial
 
 if TYPE_CHECKING:
     from probe.store import RunStore
@@ -194,22 +194,7 @@ def expand(spec: CueSpec, count_tokens: Callable[[str], int] | None = None) -> l
         d: CueDilemma, factors: dict[str, str], text: str, options: tuple[str, ...], meaning: tuple[str, ...]
     ) -> None:
         factors = {**factors, "status": d.status, "topic": d.topic}
-        for rep, salt in enumerate(salts):
-            system, user = apply_salt(None, text, salt, spec.salts.place)
-            msgs = ((Message("system", system),) if system else ()) + (Message("user", user),)
-            trials.append(
-                Trial(
-                    trial_id=make_trial_id(NAME, d.id, factors, salt, rep),
-                    experiment=NAME,
-                    item_id=d.id,
-                    factors=factors,
-                    messages=msgs,
-                    options=options,
-                    meaning=meaning,
-                    salt=salt,
-                    replicate=rep,
-                )
-            )
+        trials.extend(salted_trials(NAME, d.id, factors, text, options, meaning, salts, spec.salts.place))
 
     blank = {
         "combo": "",
