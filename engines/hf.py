@@ -48,7 +48,7 @@ from typing import Any
 
 from engines.base import ProgressFn, require
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
-from probe.parse import parse_answer, split_reasoning
+from probe.parse import parsed_sample, split_reasoning
 from probe.types import OptionScore, Readout, Sample, Trial
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -923,20 +923,5 @@ class HFEngine:
         for (t, d), p, gen in zip(rows, prompts, gens, strict=True):
             body = [g for g in gen if g not in stops]
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            if t.assistant_prefix and not s.think:
-                text = t.assistant_prefix + text
-            reasoning, _ = split_reasoning(text)
-            parsed = parse_answer(text, t.options)
-            out.append(
-                Sample(
-                    trial_id=t.trial_id,
-                    replicate=d,
-                    text=text,
-                    option=parsed.option,
-                    status=parsed.status,
-                    prompt_tokens=len(p),
-                    completion_tokens=len(gen),
-                    reasoning=reasoning,
-                )
-            )
+            out.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think))
         return out

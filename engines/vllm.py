@@ -42,7 +42,7 @@ from typing import Any, Literal
 from engines.base import ProgressFn, require
 from engines.render import close_reasoning, option_ids, render_ids, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
-from probe.parse import parse_answer, split_reasoning
+from probe.parse import parsed_sample
 from probe.types import OptionScore, Readout, Sample, Trial
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -749,22 +749,7 @@ class VLLMEngine:
             gen = [int(g) for g in res.outputs[0].token_ids]
             body = [g for g in gen if g not in stops]
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            if t.assistant_prefix and not s.think:
-                text = t.assistant_prefix + text
-            reasoning, _ = split_reasoning(text)
-            parsed = parse_answer(text, t.options)
-            samples.append(
-                Sample(
-                    trial_id=t.trial_id,
-                    replicate=d,
-                    text=text,
-                    option=parsed.option,
-                    status=parsed.status,
-                    prompt_tokens=len(p),
-                    completion_tokens=len(gen),
-                    reasoning=reasoning,
-                )
-            )
+            samples.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think))
         if progress:
             progress(len(rows))
         return samples

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from probe.types import SampleStatus
+from probe.types import Sample, SampleStatus, Trial
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _OPEN_THINK = re.compile(r"^.*?</think>", re.DOTALL)
@@ -100,3 +100,28 @@ def parse_answer(text: str, options: Sequence[str]) -> Parsed:
     if len(found) == 1:
         return Parsed(found.pop(), "ok", "standalone")
     return Parsed(None, "invalid", "none")
+
+
+def parsed_sample(
+    trial: Trial, draw: int, text: str, prompt_tokens: int, completion_tokens: int, *, think: bool
+) -> Sample:
+    """A :class:`Sample` from a decoded reply (shared by every local engine).
+
+    Outside think mode the trial's assistant prefix is put back in front of the
+    reply, because the model saw it and the stated-format rule may need it
+    (``Answer: Yes``).
+    """
+    if trial.assistant_prefix and not think:
+        text = trial.assistant_prefix + text
+    reasoning, _ = split_reasoning(text)
+    parsed = parse_answer(text, trial.options)
+    return Sample(
+        trial_id=trial.trial_id,
+        replicate=draw,
+        text=text,
+        option=parsed.option,
+        status=parsed.status,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        reasoning=reasoning,
+    )
