@@ -142,7 +142,15 @@ def test_killed_run_resumes_without_repeating_a_call(server: Server, tmp_path: P
         before = {(r["trial_id"], r["draw"]): r["text"] for r in map(json.loads, journal.read_text().splitlines())}
         with open(journal, "ab") as f:  # as if the kill had landed inside a write
             f.write(b'{"trial_id": "half-written')
+        # let the proxy finish responses that were in flight when the client died, so that the
+        # count below belongs to the first session only (a race, not a repeated call, otherwise)
+        settle = time.monotonic() + 5
         delivered_first = proxy.delivered_ok
+        while time.monotonic() < settle:
+            time.sleep(0.3)
+            if proxy.delivered_ok == delivered_first:
+                break
+            delivered_first = proxy.delivered_ok
         assert _cli(*args) == 0
         delivered_total = proxy.delivered_ok
         assert proxy.upstream_errors == []
