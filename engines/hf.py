@@ -47,16 +47,21 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engines.base import ProgressFn, require
+from engines.render import (
+    checked_option_ids,
+    close_reasoning,
+    encode_option,
+    option_texts,
+    render_ids,
+    stop_ids,
+    think_end_id,
+)
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
-from probe.parse import parsed_sample, split_reasoning
+from probe.parse import parsed_sample
 from probe.types import OptionScore, Readout, Sample, Trial
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 READOUT_PATHS = ("auto", "tree", "branch", "plain")
-
-
-class OptionError(ValueError):
-    """An option string that the tokenizer cannot encode faithfully."""
 
 
 @dataclass(frozen=True)
@@ -454,70 +459,28 @@ class HFEngine:
         return self._renders[key]
 
     def _render(self, trial: Trial, think: bool) -> tuple[int, ...]:
-        msgs = [{"role": m.role, "content": m.content} for m in trial.messages]
-        if self.settings.system_prompt is not None and msgs[0]["role"] != "system":
-            msgs.insert(0, {"role": "system", "content": self.settings.system_prompt})
-        text = self.tokenizer.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=True, enable_thinking=think
-        )
-        if not think:
-            text += trial.assistant_prefix
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        return render_ids(self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt)
 
     def option_ids(self, trial: Trial) -> tuple[tuple[int, ...], ...]:
-        """Each option as the token ids the model would emit at the slot.
-
-        After an assistant prefix that does not end in whitespace (``Answer:``)
-        the option is scored with a leading space (``Answer: Yes``), because
-        that is how the model would continue; right after the template's
-        newline it is scored bare.
-        """
-        pre = trial.assistant_prefix
-        sep = " " if pre and not pre[-1].isspace() else ""
-        out = []
-        for opt in trial.options:
-            if not opt:
-                raise OptionError(f"trial {trial.trial_id}: empty option string")
-            if sep + opt not in self._encodings:
-                self._encodings[sep + opt] = self._encode_option(sep + opt)
-            ids = self._encodings[sep + opt]
-            if isinstance(ids, str):
-                raise OptionError(f"trial {trial.trial_id}: option {opt!r} {ids}; use options this model can write")
-            out.append(ids)
-        return tuple(out)
-
-    def _encode_option(self, text: str) -> tuple[int, ...] | str:
-        """The ids of ``text``, or why they would not be ``text`` (a tokenizer that loses characters)."""
-        tok = self.tokenizer
-        ids = tuple(tok.encode(text, add_special_tokens=False))
-        back = tok.decode(list(ids), clean_up_tokenization_spaces=False)
-        if not ids or back != text or (tok.unk_token_id is not None and tok.unk_token_id in ids):
-            return f"does not survive the tokenizer (encodes to {list(ids)}, decodes to {back!r})"
-        return ids
+        """Each option as the token ids the model would emit at the slot (rules: :func:`engines.render.option_texts`)."""
+        encoded = []
+        for text in option_texts(trial):
+            if text not in self._encodings:
+                self._encodings[text] = encode_option(self.tokenizer, text)
+            encoded.append(self._encodings[text])
+        return checked_option_ids(trial, encoded)
 
     def _token_text(self, tid: int) -> str:
         if tid not in self._token_texts:
             self._token_texts[tid] = self.tokenizer.decode([tid])
         return self._token_texts[tid]
 
-    def _special_ids(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
     def _think_end_id(self) -> int:
-        tid = self.tokenizer.convert_tokens_to_ids("</think>")
-        if tid is None or tid == self.tokenizer.unk_token_id:
-            raise ValueError(f"model {self.settings.model!r} has no </think> token; think mode needs a reasoning model")
-        return int(tid)
+        return think_end_id(self.tokenizer, self.settings.model)
 
     def _stop_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
         gen = getattr(self.model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif eos:
-            ids.update(eos)
-        return {i for i in ids if i is not None}
+        return stop_ids(self.tokenizer, getattr(gen, "eos_token_id", None))
 
     def prepare(self, trials: Sequence[Trial]) -> list[_Prepared]:
         """Render trials; in think mode, generate and append the reasoning."""
@@ -529,17 +492,10 @@ class HFEngine:
         budget = self.settings.think_budget
         stops = self._stop_ids()
         gens = self._decode(base, budget, stops | {end_id}, 0.0, None, progress=None)
-        tok = self.tokenizer
         out = []
         for t, ids, o, gen in zip(trials, base, opts, gens, strict=True):
-            closed = bool(gen) and gen[-1] == end_id
-            body = [g for g in gen if g not in stops]
-            # budget spent (or the model stopped inside the block): close the block for it
-            tail = self._special_ids("\n\n" if closed else "\n</think>\n\n")
-            pre = t.assistant_prefix
-            full = (*ids, *body, *tail, *(self._special_ids(pre) if pre else ()))
-            reasoning, _ = split_reasoning(tok.decode(body + ([] if closed else [end_id]), skip_special_tokens=False))
-            out.append(_Prepared(full, o, reasoning, len(gen), not closed and len(gen) >= budget))
+            r = close_reasoning(self.tokenizer, t, ids, gen, end_id=end_id, stops=stops, budget=budget)
+            out.append(_Prepared(r.ids, o, r.reasoning, r.reasoning_tokens, r.hit_budget))
         return out
 
     # ------------------------------------------------------------ the forward

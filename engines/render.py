@@ -22,15 +22,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.hf import OptionError
 from probe.parse import split_reasoning
 from probe.types import Trial
 
 __all__ = [
     "OptionError",
     "Reasoned",
+    "checked_option_ids",
     "close_reasoning",
+    "encode_option",
     "option_ids",
+    "option_texts",
     "render_ids",
     "stop_ids",
     "think_end_id",
@@ -48,23 +50,47 @@ def render_ids(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None
     return tuple(tok.encode(text, add_special_tokens=False))
 
 
-def option_ids(tok: Any, trial: Trial) -> tuple[tuple[int, ...], ...]:
-    """Each option as the token ids the model would emit at the slot; refuses options the tokenizer loses."""
+class OptionError(ValueError):
+    """An option string that the tokenizer cannot encode faithfully."""
+
+
+def option_texts(trial: Trial) -> tuple[str, ...]:
+    """Each option as the text the model would write at the slot.
+
+    After an assistant prefix that does not end in whitespace (``Answer:``) the
+    option gets a leading space (``Answer: Yes``), because that is how the model
+    would continue; right after the template's newline it is bare.
+    """
     pre = trial.assistant_prefix
     sep = " " if pre and not pre[-1].isspace() else ""
-    out = []
     for opt in trial.options:
         if not opt:
             raise OptionError(f"trial {trial.trial_id}: empty option string")
-        ids = tuple(tok.encode(sep + opt, add_special_tokens=False))
-        back = tok.decode(list(ids), clean_up_tokenization_spaces=False)
-        if not ids or back != sep + opt or (tok.unk_token_id is not None and tok.unk_token_id in ids):
-            raise OptionError(
-                f"trial {trial.trial_id}: option {opt!r} does not survive the tokenizer "
-                f"(encodes to {list(ids)}, decodes to {back!r}); use options this model can write"
-            )
+    return tuple(sep + opt for opt in trial.options)
+
+
+def encode_option(tok: Any, text: str) -> tuple[int, ...] | str:
+    """The ids of ``text``, or why they would not be ``text`` (a tokenizer that loses characters)."""
+    ids = tuple(tok.encode(text, add_special_tokens=False))
+    back = tok.decode(list(ids), clean_up_tokenization_spaces=False)
+    if not ids or back != text or (tok.unk_token_id is not None and tok.unk_token_id in ids):
+        return f"does not survive the tokenizer (encodes to {list(ids)}, decodes to {back!r})"
+    return ids
+
+
+def checked_option_ids(trial: Trial, encoded: Sequence[tuple[int, ...] | str]) -> tuple[tuple[int, ...], ...]:
+    """The encodings of ``option_texts(trial)``, refusing any the tokenizer loses."""
+    out = []
+    for opt, ids in zip(trial.options, encoded, strict=True):
+        if isinstance(ids, str):
+            raise OptionError(f"trial {trial.trial_id}: option {opt!r} {ids}; use options this model can write")
         out.append(ids)
     return tuple(out)
+
+
+def option_ids(tok: Any, trial: Trial) -> tuple[tuple[int, ...], ...]:
+    """Each option as the token ids the model would emit at the slot; refuses options the tokenizer loses."""
+    return checked_option_ids(trial, [encode_option(tok, text) for text in option_texts(trial)])
 
 
 def think_end_id(tok: Any, model: str) -> int:

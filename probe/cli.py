@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engines.base import MissingExtra
-    from engines.hf import OptionError
+    from engines.render import OptionError
     from experiments.dilemmas import DilemmaError
     from probe.models import ModelError
     from probe.store import StoreError

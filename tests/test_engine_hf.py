@@ -142,7 +142,7 @@ def test_assistant_prefix_scores_options_with_a_space(tiny_engine):
 
 
 def test_option_errors_are_clear(tiny_engine):
-    from engines.hf import OptionError
+    from engines.render import OptionError
     from probe.types import Message, Trial
 
     with pytest.raises(ValueError, match="option list is empty"):
@@ -229,7 +229,8 @@ def test_salted_readouts_are_deterministic_and_differ_from_unsalted(engine):
 
 def test_an_option_the_tokenizer_cannot_write_is_refused(tiny_engine):
     """A tokenizer that loses characters (as sentencepiece does with <unk>) must not score a different string."""
-    from engines.hf import HFEngine, OptionError
+    from engines.hf import HFEngine
+    from engines.render import OptionError
 
     class Lossy:
         def __init__(self, tok):

@@ -403,7 +403,7 @@ def test_closing_the_reasoning_is_the_transformers_engines(tok, monkeypatch):
 
 
 def test_option_errors_are_the_transformers_engines(tok):
-    from engines.hf import OptionError
+    from engines.render import OptionError
 
     e, llm = make_engine(tok)
     with pytest.raises(OptionError, match="empty option"):
