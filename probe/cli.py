@@ -128,6 +128,18 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(a: argparse.Namespace) -> int:
+    from analysis.compare import runs_from_args, write_comparison
+
+    panel = runs_from_args(a.runs, a.panel, a.names, a.humans, a.attributes)
+    paths = write_comparison(panel, Path(a.out))
+    summary = Path(a.out) / "summary.md"
+    if summary.exists() and not a.quiet:
+        print(summary.read_text())
+    print(f"comparison of {len(panel.runs)} runs written to {a.out}: {', '.join(p.name for p in paths)}")
+    return 0
+
+
 def cmd_tiny(a: argparse.Namespace) -> int:
     from probe import tiny
 
@@ -212,6 +224,32 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("run", help="run directory")
     n.set_defaults(func=cmd_analyze)
 
+    c = sub.add_parser(
+        "compare",
+        help="one report across runs of an experiment (a model panel)",
+        description="Line up runs of one experiment (models, reasoning off / on, logit vs sampled) in one report: "
+        "CSV tables, summary.md and PNG figures in --out. Runs are matched on the items they share; the report "
+        "says what was dropped. Give run folders (names, models and the reasoning flag are read from their "
+        "manifests) or a panel file.",
+        epilog="panel file (YAML; paths relative to the file):\n"
+        "  runs:\n"
+        "    - {run: runs/q8, name: Qwen3-8B, model: Qwen3-8B, reasoning: false}\n"
+        "    - {run: runs/q8-think, name: Qwen3-8B think, model: Qwen3-8B, reasoning: true}\n"
+        "  humans: humans.csv        # optional, per-item human rates (battery)\n"
+        "  attributes: attrs.csv     # optional, one row per model (cue visibility)\n\n"
+        "example:\n  probe compare runs/q8 runs/q8-think --out runs/compare-q8\n"
+        "  probe compare --panel panel.yaml --out runs/panel",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("runs", nargs="*", help="run folders (the --out of `probe run`)")
+    c.add_argument("--panel", help="a panel file listing runs with names and reasoning flags (instead of RUNS)")
+    c.add_argument("--names", help="display names for RUNS, comma-separated, in order (default: from the manifests)")
+    c.add_argument("--humans", help="CSV of per-item human choice rates or ratings, shown beside the models")
+    c.add_argument("--attributes", help="CSV with one row per model (column `model` + numeric attributes)")
+    c.add_argument("--out", required=True, help="folder for the comparison report (created)")
+    c.add_argument("--quiet", action="store_true", help="do not print the summary")
+    c.set_defaults(func=cmd_compare)
+
     t = sub.add_parser(
         "tiny",
         help="build the built-in tiny models (done automatically on first use)",
@@ -228,11 +266,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engines.render import OptionError
     from experiments.dilemmas import DilemmaError
     from probe.models import ModelError
+    from probe.panel import PanelError
     from probe.store import StoreError
 
     try:
         return int(args.func(args))
-    except (ModelError, StoreError, DilemmaError, OptionError, MissingExtra, ValueError, FileNotFoundError) as e:
+    except (
+        ModelError,
+        StoreError,
+        PanelError,
+        DilemmaError,
+        OptionError,
+        MissingExtra,
+        ValueError,
+        FileNotFoundError,
+    ) as e:
         print(f"probe {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `probe readout ... | head`

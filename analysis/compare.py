@@ -1,0 +1,116 @@
+"""``probe compare``: one report across the runs of a panel.
+
+The experiment decides what a comparison means (its ``compare`` function);
+this module checks that the runs can be compared, hands the panel over, and
+writes the parts every comparison shares: the panel table and the log of
+items dropped when runs of different item sets are matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from probe.panel import Panel, PanelError
+from probe.store import atomic_write_text
+
+
+def comparison_of(panel: Panel) -> tuple[str, object]:
+    """The compare function shared by every run of the panel, with a name for it."""
+    from experiments import get_experiment
+
+    funcs = {}
+    for name in panel.experiments:
+        exp = get_experiment(name)
+        if exp.compare is None:
+            raise PanelError(f"experiment {name!r} has no cross-run comparison; comparable: {comparable()}")
+        funcs[name] = exp.compare
+    distinct = set(map(id, funcs.values()))
+    if len(distinct) > 1:
+        raise PanelError(
+            f"the panel mixes experiments that are compared differently ({', '.join(funcs)}); "
+            "compare runs of one experiment (or of one family, e.g. the influence benchmarks)"
+        )
+    return ", ".join(funcs), next(iter(funcs.values()))
+
+
+def comparable() -> str:
+    from experiments import all_experiments
+
+    return ", ".join(n for n, e in all_experiments().items() if e.compare is not None) or "(none)"
+
+
+def write_comparison(panel: Panel, out: str | Path) -> list[Path]:
+    """Write the panel's comparison into ``out``; returns the files written (sorted)."""
+    _, func = comparison_of(panel)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "panel.csv", panel.table().to_csv(index=False))
+    func(panel, out)  # type: ignore[operator]
+    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+
+
+def panel_md(panel: Panel) -> list[str]:
+    """The Markdown lines describing the panel (one row per run)."""
+    lines = ["| name | model | reasoning | experiment | run |", "|---|---|---|---|---|"]
+    for r in panel.runs:
+        lines.append(f"| {r.name} | {r.model} | {'on' if r.reasoning else 'off'} | {r.experiment} | `{r.path}` |")
+    return lines
+
+
+def dropped_md(dropped: pd.DataFrame, n_shared: int, what: str = "items") -> list[str]:
+    """One sentence (and a short table) on the items matched and dropped across runs."""
+    if dropped.empty:
+        return [f"All runs hold the same {n_shared} {what}; nothing was dropped."]
+    per_run = dropped.groupby("run", sort=False)["item_id"].nunique()
+    lines = [
+        f"Runs were matched on the {n_shared} {what} they all hold; "
+        f"{dropped['item_id'].nunique()} {what} were dropped (listed in `dropped_items.csv`):",
+        "",
+        "| run | dropped | reason (first) |",
+        "|---|---|---|",
+    ]
+    for run, n in per_run.items():
+        first = dropped.loc[dropped["run"] == run, "reason"].iloc[0]
+        lines.append(f"| {run} | {n} | {first} |")
+    return lines
+
+
+def write_dropped(dropped: pd.DataFrame, out: Path) -> None:
+    atomic_write_text(out / "dropped_items.csv", dropped.to_csv(index=False))
+
+
+def md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}", index: bool = False) -> list[str]:
+    """A Markdown table (floats formatted with ``floatfmt``; NaN shown as a dash)."""
+    frame = df.reset_index() if index else df
+    cols = [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in frame.itertuples(index=False):
+        cells = []
+        for v in row:
+            if isinstance(v, float):
+                cells.append("–" if v != v else floatfmt.format(v))
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def runs_from_args(
+    runs: Sequence[str], panel: str | None, names: str | None, humans: str | None, attributes: str | None
+) -> Panel:
+    """The panel of ``probe compare``: a panel file, or run folders (not both)."""
+    from probe.panel import load_panel, panel_from_runs
+
+    if panel and runs:
+        raise PanelError("give either run folders or --panel FILE, not both (list extra runs in the panel file)")
+    if panel:
+        p = load_panel(panel)
+        if humans or attributes or names:
+            raise PanelError("with --panel, give humans / attributes / names in the panel file")
+        return p
+    if not runs:
+        raise PanelError("nothing to compare: give run folders (probe compare RUN RUN ...) or --panel FILE")
+    return panel_from_runs(runs, names=names.split(",") if names else None, humans=humans, attributes=attributes)
