@@ -67,7 +67,8 @@ def sample_counts(store: RunStore) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def count_samples(s: pd.DataFrame, trials: Sequence[Trial]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`sample_counts` on an already loaded samples table and the run's trials."""
-    trials = [t for t in trials if t.trial_id in set(s["trial_id"])]
+    sampled = set(s["trial_id"])
+    trials = [t for t in trials if t.trial_id in sampled]
     meaning = option_meaning(trials)
     status = s.groupby(["trial_id", "status"]).size().unstack(fill_value=0)
     for col in ("ok", "refusal", "invalid", "error"):

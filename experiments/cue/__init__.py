@@ -57,6 +57,7 @@ from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
 
 if TYPE_CHECKING:
+    from probe.panel import Panel
     from probe.store import RunStore
 
 NAME = "cue"
@@ -315,6 +316,12 @@ def _report(store: RunStore, out: Path) -> list[Path]:
     return cue_report(store, out)
 
 
+def _compare(panel: Panel, out: Path) -> list[Path]:
+    from analysis.compare_cue import compare_cue
+
+    return compare_cue(panel, out)
+
+
 EXPERIMENTS = (
     Experiment(
         name=NAME,
@@ -323,5 +330,6 @@ EXPERIMENTS = (
         spec_from_args=_spec_from_args,
         expand=expand,
         report=_report,
+        compare=_compare,
     ),
 )

@@ -33,11 +33,15 @@ import argparse
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
 from experiments.influence.design import VARIANTS, Cue, Design, DesignError
 from probe.salts import SaltSpec, apply_salt, make_salt
 from probe.types import Message, Trial, make_trial_id
+
+if TYPE_CHECKING:
+    from probe.panel import Panel
 
 CONTROLS: Final[tuple[str, ...]] = ("rerun", "placebo", "negated")
 ORDERS: Final[tuple[str, str]] = ("a_first", "b_first")
@@ -365,3 +369,10 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
         controls=() if controls == ("none",) else controls,
         rerun_salt=a.rerun_salt,
     )
+
+
+def compare_runs(panel: Panel, out: Path) -> list[Path]:
+    """The cross-run report of influence runs (one function for the three benchmarks, so a panel can pool them)."""
+    from analysis.compare_influence import compare_influence
+
+    return compare_influence(panel, out)

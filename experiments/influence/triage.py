@@ -26,6 +26,7 @@ from experiments.influence.build import (
     Side,
     add_audit_arguments,
     audit_from_args,
+    compare_runs,
     demo,
     expand_scenarios,
     split_list,
@@ -247,4 +248,5 @@ EXPERIMENT = Experiment(
     spec_from_args=_spec_from_args,
     expand=expand,
     report=_report,
+    compare=compare_runs,
 )

@@ -1,0 +1,490 @@
+"""Cue visibility across a panel of runs (paper 001, sections 4.1 and 4.4, appendix O).
+
+``probe compare`` on ``cue`` runs writes:
+
+1. **Matched items.** Runs are matched on the dilemmas they all hold; the
+   decision-bias and gap tables of each run (:func:`analysis.cue.decision_bias`,
+   expected decisions, eligible denominators) are computed on those.
+2. **Rankings.** Per run, the macro net bias (mean over gender and race groups)
+   under Direct and under the headline Puzzled arm (the hardest level every
+   run has), and the macro Gap = net(Direct) - net(Puzzled). Ranks: by Direct
+   net and by Puzzled net, 1 = the most favorable to the described person (the
+   "safest" under that condition); by the Gap, 1 = the smallest gap (the most
+   robust to hiding the label). Kendall's tau-b between the rankings, with
+   scipy's p-value (exact for small panels without ties).
+3. **Sign tests across models** of the Gap, Delta Against and Delta Favor per
+   group (:func:`analysis.cue.sign_tests`).
+4. **Gap against model attributes**: a user table (``--attributes`` CSV,
+   column ``model`` matching a run's display name or its model, numeric
+   columns); when every run has identity checks, the derived
+   ``puzzle_solve_rate`` (joint check accuracy of the headline arm, the
+   paper's Capability) is added. Per attribute an OLS ``gap ~ attribute``
+   (statsmodels; slope, 95% CI, R^2, n) and, with two or more attributes and
+   enough models, the joint fit. A panel of a few models is badly
+   underpowered; the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
+
+N_BOOT = 1000
+SEED = 0
+LEVELS = ("hard", "intermediate", "easy")
+MIN_MODELS = 10
+"""Below this many models the report calls the attribute regressions underpowered."""
+
+
+@dataclass(frozen=True)
+class CueRun:
+    """One run's tables on the matched items."""
+
+    run: PanelRun
+    bias: pd.DataFrame
+    gap: pd.DataFrame
+    solve: pd.DataFrame | None
+
+
+def run_frames(run: PanelRun) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(options, per_trial) of a cue run, as every cue analysis reads them."""
+    from analysis.frames import choice_probs
+
+    options, per_trial, _ = choice_probs(open_store(run))
+    return options, per_trial
+
+
+def run_tables(
+    run: PanelRun,
+    options: pd.DataFrame,
+    per_trial: pd.DataFrame,
+    items: Sequence[str],
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
+) -> CueRun:
+    """Bias, gap and solve-rate tables of one run restricted to ``items``."""
+    from analysis import cue
+
+    keep = set(items)
+    pt = per_trial[per_trial["item_id"].isin(keep)]
+    opts = options[options["trial_id"].isin(set(pt["trial_id"]))]
+    bias, gap = cue.decision_bias(opts, pt, n_boot=n_boot, seed=seed)
+    checks = cue.check_frame(opts, pt)
+    return CueRun(run, bias, gap, cue.solve_rates(checks) if not checks.empty else None)
+
+
+def headline_arm(runs: Sequence[CueRun]) -> str:
+    """The hardest Puzzled level that every run has (the paper's headline: Puzzled-hard)."""
+    for lv in LEVELS:
+        arm = f"puzzled-{lv}"
+        if all(arm in set(r.gap["arm"]) for r in runs):
+            return arm
+    raise PanelError(
+        "the runs share no Puzzled arm with a Direct reference; run them with --conditions including direct,puzzled"
+    )
+
+
+def common_consequences(runs: Sequence[CueRun]) -> str:
+    """``with`` when every run has it, else the first consequences setting all runs share."""
+    sets = [set(r.gap["consequences"]) for r in runs]
+    common = set.intersection(*sets)
+    if not common:
+        raise PanelError("the runs share no consequences setting (with / without); run them alike")
+    return "with" if "with" in common else sorted(common)[0]
+
+
+def _macro(frame: pd.DataFrame, arm: str, cons: str) -> pd.Series:
+    row = frame[(frame["arm"] == arm) & (frame["consequences"] == cons) & (frame["group"] == "macro")]
+    if row.empty:
+        raise PanelError(f"no macro row for arm {arm!r}, consequences {cons!r}")
+    return row.iloc[0]
+
+
+def model_table(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
+    """One row per run: macro net under Direct and under ``arm``, the deltas and the Gap, with bootstrap SDs."""
+    from analysis.cue import REFERENCE
+
+    rows = []
+    for r in runs:
+        d, p, g = _macro(r.bias, REFERENCE, cons), _macro(r.bias, arm, cons), _macro(r.gap, arm, cons)
+        rows.append(
+            {
+                "name": r.run.name,
+                "model": r.run.model,
+                "reasoning": r.run.reasoning,
+                "direct_net": float(d["net"]),
+                "sd_direct_net": float(d["sd_net"]),
+                "puzzled_net": float(p["net"]),
+                "sd_puzzled_net": float(p["sd_net"]),
+                "d_against": float(g["d_against"]),
+                "d_favor": float(g["d_favor"]),
+                "gap": float(g["gap"]),
+                "sd_gap": float(g["sd_gap"]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def rankings(table: pd.DataFrame) -> pd.DataFrame:
+    """Add the ranks: Direct and Puzzled net (1 = most favorable), Gap (1 = smallest) and the rank change.
+
+    Ties share the lowest rank (``method="min"``); NaN values get no rank.
+    """
+    out = table.copy()
+    out["rank_direct"] = out["direct_net"].rank(ascending=False, method="min")
+    out["rank_puzzled"] = out["puzzled_net"].rank(ascending=False, method="min")
+    out["rank_gap"] = out["gap"].rank(ascending=True, method="min")
+    out["rank_change"] = out["rank_puzzled"] - out["rank_direct"]
+    return out
+
+
+def kendall(table: pd.DataFrame) -> pd.DataFrame:
+    """Kendall's tau-b (scipy) between the three rankings of :func:`rankings`, over runs ranked in both."""
+    from scipy.stats import kendalltau
+
+    rows = []
+    for a, b in (("rank_direct", "rank_puzzled"), ("rank_direct", "rank_gap"), ("rank_puzzled", "rank_gap")):
+        sub = table[[a, b]].dropna()
+        tau, p = (math.nan, math.nan)
+        if len(sub) >= 2 and sub[a].nunique() > 1 and sub[b].nunique() > 1:
+            res = kendalltau(sub[a], sub[b])
+            tau, p = float(res.statistic), float(res.pvalue)
+        rows.append(
+            {
+                "ranking_a": a.removeprefix("rank_"),
+                "ranking_b": b.removeprefix("rank_"),
+                "n": len(sub),
+                "tau": tau,
+                "p_value": p,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def group_sign_tests(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
+    """Sign tests across runs of Gap, Delta Against and Delta Favor, per group (and the macro row)."""
+    from analysis.cue import sign_tests, stack_models
+
+    per_model = stack_models({r.run.name: r.gap[(r.gap["arm"] == arm) & (r.gap["consequences"] == cons)] for r in runs})
+    parts = [sign_tests(per_model, value=v).assign(value=v) for v in ("gap", "d_against", "d_favor")]
+    return pd.concat(parts, ignore_index=True)
+
+
+def net_by_group(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
+    """Long table: per run and group, net under Direct and under ``arm``, and the gap."""
+    from analysis.cue import REFERENCE
+
+    rows = []
+    for r in runs:
+        b = r.bias[r.bias["consequences"] == cons].set_index(["arm", "attr", "group"])
+        g = r.gap[(r.gap["consequences"] == cons) & (r.gap["arm"] == arm)].set_index(["attr", "group"])
+        for attr, group in g.index:
+            rows.append(
+                {
+                    "name": r.run.name,
+                    "attr": attr,
+                    "group": group,
+                    "direct_net": b["net"].get((REFERENCE, attr, group), np.nan),
+                    "puzzled_net": b["net"].get((arm, attr, group), np.nan),
+                    "gap": g.loc[(attr, group), "gap"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# ============================================================================ attributes
+def read_attributes(path: Path, runs: Sequence[PanelRun]) -> tuple[pd.DataFrame, list[str]]:
+    """The attribute table matched to the runs: one row per run name, numeric attribute columns; and notes.
+
+    A row matches a run when its ``model`` equals the run's display name, or
+    (when no row names the run) the run's model. Non-numeric columns other than
+    ``model`` are ignored (and said so).
+    """
+    table = pd.read_csv(path)
+    if "model" not in table.columns:
+        raise PanelError(
+            f"the attributes table {path} needs a `model` column (run name or model); it has {list(table.columns)}"
+        )
+    if table["model"].duplicated().any():
+        dup = sorted(set(table.loc[table["model"].duplicated(), "model"].astype(str)))
+        raise PanelError(f"the attributes table {path} lists model(s) {dup} twice; give one row per model")
+    table = table.set_index(table["model"].astype(str)).drop(columns="model")
+    numeric = [c for c in table.columns if pd.api.types.is_numeric_dtype(table[c])]
+    notes = []
+    other = [c for c in table.columns if c not in numeric]
+    if other:
+        notes.append(f"non-numeric attribute column(s) ignored: {', '.join(map(str, other))}")
+    rows, used = [], set()
+    for r in runs:
+        key = r.name if r.name in table.index else r.model if r.model in table.index else None
+        if key is None:
+            notes.append(f"run {r.name!r} (model {r.model!r}) has no row in the attributes table")
+            rows.append({"name": r.name} | {c: np.nan for c in numeric})
+            continue
+        used.add(key)
+        rows.append({"name": r.name} | {c: table.loc[key, c] for c in numeric})
+    unused = [k for k in table.index if k not in used]
+    if unused:
+        notes.append(f"attribute rows matching no run: {', '.join(unused)}")
+    return pd.DataFrame(rows, columns=["name", *numeric]), notes
+
+
+def solve_attribute(runs: Sequence[CueRun], arm: str, cons: str) -> pd.Series | None:
+    """Per run name, the joint identity-check accuracy on ``arm`` (the paper's Capability); None if a run lacks it."""
+    vals = {}
+    for r in runs:
+        if r.solve is None:
+            return None
+        row = r.solve[(r.solve["arm"] == arm) & (r.solve["consequences"] == cons)]
+        if row.empty:
+            return None
+        vals[r.run.name] = float(row["joint"].iloc[0])
+    return pd.Series(vals, name="puzzle_solve_rate")
+
+
+def ols_gap(data: pd.DataFrame, attributes: Sequence[str], y: str = "gap") -> pd.DataFrame:
+    """OLS of ``y`` on each attribute alone and, when ``n >= k + 3``, on all jointly.
+
+    One row per (fit, term): fit (``attr`` or ``joint``), term, n, slope,
+    95% CI, p, intercept, R^2. Rows with a missing value are left out of that fit.
+    """
+    import statsmodels.api as sm
+
+    fits: list[tuple[str, list[str]]] = [(a, [a]) for a in attributes]
+    if len(attributes) >= 2:
+        fits.append(("joint: " + " + ".join(attributes), list(attributes)))
+    rows = []
+    for label, terms in fits:
+        sub = data[[y, *terms]].dropna()
+        n = len(sub)
+        if n < len(terms) + 2 + (1 if len(terms) > 1 else 0) or any(sub[t].nunique() < 2 for t in terms):
+            rows += [{"fit": label, "term": t, "n": n, "note": "too few models or no spread"} for t in terms]
+            continue
+        res = sm.OLS(sub[y].astype(float), sm.add_constant(sub[terms].astype(float))).fit()
+        ci = res.conf_int()
+        for t in terms:
+            rows.append(
+                {
+                    "fit": label,
+                    "term": t,
+                    "n": n,
+                    "slope": float(res.params[t]),
+                    "slope_lo": float(ci.loc[t, 0]),
+                    "slope_hi": float(ci.loc[t, 1]),
+                    "p_value": float(res.pvalues[t]),
+                    "intercept": float(res.params["const"]),
+                    "r2": float(res.rsquared),
+                    "note": "",
+                }
+            )
+    cols = ["fit", "term", "n", "slope", "slope_lo", "slope_hi", "p_value", "intercept", "r2", "note"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ============================================================================ the comparison
+@dataclass(frozen=True)
+class CueComparison:
+    runs: tuple[CueRun, ...]
+    items: tuple[str, ...]
+    dropped: pd.DataFrame
+    arm: str
+    consequences: str
+    models: pd.DataFrame
+    kendall: pd.DataFrame
+    sign_tests: pd.DataFrame
+    by_group: pd.DataFrame
+    attributes: pd.DataFrame | None
+    ols: pd.DataFrame | None
+    notes: tuple[str, ...]
+
+
+def compare_cue_frames(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> CueComparison:
+    """The whole cue comparison of a panel, as frames (no files)."""
+    frames = {r.name: run_frames(r) for r in panel.runs}
+    items, dropped = shared_items(panel, {n: list(dict.fromkeys(pt["item_id"])) for n, (_, pt) in frames.items()})
+    if not items:
+        raise PanelError(f"the runs {panel.names()} share no dilemma; compare runs of the same items")
+    runs = [run_tables(r, *frames[r.name], items, n_boot=n_boot, seed=seed) for r in panel.runs]
+    arm, cons = headline_arm(runs), common_consequences(runs)
+    models = rankings(model_table(runs, arm, cons))
+    notes: list[str] = []
+    attrs: pd.DataFrame | None = None
+    if panel.attributes is not None:
+        attrs, notes = read_attributes(Path(panel.attributes), [r.run for r in runs])
+    solve = solve_attribute(runs, arm, cons)
+    if solve is not None:
+        derived = solve.rename_axis("name").reset_index()
+        attrs = derived if attrs is None else attrs.merge(derived, on="name", how="left")
+    ols = None
+    if attrs is not None:
+        cols = [c for c in attrs.columns if c != "name"]
+        ols = ols_gap(models[["name", "gap"]].merge(attrs, on="name", how="left"), cols)
+    return CueComparison(
+        runs=tuple(runs),
+        items=tuple(items),
+        dropped=dropped,
+        arm=arm,
+        consequences=cons,
+        models=models,
+        kendall=kendall(models),
+        sign_tests=group_sign_tests(runs, arm, cons),
+        by_group=net_by_group(runs, arm, cons),
+        attributes=attrs,
+        ols=ols,
+        notes=tuple(notes),
+    )
+
+
+def compare_cue(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
+    """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
+    from analysis.compare import write_dropped
+    from probe.store import atomic_write_text
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = compare_cue_frames(panel, n_boot=n_boot, seed=seed)
+    tables: dict[str, pd.DataFrame | None] = {
+        "cue_rankings": res.models,
+        "cue_kendall": res.kendall,
+        "cue_sign_tests": res.sign_tests,
+        "cue_net_by_group": res.by_group,
+        "cue_attributes": res.attributes,
+        "cue_gap_ols": res.ols,
+    }
+    for name, df in tables.items():
+        if df is not None:
+            atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    write_dropped(res.dropped, out)
+    figures = _figures(res, out)
+    atomic_write_text(out / "summary.md", _summary_md(panel, res, n_boot, [p.name for p in figures]))
+    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+
+
+# ---------------------------------------------------------------------------- figures
+def _figures(res: CueComparison, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.compare_influence import _save
+
+    paths = []
+    m = res.models
+    fig, ax = plt.subplots(figsize=(5, 0.3 * len(m) + 3))
+    for r in m.itertuples():
+        ax.plot([0, 1], [100 * r.direct_net, 100 * r.puzzled_net], marker="o")
+        ax.annotate(str(r.name), (1.03, 100 * r.puzzled_net), fontsize=7, va="center")
+        ax.annotate(str(r.name), (-0.03, 100 * r.direct_net), fontsize=7, va="center", ha="right")
+    ax.axhline(0, color="0.7", lw=0.8)
+    ax.set_xticks([0, 1], ["Direct", res.arm])
+    ax.set_xlim(-0.6, 1.6)
+    ax.set_ylabel("macro net bias (pp)")
+    ax.set_title(f"net bias per model ({res.consequences} consequences); crossing lines = rank changes", fontsize=8)
+    fig.tight_layout()
+    paths.append(_save(fig, out / "fig_cue_rankings.png"))
+    if res.attributes is not None and res.ols is not None:
+        cols = [c for c in res.attributes.columns if c != "name"]
+        data = m[["name", "gap"]].merge(res.attributes, on="name", how="left")
+        fig, axes = plt.subplots(1, len(cols), figsize=(3.6 * len(cols), 3.4), squeeze=False)
+        for ax, col in zip(axes[0], cols, strict=True):
+            ax.scatter(data[col], 100 * data["gap"])
+            for name, x, gap in zip(data["name"], data[col], data["gap"], strict=True):
+                ax.annotate(str(name), (x, 100 * gap), fontsize=6)
+            fit = res.ols[(res.ols["fit"] == col) & (res.ols["term"] == col)]
+            if len(fit) and np.isfinite(fit["slope"].iloc[0]):
+                xs = np.linspace(float(data[col].min()), float(data[col].max()), 10)
+                ax.plot(xs, 100 * (fit["intercept"].iloc[0] + fit["slope"].iloc[0] * xs), color="black", lw=1)
+                ax.set_title(f"R² = {fit['r2'].iloc[0]:.2f}, n = {int(fit['n'].iloc[0])}", fontsize=8)
+            ax.set_xlabel(col)
+            ax.set_ylabel("Gap (pp)")
+        fig.tight_layout()
+        paths.append(_save(fig, out / "fig_cue_gap_vs_attributes.png"))
+    return paths
+
+
+# ---------------------------------------------------------------------------- summary
+def _pp_frame(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
+    out = df.copy()
+    for c in cols:
+        out[c] = 100 * out[c]
+    return out
+
+
+def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence[str]) -> str:
+    from analysis.compare import dropped_md, md_table, panel_md
+
+    pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
+    lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]
+    lines += [*dropped_md(res.dropped, len(res.items), "dilemmas"), ""]
+    lines += [
+        f"Headline arm: **{res.arm}** against Direct, {res.consequences} consequences. Net bias = Favor - Against "
+        "(expected decisions), macro = mean over gender and race groups, in pp, ± bootstrap SD over dilemmas "
+        f"({n_boot} draws). Gap = net(Direct) - net(Puzzled) = ΔAgainst - ΔFavor.",
+        "",
+        "## Rankings",
+        "",
+        "Rank 1 = most favorable net bias (Direct, Puzzled) or smallest Gap; rank change = Puzzled rank - Direct rank.",
+        "",
+    ]
+    show = _pp_frame(res.models, pp)
+    cols = [
+        "name",
+        "direct_net",
+        "rank_direct",
+        "puzzled_net",
+        "rank_puzzled",
+        "rank_change",
+        "d_against",
+        "d_favor",
+        "gap",
+        "sd_gap",
+        "rank_gap",
+    ]
+    lines += [*md_table(show[cols], "{:.1f}"), ""]
+    lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
+    lines += [*md_table(res.kendall), ""]
+    lines += [
+        "## Sign tests across models",
+        "",
+        "Per group: how many runs shift each way (positive Gap / ΔAgainst = adverse shift), two-sided binomial p.",
+        "",
+        *md_table(res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]]),
+        "",
+    ]
+    lines += ["## Gap against model attributes", ""]
+    if res.ols is None:
+        lines += [
+            "No attribute table (`--attributes CSV` or `attributes:` in the panel file) and no identity checks.",
+            "",
+        ]
+    else:
+        n = len(res.models)
+        lines += [
+            f"OLS `gap ~ attribute` (statsmodels) over {n} run(s); gap in proportion units (0.01 = 1 pp)."
+            + (
+                f" **Underpowered**: with fewer than {MIN_MODELS} models a slope's CI is wide and R² is unstable; "
+                "read this as descriptive."
+                if n < MIN_MODELS
+                else ""
+            ),
+            "",
+            *md_table(res.ols),
+            "",
+        ]
+        if "puzzle_solve_rate" in (res.attributes.columns if res.attributes is not None else []):
+            lines += [f"`puzzle_solve_rate`: joint identity-check accuracy on {res.arm} (derived from the runs).", ""]
+    lines += [f"- {n}" for n in res.notes]
+    if res.notes:
+        lines.append("")
+    if figures:
+        lines += [f"![{f}]({f})" for f in figures] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Planted subjects for panel tests: several synthetic "models" whose answers follow known parameters.
+
+``PlantedInfluence``: the influence audit's planted-steerability subject
+(as in tests/test_influence_analysis.py) with the model name, the reasoning
+flag and the planted shifts as parameters, so a panel of several models and a
+planted reasoning effect can be run: ``P(choose B) = sigmoid(base[pair] + shift)``
+where the shift moves the log-odds toward the side the cue points to, so the
+planted steerability s(d) is exactly ``shifts[(influence, d)]``.
+
+``PlantedCue``: a cue-visibility subject whose P(benefit option) depends on
+the condition (neutral / direct / puzzled) and the described person's gender:
+with expected decisions, every group's Favor = P(benefit | what-if), Against =
+1 - Favor, so net = 2 p - 1 and Gap = 2 (p_direct - p_puzzled), by hand.
+
+Sampling draws from a generator seeded by (model, think, trial id), so two
+planted models never share their noise and a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from probe.types import OptionScore, Readout, Sample, Trial
+
+
+class _Planted:
+    """Readout and sampling from a per-trial probability of one meaning (subclasses say which)."""
+
+    name = "planted"
+    target: str = ""
+
+    def __init__(self, model: str, think: bool = False) -> None:
+        self.model = model
+        self.think = think
+
+    def load(self) -> _Planted:
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "settings": {"model": self.model, "think": self.think}}
+
+    def identity(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": self.model, "think": self.think, "params": repr(self.params())}
+
+    def params(self) -> object:
+        raise NotImplementedError
+
+    def side(self, t: Trial) -> str:
+        """The meaning whose probability :meth:`prob` gives."""
+        raise NotImplementedError
+
+    def prob(self, t: Trial) -> float:
+        raise NotImplementedError
+
+    def _probs(self, t: Trial) -> list[float]:
+        p, side = self.prob(t), self.side(t)
+        return [p if m == side else 1 - p for m in t.meaning]
+
+    def readout(self, trials: Sequence[Trial], progress: Any = None) -> list[Readout]:
+        out = []
+        for t in trials:
+            probs = self._probs(t)
+            scores = tuple(
+                OptionScore(o, (), math.log(max(p, 1e-300)), p) for o, p in zip(t.options, probs, strict=True)
+            )
+            best = max(scores, key=lambda s: s.prob).option
+            out.append(Readout(t.trial_id, scores, 1.0, best, (), 0, 0))
+        return out
+
+    def sample(self, trials: Sequence[Trial], n: int, temperature: float, progress: Any = None) -> list[Sample]:
+        out = []
+        for t in trials:
+            key = f"{self.model}|{self.think}|{t.trial_id}".encode()
+            rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+            probs = self._probs(t)
+            for draw in range(n):
+                opt = t.options[int(rng.choice(len(t.options), p=probs))]
+                out.append(Sample(t.trial_id, draw, opt, opt, "ok"))
+        return out
+
+
+class PlantedInfluence(_Planted):
+    """P(B) = sigmoid(base[pair] + shift toward the cue's side); ``shifts[(influence, d)]`` is the planted s(d)."""
+
+    def __init__(
+        self,
+        model: str,
+        shifts: Mapping[tuple[str, str], float],
+        base: Mapping[str, float],
+        think: bool = False,
+    ) -> None:
+        super().__init__(model, think)
+        self.shifts = dict(shifts)
+        self.base = dict(base)
+
+    def params(self) -> object:
+        return sorted(self.shifts.items()), sorted(self.base.items())
+
+    def side(self, t: Trial) -> str:
+        return str(t.factors["group_b"])
+
+    def prob(self, t: Trial) -> float:
+        f = t.factors
+        shift = self.shifts.get((f["influence"], f["direction"]), 0.0)
+        logit = self.base[f["pair"]] + (shift if f["direction"] == "B" else -shift)
+        return 1 / (1 + math.exp(-logit))
+
+
+class PlantedCue(_Planted):
+    """P(benefit) = ``neutral`` for the Neutral decision, else ``p[(condition, x_gender)]`` (default ``p[condition]``)."""
+
+    def __init__(self, model: str, p: Mapping[Any, float], neutral: float = 0.5, think: bool = False) -> None:
+        super().__init__(model, think)
+        self.p: dict[Any, float] = dict(p)
+        self.neutral = neutral
+
+    def params(self) -> object:
+        return sorted(map(repr, self.p.items())), self.neutral
+
+    def side(self, t: Trial) -> str:
+        return "benefit"
+
+    def prob(self, t: Trial) -> float:
+        f = t.factors
+        if f["condition"] == "neutral":
+            return self.neutral
+        key = (f["condition"], f["x_gender"])
+        return float(self.p[key] if key in self.p else self.p[f["condition"]])
