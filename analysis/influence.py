@@ -774,7 +774,10 @@ def influence_report(
     for name, df in tables.items():
         atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
     figures = _figures(audit, out)
-    atomic_write_text(out / "summary.md", _summary_md(store, audit, tables, n_boot, [p.name for p in figures]))
+    from analysis.coding import coded_report
+
+    coded = coded_report(store, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
+    atomic_write_text(out / "summary.md", _summary_md(store, audit, tables, n_boot, [p.name for p in figures]) + coded)
     return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
 
 

@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
     t.set_defaults(func=cmd_tiny)
+    from probe import coding
+
+    coding.register(sub)
     return p
 
 

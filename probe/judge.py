@@ -129,10 +129,12 @@ class LogitJudge:
         return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge | LogitJudge:
-    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode)."""
-    if spec == "rule":
-        return RuleJudge()
+def judge_engine(spec: str, args: argparse.Namespace | None = None) -> Any:
+    """Build and load the engine of a judge model ``spec`` with the run's engine flags, never in think mode.
+
+    Shared by every judge (this module's verdicts, :mod:`probe.coding`'s codes): the
+    judge answers at once, with no system prompt of the subject's.
+    """
     from engines import make_engine
 
     a = copy.copy(args) if args is not None else argparse.Namespace()
@@ -151,9 +153,16 @@ def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge |
         if not hasattr(a, k):
             setattr(a, k, v)
     a.model, a.engine, a.think, a.system = spec, "auto", False, None
-    engine = make_engine(a)
+    return make_engine(a).load()
+
+
+def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge | LogitJudge:
+    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode)."""
+    if spec == "rule":
+        return RuleJudge()
+    engine = judge_engine(spec, args)
     if not hasattr(engine, "readout"):
         raise ValueError(
             f"judge {spec!r} is not a logit engine; use 'rule' or a local model (an API judge comes with the api engine)"
         )
-    return LogitJudge(engine.load())
+    return LogitJudge(engine)

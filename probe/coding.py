@@ -1,0 +1,908 @@
+"""Coding texts with a judge: follow-up answers and reasoning traces, labelled from editable taxonomies.
+
+Three coding tasks (paper 000, sections 4.3 and 5, appendix K):
+
+* ``followup``: how the answer to the follow-up question treats the cue
+  (``ack_affected``, ``ack_disclaimed``, ``not_ack``, ``other``);
+* ``compliance``: how a reasoning trace treats the cue in its prompt
+  (complies, resists, discounts, unresolved, not mentioned);
+* ``rationale``: the primary rationale of a reasoning trace (the paper's 17
+  triage codes and ``none``, plus six added codes on BBQ and DailyDilemmas).
+
+A taxonomy is a YAML data file (``experiments/data/taxonomies/<task>.yaml``):
+the codes (id, label, definition, example) and the judge prompt template.
+:func:`load_taxonomy` validates it and names the file, the code and the field
+of any error.
+
+One judge trial per text: the prompt is the taxonomy's template filled with
+the text and its context (the cue, the side it favours, the subject's choice),
+and the trial's options are the code ids. Two ways to get a label
+distribution (the distribution is kept, not only its argmax):
+
+* a **logit judge** (any logit engine: the tiny model, a local model) is read
+  at the answer slot over the code ids, each id scored as a whole string
+  through the engine's token trie; ``coverage`` says how much of the judge's
+  answer mass lay on the codes;
+* a **sampling judge** (an API model, or any engine with ``--samples N``):
+  ``N`` draws at ``--temperature`` (default 1.0), each parsed into a code by
+  :func:`probe.parse.parse_answer`; the distribution is the share of each code
+  among the parsed draws. ``--samples 1`` (the default for engines that cannot
+  read logits) is one greedy draw (temperature 0): a one-hot distribution.
+  Judge answers that parse into no code are kept apart
+  (``<task>.failed.parquet``) and counted, never retried away.
+
+:func:`code_run` writes ``RUN/coding/<task>.parquet`` (one row per coded text:
+``trial_id``, ``draw`` (-1 for a readout's reasoning), ``label``, one
+``p_<code>`` column per code, ``judge``, and for audit ``origin``,
+``judge_prompt``, ``judge_raw``, ``coverage``, ``judge_draws``) and
+``RUN/coding/<task>.json`` (taxonomy hash and codes, judge identity, counts,
+time). It works in chunks written atomically, so a killed coding run resumes
+where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import difflib
+import hashlib
+import json
+import re
+import shutil
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from probe.parse import split_reasoning
+from probe.store import RunStore, atomic_write_parquet, atomic_write_text, canonical_json
+from probe.types import Message, Trial
+
+TASKS: tuple[str, ...] = ("followup", "compliance", "rationale")
+DATA = Path(__file__).resolve().parent.parent / "experiments" / "data"
+TAXONOMY_DIR = DATA / "taxonomies"
+VALIDATION_DIR = DATA / "validation"
+FOLLOWUP_CODES: tuple[str, ...] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
+"""The follow-up codes are a contract with :mod:`analysis.followup`: a follow-up taxonomy must have exactly these."""
+FIELDS: frozenset[str] = frozenset({"codes", "code_ids", "text", "prompt", "choice", "cue", "influence", "target"})
+"""What a judge prompt template may refer to."""
+SOURCES: tuple[str, ...] = ("auto", "readout", "samples", "generations")
+MAX_TEXT = 4000
+"""Longest text (characters) put into a judge prompt; longer texts keep their start and end."""
+_ID = re.compile(r"^[a-z][a-z0-9_]*$")
+_CODE_KEYS = {"id", "label", "definition", "example", "family"}
+_TOP_KEYS = {"task", "prompt", "codes", "added"}
+
+
+class TaxonomyError(ValueError):
+    """A taxonomy or validation file that cannot be used; the message names the file, the code and the field."""
+
+
+# ================================================================ taxonomies
+@dataclass(frozen=True)
+class Code:
+    """One code of a taxonomy."""
+
+    id: str
+    """The answer the judge gives and the ``p_<id>`` column (lower case, digits, underscores)."""
+    label: str
+    """A short human name shown to the judge next to the id."""
+    definition: str
+    example: str
+    family: str = ""
+    """Optional grouping (the paper's outcome / fairness / social / meta), used to order tables."""
+
+
+@dataclass(frozen=True)
+class Taxonomy:
+    """A coding task's codes and judge prompt, as loaded from its YAML file."""
+
+    task: str
+    source: str
+    """The file it was read from."""
+    sha256: str
+    """Hash of the file's bytes (recorded with every coding)."""
+    prompt: str
+    codes: tuple[Code, ...]
+    added: Mapping[str, tuple[Code, ...]] = field(default_factory=dict)
+    """Benchmark -> codes used on top of the base codes for that benchmark."""
+
+    def codes_for(self, benchmark: str | None = None) -> tuple[Code, ...]:
+        """The base codes plus the codes added for ``benchmark`` (none for an unknown or absent benchmark)."""
+        return self.codes + tuple(self.added.get(benchmark or "", ()))
+
+    @property
+    def benchmarks(self) -> tuple[str, ...]:
+        return tuple(self.added)
+
+
+def _code(raw: object, src: str, where: str) -> Code:
+    if not isinstance(raw, Mapping):
+        raise TaxonomyError(f"{src}: {where} must be a mapping with id, label, definition, example; got {raw!r}")
+    cid = raw.get("id")
+    name = f"{where} ({cid!r})" if cid is not None else where
+    unknown = sorted(set(raw) - _CODE_KEYS)
+    if unknown:
+        raise TaxonomyError(f"{src}: code {name} has unknown fields {unknown}; allowed: {sorted(_CODE_KEYS)}")
+    for key in ("id", "label", "definition", "example"):
+        value = raw.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise TaxonomyError(f"{src}: code {name}: field {key!r} must be a non-empty string, got {value!r}")
+    if not _ID.match(str(cid)):
+        raise TaxonomyError(
+            f"{src}: code {name}: field 'id' must be lower case letters, digits and underscores, starting with a "
+            f"letter (it becomes the column p_<id>), got {cid!r}"
+        )
+    family = raw.get("family", "")
+    if not isinstance(family, str):
+        raise TaxonomyError(f"{src}: code {name}: field 'family' must be a string, got {family!r}")
+    return Code(
+        str(cid), str(raw["label"]).strip(), str(raw["definition"]).strip(), str(raw["example"]).strip(), family
+    )
+
+
+def _codes(raw: object, src: str, where: str) -> tuple[Code, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise TaxonomyError(f"{src}: {where} must be a non-empty list of codes, got {raw!r}")
+    codes = tuple(_code(c, src, f"{where}[{i}]") for i, c in enumerate(raw))
+    seen: set[str] = set()
+    for c in codes:
+        if c.id in seen:
+            raise TaxonomyError(f"{src}: code id {c.id!r} appears twice in {where}; ids must be unique")
+        seen.add(c.id)
+    return codes
+
+
+def template_fields(template: str) -> set[str]:
+    """The ``{field}`` names a format string uses."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def load_taxonomy(task_or_path: str | Path) -> Taxonomy:
+    """Load and validate a taxonomy: a task name (the shipped file) or a path to a YAML file."""
+    import yaml
+
+    path = Path(task_or_path)
+    if str(task_or_path) in TASKS and not path.exists():
+        path = TAXONOMY_DIR / f"{task_or_path}.yaml"
+    if not path.is_file():
+        raise TaxonomyError(f"taxonomy {str(task_or_path)!r} is neither a task ({', '.join(TASKS)}) nor a YAML file")
+    data = path.read_bytes()
+    src = str(path)
+    try:
+        doc = yaml.safe_load(data)
+    except yaml.YAMLError as e:
+        raise TaxonomyError(f"{src}: not valid YAML ({e})") from None
+    if not isinstance(doc, Mapping):
+        raise TaxonomyError(f"{src}: the top level must be a mapping with task, prompt, codes")
+    unknown = sorted(set(doc) - _TOP_KEYS)
+    if unknown:
+        raise TaxonomyError(f"{src}: unknown top-level fields {unknown}; allowed: {sorted(_TOP_KEYS)}")
+    task = doc.get("task")
+    if task not in TASKS:
+        raise TaxonomyError(f"{src}: field 'task' must be one of {', '.join(TASKS)}, got {task!r}")
+    prompt = doc.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise TaxonomyError(f"{src}: field 'prompt' must be a non-empty template string, got {prompt!r}")
+    try:
+        used = template_fields(prompt)
+    except ValueError as e:
+        raise TaxonomyError(
+            f"{src}: field 'prompt' is not a valid format string ({e}); write literal braces as {{{{ }}}}"
+        ) from None
+    bad = sorted(used - FIELDS)
+    if bad:
+        raise TaxonomyError(f"{src}: field 'prompt' uses unknown fields {bad}; allowed: {sorted(FIELDS)}")
+    for need in ("codes", "text"):
+        if need not in used:
+            raise TaxonomyError(f"{src}: field 'prompt' must contain {{{need}}}")
+    codes = _codes(doc.get("codes"), src, "codes")
+    added_raw = doc.get("added") or {}
+    if not isinstance(added_raw, Mapping):
+        raise TaxonomyError(f"{src}: field 'added' must map a benchmark to a list of codes, got {added_raw!r}")
+    added: dict[str, tuple[Code, ...]] = {}
+    base_ids = {c.id for c in codes}
+    for bench, raw in added_raw.items():
+        extra = _codes(raw, src, f"added.{bench}")
+        clash = sorted(base_ids & {c.id for c in extra})
+        if clash:
+            raise TaxonomyError(f"{src}: added.{bench} repeats base code ids {clash}; added codes must be new")
+        added[str(bench)] = extra
+    if task == "followup" and tuple(c.id for c in codes) != FOLLOWUP_CODES:
+        raise TaxonomyError(
+            f"{src}: the followup codes must be exactly {list(FOLLOWUP_CODES)} in this order (the follow-up "
+            f"analysis reads them), got {[c.id for c in codes]}; edit labels and definitions, not ids"
+        )
+    return Taxonomy(task, src, hashlib.sha256(data).hexdigest(), prompt, codes, added)
+
+
+def codes_block(codes: Sequence[Code]) -> str:
+    """The code list as the judge reads it: one line per code."""
+    return "\n".join(f"- {c.id} ({c.label}): {c.definition} Example: {c.example}" for c in codes)
+
+
+# ================================================================ contexts
+def _clip(text: str, limit: int = MAX_TEXT) -> str:
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} [...] {text[-half:]}"
+
+
+def original_messages(trial: Trial) -> tuple[Message, ...]:
+    """The subject's first prompt: a follow-up trial (ending assistant answer + user question) without its tail."""
+    msgs = trial.messages
+    if len(msgs) >= 3 and msgs[-2].role == "assistant":
+        return msgs[:-2]
+    return msgs
+
+
+def first_answer(trial: Trial) -> str | None:
+    """The subject's own first answer kept in a follow-up trial (None for a single-turn trial)."""
+    msgs = trial.messages
+    if len(msgs) >= 3 and msgs[-2].role == "assistant":
+        return msgs[-2].content
+    return None
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\S+|\s+", text)
+
+
+def cue_text(trial_msgs: Sequence[Message], base_msgs: Sequence[Message] | None, influence: str) -> str:
+    """The cue of a trial: what its messages add to the baseline's (same item, same printed order).
+
+    A system cue is the system prompt; a few-shot cue is summarized by its
+    demonstrated answers; a sentence cue is the words inserted into the user
+    message (found by a word-level diff, so no template parsing is needed).
+    """
+    if base_msgs is None:
+        return f"(a {influence} cue; its text is not available)"
+    tsys = [m.content for m in trial_msgs if m.role == "system"]
+    bsys = [m.content for m in base_msgs if m.role == "system"]
+    if tsys != bsys:
+        return _clip(" ".join(tsys), 1500)
+    tturns = [m for m in trial_msgs if m.role != "system"]
+    bturns = [m for m in base_msgs if m.role != "system"]
+    if len(tturns) > len(bturns):
+        demos = tturns[: len(tturns) - len(bturns)]
+        answers = [m.content.strip() for m in demos if m.role == "assistant"]
+        return f"{len(answers)} worked examples before the question, answered: {', '.join(answers)}"
+    a, b = _words(bturns[-1].content if bturns else ""), _words(tturns[-1].content if tturns else "")
+    inserted = [
+        "".join(b[j1:j2]).strip()
+        for op, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+        if op in ("insert", "replace")
+    ]
+    text = " ... ".join(s for s in inserted if s)
+    return _clip(text, 1500) if text else f"(a {influence} cue; no text differs from the baseline)"
+
+
+def _target(trial: Trial) -> str:
+    f = trial.factors
+    direction = f.get("direction", "")
+    key = f.get("group_a") if direction == "A" else f.get("group_b") if direction == "B" else None
+    if key is None:
+        return "(no side)"
+    if key in trial.meaning:
+        return f"option {trial.options[trial.meaning.index(key)]} ({key})"
+    return str(key)
+
+
+def _choice(trial: Trial, option: str | None) -> str:
+    if option is None or option not in trial.options:
+        return "(no parsable answer)"
+    meaning = trial.meaning[trial.options.index(option)]
+    return option if meaning == option else f"{option} ({meaning})"
+
+
+def _has_cue(trial: Trial) -> bool:
+    return trial.factors.get("influence", "none") not in ("", "none")
+
+
+# ================================================================ texts to code
+@dataclass(frozen=True)
+class CodingItem:
+    """One text to code and the context its judge prompt shows."""
+
+    trial_id: str
+    draw: int
+    """The sample / generation draw; -1 for a readout's reasoning."""
+    origin: str
+    """readout, samples or generations."""
+    text: str
+    context: Mapping[str, str]
+    """prompt, choice, cue, influence, target."""
+
+
+@dataclass(frozen=True)
+class Collected:
+    items: tuple[CodingItem, ...]
+    skipped: Mapping[str, int]
+    """Why texts were not coded: ``no_cue`` (compliance needs a cue), ``empty`` (empty trace or answer)."""
+
+
+def _source_trials(store: RunStore) -> dict[str, Trial]:
+    """Trials of a run this run refers to (a follow-up run's source), by id; empty when there is none."""
+    spec = store.manifest().get("spec", {})
+    out: dict[str, Trial] = {}
+    for value in spec.values() if isinstance(spec, Mapping) else ():
+        if isinstance(value, str) and value and (Path(value) / "manifest.json").is_file():
+            src = RunStore(Path(value))
+            out.update({t.trial_id: t for t in src.trials()})
+    return out
+
+
+def _subject_trial(trial: Trial, source: Mapping[str, Trial]) -> Trial:
+    """The trial whose prompt carried the cue: for a follow-up trial its source trial when known."""
+    for key, value in trial.factors.items():
+        if "source" in key and value in source:
+            return source[value]
+    return trial
+
+
+def contexts(trials: Sequence[Trial], source: Mapping[str, Trial] | None = None) -> dict[str, dict[str, str]]:
+    """Per trial id: the judge-prompt fields that do not depend on the draw (prompt, cue, influence, target)."""
+    source = dict(source or {})
+    pool = list(trials) + [t for t in source.values()]
+    base = {
+        (t.item_id, t.factors.get("order", "")): t
+        for t in pool
+        if t.factors.get("direction") == "base" and not _has_cue(t)
+    }
+    out: dict[str, dict[str, str]] = {}
+    for t in trials:
+        subject = _subject_trial(t, source)
+        msgs = original_messages(subject) if subject is t else subject.messages
+        influence = subject.factors.get("influence", "none") or "none"
+        users = [m.content for m in msgs if m.role == "user"]
+        b = base.get((subject.item_id, subject.factors.get("order", "")))
+        out[t.trial_id] = {
+            "prompt": _clip(users[-1] if users else "", 3000),
+            "influence": influence,
+            "target": _target(subject) if _has_cue(subject) else "(no cue)",
+            "cue": cue_text(msgs, b.messages if b else None, influence) if _has_cue(subject) else "(no cue)",
+        }
+    return out
+
+
+def collect(store: RunStore, task: str, source: str = "auto") -> Collected:
+    """The texts a coding task codes in a run, in trial order, then draw.
+
+    ``followup``: the answers (reasoning removed) of the run's ``generations``,
+    else its ``samples``. ``compliance`` / ``rationale``: reasoning traces,
+    i.e. ``readout_trials.reasoning`` (think mode; draw -1) and the reasoning
+    of ``samples`` / ``generations`` (their whole reply when they have no
+    separate reasoning). ``source`` restricts to one table. Compliance skips
+    trials without a cue; every task skips empty texts; both are counted.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    trials = store.trials()
+    by_id = {t.trial_id: t for t in trials}
+    order = {t.trial_id: i for i, t in enumerate(trials)}
+    ctx = contexts(trials, _source_trials(store))
+    rows: list[tuple[str, int, str, str, str | None]] = []  # trial_id, draw, origin, text, chosen option
+    tables = ("readout", "samples", "generations") if source == "auto" else (source,)
+    if task == "followup" and source == "auto":
+        gen = store.load("generations")
+        tables = ("generations",) if not gen.empty else ("samples",)
+    for origin in tables:
+        if origin == "readout":
+            if task == "followup":
+                continue
+            per = store.load("readout_trials")
+            for r in per.itertuples(index=False) if not per.empty else ():
+                rows.append((str(r.trial_id), -1, origin, str(r.reasoning or ""), str(r.greedy_option)))
+            continue
+        frame = store.load(origin)
+        for s in frame.itertuples(index=False) if not frame.empty else ():
+            reasoning, answer = split_reasoning(str(s.text or ""))
+            reasoning = str(getattr(s, "reasoning", "") or "") or reasoning
+            text = answer if task == "followup" else reasoning or answer
+            opt = s.option if isinstance(s.option, str) else None
+            rows.append((str(s.trial_id), int(s.draw), origin, text, opt))
+    rows.sort(key=lambda r: (order.get(r[0], len(order)), r[1], r[2]))
+    skipped = {"no_cue": 0, "empty": 0}
+    items: list[CodingItem] = []
+    seen: set[tuple[str, int]] = set()
+    for tid, draw, origin, text, opt in rows:
+        trial = by_id.get(tid)
+        if trial is None:
+            raise ValueError(f"{store.root}: table {origin} has trial {tid} that is not in trials.jsonl")
+        if task == "compliance" and ctx[tid]["cue"] == "(no cue)":
+            skipped["no_cue"] += 1
+            continue
+        if not text.strip():
+            skipped["empty"] += 1
+            continue
+        if (tid, draw) in seen:
+            raise ValueError(f"{store.root}: trial {tid} draw {draw} comes twice; code one table with --source")
+        seen.add((tid, draw))
+        kept = first_answer(trial)
+        choice = _clip(kept, 1000) if kept is not None else _choice(trial, opt)
+        items.append(CodingItem(tid, draw, origin, text, {**ctx[tid], "choice": choice}))
+    return Collected(tuple(items), skipped)
+
+
+# ================================================================ judge trials
+def judge_prompt(tax: Taxonomy, codes: Sequence[Code], text: str, context: Mapping[str, str]) -> str:
+    """The taxonomy's template filled with the code list, the text and its context (missing fields: "n/a")."""
+    values = {k: "n/a" for k in FIELDS}
+    values.update({k: str(v) for k, v in context.items() if k in FIELDS})
+    values.update(codes=codes_block(codes), code_ids=", ".join(c.id for c in codes), text=_clip(text))
+    return tax.prompt.format(**values)
+
+
+def judge_trial(task: str, key: str, draw: int, prompt: str, codes: Sequence[Code]) -> Trial:
+    """The judge's trial: one user message, options = the code ids (read at the slot, or parsed from a reply)."""
+    ids = tuple(c.id for c in codes)
+    return Trial(
+        trial_id=f"code-{task}:{key}:{draw}",
+        experiment=f"code-{task}",
+        item_id=key,
+        factors={},
+        messages=(Message("user", prompt),),
+        options=ids,
+        meaning=ids,
+    )
+
+
+# ================================================================ judges
+@dataclass(frozen=True)
+class Labelled:
+    """A judge's answer for one text."""
+
+    probs: Mapping[str, float] | None
+    """The distribution over the code ids (sums to 1); None when no judge answer parsed into a code."""
+    raw: str
+    """The raw judge output: the sampled replies (JSON list) or a logit judge's top non-code tokens (JSON)."""
+    coverage: float
+    """Logit judges: code mass at the slot before normalization; sampling judges: share of draws that parsed."""
+    draws: int
+    """Parsed judge draws (0 for a logit readout)."""
+
+
+class LogitCoder:
+    """A logit engine read at the answer slot over the code ids."""
+
+    mode = "logit"
+
+    def __init__(self, engine: Any, model: str) -> None:
+        self.engine = engine
+        self.name = f"logit:{model}"
+
+    def identity(self) -> dict[str, Any]:
+        return {"mode": self.mode, **self.engine.identity()}
+
+    def label(self, trials: Sequence[Trial]) -> list[Labelled]:
+        out = []
+        for r in self.engine.readout(list(trials)):
+            out.append(
+                Labelled(
+                    {s.option: float(s.prob) for s in r.scores},
+                    json.dumps([[t, p] for t, p in r.top_other], ensure_ascii=False),
+                    float(r.coverage),
+                    0,
+                )
+            )
+        return out
+
+
+class SampleCoder:
+    """Any engine's sampled replies, parsed into codes; the distribution is the share among parsed draws."""
+
+    mode = "sample"
+
+    def __init__(self, engine: Any, model: str, n: int = 1, temperature: float | None = None) -> None:
+        if n < 1:
+            raise ValueError(f"--samples must be >= 1 for a sampling judge, got {n}")
+        self.engine = engine
+        self.n = n
+        self.temperature = (0.0 if n == 1 else 1.0) if temperature is None else float(temperature)
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        self.name = f"sample:{model}"
+
+    def identity(self) -> dict[str, Any]:
+        return {"mode": self.mode, "n": self.n, "temperature": self.temperature, **self.engine.identity()}
+
+    def label(self, trials: Sequence[Trial]) -> list[Labelled]:
+        samples = self.engine.sample(list(trials), self.n, self.temperature)
+        by_trial: dict[str, list[Any]] = {}
+        for s in samples:
+            by_trial.setdefault(s.trial_id, []).append(s)
+        out = []
+        for t in trials:
+            got = sorted(by_trial.get(t.trial_id, []), key=lambda s: s.replicate)
+            parsed = [s.option for s in got if s.status == "ok" and s.option in t.options]
+            raw = json.dumps([s.text for s in got], ensure_ascii=False)
+            cover = len(parsed) / len(got) if got else 0.0
+            if not parsed:
+                out.append(Labelled(None, raw, cover, 0))
+                continue
+            out.append(Labelled({o: parsed.count(o) / len(parsed) for o in t.options}, raw, cover, len(parsed)))
+        return out
+
+
+class Coder(Protocol):
+    """What :func:`code_run` needs of a judge: a name, its identity and labels for judge trials, in order."""
+
+    name: str
+    mode: str
+
+    def identity(self) -> dict[str, Any]: ...
+
+    def label(self, trials: Sequence[Trial]) -> list[Labelled]: ...
+
+
+def make_coder(
+    spec: str, args: argparse.Namespace | None = None, samples: int = 0, temperature: float | None = None
+) -> Coder:
+    """The judge for ``spec``: a logit judge when the engine reads logits and ``samples`` is 0, else a sampling judge."""
+    from probe.judge import judge_engine
+
+    engine = judge_engine(spec, args)
+    if samples == 0 and hasattr(engine, "readout"):
+        return LogitCoder(engine, spec)
+    return SampleCoder(engine, spec, max(1, samples), temperature)
+
+
+# ================================================================ coding a run
+def benchmark_of(store: RunStore) -> str | None:
+    """The influence benchmark of a run (``influence-bbq`` -> ``bbq``), or of a follow-up run's source."""
+    man = store.manifest()
+    exp = str(man.get("experiment", ""))
+    if exp.startswith("influence-"):
+        return exp.split("-", 1)[1]
+    spec = man.get("spec", {})
+    for value in spec.values() if isinstance(spec, Mapping) else ():
+        if isinstance(value, str) and value and (Path(value) / "manifest.json").is_file():
+            return benchmark_of(RunStore(Path(value)))
+    return None
+
+
+@dataclass(frozen=True)
+class CodingResult:
+    path: Path
+    meta: Mapping[str, Any]
+    frame: pd.DataFrame
+
+
+def coding_dir(run: Path) -> Path:
+    return Path(run) / "coding"
+
+
+def _label_rows(
+    items: Sequence[CodingItem], prompts: Sequence[str], labels: Sequence[Labelled], codes: Sequence[Code], judge: str
+) -> pd.DataFrame:
+    rows = []
+    for it, prompt, lab in zip(items, prompts, labels, strict=True):
+        probs = lab.probs or {}
+        best = max(codes, key=lambda c: probs.get(c.id, -1.0)).id if lab.probs else ""
+        rows.append(
+            {
+                "trial_id": it.trial_id,
+                "draw": it.draw,
+                "label": best,
+                **{f"p_{c.id}": float(probs[c.id]) if lab.probs else float("nan") for c in codes},
+                "judge": judge,
+                "origin": it.origin,
+                "status": "ok" if lab.probs else "unparsed",
+                "judge_prompt": prompt,
+                "judge_raw": lab.raw,
+                "coverage": lab.coverage,
+                "judge_draws": lab.draws,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def code_run(
+    run: str | Path,
+    task: str,
+    judge: Coder,
+    *,
+    taxonomy: str | Path | None = None,
+    benchmark: str | None = None,
+    source: str = "auto",
+    chunk_size: int = 32,
+    limit: int | None = None,
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+) -> CodingResult:
+    """Code the texts of ``task`` in a run with ``judge``; write ``RUN/coding/<task>.parquet`` and ``.json``.
+
+    Resumable: chunks of ``chunk_size`` texts are written atomically under
+    ``RUN/coding/.<task>-<key>/`` (the key hashes the judge, the codes and
+    every judge prompt), so re-running the same command computes only the
+    missing chunks. A finished coding by another judge or taxonomy is kept
+    unless ``overwrite``.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    store = RunStore(Path(run))
+    man = store.manifest()
+    tax = load_taxonomy(taxonomy or task)
+    if tax.task != task:
+        raise TaxonomyError(f"{tax.source} is a {tax.task!r} taxonomy, not {task!r}")
+    bench = benchmark or benchmark_of(store)
+    codes = tax.codes_for(bench)
+    got = collect(store, task, source)
+    items = got.items[:limit] if limit is not None else got.items
+    prompts = [judge_prompt(tax, codes, it.text, it.context) for it in items]
+    ident = judge.identity()
+    key = hashlib.sha256(
+        canonical_json([ident, [c.id for c in codes], [[it.trial_id, it.draw] for it in items], prompts]).encode()
+    ).hexdigest()[:16]
+    out_dir = coding_dir(store.root)
+    final, meta_path = out_dir / f"{task}.parquet", out_dir / f"{task}.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if old.get("key") == key and final.exists():
+            log(f"{final}: already coded ({old['counts']['coded']} texts)")
+            return CodingResult(final, old, pd.read_parquet(final))
+        if not overwrite:
+            raise ValueError(
+                f"{final} holds a coding by another judge, taxonomy or text selection ({old.get('judge', {}).get('name')}); "
+                "pass --overwrite to replace it"
+            )
+    parts = out_dir / f".{task}-{key}"
+    bounds = [(lo, min(lo + chunk_size, len(items))) for lo in range(0, len(items), chunk_size)]
+    done = {int(p.stem.split("-")[1]) for p in parts.glob("chunk-*.parquet")} if parts.is_dir() else set()
+    if done:
+        log(f"{parts}: resuming, {len(done)}/{len(bounds)} chunks already coded")
+    for k, (lo, hi) in enumerate(bounds):
+        if k in done:
+            continue
+        trials = [
+            judge_trial(task, it.trial_id, it.draw, p, codes)
+            for it, p in zip(items[lo:hi], prompts[lo:hi], strict=True)
+        ]
+        labels = judge.label(trials)
+        atomic_write_parquet(
+            parts / f"chunk-{k:06d}.parquet", _label_rows(items[lo:hi], prompts[lo:hi], labels, codes, judge.name)
+        )
+    frames = [pd.read_parquet(parts / f"chunk-{k:06d}.parquet") for k in range(len(bounds))]
+    cols = ["trial_id", "draw", "label", *[f"p_{c.id}" for c in codes], "judge", "origin", "status"]
+    cols += ["judge_prompt", "judge_raw", "coverage", "judge_draws"]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    frame["draw"] = frame["draw"].astype(int)
+    ok, failed = frame[frame["status"] == "ok"].drop(columns="status"), frame[frame["status"] != "ok"]
+    meta = {
+        "task": task,
+        "key": key,
+        "run": str(store.root),
+        "run_key": man.get("run_key"),
+        "benchmark": bench,
+        "taxonomy": {"path": tax.source, "sha256": tax.sha256, "codes": [c.id for c in codes]},
+        "judge": {"name": judge.name, "identity": ident},
+        "source": source,
+        "counts": {
+            "texts": len(items),
+            "coded": len(ok),
+            "unparsed": len(failed),
+            "skipped": dict(got.skipped),
+            "not_coded_by_limit": len(got.items) - len(items),
+            "by_origin": {str(k): int(v) for k, v in ok["origin"].value_counts().sort_index().items()},
+        },
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    atomic_write_parquet(final, ok.reset_index(drop=True))
+    failed_path = out_dir / f"{task}.failed.parquet"
+    if len(failed):
+        atomic_write_parquet(failed_path, failed.reset_index(drop=True))
+    else:
+        failed_path.unlink(missing_ok=True)
+    atomic_write_text(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(parts, ignore_errors=True)
+    log(
+        f"coded {len(ok)} texts ({task}) with {judge.name} into {final}"
+        + (f"; {len(failed)} judge answers parsed into no code (in {failed_path.name})" if len(failed) else "")
+        + (
+            f"; skipped {', '.join(f'{v} {k}' for k, v in got.skipped.items() if v)}"
+            if any(got.skipped.values())
+            else ""
+        )
+    )
+    return CodingResult(final, meta, ok.reset_index(drop=True))
+
+
+# ================================================================ validation
+@dataclass(frozen=True)
+class ValidationItem:
+    id: str
+    text: str
+    gold: str
+    context: Mapping[str, str]
+    benchmark: str | None = None
+    note: str = ""
+
+
+_VAL_KEYS = {"id", "text", "gold", "benchmark", "note", *(FIELDS - {"codes", "code_ids", "text"})}
+
+
+def load_validation(task: str, path: str | Path | None = None, tax: Taxonomy | None = None) -> list[ValidationItem]:
+    """The hand-labelled validation set of a task (``experiments/data/validation/<task>.yaml`` by default)."""
+    import yaml
+
+    p = Path(path) if path else VALIDATION_DIR / f"{task}.yaml"
+    if not p.is_file():
+        raise TaxonomyError(f"validation file {p} does not exist")
+    doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    if not isinstance(doc, Mapping) or doc.get("task") != task or not isinstance(doc.get("items"), list):
+        raise TaxonomyError(f"{p}: expected a mapping with task: {task} and a list of items")
+    tax = tax or load_taxonomy(task)
+    out: list[ValidationItem] = []
+    ids: set[str] = set()
+    for i, raw in enumerate(doc["items"]):
+        if not isinstance(raw, Mapping):
+            raise TaxonomyError(f"{p}: items[{i}] must be a mapping, got {raw!r}")
+        name = f"items[{i}] ({raw.get('id')!r})"
+        unknown = sorted(set(raw) - _VAL_KEYS)
+        if unknown:
+            raise TaxonomyError(f"{p}: {name} has unknown fields {unknown}; allowed: {sorted(_VAL_KEYS)}")
+        for key in ("id", "text", "gold"):
+            if not isinstance(raw.get(key), str) or not raw[key].strip():
+                raise TaxonomyError(f"{p}: {name}: field {key!r} must be a non-empty string")
+        bench = raw.get("benchmark")
+        allowed = {c.id for c in tax.codes_for(bench)}
+        if raw["gold"] not in allowed:
+            raise TaxonomyError(
+                f"{p}: {name}: gold code {raw['gold']!r} is not a code of {tax.source} for benchmark {bench}"
+            )
+        if raw["id"] in ids:
+            raise TaxonomyError(f"{p}: {name}: id repeats")
+        ids.add(raw["id"])
+        ctx = {k: str(v) for k, v in raw.items() if k in FIELDS and k != "text"}
+        out.append(ValidationItem(raw["id"], raw["text"], raw["gold"], ctx, bench, str(raw.get("note", ""))))
+    return out
+
+
+def judge_validation(
+    task: str, judge: Coder, *, taxonomy: str | Path | None = None, validation: str | Path | None = None
+) -> pd.DataFrame:
+    """Run the judge over the validation set: one row per item with gold, label, distribution and the prompt."""
+    tax = load_taxonomy(taxonomy or task)
+    items = load_validation(task, validation, tax)
+    rows = []
+    for bench in dict.fromkeys(it.benchmark for it in items):  # one code set per benchmark
+        group = [it for it in items if it.benchmark == bench]
+        codes = tax.codes_for(bench)
+        prompts = [judge_prompt(tax, codes, it.text, it.context) for it in group]
+        labels = judge.label([judge_trial(task, it.id, 0, p, codes) for it, p in zip(group, prompts, strict=True)])
+        for it, p, lab in zip(group, prompts, labels, strict=True):
+            probs = lab.probs or {}
+            label = max(codes, key=lambda c: probs.get(c.id, -1.0)).id if lab.probs else ""
+            rows.append(
+                {
+                    "id": it.id,
+                    "benchmark": it.benchmark or "",
+                    "gold": it.gold,
+                    "label": label,
+                    "p_gold": float(probs.get(it.gold, float("nan"))) if lab.probs else float("nan"),
+                    "coverage": lab.coverage,
+                    "judge_raw": lab.raw,
+                    "judge_prompt": p,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# ================================================================ command line
+def _add_judge_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The engine flags that apply to a judge (the judge never thinks and takes no system prompt)."""
+    from engines import available_modules
+
+    g = p.add_argument_group("judge engine")
+    g.add_argument(
+        "--judge",
+        required=True,
+        help="judge model: tiny, a local folder or Hugging Face id (read at the logit level), vllm:<model>, "
+        "openai:<model>, anthropic:<model> or openai-compatible:<name>@<url> (sampled)",
+    )
+    g.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="judge draws per text: 0 = read a logit judge at the slot (an API judge then makes one greedy draw); "
+        "N >= 1 = N sampled replies parsed into codes (default: 0)",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="judge sampling temperature (default: 0 for one draw, 1 for several)",
+    )
+    g.add_argument("--taxonomy", default=None, help="taxonomy YAML (default: experiments/data/taxonomies/<task>.yaml)")
+    g.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="judge weights dtype"
+    )
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    g.add_argument("--batch-size", type=int, default=16, help="most judge prompts per forward pass (default: 16)")
+    g.add_argument("--max-new-tokens", type=int, default=16, help="judge reply tokens when sampling (default: 16)")
+    g.add_argument("--seed", type=int, default=0, help="seed of judge sampling (default: 0)")
+    g.add_argument("--revision", default=None, help="judge model revision")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow judge model code from the hub")
+    for module in available_modules():
+        module.add_arguments(p)
+
+
+def cmd_code(a: argparse.Namespace) -> int:
+    judge = make_coder(a.judge, a, a.samples, a.temperature)
+    res = code_run(
+        Path(a.run),
+        a.task,
+        judge,
+        taxonomy=a.taxonomy,
+        benchmark=a.benchmark,
+        source=a.source,
+        chunk_size=a.chunk_size,
+        limit=a.limit,
+        overwrite=a.overwrite,
+    )
+    f = res.frame
+    if len(f):
+        codes = [c[2:] for c in f.columns if c.startswith("p_")]
+        counts = f["label"].value_counts()
+        print("code                          argmax   mean p")
+        for c in codes:
+            print(f"{c:<28} {int(counts.get(c, 0)):7d}  {f[f'p_{c}'].mean():7.3f}")
+    return 0
+
+
+def cmd_agreement(a: argparse.Namespace) -> int:
+    from analysis.coding import agreement, agreement_text
+
+    judge = make_coder(a.judge, a, a.samples, a.temperature)
+    frame = judge_validation(a.task, judge, taxonomy=a.taxonomy, validation=a.validation)
+    tax = load_taxonomy(a.taxonomy or a.task)
+    codes = [c.id for c in tax.codes_for(None)] + [c.id for b in tax.benchmarks for c in tax.added[b]]
+    codes = list(dict.fromkeys(codes))
+    ag = agreement(frame["gold"], frame["label"], codes, n_boot=a.n_boot, seed=a.seed)
+    print(f"judge {judge.name} on {len(frame)} hand-labelled {a.task} texts")
+    print(agreement_text(ag))
+    if a.out:
+        out = Path(a.out)
+        atomic_write_text(out, frame.to_csv(index=False))
+        print(f"per-item labels written to {out}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``probe code`` and ``probe judge-agreement`` to the CLI's subparsers."""
+    c = sub.add_parser(
+        "code",
+        help="label a run's follow-up answers or reasoning traces with a judge model",
+        description="Code the texts of a run with a judge: follow-up answers (task followup), or reasoning traces "
+        "(compliance: how the trace treats the cue; rationale: its primary rationale). Writes RUN/coding/TASK.parquet "
+        "(label, one p_<code> column per code, the judge prompt and raw output) and TASK.json; resumes if killed.",
+    )
+    c.add_argument("run", help="run directory")
+    c.add_argument("--task", required=True, choices=TASKS, help="what to code")
+    c.add_argument("--source", default="auto", choices=SOURCES, help="which table's texts to code (default: auto)")
+    c.add_argument("--benchmark", default=None, help="benchmark whose added codes apply (default: from the run)")
+    c.add_argument("--chunk-size", type=int, default=32, help="texts per committed chunk (default: 32)")
+    c.add_argument("--limit", type=int, default=None, help="code only the first N texts")
+    c.add_argument("--overwrite", action="store_true", help="replace a coding by another judge or taxonomy")
+    _add_judge_engine_arguments(c)
+    c.set_defaults(func=cmd_code)
+
+    g = sub.add_parser(
+        "judge-agreement",
+        help="measure a judge against the hand-labelled validation set of a coding task",
+        description="Run the judge over experiments/data/validation/TASK.yaml and print accuracy, Cohen's kappa "
+        "(with a percentile bootstrap CI and the asymptotic standard error), the confusion matrix and per-code recall.",
+    )
+    g.add_argument("--task", required=True, choices=TASKS, help="coding task")
+    g.add_argument("--validation", default=None, help="validation YAML (default: the shipped set of the task)")
+    g.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates of the kappa CI (default: 2000)")
+    g.add_argument("--out", default=None, help="write the per-item labels as CSV here")
+    _add_judge_engine_arguments(g)
+    g.set_defaults(func=cmd_agreement)
