@@ -239,6 +239,21 @@ def _solve(
     return best.x, bool(best.success)
 
 
+def refit_resamples(
+    th: np.ndarray, pp: np.ndarray, pm: np.ndarray, idx: np.ndarray, x0: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(s, m) refitted on every resample (row ``k`` of ``idx`` holds item indices), started at ``x0``.
+
+    Batched Levenberg-Marquardt, with ``least_squares`` for the rare resample it
+    does not settle. Returns (params of shape (n_boot, 2), converged). Refitting
+    two runs on the same ``idx`` gives paired bootstrap differences.
+    """
+    boots, ok = _lm_batch(th[idx], pp[idx], pm[idx], x0)
+    for k in np.flatnonzero(~ok):
+        boots[k], ok[k] = _solve(th[idx[k]], pp[idx[k]], pm[idx[k]], [x0])
+    return boots, ok
+
+
 def _lm_batch(
     th: np.ndarray, pp: np.ndarray, pm: np.ndarray, x0: tuple[float, float], iters: int = 100
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -347,10 +362,7 @@ def fit_channel(
     s_lo = s_hi = m_lo = m_hi = float("nan")
     if n_boot:
         idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-        boots, ok_b = _lm_batch(th[idx], pp[idx], pm[idx], (s, m))
-        for k in np.flatnonzero(~ok_b):  # the rare resample the batch did not settle: least_squares
-            boots[k], ok_k = _solve(th[idx[k]], pp[idx[k]], pm[idx[k]], [(s, m)])
-            ok_b[k] = ok_k
+        boots, ok_b = refit_resamples(th, pp, pm, idx, (s, m))
         failed = int((~ok_b).sum())
         if ok_b.any():
             kept = boots[ok_b]

@@ -45,6 +45,7 @@ from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
 
 if TYPE_CHECKING:
+    from probe.panel import Panel
     from probe.store import RunStore
 
 NAME = "battery"
@@ -376,6 +377,12 @@ def _report(store: RunStore, out: Path) -> list[Path]:
     return battery_report(store, out)
 
 
+def _compare(panel: Panel, out: Path) -> list[Path]:
+    from analysis.compare_battery import compare_battery
+
+    return compare_battery(panel, out)
+
+
 EXPERIMENTS = (
     Experiment(
         name=NAME,
@@ -386,5 +393,6 @@ EXPERIMENTS = (
         report=_report,
         generative=is_choice,
         judge_options=_judge,
+        compare=_compare,
     ),
 )

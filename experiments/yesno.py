@@ -29,6 +29,7 @@ from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
 
 if TYPE_CHECKING:
+    from probe.panel import Panel
     from probe.store import RunStore
 
 NAME = "yesno"
@@ -160,6 +161,12 @@ def _report(store: RunStore, out: Path) -> list[Path]:
     return yesno_report(store, out)
 
 
+def _compare(panel: Panel, out: Path) -> list[Path]:
+    from analysis.compare_battery import compare_yesno
+
+    return compare_yesno(panel, out)
+
+
 EXPERIMENTS = (
     Experiment(
         name=NAME,
@@ -168,5 +175,6 @@ EXPERIMENTS = (
         spec_from_args=_spec_from_args,
         expand=expand,
         report=_report,
+        compare=_compare,
     ),
 )
