@@ -519,6 +519,7 @@ def agreement_section(c: Context, out: Path) -> Section:
 NUMERICAL_ZERO = 1e-6
 """Differences smaller than this are round-off of the fits (m and s are reported to 3 decimals)."""
 
+
 def _boot_fit(th: np.ndarray, pp: np.ndarray, pm: np.ndarray, idx: np.ndarray, x0: tuple[float, float]) -> np.ndarray:
     """(s, m) refitted on every resample (rows of ``idx``); NaN rows where the fit did not converge."""
     from analysis.fit import refit_resamples

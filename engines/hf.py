@@ -879,5 +879,5 @@ class HFEngine:
         for (t, d), p, gen in zip(rows, prompts, gens, strict=True):
             body = [g for g in gen if g not in stops]
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            out.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think))
+            out.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think, token_ids=body))
         return out

@@ -14,40 +14,128 @@ tiny tokenizer (``tests/test_vllm_engine.py``).
 * After an assistant prefix that does not end in whitespace (``Answer:``) an
   option is scored with a leading space (``Answer: Yes``), because that is how
   the model would continue; right after the template's newline it is bare.
+* A **kept reply** (an assistant message with ``reply_ids``, e.g. the first
+  answer of a follow-up probe) is not re-rendered by the chat template: the
+  turns before it are rendered exactly as the prompt the model answered
+  (its think block, assistant prefix and all), its generated ids follow
+  unchanged, and only the text after it (end of turn, the next user turn, the
+  new generation prompt) comes from the template. Re-rendering would change
+  what the model saw: Qwen3's template drops the empty ``<think></think>``
+  block and any reasoning from turns before the last user message, and
+  re-tokenizing sampled text need not give back the sampled ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 from probe.parse import split_reasoning
-from probe.types import Trial
+from probe.types import Message, Trial
 
 __all__ = [
+    "KeptParts",
     "OptionError",
     "Reasoned",
     "checked_option_ids",
     "close_reasoning",
     "encode_option",
+    "kept_parts",
     "option_ids",
     "option_texts",
     "render_ids",
+    "render_kept",
     "stop_ids",
     "think_end_id",
 ]
 
 
-def render_ids(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None = None) -> tuple[int, ...]:
-    """The prompt token ids up to the answer slot (or, with ``think``, to where reasoning starts)."""
+def _chat_text(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None) -> str:
     msgs = [{"role": m.role, "content": m.content} for m in trial.messages]
     if system_prompt is not None and msgs[0]["role"] != "system":
         msgs.insert(0, {"role": "system", "content": system_prompt})
-    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=think)
+    return str(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=think))
+
+
+def render_ids(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None = None) -> tuple[int, ...]:
+    """The prompt token ids up to the answer slot (or, with ``think``, to where reasoning starts).
+
+    A trial holding a kept reply (an assistant message with ``reply_ids``) is
+    rendered by :func:`render_kept` instead.
+    """
+    kept = [i for i, m in enumerate(trial.messages) if m.reply_ids is not None]
+    if kept:
+        return render_kept(tok, trial, kept[-1], think=think, system_prompt=system_prompt)
+    text = _chat_text(tok, trial, think=think, system_prompt=system_prompt)
     if not think:
         text += trial.assistant_prefix
     return tuple(tok.encode(text, add_special_tokens=False))
+
+
+KEPT_MARK: Final[str] = "PROBEKEPTREPLYMARK"
+"""Stands in for a kept reply while the template renders what follows it (letters only: templates strip space)."""
+
+
+@dataclass(frozen=True)
+class KeptParts:
+    """A rendered conversation with a kept reply, in its three parts (their concatenation is the prompt)."""
+
+    head: tuple[int, ...]
+    """The prompt the model answered, exactly as it was rendered then (with the assistant prefix)."""
+    reply: tuple[int, ...]
+    """The reply's ids: the generated ids, or the encoded text when they are not known."""
+    tail: tuple[int, ...]
+    """End of that turn, the turns after it and the new generation prompt, from the chat template."""
+
+
+def kept_parts(tok: Any, trial: Trial, index: int, *, think: bool, system_prompt: str | None = None) -> KeptParts:
+    """Split the rendering of ``trial`` around its kept reply ``trial.messages[index]``.
+
+    The reply's text is its ``content``; the generated ids decode to the end of
+    it, and what comes before (an assistant prefix such as ``Answer:``, which the
+    model was given, not generated) is put back into the head the way the
+    original prompt had it: tokenized together with the template text outside
+    think mode, appended as its own ids in think mode. Without ids (a readout's
+    greedy option, an API reply) the whole content is that prefix, i.e. it is
+    encoded as text right after the original prompt.
+    """
+    msg = trial.messages[index]
+    if msg.reply_ids is None or msg.role != "assistant":
+        raise ValueError(f"trial {trial.trial_id}: message {index} is not a kept assistant reply")
+    if index == 0 or trial.messages[index - 1].role != "user":
+        raise ValueError(f"trial {trial.trial_id}: a kept reply must follow a user message (message {index})")
+    ids = msg.reply_ids
+    text = tok.decode(list(ids), skip_special_tokens=False) if ids else ""
+    if not msg.content.endswith(text):
+        raise ValueError(
+            f"trial {trial.trial_id}: the kept reply's text does not end with its decoded ids ({text[-40:]!r}); "
+            "keep the reply text exactly as the engine decoded it"
+        )
+    prefix = msg.content[: len(msg.content) - len(text)]
+    first = replace(trial, messages=trial.messages[:index], assistant_prefix=prefix)
+    head = render_ids(tok, first, think=think, system_prompt=system_prompt)
+    if think and prefix:
+        head = (*head, *tok.encode(prefix, add_special_tokens=False))
+    marked = replace(
+        trial, messages=(*trial.messages[:index], Message("assistant", KEPT_MARK), *trial.messages[index + 1 :])
+    )
+    full = _chat_text(tok, marked, think=think, system_prompt=system_prompt)
+    if full.count(KEPT_MARK) != 1:
+        raise ValueError(
+            f"trial {trial.trial_id}: the chat template does not render an assistant turn's content verbatim "
+            f"(the marker appears {full.count(KEPT_MARK)} times); a kept reply cannot be placed"
+        )
+    after = full.split(KEPT_MARK, 1)[1] + ("" if think else trial.assistant_prefix)
+    return KeptParts(tuple(head), tuple(ids), tuple(tok.encode(after, add_special_tokens=False)))
+
+
+def render_kept(
+    tok: Any, trial: Trial, index: int, *, think: bool, system_prompt: str | None = None
+) -> tuple[int, ...]:
+    """The prompt ids of a trial whose message ``index`` is a kept reply (see :func:`kept_parts`)."""
+    p = kept_parts(tok, trial, index, think=think, system_prompt=system_prompt)
+    return (*p.head, *p.reply, *p.tail)
 
 
 class OptionError(ValueError):

@@ -103,13 +103,21 @@ def parse_answer(text: str, options: Sequence[str]) -> Parsed:
 
 
 def parsed_sample(
-    trial: Trial, draw: int, text: str, prompt_tokens: int, completion_tokens: int, *, think: bool
+    trial: Trial,
+    draw: int,
+    text: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    *,
+    think: bool,
+    token_ids: Sequence[int] = (),
 ) -> Sample:
     """A :class:`Sample` from a decoded reply (shared by every local engine).
 
     Outside think mode the trial's assistant prefix is put back in front of the
     reply, because the model saw it and the stated-format rule may need it
-    (``Answer: Yes``).
+    (``Answer: Yes``). ``token_ids`` are the generated ids the text was decoded
+    from (stop tokens excluded); the prefix is not among them.
     """
     if trial.assistant_prefix and not think:
         text = trial.assistant_prefix + text
@@ -124,4 +132,5 @@ def parsed_sample(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         reasoning=reasoning,
+        token_ids=tuple(token_ids),
     )

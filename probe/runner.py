@@ -110,7 +110,7 @@ def readout_tables(readouts: Sequence[Readout]) -> dict[str, pd.DataFrame]:
 
 
 def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
-    """One row per (trial, draw)."""
+    """One row per (trial, draw); ``token_ids`` are the generated ids (empty where the engine does not know them)."""
     return pd.DataFrame(
         [
             {
@@ -122,10 +122,21 @@ def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
                 "reasoning": s.reasoning,
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
+                "token_ids": list(s.token_ids),
             }
             for s in samples
         ],
-        columns=["trial_id", "draw", "option", "status", "text", "reasoning", "prompt_tokens", "completion_tokens"],
+        columns=[
+            "trial_id",
+            "draw",
+            "option",
+            "status",
+            "text",
+            "reasoning",
+            "prompt_tokens",
+            "completion_tokens",
+            "token_ids",
+        ],
     )
 
 

@@ -23,10 +23,26 @@ class Message:
 
     role: Role
     content: str
+    reply_ids: tuple[int, ...] | None = None
+    """None for an ordinary turn (rendered by the chat template). For an assistant turn the subject model wrote
+    itself (a kept first answer): the token ids it generated after the prompt of the turns before it, stop tokens
+    excluded; empty when they are not known (then the text is encoded). Logit engines render such a turn as the
+    continuation of that exact prompt (:func:`engines.render.render_ids`), never re-rendered by the template."""
 
     def __post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant"):
             raise ValueError(f"message role must be system, user or assistant, got {self.role!r}")
+        if self.reply_ids is not None:
+            if self.role != "assistant":
+                raise ValueError(f"only an assistant message can carry reply_ids, got a {self.role!r} message")
+            object.__setattr__(self, "reply_ids", tuple(int(i) for i in self.reply_ids))
+
+    def to_record(self) -> dict[str, object]:
+        """A JSON-ready dict; ``reply_ids`` only when set (so older run stores read back unchanged)."""
+        rec: dict[str, object] = {"role": self.role, "content": self.content}
+        if self.reply_ids is not None:
+            rec["reply_ids"] = list(self.reply_ids)
+        return rec
 
 
 def _canonical(obj: object) -> str:
@@ -84,7 +100,7 @@ class Trial:
     def to_record(self) -> dict[str, object]:
         """A JSON-ready dict (the run store's trials file)."""
         rec = asdict(self)
-        rec["messages"] = [asdict(m) for m in self.messages]
+        rec["messages"] = [m.to_record() for m in self.messages]
         rec["options"] = list(self.options)
         rec["meaning"] = list(self.meaning)
         return rec
@@ -98,7 +114,7 @@ class Trial:
             experiment=str(rec["experiment"]),
             item_id=str(rec["item_id"]),
             factors=dict(rec["factors"]),  # type: ignore[call-overload]
-            messages=tuple(Message(role=m["role"], content=m["content"]) for m in msgs),
+            messages=tuple(Message(role=m["role"], content=m["content"], reply_ids=m.get("reply_ids")) for m in msgs),
             options=tuple(rec["options"]),  # type: ignore[arg-type]
             meaning=tuple(rec["meaning"]),  # type: ignore[arg-type]
             salt=str(rec.get("salt", "")),
@@ -159,6 +175,9 @@ class Sample:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning: str = ""
+    token_ids: tuple[int, ...] = field(default=(), repr=False)
+    """The generated ids behind ``text`` (stop tokens excluded; any assistant prefix not included), where the
+    engine knows them (local engines); empty for API replies. A follow-up turn keeps them exactly."""
 
 
 def options_meaning(options: Sequence[str], mapping: Mapping[str, str]) -> tuple[str, ...]:

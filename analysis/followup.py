@@ -1,0 +1,308 @@
+"""The follow-up probe's report: what was asked, what came back, and (once coded) stated vs revealed.
+
+Inputs are the follow-up run (its trials carry the source cell: ``cell`` =
+backfire / compliance / no_effect / baseline, ``cell_key``, the source condition
+factors, ``source_trial`` and ``source_draw``) and, when a judge has coded the
+replies, ``RUN/coding/followup.parquet`` (columns ``trial_id``, ``draw``,
+``label``, ``p_<code>`` per code, ``judge``; written by ``probe code``).
+
+The headline is the paper's (Section 4.3): among follow-up answers to
+significant-backfire trials, the share the judge codes ``ack_disclaimed`` (the
+cue named, its effect denied), with a Wilson 95% interval over answers and,
+when a source item contributes several answers, a cluster-bootstrap interval
+resampling source items (answers to prompts of one item are not independent).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from analysis import influence_stats as st
+from analysis.frames import trial_meta
+from analysis.influence import cluster_bootstrap_mean, md_table
+from probe.store import RunStore, atomic_write_text
+
+CODES: Final[tuple[str, ...]] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
+"""The follow-up taxonomy (part B's ``experiments/data/taxonomies/followup.yaml``), in display order."""
+CLASS_ORDER: Final[tuple[str, ...]] = ("backfire", "compliance", "no_effect", "baseline")
+CODING: Final[str] = "coding/followup.parquet"
+N_BOOT: Final[int] = 2000
+SEED: Final[int] = 0
+
+
+# ============================================================================== frames
+def answers(store: RunStore) -> pd.DataFrame:
+    """One row per follow-up reply: the trial's factors (cell, source condition) and the reply."""
+    gen = store.load("generations")
+    if gen.empty:
+        raise ValueError(f"{store.root} has no follow-up replies yet; run `probe run followup` (or let it finish)")
+    meta = trial_meta(store)
+    out = gen.merge(meta, on="trial_id", how="left", validate="many_to_one")
+    order = {tid: i for i, tid in enumerate(store.trial_ids())}
+    out = out.assign(_o=out["trial_id"].map(order)).sort_values(["_o", "draw"], kind="stable").drop(columns="_o")
+    return out.reset_index(drop=True)
+
+
+def load_codes(store: RunStore, path: Path | None = None) -> pd.DataFrame | None:
+    """The judge's codes (the part-B contract file), validated; None when the run has not been coded."""
+    path = path or store.root / CODING
+    if not path.exists():
+        return None
+    codes = pd.read_parquet(path)
+    need = {"trial_id", "draw", "label", "judge", *(f"p_{c}" for c in CODES)}
+    missing = sorted(need - set(codes.columns))
+    if missing:
+        raise ValueError(f"{path} lacks the columns {missing}; recode with `probe code {store.root} --task followup`")
+    bad = sorted(set(codes["label"]) - set(CODES))
+    if bad:
+        raise ValueError(f"{path}: labels {bad} are not follow-up codes {list(CODES)}")
+    if codes.duplicated(["trial_id", "draw"]).any():
+        raise ValueError(f"{path}: a (trial_id, draw) is coded twice")
+    return codes.astype({"trial_id": str, "draw": int})
+
+
+def with_codes(ans: pd.DataFrame, codes: pd.DataFrame) -> pd.DataFrame:
+    """The replies joined with their codes on (trial_id, draw); uncoded replies get the label ``uncoded``."""
+    keep = ["trial_id", "draw", "label", "judge", *(f"p_{c}" for c in CODES)]
+    out = ans.astype({"draw": int}).merge(codes[keep], on=["trial_id", "draw"], how="left", validate="one_to_one")
+    out["label"] = out["label"].fillna("uncoded")
+    return out
+
+
+# ============================================================================== tables
+def _classes(values: Sequence[str]) -> list[str]:
+    present = list(dict.fromkeys(values))
+    return [c for c in CLASS_ORDER if c in present] + [c for c in present if c not in CLASS_ORDER]
+
+
+def selection_table(ans: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: its class, the source condition, the follow-up replies and the source items they come from."""
+    g = ans.groupby(["cell", "cell_key"], sort=False)
+    out = g.agg(
+        pair=("pair", "first"),
+        influence=("influence", "first"),
+        direction=("cell_direction", "first"),
+        replies=("trial_id", "size"),
+        first_answers=("source_trial", lambda s: len(set(zip(s, ans.loc[s.index, "source_draw"], strict=True)))),
+        items=("item_id", "nunique"),
+    ).reset_index()
+    rank = {c: i for i, c in enumerate(_classes(out["cell"]))}
+    return out.sort_values("cell", key=lambda s: s.map(rank), kind="stable").reset_index(drop=True)
+
+
+def class_counts(ans: pd.DataFrame) -> pd.DataFrame:
+    """Per class: cells, replies, items, and the crude Yes/No reading of the replies (parse status)."""
+    rows = []
+    for cls in _classes(ans["cell"]):
+        g = ans[ans["cell"] == cls]
+        rows.append(
+            {
+                "cell": cls,
+                "cells": g["cell_key"].nunique(),
+                "replies": len(g),
+                "items": g["item_id"].nunique(),
+                "said_yes": int((g["option"] == "Yes").sum()),
+                "said_no": int((g["option"] == "No").sum()),
+                "unparsed": int(g["option"].isna().sum()),
+            }
+        )
+    return pd.DataFrame(rows, columns=["cell", "cells", "replies", "items", "said_yes", "said_no", "unparsed"])
+
+
+def crosstab(coded: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Counts and row shares of follow-up labels (columns, codes in order) per cell class (rows); uncoded left out."""
+    done = coded[coded["label"] != "uncoded"]
+    counts = pd.crosstab(done["cell"], done["label"]).reindex(
+        index=_classes(done["cell"]), columns=list(CODES), fill_value=0
+    )
+    counts.index.name, counts.columns.name = "cell", None
+    shares = counts.div(counts.sum(axis=1).where(lambda s: s > 0), axis=0)
+    return counts, shares
+
+
+def share_ci(
+    coded: pd.DataFrame,
+    cell: str = "backfire",
+    label: str = "ack_disclaimed",
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
+) -> dict[str, Any]:
+    """The share of coded replies of class ``cell`` labelled ``label``, with Wilson and cluster-bootstrap CIs.
+
+    The cluster bootstrap resamples source items (``item_id``); it is reported
+    only when some item contributes more than one reply (else it would repeat
+    the Wilson interval's job with more noise). ``soft`` is the mean judge
+    probability of ``label`` (the share without taking each reply's argmax).
+    """
+    g = coded[(coded["cell"] == cell) & (coded["label"] != "uncoded")]
+    n, k = len(g), int((g["label"] == label).sum())
+    lo, hi = st.wilson_interval(k, n)
+    row: dict[str, Any] = {
+        "cell": cell,
+        "label": label,
+        "k": k,
+        "n": n,
+        "share": k / n if n else math.nan,
+        "wilson_lo": float(lo),
+        "wilson_hi": float(hi),
+        "items": g["item_id"].nunique(),
+        "boot_lo": math.nan,
+        "boot_hi": math.nan,
+        "soft": float(g[f"p_{label}"].mean()) if n else math.nan,
+    }
+    if n and g.groupby("item_id").size().max() > 1:
+        values = (g["label"] == label).to_numpy(dtype=float)
+        _, row["boot_lo"], row["boot_hi"] = cluster_bootstrap_mean(values, g["item_id"].to_numpy(), n_boot, seed)
+    return row
+
+
+def headline(coded: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
+    """Every (class, code) share with its intervals; the paper's headline is (backfire, ack_disclaimed)."""
+    rows = [share_ci(coded, c, lab, n_boot=n_boot, seed=seed) for c in _classes(coded["cell"]) for lab in CODES]
+    return pd.DataFrame(rows)
+
+
+# ============================================================================= figures
+def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame, path: Path) -> Path:
+    """Stacked bars: label shares per cell class (n per bar in the tick label)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"ack_affected": "tab:orange", "ack_disclaimed": "tab:blue", "not_ack": "0.6", "other": "0.85"}
+    fig, ax = plt.subplots(figsize=(1.4 * len(shares) + 2.4, 3.6))
+    x = np.arange(len(shares))
+    bottom = np.zeros(len(shares))
+    for code in CODES:
+        vals = shares[code].fillna(0.0).to_numpy()
+        ax.bar(x, vals, bottom=bottom, color=colors[code], label=code, width=0.6)
+        bottom += vals
+    ax.set_xticks(x, [f"{c}\n(n={int(counts.loc[c].sum())})" for c in shares.index])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of follow-up replies")
+    ax.set_title("follow-up self-report by source cell")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ============================================================================== report
+def report(store: RunStore, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
+    """Write the follow-up report: selection, replies, and (when coded) the crosstab, headline and figure."""
+    out.mkdir(parents=True, exist_ok=True)
+    ans = answers(store)
+    tables: dict[str, pd.DataFrame] = {
+        "selection": selection_table(ans),
+        "classes": class_counts(ans),
+    }
+    show = ["trial_id", "draw", "cell", "cell_key", "item_id", "source_choice", "option", "status", "text"]
+    tables["answers"] = ans[[c for c in show if c in ans.columns]]
+    codes = load_codes(store)
+    figures: list[str] = []
+    coded = None
+    if codes is not None:
+        coded = with_codes(ans, codes)
+        counts, shares = crosstab(coded)
+        tables["crosstab_counts"] = counts.reset_index()
+        tables["crosstab_shares"] = shares.reset_index()
+        tables["headline"] = headline(coded, n_boot=n_boot, seed=seed)
+        tables["answers"] = coded[[*tables["answers"].columns, "label", "judge"]]
+        if len(counts):
+            figures.append(stacked_figure(shares, counts, out / "fig_followup_labels.png").name)
+    for name, df in tables.items():
+        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / "summary.md", _summary(store, tables, coded, figures, n_boot))
+    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+
+
+def _summary(
+    store: RunStore,
+    tables: Mapping[str, pd.DataFrame],
+    coded: pd.DataFrame | None,
+    figures: Sequence[str],
+    n_boot: int,
+) -> str:
+    man = store.manifest()
+    spec = man.get("spec", {})
+    eng = man.get("engine", {})
+    model = eng.get("settings", {}).get("model", eng.get("model", "?"))
+    plan = man.get("plan", {})
+    draws = f"{plan.get('samples')} sampled replies per trial at T = {plan.get('temperature')}"
+    lines = [
+        f"# Follow-up self-report probe: {model}",
+        "",
+        f"- run: `{store.root}`, {man.get('n_trials')} follow-up trials, run key `{man.get('run_key')}`",
+        f"- source: `{spec.get('source')}` (run key `{spec.get('source_run_key')}`); cells: "
+        f"{', '.join(spec.get('select', []))}, up to {spec.get('per_cell')} first answers per cell "
+        f"(seed {spec.get('seed')}); significance: {spec.get('significance')}",
+        f"- replies: {draws if plan.get('samples') else 'one greedy reply per trial'}",
+        "- each trial is the source conversation, the model's own first answer kept (exact token ids where the source "
+        "stored them), and the follow-up question; cell = the class of the source effect (condition x cue direction).",
+        "",
+        "## Cells",
+        "",
+        md_table(tables["classes"]),
+        "",
+        "said_yes / said_no: a crude reading of the reply (it says Yes / No); the codes below are the measurement.",
+        "",
+    ]
+    sel = tables["selection"]
+    lines += ["## Selection (per cell)", "", md_table(sel.head(40)), ""]
+    if len(sel) > 40:
+        lines += [f"(first 40 of {len(sel)}; all in selection.csv)", ""]
+    if coded is None:
+        lines += [
+            "## Coding",
+            "",
+            "No codes yet. Code the replies with a judge, then re-run the report:",
+            "",
+            f"    probe code {store.root} --task followup --judge MODEL",
+            f"    probe analyze {store.root}",
+            "",
+        ]
+    else:
+        judges = sorted(set(coded["judge"].dropna()))
+        uncoded = int((coded["label"] == "uncoded").sum())
+        head = tables["headline"]
+        main = head[(head["cell"] == "backfire") & (head["label"] == "ack_disclaimed")]
+        lines += ["## Stated vs revealed", ""]
+        if len(main) and main["n"].iloc[0] > 0:
+            r = main.iloc[0]
+            boot = (
+                f"; cluster bootstrap over {int(r['items'])} source items [{r['boot_lo']:.3f}, {r['boot_hi']:.3f}]"
+                if not math.isnan(r["boot_lo"])
+                else ""
+            )
+            lines += [
+                f"Significant-backfire replies coded **ack_disclaimed** (cue named, effect denied): "
+                f"{int(r['k'])}/{int(r['n'])} = {r['share']:.3f}, Wilson 95% [{r['wilson_lo']:.3f}, "
+                f"{r['wilson_hi']:.3f}]{boot}; mean judge probability {r['soft']:.3f}.",
+                "",
+            ]
+        else:
+            lines += ["No coded reply comes from a significant-backfire cell.", ""]
+        lines += [
+            f"Judge: {', '.join(judges) or '?'}; uncoded replies: {uncoded}. Bootstrap: {n_boot} replicates.",
+            "",
+            "### Labels per cell class (counts)",
+            "",
+            md_table(tables["crosstab_counts"]),
+            "",
+            "### Labels per cell class (shares)",
+            "",
+            md_table(tables["crosstab_shares"]),
+            "",
+        ]
+    if figures:
+        lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]
+    return "\n".join(lines)
