@@ -35,6 +35,20 @@ def tiny_engine():
     return HFEngine(HFSettings(model="tiny")).load()
 
 
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """``transformers serve`` on localhost serving the tiny model, started once for every API test of the session."""
+    pytest.importorskip("openai", reason="the api extra is not installed (pip install -e '.[api]')")
+    from tests.api_serve import start_server
+
+    try:
+        srv = start_server(tmp_path_factory.mktemp("serve"))
+    except RuntimeError as e:
+        pytest.fail(f"could not start transformers serve: {e}")
+    yield srv
+    srv.stop()
+
+
 def make_trial(user: str, options, *, system: str | None = None, trial_id: str = "t", prefix: str = ""):
     from probe.types import Message, Trial
 

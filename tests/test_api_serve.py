@@ -23,22 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.api_serve import Server, start_server
+from tests.api_serve import Server
 from tests.fault_proxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEM = "mine_cart_bridge"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("openai", reason="the api extra is not installed (pip install -e '.[api]')")
-    try:
-        srv = start_server(tmp_path_factory.mktemp("serve"))
-    except RuntimeError as e:
-        pytest.fail(f"could not start transformers serve: {e}")
-    yield srv
-    srv.stop()
 
 
 def _cli(*args: str) -> int:

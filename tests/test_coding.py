@@ -295,19 +295,6 @@ def test_judge_agreement_on_the_tiny_judge(capsys: pytest.CaptureFixture[str], t
 
 
 # ------------------------------------------------------------------ API judge against transformers serve
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("openai", reason="the api extra is not installed (pip install -e '.[api]')")
-    from tests.api_serve import start_server
-
-    try:
-        srv = start_server(tmp_path_factory.mktemp("serve"))
-    except RuntimeError as e:
-        pytest.fail(f"could not start transformers serve: {e}")
-    yield srv
-    srv.stop()
-
-
 def test_api_judge_codes_followup_answers(server, think_run: Path, tmp_path: Path, capsys) -> None:
     """A sampled run's answers coded as follow-up answers by an API judge (3 draws each at T = 1)."""
     import shutil

@@ -268,19 +268,6 @@ def test_probe_run_followup_on_tiny_then_analyze_with_codes(
 
 
 # ======================================================================== API engine
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    from tests.api_serve import start_server
-
-    pytest.importorskip("openai", reason="the api extra is not installed (pip install -e '.[api]')")
-    try:
-        srv = start_server(tmp_path_factory.mktemp("serve"))
-    except RuntimeError as e:
-        pytest.fail(f"could not start transformers serve: {e}")
-    yield srv
-    srv.stop()
-
-
 def test_followup_through_the_api_engine(server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from probe.cli import main
 
