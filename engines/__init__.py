@@ -90,20 +90,30 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--think-budget", type=int, default=512, help="most reasoning tokens in think mode (default: 512)")
     g.add_argument("--system", default=None, help="system prompt added to every trial")
+    add_loading_arguments(g)
+    for module in available_modules():
+        module.add_arguments(p)
+
+
+def add_loading_arguments(g: argparse._ArgumentGroup, *, max_new_tokens: int = 32, what: str = "model") -> None:
+    """How a local model is loaded and sampled (dtype, device, batch, seed, revision): shared by subject and judge."""
     g.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32",
+        help=f"{what} weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32",
     )
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    g.add_argument("--batch-size", type=int, default=16, help="most trials per forward pass (default: 16)")
-    g.add_argument("--max-new-tokens", type=int, default=32, help="answer tokens when sampling (default: 32)")
+    g.add_argument("--batch-size", type=int, default=16, help="most prompts per forward pass (default: 16)")
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=max_new_tokens,
+        help=f"reply tokens when sampling (default: {max_new_tokens})",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of sampling (default: 0)")
-    g.add_argument("--revision", default=None, help="model revision (hub branch, tag or commit)")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub")
-    for module in available_modules():
-        module.add_arguments(p)
+    g.add_argument("--revision", default=None, help=f"{what} revision (hub branch, tag or commit)")
+    g.add_argument("--trust-remote-code", action="store_true", help=f"allow {what} code from the hub")
 
 
 def make_engine(args: argparse.Namespace) -> Any:

@@ -798,7 +798,7 @@ def judge_validation(
 # ================================================================ command line
 def _add_judge_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The engine flags that apply to a judge (the judge never thinks and takes no system prompt)."""
-    from engines import available_modules
+    from engines import add_loading_arguments, available_modules
 
     g = p.add_argument_group("judge engine")
     g.add_argument(
@@ -821,15 +821,7 @@ def _add_judge_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="judge sampling temperature (default: 0 for one draw, 1 for several)",
     )
     g.add_argument("--taxonomy", default=None, help="taxonomy YAML (default: experiments/data/taxonomies/<task>.yaml)")
-    g.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="judge weights dtype"
-    )
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    g.add_argument("--batch-size", type=int, default=16, help="most judge prompts per forward pass (default: 16)")
-    g.add_argument("--max-new-tokens", type=int, default=16, help="judge reply tokens when sampling (default: 16)")
-    g.add_argument("--seed", type=int, default=0, help="seed of judge sampling (default: 0)")
-    g.add_argument("--revision", default=None, help="judge model revision")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow judge model code from the hub")
+    add_loading_arguments(g, max_new_tokens=16, what="judge model")
     for module in available_modules():
         module.add_arguments(p)
 
