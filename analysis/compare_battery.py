@@ -296,11 +296,13 @@ def boot_index(n: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
 
 
 def percentile_ci(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    v = values[np.isfinite(values)]
-    if not len(v):
+    """The percentile interval of 1-d bootstrap replicates as floats (NaN replicates ignored; all NaN: NaN)."""
+    from analysis.influence_stats import percentile_ci as ci
+
+    v = np.asarray(values, dtype=float)
+    if not np.isfinite(v).any():
         return float("nan"), float("nan")
-    a = (1 - level) / 2
-    lo, hi = np.quantile(v, [a, 1 - a])
+    lo, hi = ci(v[np.isfinite(v)], alpha=1 - level)
     return float(lo), float(hi)
 
 
