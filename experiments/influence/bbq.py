@@ -29,15 +29,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments import Experiment
 from experiments.influence.build import (
     AuditSpec,
     Demo,
     Scenario,
     Side,
     add_audit_arguments,
+    audit_experiment,
     audit_from_args,
-    compare_runs,
     demo,
     expand_scenarios,
     split_list,
@@ -47,7 +46,7 @@ from experiments.influence.design import Design, DesignError, article, load_desi
 from probe.types import Trial
 
 if TYPE_CHECKING:
-    from probe.store import RunStore
+    pass
 
 NAME = "influence-bbq"
 POLARITIES = ("neg", "nonneg")
@@ -396,18 +395,11 @@ def _spec_from_args(a: argparse.Namespace) -> BBQSpec:
     )
 
 
-def _report(store: RunStore, out: Path) -> list[Path]:
-    from analysis.influence import influence_report
-
-    return influence_report(store, out, benchmark="bbq")
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
-    summary="influence audit on BBQ ambiguous questions, unknown answer dropped (paper 000)",
-    add_arguments=_add_arguments,
-    spec_from_args=_spec_from_args,
-    expand=expand,
-    report=_report,
-    compare=compare_runs,
+EXPERIMENT = audit_experiment(
+    NAME,
+    "bbq",
+    "influence audit on BBQ ambiguous questions, unknown answer dropped (paper 000)",
+    _add_arguments,
+    _spec_from_args,
+    expand,
 )

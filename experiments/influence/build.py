@@ -34,14 +34,16 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from experiments import Experiment
 from experiments.influence.design import VARIANTS, Cue, Design, DesignError
 from probe.salts import SaltSpec, apply_salt, make_salt
 from probe.types import Message, Trial, make_trial_id
 
 if TYPE_CHECKING:
     from probe.panel import Panel
+    from probe.store import RunStore
 
 CONTROLS: Final[tuple[str, ...]] = ("rerun", "placebo", "negated")
 ORDERS: Final[tuple[str, str]] = ("a_first", "b_first")
@@ -371,8 +373,34 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
     )
 
 
-def compare_runs(panel: Panel, out: Path) -> list[Path]:
+def _compare_runs(panel: Panel, out: Path) -> list[Path]:
     """The cross-run report of influence runs (one function for the three benchmarks, so a panel can pool them)."""
     from analysis.compare_influence import compare_influence
 
     return compare_influence(panel, out)
+
+
+def audit_experiment(
+    name: str,
+    benchmark: str,
+    summary: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    spec_from_args: Callable[[argparse.Namespace], Any],
+    expand: Callable[..., list[Trial]],
+) -> Experiment:
+    """An influence benchmark as an experiment: its own flags, spec and trials; the shared report and comparison."""
+
+    def report(store: RunStore, out: Path) -> list[Path]:
+        from analysis.influence import influence_report
+
+        return influence_report(store, out, benchmark=benchmark)
+
+    return Experiment(
+        name=name,
+        summary=summary,
+        add_arguments=add_arguments,
+        spec_from_args=spec_from_args,
+        expand=expand,
+        report=report,
+        compare=_compare_runs,
+    )

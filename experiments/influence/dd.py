@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments import Experiment
 from experiments.influence.build import (
     ORDERS,
     Arm,
@@ -38,8 +37,8 @@ from experiments.influence.build import (
     Scenario,
     Side,
     add_audit_arguments,
+    audit_experiment,
     audit_from_args,
-    compare_runs,
     demo,
     expand_scenarios,
     split_list,
@@ -49,7 +48,7 @@ from experiments.influence.design import Design, DesignError, article, load_desi
 from probe.types import Trial
 
 if TYPE_CHECKING:
-    from probe.store import RunStore
+    pass
 
 NAME = "influence-dd"
 PER_ACTION = "dilemmas_with_detail_by_action.csv"
@@ -353,18 +352,11 @@ def _spec_from_args(a: argparse.Namespace) -> DDSpec:
     )
 
 
-def _report(store: RunStore, out: Path) -> list[Path]:
-    from analysis.influence import influence_report
-
-    return influence_report(store, out, benchmark="dd")
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
-    summary="influence audit on DailyDilemmas with value-level cues (paper 000)",
-    add_arguments=_add_arguments,
-    spec_from_args=_spec_from_args,
-    expand=expand,
-    report=_report,
-    compare=compare_runs,
+EXPERIMENT = audit_experiment(
+    NAME,
+    "dd",
+    "influence audit on DailyDilemmas with value-level cues (paper 000)",
+    _add_arguments,
+    _spec_from_args,
+    expand,
 )

@@ -18,15 +18,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments import Experiment
 from experiments.influence.build import (
     AuditSpec,
     Demo,
     Scenario,
     Side,
     add_audit_arguments,
+    audit_experiment,
     audit_from_args,
-    compare_runs,
     demo,
     expand_scenarios,
     split_list,
@@ -35,7 +34,7 @@ from experiments.influence.design import Design, DesignError, article, load_desi
 from probe.types import Trial
 
 if TYPE_CHECKING:
-    from probe.store import RunStore
+    pass
 
 NAME = "influence-triage"
 _GROUP_KEYS = frozenset({"key", "plural", "singular", "label", "role"})
@@ -235,18 +234,11 @@ def _spec_from_args(a: argparse.Namespace) -> TriageSpec:
     return TriageSpec(audit=audit_from_args(a), factors=split_list(a.factors), sizes=parse_sizes(a.sizes))
 
 
-def _report(store: RunStore, out: Path) -> list[Path]:
-    from analysis.influence import influence_report
-
-    return influence_report(store, out, benchmark="triage")
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
-    summary="influence audit on moral triage: baseline vs cue toward A vs toward B (paper 000)",
-    add_arguments=_add_arguments,
-    spec_from_args=_spec_from_args,
-    expand=expand,
-    report=_report,
-    compare=compare_runs,
+EXPERIMENT = audit_experiment(
+    NAME,
+    "triage",
+    "influence audit on moral triage: baseline vs cue toward A vs toward B (paper 000)",
+    _add_arguments,
+    _spec_from_args,
+    expand,
 )
