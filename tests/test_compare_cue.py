@@ -153,7 +153,6 @@ def test_runs_are_matched_on_shared_dilemmas(runs: list[Path], tmp_path: Path) -
     assert m.loc["A", "gap"] == pytest.approx((both["net_d"] - both["net_p"]).mean())
 
 
-@pytest.mark.slow
 def test_tiny_panel_through_probe_compare(tmp_path: Path) -> None:
     from probe.cli import main
 

@@ -244,7 +244,6 @@ def test_runs_are_matched_on_shared_items_and_conditions(
     assert "8 items they all hold" in summary
 
 
-@pytest.mark.slow
 def test_tiny_panel_through_probe_compare(tmp_path: Path) -> None:
     from probe.cli import main
 
