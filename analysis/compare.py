@@ -42,13 +42,21 @@ def comparable() -> str:
     return ", ".join(n for n, e in all_experiments().items() if e.compare is not None) or "(none)"
 
 
-def write_comparison(panel: Panel, out: str | Path) -> list[Path]:
-    """Write the panel's comparison into ``out``; returns the files written (sorted)."""
+def write_comparison(
+    panel: Panel, out: str | Path, *, n_boot: int | None = None, seed: int | None = None
+) -> list[Path]:
+    """Write the panel's comparison into ``out``; returns the files written (sorted).
+
+    ``n_boot`` / ``seed``: bootstrap resamples and seed of every CI (None: the comparison's defaults).
+    """
     _, func = comparison_of(panel)
+    if n_boot is not None and n_boot < 2:
+        raise PanelError(f"--n-boot must be at least 2, got {n_boot}")
+    options = {k: v for k, v in (("n_boot", n_boot), ("seed", seed)) if v is not None}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "panel.csv", panel.table().to_csv(index=False))
-    func(panel, out)  # type: ignore[operator]
+    func(panel, out, **options)  # type: ignore[operator]
     return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
 
 

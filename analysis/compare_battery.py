@@ -1159,7 +1159,7 @@ def yesno_agreement_section(c: Context, out: Path) -> Section:
     return Section("Agreement of the item ordering (z)", lines, files)
 
 
-def compare_yesno(panel: Panel, out: Path) -> list[Path]:
+def compare_yesno(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
     """The yes/no comparison: cells and decomposition side by side, agreement of z, logit vs sampled."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1167,7 +1167,7 @@ def compare_yesno(panel: Panel, out: Path) -> list[Path]:
     shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
     if not shared:
         raise ValueError("the runs share no dilemma")
-    c = Context(panel, runs, shared, dropped)
+    c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
     head = [f"# Yes/no battery: comparison of {len(panel.runs)} runs", "", f"- {len(shared)} shared dilemmas", ""]
     body = _run_sections(
         c, [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section], out

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from probe.panel import Panel
     from probe.store import RunStore
     from probe.types import Trial
 
@@ -45,9 +44,10 @@ class Experiment:
     """Trials for which the runner generates text (and judges it) instead of reading the slot."""
     judge_options: Callable[[argparse.Namespace], Any] | None = None
     """Build the judge for generated trials from the CLI arguments (None: no judging)."""
-    compare: Callable[[Panel, Path], list[Path]] | None = None
-    """Write the cross-run report of a panel of runs of this experiment (``probe compare``); None: not comparable.
-    Experiments that share one function (e.g. the three influence benchmarks) can be compared together."""
+    compare: Callable[..., list[Path]] | None = None
+    """``compare(panel, out, *, n_boot=..., seed=...)``: write the cross-run report of a panel of runs of this
+    experiment (``probe compare``); None: not comparable. Experiments that share one function (e.g. the three
+    influence benchmarks) can be compared together."""
 
 
 def all_experiments() -> dict[str, Experiment]:

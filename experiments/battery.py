@@ -377,10 +377,10 @@ def _report(store: RunStore, out: Path) -> list[Path]:
     return battery_report(store, out)
 
 
-def _compare(panel: Panel, out: Path) -> list[Path]:
+def _compare(panel: Panel, out: Path, **options: int) -> list[Path]:
     from analysis.compare_battery import compare_battery
 
-    return compare_battery(panel, out)
+    return compare_battery(panel, out, **options)
 
 
 EXPERIMENTS = (

@@ -161,10 +161,10 @@ def _report(store: RunStore, out: Path) -> list[Path]:
     return yesno_report(store, out)
 
 
-def _compare(panel: Panel, out: Path) -> list[Path]:
+def _compare(panel: Panel, out: Path, **options: int) -> list[Path]:
     from analysis.compare_battery import compare_yesno
 
-    return compare_yesno(panel, out)
+    return compare_yesno(panel, out, **options)
 
 
 EXPERIMENTS = (

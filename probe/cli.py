@@ -132,7 +132,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from analysis.compare import runs_from_args, write_comparison
 
     panel = runs_from_args(a.runs, a.panel, a.names, a.humans, a.attributes)
-    paths = write_comparison(panel, Path(a.out))
+    paths = write_comparison(panel, Path(a.out), n_boot=a.n_boot, seed=a.seed)
     summary = Path(a.out) / "summary.md"
     if summary.exists() and not a.quiet:
         print(summary.read_text())
@@ -247,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--humans", help="CSV of per-item human choice rates or ratings, shown beside the models")
     c.add_argument("--attributes", help="CSV with one row per model (column `model` + numeric attributes)")
     c.add_argument("--out", required=True, help="folder for the comparison report (created)")
+    c.add_argument(
+        "--n-boot",
+        type=int,
+        default=None,
+        help="bootstrap resamples of every CI (default: the experiment's, 1000-2000)",
+    )
+    c.add_argument("--seed", type=int, default=None, help="seed of the bootstrap (default: 0)")
     c.add_argument("--quiet", action="store_true", help="do not print the summary")
     c.set_defaults(func=cmd_compare)
 

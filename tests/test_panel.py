@@ -126,3 +126,20 @@ def test_compare_cli_errors_are_one_line_exit_2(
     assert main(["compare", str(runs[0]), str(mixed), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "compare" in err
+
+
+def test_compare_passes_bootstrap_size_and_seed_to_the_comparison(tmp_path: Path) -> None:
+    """`probe compare --n-boot 40 --seed 3` on two synthetic battery runs: the report states what it used."""
+    for name, seed in (("s1", 1), ("s2", 2)):
+        (tmp_path / f"{name}.yaml").write_text(f"seed: {seed}\nm_order: 0.1\n")
+        args = ["run", "battery", "--model", "sim", "--sim-params", str(tmp_path / f"{name}.yaml")]
+        assert main([*args, "--out", str(tmp_path / name), "--quiet", "--no-report"]) == 0
+    runs = [str(tmp_path / "s1"), str(tmp_path / "s2")]
+    out = tmp_path / "cmp"
+    assert (
+        main(["compare", *runs, "--names", "A,B", "--out", str(out), "--quiet", "--n-boot", "40", "--seed", "3"]) == 0
+    )
+    assert (out / "panel.csv").read_text().splitlines()[1].startswith("A,sim,False,battery,")
+    summary = (out / "summary.md").read_text()
+    assert "(40 resamples, seed 3)" in summary and "2000 resamples" not in summary
+    assert main(["compare", *runs, "--out", str(tmp_path / "c2"), "--n-boot", "1"]) == 2

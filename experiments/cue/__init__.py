@@ -316,10 +316,10 @@ def _report(store: RunStore, out: Path) -> list[Path]:
     return cue_report(store, out)
 
 
-def _compare(panel: Panel, out: Path) -> list[Path]:
+def _compare(panel: Panel, out: Path, **options: int) -> list[Path]:
     from analysis.compare_cue import compare_cue
 
-    return compare_cue(panel, out)
+    return compare_cue(panel, out, **options)
 
 
 EXPERIMENTS = (

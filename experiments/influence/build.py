@@ -373,11 +373,11 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
     )
 
 
-def _compare_runs(panel: Panel, out: Path) -> list[Path]:
+def _compare_runs(panel: Panel, out: Path, **options: int) -> list[Path]:
     """The cross-run report of influence runs (one function for the three benchmarks, so a panel can pool them)."""
     from analysis.compare_influence import compare_influence
 
-    return compare_influence(panel, out)
+    return compare_influence(panel, out, **options)
 
 
 def audit_experiment(
