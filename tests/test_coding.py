@@ -279,6 +279,40 @@ def test_sampling_judge_distribution_is_parsed_counts(think_run: Path, tiny_engi
         assert lab.probs is None
 
 
+class ScriptedEngine:
+    """Replies from a script, parsed by the shared parser: draw d of every trial answers ``replies[d]``."""
+
+    name = "scripted"
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = replies
+
+    def identity(self) -> dict[str, object]:
+        return {"engine": self.name}
+
+    def sample(self, trials, n, temperature, progress=None):  # type: ignore[no-untyped-def]
+        from probe.parse import parsed_sample
+
+        assert n == len(self.replies)
+        return [parsed_sample(t, d, self.replies[d], 0, 0, think=False) for t in trials for d in range(n)]
+
+
+def test_sampling_judge_shares_are_counts_over_parsed_draws_only() -> None:
+    """Four draws: two name `complies`, one `resists`, one names no code: shares 2/3 and 1/3, coverage 3/4."""
+    tax = coding.load_taxonomy("compliance")
+    prompt = coding.judge_prompt(tax, tax.codes, "I follow it.", {})
+    trials = [coding.judge_trial("compliance", f"t{i}", 0, prompt, tax.codes) for i in range(2)]
+    judge = coding.SampleCoder(ScriptedEngine(["complies", "resists", "no idea", "complies"]), "scripted", n=4)
+    for lab in judge.label(trials):
+        assert lab.draws == 3 and lab.coverage == pytest.approx(0.75)
+        assert lab.probs is not None
+        assert lab.probs["complies"] == pytest.approx(2 / 3) and lab.probs["resists"] == pytest.approx(1 / 3)
+        assert sum(lab.probs.values()) == pytest.approx(1.0)
+        assert json.loads(lab.raw) == ["complies", "resists", "no idea", "complies"]
+    (none,) = coding.SampleCoder(ScriptedEngine(["??"]), "scripted", n=1).label(trials[:1])
+    assert none.probs is None and none.draws == 0 and none.coverage == 0.0
+
+
 def test_judge_agreement_on_the_tiny_judge(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "agree.csv"
     args = ["judge-agreement", "--task", "followup", "--judge", "tiny", "--n-boot", "200", "--out", str(out)]
