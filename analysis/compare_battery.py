@@ -7,14 +7,16 @@ set in every column), and then:
 
 * **models side by side**: theta with its incoherence sigma_repro, G (with a
   bootstrap CI over items), the yes/no decomposition (order / lexical /
-  apparent) with the logical (label-map) pull, and (s, m) per channel;
+  apparent) with the logical (label-map) pull, (s, m) per channel and the
+  joint (s, m) fit per label family;
 * **agreement of the item ordering**: the pairwise r^2 matrix of theta, a
   consensus ordering (mean over runs of theta standardized within each run),
   the outlier items (largest spread of standardized theta across runs) and the
   outlier models (lowest mean r with the others);
 * **deliberation**: for each (reasoning off, reasoning on) pair of one model,
   paired item-bootstrap differences (on - off) of mean sigma_repro, G, |m| and
-  s (every resample redraws the same items for both runs and refits both);
+  s per channel and of the joint fit (every resample redraws the same items
+  for both runs and refits both);
 * **human anchors** from a user CSV (:func:`load_humans`), beside the models,
   with the model-human agreement and the human framing shift;
 * **logit vs sampled**: a readout run and a sampled-only run of one model,
@@ -72,6 +74,8 @@ class RunData:
     bt: pd.DataFrame | None = None
     """Binary trials of the shared items (:func:`analysis.fit.binary_trials`)."""
     fits: pd.DataFrame | None = None
+    joint: pd.DataFrame | None = None
+    """The joint (s, m) fit per label family (:func:`analysis.fit.fit_joints`), one row per (family, channel)."""
     why: dict[str, str] = field(default_factory=dict)
     """Quantity -> why it is missing for this run."""
 
@@ -189,6 +193,8 @@ def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed:
                 d.why["fit"] = "no channel could be fitted"
         except ValueError as e:
             d.why["fit"] = str(e)
+        joint = fit.fit_joints(d.theta, d.bt, n_boot=n_boot, seed=seed)
+        d.joint = joint if len(joint) else None
     else:
         d.why.setdefault("fit", "needs the graded and the binary instruments")
     return d
@@ -477,6 +483,28 @@ def fits_section(c: Context, out: Path) -> Section:
     skipped = [f"- {n}: {d.why['fit']}" for n, d in c.runs.items() if d.fits is None and "fit" in d.why]
     if skipped:
         lines += ["", "Not fitted:", *skipped]
+    joints = [d.joint.assign(run=n) for n, d in c.runs.items() if d.joint is not None]
+    if joints:
+        joint = pd.concat(joints, ignore_index=True)
+        cols = ["run", "family", "channel", "s", "s_lo", "s_hi", "m", "m_lo", "m_hi", "r2", "n_items", "n_cells"]
+        joint = joint.reindex(columns=[*cols, "clip_limited", "note"])
+        files.append(_csv(joint, out / "fit_joint.csv", index=False))
+        show = joint.copy()
+        show["clip_limited"] = show["clip_limited"].map({True: "yes", False: "no"}).fillna("")
+        show["note"] = show["note"].fillna("")
+        for col in ("n_items", "n_cells"):
+            show[col] = show[col].map(lambda v: "" if pd.isna(v) else str(int(v)))
+        if not (show["note"] != "").any():
+            show = show.drop(columns=["note"])
+        lines += [
+            "",
+            "Joint fit per run and label family: P(CBR) of every design cell = sigmoid((theta + sum_c m_c sgn_c) / s), "
+            "one s for all channels of the family, each m adjusted for the others (same loss, bootstrap and seed). The "
+            "per-channel s above averages each side over the other channels' offsets and so reads high when another "
+            "channel has one; the joint s does not.",
+            "",
+            *md_table(show, "{:+.3f}"),
+        ]
     return Section("Framing susceptibility m and decisiveness s", lines, files)
 
 
@@ -534,10 +562,12 @@ def _boot_fit(th: np.ndarray, pp: np.ndarray, pm: np.ndarray, idx: np.ndarray, x
 def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
     """Paired on - off differences with percentile bootstrap CIs over items (one resampling for every row).
 
-    Rows: ``sigma_repro`` (mean over items), ``G``, and per channel fitted in
-    both runs ``|m|``, ``m`` and ``s`` (both runs refitted on each resample).
-    Items: those with theta and sigma_repro (and, for a channel, both sides)
-    in both runs.
+    Rows: ``sigma_repro`` (mean over items), ``G``, per channel fitted in
+    both runs ``|m|``, ``m`` and ``s`` (both runs refitted on each resample),
+    and per label family the joint fit (:func:`analysis.fit.fit_joint`):
+    ``s`` with channel ``joint:<family>``, ``abs_m`` and ``m`` with channel
+    ``joint:<family>:<channel>``. Items: those with theta and sigma_repro
+    (and, for a channel or family, its cells) in both runs.
     """
     from analysis import fit
 
@@ -595,6 +625,30 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
         add("abs_m", ch, abs(pa.m), abs(pb.m), np.abs(bb[:, 1]) - np.abs(ba[:, 1]), n)
         add("m", ch, pa.m, pb.m, bb[:, 1] - ba[:, 1], n)
         add("s", ch, pa.s, pb.s, bb[:, 0] - ba[:, 0], n)
+    for fam in fit.JOINT_CHANNELS:
+        try:
+            ja = fit.joint_cells(a.loc[items, "theta"], off.bt, fam)
+            jb = fit.joint_cells(b.loc[items, "theta"], on.bt, fam)
+        except ValueError:
+            continue
+        common = [i for i in items if i in ja.items and i in jb.items]
+        if len(common) < 3 or ja.channels != jb.channels:
+            continue
+        joint = []
+        for data in (ja.subset(common), jb.subset(common)):
+            jfit = fit.fit_joint_data(data, n_boot=0)
+            jboots, ok = fit.refit_joint_resamples(
+                data, boot_index(len(common), n_boot, seed), np.array([jfit.s, *jfit.m])
+            )
+            jboots[~ok] = np.nan
+            joint.append((jfit, jboots))
+        (pa_j, ba_j), (pb_j, bb_j) = joint
+        n = len(common)
+        add("s", f"joint:{fam}", pa_j.s, pb_j.s, bb_j[:, 0] - ba_j[:, 0], n)
+        for k, ch in enumerate(ja.channels, start=1):
+            m_a, m_b = pa_j.m[k - 1], pb_j.m[k - 1]
+            add("abs_m", f"joint:{fam}:{ch}", abs(m_a), abs(m_b), np.abs(bb_j[:, k]) - np.abs(ba_j[:, k]), n)
+            add("m", f"joint:{fam}:{ch}", m_a, m_b, bb_j[:, k] - ba_j[:, k], n)
     return pd.DataFrame(rows)
 
 
@@ -626,10 +680,13 @@ def deliberation_section(c: Context, out: Path) -> Section:
         show = table.drop(columns=["off_run", "on_run", "n_boot_ok"]).copy()
         show["excludes_0"] = show["excludes_0"].map({True: "yes", False: "no"})
         lines = [
-            "Per model, reasoning on minus off on the items both runs hold: mean sigma_repro (incoherence), G, and "
-            f"per channel abs_m = |m|, m and s. CIs: {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} resamples, seed "
-            f"{c.seed}); each resample draws the same items for both runs and refits (s, m) in both, so the "
-            "difference is paired.",
+            "Per model, reasoning on minus off on the items both runs hold: mean sigma_repro (incoherence), G, "
+            "per channel abs_m = |m|, m and s, and the joint fit per label family (s: channel joint:<family>; abs_m "
+            f"and m: joint:<family>:<channel>). CIs: {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} "
+            f"resamples, seed {c.seed}); each resample draws the same items for both runs and refits (s, m) in both, "
+            "so the difference is paired. The per-channel s absorbs the other channels' offsets (each side averages "
+            "over them), so a change of s that shows per channel but not in the joint s is that artefact (e.g. a "
+            "smaller m_order making the lexical s look smaller), not a change of decisiveness.",
             "",
             *md_table(show, "{:+.3f}"),
             *(["", *lines] if lines else []),

@@ -29,6 +29,13 @@ label       ``cbr_canonical``   the CBR option is the pair's canonical first
 ==========  ==================  =========================================
 
 With the yes/no words, order + lexical = apparent (Eq. 1) exactly.
+
+Beside it, :func:`fit_joint` fits one s and one m per channel of a label
+family on the cells themselves, ``P(CBR)[i, k] = sigmoid((theta_i + sum_c m_c
+sgn_ck) / s)``. The per-channel fit stays the paper's estimand, but each of its
+sides averages over the other channels' offsets, and a mean of shifted
+sigmoids is flatter than one sigmoid: its s reads high when another channel
+has an offset. The joint s does not, and its m's are adjusted for each other.
 """
 
 from __future__ import annotations
@@ -404,4 +411,375 @@ def fit_channels(
         if fam is not None and not (binary["family"] == fam).any():
             continue
         rows.append(fit_channel(theta, channel_sides(binary, ch), channel=ch, **kw).to_dict())
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------ the joint fit
+JOINT_CHANNELS: dict[str, tuple[str, ...]] = {"yesno": ("order", "lexical"), "arbitrary": ("order", "logic", "label")}
+"""Label family -> the channels fitted together in it (a channel the design does not identify is left out)."""
+
+
+@dataclass(frozen=True, eq=False)
+class JointData:
+    """The cell table of one label family as arrays: what :func:`fit_joint` and its bootstrap fit.
+
+    ``p[i, k]`` is the mean P(CBR) over the trials of item ``items[i]`` in
+    cell ``k`` (NaN where the item lacks that cell); ``x[k, c]`` is +1 when
+    cell ``k`` lies on the p+ side of ``channels[c]``, else -1.
+    """
+
+    family: str
+    channels: tuple[str, ...]
+    excluded: tuple[tuple[str, str], ...]
+    """(channel, why it is not in the fit): no variation in the family, or confounded with a fitted channel."""
+    items: tuple[str, ...]
+    theta: np.ndarray
+    p: np.ndarray
+    x: np.ndarray
+
+    def subset(self, items: list[str] | tuple[str, ...]) -> JointData:
+        """The same cells on ``items`` (in that order); every item must be in this table."""
+        pos = {i: k for k, i in enumerate(self.items)}
+        missing = [i for i in items if i not in pos]
+        if missing:
+            raise ValueError(f"items {missing[:5]} are not in the {self.family} cell table")
+        k = np.array([pos[i] for i in items], dtype=int)
+        return JointData(self.family, self.channels, self.excluded, tuple(items), self.theta[k], self.p[k], self.x)
+
+
+def joint_cells(theta: pd.Series, binary: pd.DataFrame, family: str, *, replicate: int | None = 0) -> JointData:
+    """Per item and design cell of ``family``: the mean P(CBR) over the cell's trials, and each cell's channel signs.
+
+    A cell is one combination of the side columns of the family's channels
+    (:data:`JOINT_CHANNELS`, :data:`SIDES`); forms and label pairs of the
+    family are averaged within it. A channel whose side column never varies
+    in the family, or moves in lockstep with (or against) the column of a
+    channel already kept, is not identified: it is left out and named in
+    ``excluded`` with the reason (with a fixed label-to-verdict mapping the
+    label channel is part of logic, as in :func:`channel_sides`). Items
+    without theta are left out.
+    """
+    if family not in JOINT_CHANNELS:
+        raise ValueError(f"unknown label family {family!r} for the joint fit; choose from {sorted(JOINT_CHANNELS)}")
+    df = binary[binary["family"] == family]
+    if replicate is not None:
+        df = df[df["replicate"] == replicate]
+    if df.empty:
+        raise ValueError(f"no binary trials in label family {family!r} (replicate {replicate})")
+    kept: list[str] = []
+    excluded: list[tuple[str, str]] = []
+    for ch in JOINT_CHANNELS[family]:
+        col = df[SIDES[ch]]
+        if col.nunique() < 2:
+            excluded.append((ch, f"no variation: {SIDES[ch]} is {bool(col.iloc[0])} in every {family} trial"))
+            continue
+        twin = next((k for k in kept if col.eq(df[SIDES[k]]).all() or col.ne(df[SIDES[k]]).all()), None)
+        if twin is not None:
+            why = f"confounded with {twin}: {SIDES[ch]} moves in lockstep with {SIDES[twin]}"
+            if ch == "label":
+                why += " (the label-to-verdict mapping is not counterbalanced)"
+            excluded.append((ch, why))
+            continue
+        kept.append(ch)
+    if not kept:
+        raise ValueError(f"label family {family!r}: no channel varies in these trials; {dict(excluded)}")
+    cols = [SIDES[ch] for ch in kept]
+    th = theta.dropna()
+    df = df[df["item_id"].isin(th.index)]
+    if df.empty:
+        raise ValueError(f"label family {family!r}: no item has both theta and binary trials")
+    wide = df.groupby(["item_id", *cols], sort=True)["p_cbr"].mean().unstack(cols).dropna(how="all")
+    cells = list(wide.columns)
+    x = np.array([[1.0 if v else -1.0 for v in (c if isinstance(c, tuple) else (c,))] for c in cells])
+    rank = int(np.linalg.matrix_rank(x))
+    if rank < len(kept):  # cannot happen after the pairwise checks with <= 3 two-level columns; kept as a guard
+        raise ValueError(f"label family {family!r}: the cells do not identify channels {kept} separately")
+    items = tuple(str(i) for i in wide.index)
+    return JointData(
+        family=family,
+        channels=tuple(kept),
+        excluded=tuple(excluded),
+        items=items,
+        theta=th.reindex(list(wide.index)).to_numpy(float),
+        p=wide.to_numpy(float),
+        x=x,
+    )
+
+
+@dataclass(frozen=True)
+class JointFit:
+    """One s and one m per channel of a label family, fitted on all cells of all items at once."""
+
+    family: str
+    channels: tuple[str, ...]
+    s: float
+    s_lo: float
+    s_hi: float
+    m: tuple[float, ...]
+    """Per channel of ``channels``, adjusted for the others."""
+    m_lo: tuple[float, ...]
+    m_hi: tuple[float, ...]
+    r2: float
+    """1 - SS_res / SS_tot over all fitted cells."""
+    rmse: float
+    n_items: int
+    n_cells: int
+    """Fitted (item, cell) values."""
+    n_near_tie: int
+    """Items with |z| < ``tie``, z = mean of 2 P(CBR) - 1 over the item's cells."""
+    tie: float
+    frac_saturated: float
+    saturated: bool
+    degenerate: bool
+    converged: bool
+    level: float
+    n_boot: int
+    n_boot_failed: int
+    seed: int
+    excluded: tuple[tuple[str, str], ...] = ()
+    """Channels of the family the design does not identify, with the reason."""
+
+    @property
+    def clip_limited(self) -> bool:
+        return self.saturated or self.degenerate
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per channel of the family (left-out channels with NaN numbers and the reason in ``note``)."""
+        common = {
+            "family": self.family,
+            "channel": "",
+            "s": self.s,
+            "s_lo": self.s_lo,
+            "s_hi": self.s_hi,
+            "r2": self.r2,
+            "rmse": self.rmse,
+            "n_items": self.n_items,
+            "n_cells": self.n_cells,
+            "n_near_tie": self.n_near_tie,
+            "frac_saturated": self.frac_saturated,
+            "clip_limited": self.clip_limited,
+            "converged": self.converged,
+            "n_boot": self.n_boot,
+            "n_boot_failed": self.n_boot_failed,
+            "seed": self.seed,
+        }
+        out = [
+            {**common, "channel": ch, "m": m, "m_lo": lo, "m_hi": hi, "note": ""}
+            for ch, m, lo, hi in zip(self.channels, self.m, self.m_lo, self.m_hi, strict=True)
+        ]
+        nan = float("nan")
+        for ch, why in self.excluded:
+            out.append({**common, "channel": ch, "m": nan, "m_lo": nan, "m_hi": nan, "note": f"not fitted: {why}"})
+        order = {ch: k for k, ch in enumerate(JOINT_CHANNELS.get(self.family, ()))}
+        return sorted(out, key=lambda r: order.get(r["channel"], len(order)))
+
+
+def _joint_residuals(x: np.ndarray, th: np.ndarray, p: np.ndarray, sg: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    u = (th[:, None] + (sg @ x[1:])[None, :]) / x[0]
+    out: np.ndarray = (expit(u) - p)[ok]
+    return out
+
+
+def _joint_jacobian(x: np.ndarray, th: np.ndarray, p: np.ndarray, sg: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    s = x[0]
+    u = (th[:, None] + (sg @ x[1:])[None, :]) / s
+    g = expit(u)
+    d = g * (1 - g)
+    cols = [(-d * u / s)[ok]] + [(d * sg[None, :, c] / s)[ok] for c in range(sg.shape[1])]
+    return np.column_stack(cols)
+
+
+def _joint_bounds(n_ch: int) -> tuple[list[float], list[float]]:
+    return [S_BOUNDS[0], *[-M_BOUND] * n_ch], [S_BOUNDS[1], *[M_BOUND] * n_ch]
+
+
+def _joint_solve(th: np.ndarray, p: np.ndarray, sg: np.ndarray, starts: list[np.ndarray]) -> tuple[np.ndarray, bool]:
+    ok = np.isfinite(p)
+    lo, hi = _joint_bounds(sg.shape[1])
+    best = None
+    for x0 in starts:
+        r = least_squares(
+            _joint_residuals,
+            np.clip(x0, lo, hi),
+            jac=_joint_jacobian,
+            bounds=(lo, hi),
+            args=(th, p, sg, ok),
+            method="trf",
+            xtol=1e-12,
+            ftol=1e-12,
+            gtol=1e-12,
+        )
+        if best is None or r.cost < best.cost:
+            best = r
+    assert best is not None
+    return best.x, bool(best.success)
+
+
+def _joint_lm_batch(
+    th: np.ndarray, p: np.ndarray, sg: np.ndarray, x0: np.ndarray, iters: int = 100
+) -> tuple[np.ndarray, np.ndarray]:
+    """Levenberg-Marquardt on many resamples at once: ``th`` (B, n), ``p`` (B, n, K) with NaN for absent cells.
+
+    The same damping and stopping rules as :func:`_lm_batch`, with the (1 + C)
+    x (1 + C) normal equations of (s, m_1..m_C) solved for all rows at once.
+    Returns (params (B, 1 + C), converged).
+    """
+    b, n_par = th.shape[0], 1 + sg.shape[1]
+    w = np.isfinite(p).astype(float)
+    pz = np.where(w > 0, p, 0.0)
+    lo, hi = (np.array(v) for v in _joint_bounds(sg.shape[1]))
+    x = np.tile(np.asarray(x0, float), (b, 1))
+    lam = np.full(b, 1e-3)
+    done = np.zeros(b, dtype=bool)
+
+    def parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u = (th[:, :, None] + (x[:, 1:] @ sg.T)[:, None, :]) / x[:, 0, None, None]
+        return u, expit(u)
+
+    def cost(x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = (w * (parts(x)[1] - pz) ** 2).sum(axis=(1, 2))
+        return out
+
+    c = cost(x)
+    eye = np.eye(n_par)
+    for _ in range(iters):
+        u, g = parts(x)
+        d = w * g * (1 - g)
+        s = x[:, 0, None, None]
+        r = g - pz
+        jac = np.concatenate([(-d * u / s)[..., None], d[..., None] * sg[None, None, :, :] / s[..., None]], axis=-1)
+        jf = jac.reshape(b, -1, n_par)
+        a = np.einsum("bip,biq->bpq", jf, jf)
+        grad = np.einsum("bip,bi->bp", jf, (w * r).reshape(b, -1))
+        damped = a + lam[:, None, None] * a * eye + 1e-300 * eye
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            try:
+                step = -np.linalg.solve(damped, grad[..., None])[..., 0]
+            except np.linalg.LinAlgError:
+                step = np.full_like(x, np.nan)
+        ok_step = np.isfinite(step).all(axis=1) & ~done
+        x_new = np.clip(x + np.where(ok_step[:, None], step, 0), lo, hi)
+        c_new = cost(x_new)
+        better = ok_step & (c_new <= c)
+        small = better & (np.abs(x_new - x) <= 1e-10 * (1 + np.abs(x))).all(axis=1)
+        x, c = np.where(better[:, None], x_new, x), np.where(better, c_new, c)
+        diag = np.einsum("bpp->bp", a)
+        grad_small = np.abs(grad).max(axis=1) <= 1e-10 * (1 + np.sqrt(diag.sum(axis=1) * c))
+        lam = np.where(done, lam, np.where(better, lam / 10, lam * 10))
+        done |= small | grad_small
+        if (done | (lam > 1e12)).all():
+            break
+    return x, done
+
+
+def refit_joint_resamples(data: JointData, idx: np.ndarray, x0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(s, m_1..m_C) refitted on every resample (row ``k`` of ``idx`` holds item positions), started at ``x0``.
+
+    Batched Levenberg-Marquardt, ``least_squares`` for the rare resample it
+    does not settle. Refitting two runs on the same ``idx`` gives paired
+    bootstrap differences.
+    """
+    boots, ok = _joint_lm_batch(data.theta[idx], data.p[idx], data.x, x0)
+    for k in np.flatnonzero(~ok):
+        boots[k], ok[k] = _joint_solve(data.theta[idx[k]], data.p[idx[k]], data.x, [np.asarray(x0, float)])
+    return boots, ok
+
+
+def fit_joint_data(
+    data: JointData,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    tie: float = 0.9,
+    clip: float = 0.02,
+) -> JointFit:
+    """Fit P(CBR)[i, k] = sigmoid((theta_i + sum_c m_c x[k, c]) / s) to every cell of every item (least squares).
+
+    Percentile bootstrap over items with a fixed seed, each resample refitted
+    from the point estimate (see :func:`refit_joint_resamples`); resamples
+    that do not converge are counted in ``n_boot_failed`` and left out.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    n, n_ch = len(data.items), len(data.channels)
+    if n < 3:
+        raise ValueError(f"the joint fit of family {data.family!r} needs at least 3 items with theta, got {n}")
+    th, p, sg = data.theta, data.p, data.x
+    ok = np.isfinite(p)
+    starts = [np.array([s0, *[m0] * n_ch]) for s0 in (0.1, 0.3, 1.0) for m0 in (-0.2, 0.0, 0.2)]
+    x, conv = _joint_solve(th, p, sg, starts)
+    res = _joint_residuals(x, th, p, sg, ok)
+    stacked = p[ok]
+    ss_tot = float(np.sum((stacked - stacked.mean()) ** 2))
+    ss_res = float(np.sum(res**2))
+    frac_sat = float(np.mean((stacked < clip) | (stacked > 1 - clip)))
+    z = np.nanmean(2 * p - 1, axis=1)
+
+    failed = 0
+    lo_q = hi_q = np.full(1 + n_ch, np.nan)
+    if n_boot:
+        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+        boots, ok_b = refit_joint_resamples(data, idx, x)
+        failed = int((~ok_b).sum())
+        if ok_b.any():
+            alpha = (1 - level) / 2
+            lo_q, hi_q = np.quantile(boots[ok_b], [alpha, 1 - alpha], axis=0)
+    at_bound = x[0] <= S_BOUNDS[0] * 1.01 or x[0] >= S_BOUNDS[1] * 0.99 or bool(np.any(np.abs(x[1:]) >= M_BOUND * 0.99))
+    return JointFit(
+        family=data.family,
+        channels=data.channels,
+        s=float(x[0]),
+        s_lo=float(lo_q[0]),
+        s_hi=float(hi_q[0]),
+        m=tuple(float(v) for v in x[1:]),
+        m_lo=tuple(float(v) for v in lo_q[1:]),
+        m_hi=tuple(float(v) for v in hi_q[1:]),
+        r2=1 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+        rmse=float(np.sqrt(ss_res / stacked.size)),
+        n_items=n,
+        n_cells=int(stacked.size),
+        n_near_tie=int(np.sum(np.abs(z) < tie)),
+        tie=tie,
+        frac_saturated=frac_sat,
+        saturated=frac_sat > 0.5,
+        degenerate=(not conv) or at_bound,
+        converged=conv,
+        level=level,
+        n_boot=n_boot,
+        n_boot_failed=failed,
+        seed=seed,
+        excluded=data.excluded,
+    )
+
+
+def fit_joint(theta: pd.Series, binary: pd.DataFrame, family: str, **kw: Any) -> JointFit:
+    """The joint fit of one label family: :func:`joint_cells` then :func:`fit_joint_data` (keywords go there).
+
+    Unlike :func:`fit_channel`, whose sides each average over the other
+    channels' offsets (the paper's estimand, a family-aggregate s), this fits
+    one s and one m per channel on the cells themselves, so each m is
+    adjusted for the others and s is not flattened by them.
+    """
+    return fit_joint_data(joint_cells(theta, binary, family), **kw)
+
+
+def fit_joints(
+    theta: pd.Series, binary: pd.DataFrame, families: tuple[str, ...] = ("yesno", "arbitrary"), **kw: Any
+) -> pd.DataFrame:
+    """The joint fit of every family present in ``binary``; one row per (family, channel) (:meth:`JointFit.rows`).
+
+    A family the design cannot fit (fewer than 3 items, no channel that
+    varies) gets one row with an empty channel and the reason in ``note``.
+    """
+    rows: list[dict[str, Any]] = []
+    for fam in families:
+        if not (binary["family"] == fam).any():
+            continue
+        try:
+            rows += fit_joint(theta, binary, fam, **kw).rows()
+        except ValueError as e:  # a family the design cannot fit says why; the others are still fitted
+            rows.append({"family": fam, "channel": "", "note": f"not fitted: {e}"})
     return pd.DataFrame(rows)

@@ -309,3 +309,25 @@ def test_tiny_panel_through_probe_compare(tiny_engine, tmp_path: Path, capsys):
         assert (out / f).stat().st_size > 50, f
     assert pd.read_csv(out / "panel.csv")["name"].tolist() == ["tiny [t1]", "tiny [t2]"]
     assert pd.read_csv(out / "models.csv")["n_items"].tolist() == [3, 3]
+
+
+def test_joint_fit_shows_no_change_of_s_where_only_m_order_changed(report: Path):
+    """A and A think share s = 0.3; only m_order moves (0.15 -> 0.05). Per channel, the lexical s still 'changes'
+    (its sides average over the order offset); the joint fit shows no change of s and recovers the |m_order| drop."""
+    d = pd.read_csv(report / "deliberation.csv").fillna({"channel": ""}).set_index(["quantity", "channel"])
+    joint_s = d.loc[("s", "joint:yesno")]
+    assert joint_s["lo"] <= 0 <= joint_s["hi"] and not joint_s["excludes_0"]
+    assert joint_s["off"] == pytest.approx(0.3, rel=0.03) and joint_s["on"] == pytest.approx(0.3, rel=0.03)
+    m_order = d.loc[("abs_m", "joint:yesno:order")]
+    assert m_order["lo"] <= -0.10 <= m_order["hi"] and m_order["hi"] < 0
+    lexical = d.loc[("abs_m", "joint:yesno:lexical")]
+    assert lexical["lo"] <= 0 <= lexical["hi"]  # unchanged m_word
+    assert d.loc[("s", "lexical"), "excludes_0"]  # the per-channel artefact the joint fit removes
+    arb = d.loc[("s", "joint:arbitrary")]  # A/B: order, logic and label fitted together
+    assert arb["lo"] <= 0 <= arb["hi"] and d.loc[("abs_m", "joint:arbitrary:order"), "hi"] < 0
+    joint = pd.read_csv(report / "fit_joint.csv").set_index(["run", "family", "channel"])
+    assert joint.loc[("A", "yesno", "order"), "m"] == pytest.approx(0.15, abs=0.01)
+    assert joint.loc[("A", "arbitrary", "label"), "m"] == pytest.approx(0.05, abs=0.01)
+    assert joint.loc[("B", "yesno", "lexical"), "m"] == pytest.approx(0.1, abs=0.01)
+    summary = (report / "summary.md").read_text()
+    assert "Joint fit per run and label family" in summary and "joint:yesno:order" in summary

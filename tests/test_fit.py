@@ -272,3 +272,97 @@ def test_cross_channel_offset_inflates_s():
     ref = optimize.minimize(sse, x0=[0.3, 0.0], method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-14})
     assert (f.s, f.m) == pytest.approx((ref.x[0], 0.0), abs=1e-5)
     assert f.s > 0.35  # +20% at m2 = s = 0.3
+
+
+# --------------------------------------------------------------- the joint fit
+JOINT = {"s": 0.3, "m_order": 0.15, "m_word": 0.05}
+"""The planted panel model A's binary offsets: order 0.15, and 0.05 toward Yes / the canonical label."""
+
+
+@functools.cache
+def _joint_binary(seed: int, pairs: tuple[str, ...] = ("Yes/No",), **extra: float) -> pd.DataFrame:
+    trials = bc.binary(ITEMS, pairs=pairs)
+    p = SimParams(seed=seed, **{**STUDY, **JOINT, **extra})
+    return fit.binary_trials(*bc.frames_readout(trials, SimEngine(p).readout(trials)))
+
+
+def test_joint_fit_equals_least_squares_on_an_independent_cell_frame():
+    """The cell frame built here by hand from the trials (pandas), fitted by scipy with its own numeric Jacobian."""
+    bt = _joint_binary(5, ("Yes/No", "A/B"), sigma_binary=0.1)
+    th = _theta(5, ("0-10",))
+    for family, cols in (("yesno", ["cbr_first", "cbr_affirmative"]), ("arbitrary", [*fit.CELL])):
+        f = fit.fit_joint(th, bt, family, n_boot=0)
+        fam = bt[(bt["family"] == family) & (bt["replicate"] == 0)]
+        cells = fam.groupby(["item_id", *cols])["p_cbr"].mean().reset_index()
+        t = cells["item_id"].map(th).to_numpy()
+        sgn = np.where(cells[cols].to_numpy(bool), 1.0, -1.0)
+        y = cells["p_cbr"].to_numpy()
+        assert len(y) == len(ITEMS) * 2 ** len(cols) == f.n_cells
+
+        def resid(x, t=t, sgn=sgn, y=y):
+            return expit((t + sgn @ x[1:]) / x[0]) - y
+
+        ref = optimize.least_squares(resid, x0=[0.5] + [0.0] * len(cols), method="lm", xtol=1e-14, ftol=1e-14)
+        assert (f.s, *f.m) == pytest.approx(tuple(ref.x), abs=1e-6)
+        assert f.channels == (("order", "lexical") if family == "yesno" else ("order", "logic", "label"))
+        assert f.r2 == pytest.approx(1 - np.sum(ref.fun**2) / np.sum((y - y.mean()) ** 2), abs=1e-9)
+        assert f.rmse == pytest.approx(np.sqrt(np.mean(ref.fun**2)), abs=1e-9)
+        z = cells.assign(z=2 * y - 1).groupby("item_id")["z"].mean()
+        assert f.n_near_tie == int((z.abs() < 0.9).sum())
+
+
+def test_joint_fit_recovers_s_where_the_per_channel_fit_reads_high():
+    """Planted s = 0.3, m_order = 0.15, m_word = 0.05 (theta from the sim's own graded answers)."""
+    bt, th = _joint_binary(0), _theta(0, ("0-10",))
+    j = fit.fit_joint(th, bt, "yesno", n_boot=500, seed=0)
+    assert j.s == pytest.approx(0.3, rel=0.03) and j.s_lo <= 0.3 <= j.s_hi
+    for planted, m, lo, hi in zip((0.15, 0.05), j.m, j.m_lo, j.m_hi, strict=True):
+        assert lo <= planted <= hi and lo <= m <= hi
+    lexical = fit.fit_channel(th, fit.channel_sides(bt, "lexical"), n_boot=0)
+    assert lexical.s > j.s * 1.04  # its sides average over the order offset: flatter, larger s
+    assert j.converged and not j.clip_limited and j.n_boot_failed == 0 and j.excluded == ()
+
+
+def test_joint_bootstrap_is_seeded_and_matches_refits_by_least_squares():
+    bt, th = _joint_binary(2, sigma_binary=0.1), _theta(2, ("0-10",))
+    a = fit.fit_joint(th, bt, "yesno", n_boot=100, seed=4)
+    assert a == fit.fit_joint(th, bt, "yesno", n_boot=100, seed=4)
+    assert a != fit.fit_joint(th, bt, "yesno", n_boot=100, seed=5)
+    data = fit.joint_cells(th, bt, "yesno")
+    idx = np.random.default_rng(4).integers(0, len(data.items), size=(100, len(data.items)))
+    refits = np.array([fit._joint_solve(data.theta[r], data.p[r], data.x, [np.array([a.s, *a.m])])[0] for r in idx])
+    lo, hi = np.quantile(refits, [0.025, 0.975], axis=0)
+    assert (a.s_lo, *a.m_lo) == pytest.approx(tuple(lo), abs=1e-6)
+    assert (a.s_hi, *a.m_hi) == pytest.approx(tuple(hi), abs=1e-6)
+
+
+def test_joint_fit_names_the_channels_the_design_does_not_identify():
+    bt, th = _joint_binary(1, ("Yes/No", "A/B")), _theta(1, ("0-10",))
+    # the CBR option always printed first: the order channel has no variation, lexical is still fitted
+    f = fit.fit_joint(th, bt[bt["cbr_first"]], "yesno", n_boot=0)
+    assert f.channels == ("lexical",) and f.excluded[0][0] == "order" and "no variation" in f.excluded[0][1]
+    rows = pd.DataFrame(f.rows()).set_index("channel")
+    assert list(rows.index) == ["order", "lexical"]
+    assert np.isnan(rows.loc["order", "m"]) and "not fitted" in rows.loc["order", "note"]
+    # Yes always printed first: CBR is first exactly when it is Yes, so lexical is confounded with order
+    h = fit.fit_joint(th, bt[bt["order"] == "yes_first"], "yesno", n_boot=0)
+    assert h.channels == ("order",) and h.excluded[0][0] == "lexical" and "confounded with order" in h.excluded[0][1]
+    assert h.m[0] == pytest.approx(0.15 + 0.05, abs=0.01)  # the one offset the design sees is their sum
+    # a fixed label-to-verdict mapping: label moves with logic and is left out, logic carries both
+    fixed = bt[bt["mapping"] == "canonical"]
+    g = fit.fit_joint(th, fixed, "arbitrary", n_boot=0)
+    assert g.channels == ("order", "logic") and g.excluded[0][0] == "label"
+    assert "confounded with logic" in g.excluded[0][1] and "counterbalanced" in g.excluded[0][1]
+    assert g.m[1] == pytest.approx(0.05, abs=0.01)  # planted m_word reaches the logic cells
+    # nothing varies: one cell per item
+    one_cell = bt[(bt["order"] == "yes_first") & (bt["verb"] == "approve") & (bt["family"] == "yesno")]
+    with pytest.raises(ValueError, match="no channel varies"):
+        fit.fit_joint(th, one_cell, "yesno")
+    with pytest.raises(ValueError, match="at least 3 items"):
+        fit.fit_joint(th.iloc[:2], bt, "yesno")
+    with pytest.raises(ValueError, match="unknown label family"):
+        fit.fit_joint(th, bt, "mark")
+    # fit_joints reports a family it cannot fit in a row instead of failing the others
+    table = fit.fit_joints(th, pd.concat([one_cell, bt[bt["family"] == "arbitrary"]]), n_boot=0)
+    assert list(table["family"]) == ["yesno", "arbitrary", "arbitrary", "arbitrary"]
+    assert "no channel varies" in table["note"].iloc[0]
