@@ -226,15 +226,22 @@ def _jacobian(x: np.ndarray, th: np.ndarray, pp: np.ndarray, pm: np.ndarray) -> 
 def _solve(
     th: np.ndarray, pp: np.ndarray, pm: np.ndarray, starts: list[tuple[float, float]]
 ) -> tuple[np.ndarray, bool]:
+    lo, hi = np.array([S_BOUNDS[0], -M_BOUND]), np.array([S_BOUNDS[1], M_BOUND])
+    return _multistart(_residuals, _jacobian, [np.asarray(x0, dtype=float) for x0 in starts], lo, hi, (th, pp, pm))
+
+
+def _multistart(
+    residuals: Any, jacobian: Any, starts: list[np.ndarray], lo: np.ndarray, hi: np.ndarray, args: tuple[Any, ...]
+) -> tuple[np.ndarray, bool]:
+    """The lowest-cost bounded ``least_squares`` (trf, tight tolerances) over the starting points (clipped into bounds)."""
     best = None
     for x0 in starts:
-        x0c = (float(np.clip(x0[0], *S_BOUNDS)), float(np.clip(x0[1], -M_BOUND, M_BOUND)))
         r = least_squares(
-            _residuals,
-            x0c,
-            jac=_jacobian,
-            bounds=([S_BOUNDS[0], -M_BOUND], [S_BOUNDS[1], M_BOUND]),
-            args=(th, pp, pm),
+            residuals,
+            np.clip(x0, lo, hi),
+            jac=jacobian,
+            bounds=(lo, hi),
+            args=args,
             method="trf",
             xtol=1e-12,
             ftol=1e-12,
@@ -589,30 +596,13 @@ def _joint_jacobian(x: np.ndarray, th: np.ndarray, p: np.ndarray, sg: np.ndarray
     return np.column_stack(cols)
 
 
-def _joint_bounds(n_ch: int) -> tuple[list[float], list[float]]:
-    return [S_BOUNDS[0], *[-M_BOUND] * n_ch], [S_BOUNDS[1], *[M_BOUND] * n_ch]
+def _joint_bounds(n_ch: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([S_BOUNDS[0], *[-M_BOUND] * n_ch]), np.array([S_BOUNDS[1], *[M_BOUND] * n_ch])
 
 
 def _joint_solve(th: np.ndarray, p: np.ndarray, sg: np.ndarray, starts: list[np.ndarray]) -> tuple[np.ndarray, bool]:
-    ok = np.isfinite(p)
     lo, hi = _joint_bounds(sg.shape[1])
-    best = None
-    for x0 in starts:
-        r = least_squares(
-            _joint_residuals,
-            np.clip(x0, lo, hi),
-            jac=_joint_jacobian,
-            bounds=(lo, hi),
-            args=(th, p, sg, ok),
-            method="trf",
-            xtol=1e-12,
-            ftol=1e-12,
-            gtol=1e-12,
-        )
-        if best is None or r.cost < best.cost:
-            best = r
-    assert best is not None
-    return best.x, bool(best.success)
+    return _multistart(_joint_residuals, _joint_jacobian, starts, lo, hi, (th, p, sg, np.isfinite(p)))
 
 
 def _joint_lm_batch(
@@ -627,7 +617,7 @@ def _joint_lm_batch(
     b, n_par = th.shape[0], 1 + sg.shape[1]
     w = np.isfinite(p).astype(float)
     pz = np.where(w > 0, p, 0.0)
-    lo, hi = (np.array(v) for v in _joint_bounds(sg.shape[1]))
+    lo, hi = _joint_bounds(sg.shape[1])
     x = np.tile(np.asarray(x0, float), (b, 1))
     lam = np.full(b, 1e-3)
     done = np.zeros(b, dtype=bool)
