@@ -19,6 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ITEMS = "mine_cart_bridge,pond_child,dam_spillway"
 
 
+def reference_args(out: Path) -> list[str]:
+    """The CLI arguments of the reference run (tiny yes/no, 3 items, 2 salts, chunks of 8) into ``out``."""
+    run = ["run", "yesno", "--model", "tiny", "--out", str(out), "--items", ITEMS]
+    return [*run, "--salts", "2", "--chunk-size", "8", "--quiet"]
+
+
 def probe_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "probe.cli", *args]
 
@@ -41,21 +47,7 @@ def results(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "run"
-    run_cli(
-        "run",
-        "yesno",
-        "--model",
-        "tiny",
-        "--out",
-        str(out),
-        "--items",
-        ITEMS,
-        "--salts",
-        "2",
-        "--chunk-size",
-        "8",
-        "--quiet",
-    )
+    run_cli(*reference_args(out))
     return out
 
 
@@ -78,22 +70,7 @@ def test_run_writes_manifest_trials_results_and_report(reference_run: Path):
 def test_sigkill_then_resume_gives_identical_results(reference_run: Path, tmp_path: Path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [
-        "run",
-        "yesno",
-        "--model",
-        "tiny",
-        "--out",
-        str(out),
-        "--items",
-        ITEMS,
-        "--salts",
-        "2",
-        "--chunk-size",
-        "8",
-        "--quiet",
-        "--no-report",
-    ]
+    args = [*reference_args(out), "--no-report"]
     proc = subprocess.Popen(probe_cmd(*args), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     results_dir = out / "results"
@@ -130,21 +107,7 @@ def test_a_different_spec_in_the_same_folder_is_refused(reference_run: Path):
 
 def test_shards_merge_to_the_unsharded_run(reference_run: Path, tmp_path: Path):
     out = tmp_path / "sharded"
-    base = [
-        "run",
-        "yesno",
-        "--model",
-        "tiny",
-        "--out",
-        str(out),
-        "--items",
-        ITEMS,
-        "--salts",
-        "2",
-        "--chunk-size",
-        "8",
-        "--quiet",
-    ]
+    base = reference_args(out)
     for i in range(3):
         run_cli(*base, "--shard", f"{i}/3")
     assert sorted(p.name for p in out.iterdir()) == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
