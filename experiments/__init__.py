@@ -50,6 +50,19 @@ class Experiment:
     influence benchmarks) can be compared together."""
 
 
+def lazy(target: str) -> Callable[..., Any]:
+    """``"module:function"``, imported on first call: experiment modules stay cheap to import (no analysis code)."""
+    module, sep, name = target.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"lazy target must be 'module:function', got {target!r}")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"lazy({target})"
+    return call
+
+
 def all_experiments() -> dict[str, Experiment]:
     """Every experiment in the package, by name (sorted)."""
     found: dict[str, Experiment] = {}

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from experiments import Experiment
+from experiments import Experiment, lazy
 from experiments.dilemmas import Dilemma, load_dilemmas
 from experiments.yesno import (
     add_dilemma_arguments,
@@ -45,8 +45,7 @@ from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
 
 if TYPE_CHECKING:
-    from probe.panel import Panel
-    from probe.store import RunStore
+    pass
 
 NAME = "battery"
 DEFAULT_CORPUS = Path(__file__).with_name("data") / "battery.yaml"
@@ -371,18 +370,6 @@ def _judge(a: argparse.Namespace) -> Any:
     return make_judge(a.judge, a)
 
 
-def _report(store: RunStore, out: Path) -> list[Path]:
-    from analysis.battery import battery_report
-
-    return battery_report(store, out)
-
-
-def _compare(panel: Panel, out: Path, **options: int) -> list[Path]:
-    from analysis.compare_battery import compare_battery
-
-    return compare_battery(panel, out, **options)
-
-
 EXPERIMENTS = (
     Experiment(
         name=NAME,
@@ -390,9 +377,9 @@ EXPERIMENTS = (
         add_arguments=_add_arguments,
         spec_from_args=_spec_from_args,
         expand=expand,
-        report=_report,
+        report=lazy("analysis.battery:battery_report"),
         generative=is_choice,
         judge_options=_judge,
-        compare=_compare,
+        compare=lazy("analysis.compare_battery:compare_battery"),
     ),
 )

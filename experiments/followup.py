@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
-from experiments import Experiment
+from experiments import Experiment, lazy
 from experiments.influence.build import split_list, stable_hash
 from probe.types import Message, Trial, make_trial_id
 
@@ -464,12 +464,6 @@ def _spec_from_args(a: argparse.Namespace) -> FollowupSpec:
     return spec
 
 
-def _report(store: RunStore, out: Path) -> list[Path]:
-    from analysis.followup import report
-
-    return report(store, out)
-
-
 EXPERIMENT = Experiment(
     name=NAME,
     summary="follow-up self-report on chosen trials of an influence run: did anything influence your choice? "
@@ -477,7 +471,7 @@ EXPERIMENT = Experiment(
     add_arguments=_add_arguments,
     spec_from_args=_spec_from_args,
     expand=expand,
-    report=_report,
+    report=lazy("analysis.followup:report"),
     generative=lambda t: True,
 )
 EXPERIMENTS = (EXPERIMENT,)

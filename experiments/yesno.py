@@ -22,15 +22,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments import Experiment
+from experiments import Experiment, lazy
 from experiments.dilemmas import Dilemma, load_dilemmas
 from probe.grid import Grid
 from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
 
 if TYPE_CHECKING:
-    from probe.panel import Panel
-    from probe.store import RunStore
+    pass
 
 NAME = "yesno"
 
@@ -155,18 +154,6 @@ def _spec_from_args(a: argparse.Namespace) -> YesNoSpec:
     )
 
 
-def _report(store: RunStore, out: Path) -> list[Path]:
-    from analysis.report import yesno_report
-
-    return yesno_report(store, out)
-
-
-def _compare(panel: Panel, out: Path, **options: int) -> list[Path]:
-    from analysis.compare_battery import compare_yesno
-
-    return compare_yesno(panel, out, **options)
-
-
 EXPERIMENTS = (
     Experiment(
         name=NAME,
@@ -174,7 +161,7 @@ EXPERIMENTS = (
         add_arguments=_add_arguments,
         spec_from_args=_spec_from_args,
         expand=expand,
-        report=_report,
-        compare=_compare,
+        report=lazy("analysis.report:yesno_report"),
+        compare=lazy("analysis.compare_battery:compare_yesno"),
     ),
 )

@@ -24,9 +24,9 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from experiments import Experiment
+from experiments import Experiment, lazy
 from experiments.cue.categories import (
     DEFAULT_GENDERS,
     DEFAULT_RACES,
@@ -55,10 +55,6 @@ from experiments.cue.schema import CueDilemma, load_cue_dilemmas
 from experiments.yesno import add_dilemma_arguments, add_salt_arguments, dilemma_path, salts_from_args
 from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
-
-if TYPE_CHECKING:
-    from probe.panel import Panel
-    from probe.store import RunStore
 
 NAME = "cue"
 CONDITIONS = ("neutral", "direct", "puzzled", "named")
@@ -310,18 +306,6 @@ def _spec_from_args(a: argparse.Namespace) -> CueSpec:
     )
 
 
-def _report(store: RunStore, out: Path) -> list[Path]:
-    from analysis.cue import cue_report
-
-    return cue_report(store, out)
-
-
-def _compare(panel: Panel, out: Path, **options: int) -> list[Path]:
-    from analysis.compare_cue import compare_cue
-
-    return compare_cue(panel, out, **options)
-
-
 EXPERIMENTS = (
     Experiment(
         name=NAME,
@@ -329,7 +313,7 @@ EXPERIMENTS = (
         add_arguments=_add_arguments,
         spec_from_args=_spec_from_args,
         expand=expand,
-        report=_report,
-        compare=_compare,
+        report=lazy("analysis.cue:cue_report"),
+        compare=lazy("analysis.compare_cue:compare_cue"),
     ),
 )

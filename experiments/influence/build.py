@@ -33,17 +33,17 @@ import argparse
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from experiments import Experiment
+from experiments import Experiment, lazy
 from experiments.influence.design import VARIANTS, Cue, Design, DesignError
 from probe.salts import SaltSpec, apply_salt, make_salt
 from probe.types import Message, Trial, make_trial_id
 
 if TYPE_CHECKING:
-    from probe.panel import Panel
-    from probe.store import RunStore
+    pass
 
 CONTROLS: Final[tuple[str, ...]] = ("rerun", "placebo", "negated")
 ORDERS: Final[tuple[str, str]] = ("a_first", "b_first")
@@ -360,7 +360,6 @@ def add_audit_arguments(p: argparse.ArgumentParser, benchmark: str) -> None:
 
 
 def audit_from_args(a: argparse.Namespace) -> AuditSpec:
-    from pathlib import Path
 
     controls = split_list(a.controls)
     return AuditSpec(
@@ -373,11 +372,8 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
     )
 
 
-def _compare_runs(panel: Panel, out: Path, **options: int) -> list[Path]:
-    """The cross-run report of influence runs (one function for the three benchmarks, so a panel can pool them)."""
-    from analysis.compare_influence import compare_influence
-
-    return compare_influence(panel, out, **options)
+_compare_runs = lazy("analysis.compare_influence:compare_influence")
+"""One function for the three benchmarks, so a panel can pool them."""
 
 
 def audit_experiment(
@@ -390,17 +386,12 @@ def audit_experiment(
 ) -> Experiment:
     """An influence benchmark as an experiment: its own flags, spec and trials; the shared report and comparison."""
 
-    def report(store: RunStore, out: Path) -> list[Path]:
-        from analysis.influence import influence_report
-
-        return influence_report(store, out, benchmark=benchmark)
-
     return Experiment(
         name=name,
         summary=summary,
         add_arguments=add_arguments,
         spec_from_args=spec_from_args,
         expand=expand,
-        report=report,
+        report=partial(lazy("analysis.influence:influence_report"), benchmark=benchmark),
         compare=_compare_runs,
     )
