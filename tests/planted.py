@@ -1,7 +1,7 @@
 """Planted subjects for panel tests: several synthetic "models" whose answers follow known parameters.
 
 ``PlantedInfluence``: the influence audit's planted-steerability subject
-(as in tests/test_influence_analysis.py) with the model name, the reasoning
+(also used by tests/test_influence_analysis.py) with the model name, the reasoning
 flag and the planted shifts as parameters, so a panel of several models and a
 planted reasoning effect can be run: ``P(choose B) = sigmoid(base[pair] + shift)``
 where the shift moves the log-odds toward the side the cue points to, so the

@@ -124,10 +124,10 @@ def test_kept_reply_must_end_with_its_ids(tiny_engine) -> None:
 # ========================================================================== selection
 def test_selection_from_planted_backfire_and_compliance_cells(tmp_path: Path) -> None:
     from analysis.influence import analyze, effects
-    from tests.test_influence_analysis import PlantedEngine
+    from tests.test_influence_analysis import planted_engine
 
     spec = TriageSpec(audit=AuditSpec(influences=("survey", "weak_evidence")), factors=("gender",), sizes=(1, 2, 3))
-    store = run("influence-triage", spec, PlantedEngine(), tmp_path / "p", plan=Plan(readout=False, samples=30),
+    store = run("influence-triage", spec, planted_engine(), tmp_path / "p", plan=Plan(readout=False, samples=30),
                 progress=False, log=_quiet)  # fmt: skip
     eff = effects(analyze(store, "triage", n_boot=50).conditions).set_index(["influence", "direction"])
     # planted: weak evidence backfires toward A (-0.8), survey complies both ways (+1.0)

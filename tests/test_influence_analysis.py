@@ -1,7 +1,7 @@
 """The influence audit's analysis (analysis.influence): hand-built cells, and recovery of planted steerabilities.
 
 The recovery tests run the whole pipeline (expand -> runner -> run store ->
-report) on a tiny planted-steerability subject defined here: each trial's
+report) on the planted-steerability subject of tests/planted.py: each trial's
 P(choose B) is ``sigmoid(base[pair] + shift)``, with the shift planted per
 (pair, influence, direction). The analysis must give back the planted s(A),
 s(B), Asym and backfire.
@@ -9,7 +9,6 @@ s(B), Asym and backfire.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from analysis import influence_stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.runner import Plan, run
-from probe.types import OptionScore, Readout, Sample, Trial
+from tests.planted import PlantedInfluence
 
 # ====================================================================== hand-built cells
 
@@ -304,51 +303,9 @@ PLANTED = {  # (influence, direction) -> shift of the log-odds of the side the c
 }
 
 
-def planted_logit_b(t: Trial) -> float:
-    """log-odds of choosing side B for a trial of the planted subject."""
-    f = t.factors
-    shift = PLANTED.get((f["influence"], f["direction"]), 0.0)
-    return BASE[f["pair"]] + (shift if f["direction"] == "B" else -shift)
-
-
-class PlantedEngine:
-    """A synthetic subject: P(B) = sigmoid(base[pair] + planted shift), the same for every prompt of an arm."""
-
-    name = "planted"
-
-    def load(self) -> PlantedEngine:
-        return self
-
-    def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "settings": {"model": "planted", "think": False}}
-
-    def identity(self) -> dict[str, Any]:
-        return {"engine": self.name, "planted": sorted(map(str, PLANTED.items()))}
-
-    def _p_b(self, t: Trial) -> float:
-        return 1 / (1 + math.exp(-planted_logit_b(t)))
-
-    def readout(self, trials: Sequence[Trial], progress: Any = None) -> list[Readout]:
-        out = []
-        for t in trials:
-            p_b = self._p_b(t)
-            probs = [p_b if m == t.factors["group_b"] else 1 - p_b for m in t.meaning]
-            scores = tuple(OptionScore(o, (), math.log(p), p) for o, p in zip(t.options, probs, strict=True))
-            best = max(scores, key=lambda s: s.prob).option
-            out.append(Readout(t.trial_id, scores, 1.0, best, (), 0, 0))
-        return out
-
-    def sample(self, trials: Sequence[Trial], n: int, temperature: float, progress: Any = None) -> list[Sample]:
-        out = []
-        for t in trials:
-            seed = int.from_bytes(hashlib.sha256(t.trial_id.encode()).digest()[:8], "little")
-            rng = np.random.default_rng(seed)
-            b_option = t.options[t.meaning.index(t.factors["group_b"])]
-            a_option = t.options[1 - t.options.index(b_option)]
-            for draw in range(n):
-                opt = b_option if rng.random() < self._p_b(t) else a_option
-                out.append(Sample(t.trial_id, draw, opt, opt, "ok"))
-        return out
+def planted_engine() -> PlantedInfluence:
+    """P(B) = sigmoid(BASE[pair] + planted shift toward the cue's side), the same for every prompt of an arm."""
+    return PlantedInfluence("planted", PLANTED, BASE)
 
 
 SPEC = TriageSpec(
@@ -363,7 +320,7 @@ def _planted_s(pair: str, influence: str, d: str) -> float:
 
 
 def test_planted_steerabilities_are_recovered_from_readouts(tmp_path: Path) -> None:
-    store = run("influence-triage", SPEC, PlantedEngine(), tmp_path / "r", progress=False, log=lambda s: None)
+    store = run("influence-triage", SPEC, planted_engine(), tmp_path / "r", progress=False, log=lambda s: None)
     audit = inf.analyze(store, "triage", n_boot=200)
     t = audit.conditions.set_index(["pair", "influence"])
     m = 50  # prompts per arm: 25 size pairs x 2 orders
@@ -387,7 +344,7 @@ def test_planted_steerabilities_are_recovered_from_samples(tmp_path: Path) -> No
     store = run(
         "influence-triage",
         SPEC,
-        PlantedEngine(),
+        planted_engine(),
         tmp_path / "s",
         plan=Plan(readout=False, samples=20),
         progress=False,
