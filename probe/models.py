@@ -1,9 +1,11 @@
 """Model names -> local folders, and a fingerprint for the run manifest.
 
 ``tiny`` and ``tiny-hybrid`` are built locally on first use (never
-downloaded). Anything else is a local folder or a Hugging Face id, which is
-left to ``from_pretrained`` (it uses the hub cache, and downloads only where
-the machine has network and ``HF_HUB_OFFLINE`` is unset).
+downloaded). ``smol`` (SmolLM2-135M-Instruct) and any ``.gguf`` file (or a
+folder holding one) are converted once into the probe cache
+(:mod:`probe.gguf`). Anything else is a local folder or a Hugging Face id,
+which is left to ``from_pretrained`` (it uses the hub cache, and downloads
+only where the machine has network and ``HF_HUB_OFFLINE`` is unset).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+
+GGUF_MARKER = "gguf-build.json"
+"""The marker :mod:`probe.gguf` writes last into a converted folder (named here to keep imports one-way)."""
 
 
 class ModelError(ValueError):
@@ -29,17 +35,21 @@ class ModelRef:
 
 def resolve_model(spec: str) -> ModelRef:
     """Resolve a model spec without loading any weights."""
-    from probe import tiny
+    from probe import gguf, tiny
 
     if not spec or not spec.strip():
-        raise ModelError("empty model name; pass --model tiny, a local folder, or a Hugging Face id")
+        raise ModelError("empty model name; pass --model tiny, smol, a local folder, a .gguf file or a Hugging Face id")
     if spec in tiny.TINY_NAMES:
         return ModelRef(spec, str(tiny.ensure_tiny(spec)), True)
+    if spec == gguf.SMOL_NAME:
+        return ModelRef(spec, str(gguf.ensure_smol()), True)
     p = Path(spec).expanduser()
     if p.exists():
-        if not (p / "config.json").is_file():
-            raise ModelError(f"model folder {p} has no config.json; point --model at a Hugging Face model folder")
-        return ModelRef(spec, str(p.resolve()), True)
+        if p.is_dir() and (p / "config.json").is_file():
+            return ModelRef(spec, str(p.resolve()), True)
+        return ModelRef(spec, str(gguf.ensure_gguf_path(p)), True)  # a .gguf file, or a folder with one
+    if spec.lower().endswith(".gguf"):
+        raise ModelError(f"model file {spec!r} does not exist")
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelError(f"model path {spec!r} does not exist")
     return ModelRef(spec, spec, False)
@@ -58,6 +68,8 @@ def folder_fingerprint(path: str | Path) -> str:
     if cfg.is_file():
         h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
     for f in sorted(p.iterdir()):
-        if f.suffix in (".safetensors", ".bin", ".json", ".model") and f.is_file():
+        if f.name == GGUF_MARKER:  # a converted GGUF: its content hash, not the marker's (timing-dependent) size
+            h.update(str(json.loads(f.read_text()).get("content_sha256")).encode())
+        elif f.suffix in (".safetensors", ".bin", ".json", ".model") and f.is_file():
             h.update(f"{f.name}:{f.stat().st_size}".encode())
     return h.hexdigest()[:16]
