@@ -710,6 +710,7 @@ class ApiEngine:
             prompt_tokens=rec.usage.input_tokens,
             completion_tokens=rec.usage.output_tokens,
             reasoning=rec.reasoning,
+            truncated=rec.finish in ("length", "max_tokens"),  # OpenAI's and Anthropic's word for the token cap
         )
 
     def _sleep(self, seconds: float, stop: threading.Event) -> None:

@@ -879,5 +879,6 @@ class HFEngine:
         for (t, d), p, gen in zip(rows, prompts, gens, strict=True):
             body = [g for g in gen if g not in stops]
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            out.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think, token_ids=body))
+            cut = len(gen) >= budget and gen[-1] not in stops  # ran out of tokens, not ended by the model
+            out.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think, token_ids=body, truncated=cut))
         return out

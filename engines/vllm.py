@@ -749,7 +749,8 @@ class VLLMEngine:
             gen = [int(g) for g in res.outputs[0].token_ids]
             body = [g for g in gen if g not in stops]
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            samples.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think, token_ids=body))
+            cut = res.outputs[0].finish_reason == "length"  # hit the token cap, not ended by the model
+            samples.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think, token_ids=body, truncated=cut))
         if progress:
             progress(len(rows))
         return samples

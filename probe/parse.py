@@ -111,13 +111,14 @@ def parsed_sample(
     *,
     think: bool,
     token_ids: Sequence[int] = (),
+    truncated: bool = False,
 ) -> Sample:
     """A :class:`Sample` from a decoded reply (shared by every local engine).
 
     Outside think mode the trial's assistant prefix is put back in front of the
     reply, because the model saw it and the stated-format rule may need it
     (``Answer: Yes``). ``token_ids`` are the generated ids the text was decoded
-    from (stop tokens excluded); the prefix is not among them.
+    from (stop tokens excluded); the prefix is not among them. ``truncated``: the reply hit the token cap.
     """
     if trial.assistant_prefix and not think:
         text = trial.assistant_prefix + text
@@ -133,4 +134,5 @@ def parsed_sample(
         completion_tokens=completion_tokens,
         reasoning=reasoning,
         token_ids=tuple(token_ids),
+        truncated=truncated,
     )

@@ -123,6 +123,7 @@ def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
                 "token_ids": list(s.token_ids),
+                "truncated": s.truncated,
             }
             for s in samples
         ],
@@ -136,6 +137,7 @@ def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
             "prompt_tokens",
             "completion_tokens",
             "token_ids",
+            "truncated",
         ],
     )
 

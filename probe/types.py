@@ -178,6 +178,8 @@ class Sample:
     token_ids: tuple[int, ...] = field(default=(), repr=False)
     """The generated ids behind ``text`` (stop tokens excluded; any assistant prefix not included), where the
     engine knows them (local engines); empty for API replies. A follow-up turn keeps them exactly."""
+    truncated: bool = False
+    """The reply hit the token cap (``--max-new-tokens``) before the model ended it: its answer may be cut off."""
 
 
 def options_meaning(options: Sequence[str], mapping: Mapping[str, str]) -> tuple[str, ...]:
