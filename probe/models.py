@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-
 GGUF_MARKER = "gguf-build.json"
 """The marker :mod:`probe.gguf` writes last into a converted folder (named here to keep imports one-way)."""
 
