@@ -43,16 +43,26 @@ def comparable() -> str:
 
 
 def write_comparison(
-    panel: Panel, out: str | Path, *, n_boot: int | None = None, seed: int | None = None
+    panel: Panel,
+    out: str | Path,
+    *,
+    n_boot: int | None = None,
+    seed: int | None = None,
+    asym_model: str | None = None,
 ) -> list[Path]:
     """Write the panel's comparison into ``out``; returns the files written (sorted).
 
     ``n_boot`` / ``seed``: bootstrap resamples and seed of every CI (None: the comparison's defaults).
+    ``asym_model``: the headline structure of the influence |Asym| fit (influence panels only).
     """
     _, func = comparison_of(panel)
     if n_boot is not None and n_boot < 2:
         raise PanelError(f"--n-boot must be at least 2, got {n_boot}")
-    options = {k: v for k, v in (("n_boot", n_boot), ("seed", seed)) if v is not None}
+    if asym_model is not None and not all(e.startswith("influence-") for e in panel.experiments):
+        raise PanelError(
+            f"--asym-model applies to influence panels only; this panel holds {', '.join(panel.experiments)}"
+        )
+    options = {k: v for k, v in (("n_boot", n_boot), ("seed", seed), ("asym_model", asym_model)) if v is not None}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "panel.csv", panel.table().to_csv(index=False))

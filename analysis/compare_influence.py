@@ -42,6 +42,8 @@ import pandas as pd
 from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
 
 BENCHMARK_OF = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}
+IMPORTED = "influence-import"
+"""The experiment of a ``probe import`` run: per-condition counts, no items."""
 N_BOOT = 1000
 SEED = 0
 ALPHA = 0.05
@@ -367,6 +369,18 @@ def asym_frame(cond: pd.DataFrame) -> pd.DataFrame:
     return out[np.isfinite(out["abs_asym"]) & np.isfinite(out["baseline_bias"])].reset_index(drop=True)
 
 
+STRUCTURES = ("crossed", "nested")
+"""Random-effect structures of the |Asym| fit (``--asym-model``).
+
+``crossed`` (the paper's text): random intercepts for model x reasoning,
+factor and influence type, crossed (variance components of one group).
+``nested`` (the paper's published code): a random intercept per model x
+reasoning group, and factor and influence intercepts *within* each group (a
+factor's intercept differs between models)."""
+RETRY_METHODS = ("powell", "nm")
+"""Optimizers tried, in turn, after statsmodels' own (bfgs, lbfgs, cg) when the REML fit did not converge."""
+
+
 @dataclass(frozen=True)
 class AsymFit:
     """The fit of |Asym| on |baseline bias| in one scope (a benchmark, or pooled)."""
@@ -376,23 +390,35 @@ class AsymFit:
     """``MixedLM (REML)``, ``OLS`` (no grouping with two or more levels) or ``none`` (too little data)."""
     n: int
     levels: Mapping[str, int]
-    """Levels per random-intercept grouping that entered the fit."""
+    """Levels per random-intercept grouping that entered the fit (nested: distinct levels within groups)."""
+    structure: str = "crossed"
+    formula: str = FORMULA
     intercept: float = math.nan
     beta: float = math.nan
     beta_lo: float = math.nan
     beta_hi: float = math.nan
     p_beta: float = math.nan
     var_fixed: float = math.nan
+    var_bias: float = math.nan
+    """Variance of the |bias| term alone, ``var(beta * baseline_bias)`` (ddof 1): without benchmark offsets."""
     var_components: Mapping[str, float] = field(default_factory=dict)
     var_residual: float = math.nan
     r2_marginal: float = math.nan
+    r2_bias: float = math.nan
+    """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
     r2_conditional: float = math.nan
     converged: bool = False
+    attempts: tuple[str, ...] = ()
+    """Each optimizer run and its outcome, in order (a retry is a later entry)."""
+    warnings: tuple[str, ...] = ()
+    """Every warning statsmodels raised during the fit (first line each, deduplicated)."""
     note: str = ""
 
     def row(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "scope": self.scope,
+            "structure": self.structure,
+            "formula": self.formula,
             "method": self.method,
             "n": self.n,
             "intercept": self.intercept,
@@ -401,6 +427,7 @@ class AsymFit:
             "beta_hi": self.beta_hi,
             "p_beta": self.p_beta,
             "var_fixed": self.var_fixed,
+            "var_bias": self.var_bias,
         }
         for g in VC_FORMULA:
             out[f"levels_{g}"] = self.levels.get(g, 0)
@@ -408,8 +435,11 @@ class AsymFit:
         out |= {
             "var_residual": self.var_residual,
             "r2_marginal": self.r2_marginal,
+            "r2_bias": self.r2_bias,
             "r2_conditional": self.r2_conditional,
             "converged": self.converged,
+            "attempts": " | ".join(self.attempts),
+            "warnings": " | ".join(self.warnings),
             "note": self.note,
         }
         return out
@@ -431,7 +461,8 @@ def marginal_r2(var_fixed: float, var_components: Sequence[float], var_residual:
 def gls_cov(x: np.ndarray, frame: pd.DataFrame, var_components: Mapping[str, float], var_residual: float) -> np.ndarray:
     """Covariance of the GLS fixed effects, ``(X' V^-1 X)^-1`` with ``V = sigma^2 I + sum_g sigma_g^2 Z_g Z_g'``.
 
-    ``Z_g`` is the indicator matrix of grouping ``g``'s levels in ``frame``.
+    ``Z_g`` is the indicator matrix of column ``g``'s levels in ``frame``
+    (for a nested component, a column of the (group, level) combinations).
     Computed through Woodbury (no n x n matrix): with ``Z`` the stacked
     indicators of the groupings of positive variance and ``D`` their variances,
     ``X'V^-1X = (X'X - X'Z (sigma^2 D^-1 + Z'Z)^-1 Z'X) / sigma^2``.
@@ -447,86 +478,172 @@ def gls_cov(x: np.ndarray, frame: pd.DataFrame, var_components: Mapping[str, flo
     return np.linalg.inv(xtx / var_residual)
 
 
-def fit_asym(frame: pd.DataFrame, scope: str) -> AsymFit:
-    """Fit ``abs_asym ~ baseline_bias`` with crossed random intercepts (see :data:`VC_FORMULA`).
+def _first_lines(ws: Sequence[warnings.WarningMessage]) -> list[str]:
+    return list(dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in ws))
 
-    statsmodels call (REML)::
 
-        smf.mixedlm("abs_asym ~ baseline_bias", frame, groups=np.ones(len(frame)), re_formula="0",
+def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
+    """Fit a statsmodels MixedLM by REML, retrying other optimizers until one converges.
+
+    First statsmodels' default (which itself tries bfgs, lbfgs, cg and warns
+    "Retrying ..."), then each of :data:`RETRY_METHODS`. Returns (the first
+    converged result, or the one of highest REML log-likelihood when none
+    converged; the attempts; the warnings of all attempts).
+    """
+    results, attempts, caught = [], [], []
+    for method in (None, *RETRY_METHODS):
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            try:
+                res = model.fit(reml=True, method=method)
+            except (np.linalg.LinAlgError, ValueError) as e:
+                attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: failed ({e})")
+                caught += _first_lines(ws)
+                continue
+        caught += _first_lines(ws)
+        ok = bool(res.converged) and np.isfinite(res.llf)
+        attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: {'converged' if ok else 'not converged'}")
+        results.append(res)
+        if ok:
+            return res, tuple(attempts), tuple(dict.fromkeys(caught))
+    if not results:
+        raise ValueError("every MixedLM optimizer failed: " + "; ".join(attempts))
+    best = max(results, key=lambda r: r.llf if np.isfinite(r.llf) else -np.inf)
+    return best, tuple(attempts), tuple(dict.fromkeys(caught))
+
+
+def _design(
+    frame: pd.DataFrame, structure: str, benchmark_effect: bool
+) -> tuple[str, dict[str, Any], pd.DataFrame, str]:
+    """(formula, mixedlm keyword arguments, the frame with the Z columns of :func:`gls_cov`, note)."""
+    formula = FORMULA + (" + C(benchmark)" if benchmark_effect else "")
+    n = len(frame)
+    levels = {g: int(frame[g].nunique()) for g in VC_FORMULA}
+    left_out = [g for g in VC_FORMULA if levels[g] < 2]
+    note = f"left out (one level): {', '.join(left_out)}" if left_out else ""
+    z = frame.copy()
+    if structure == "nested" and levels["model_reasoning"] >= 2:
+        inner = {g: f for g, f in VC_FORMULA.items() if g != "model_reasoning" and levels[g] >= 2}
+        for g in inner:
+            z[g] = frame["model_reasoning"].astype(str) + "|" + frame[g].astype(str)
+        kw = {"groups": frame["model_reasoning"].to_numpy(), "re_formula": "1", "vc_formula": inner}
+        return formula, kw, z, note
+    used = {g: f for g, f in VC_FORMULA.items() if levels[g] >= 2}
+    if structure == "nested":
+        note = "; ".join(filter(None, [note, "one model x reasoning group: nested equals crossed"]))
+    return formula, {"groups": np.ones(n), "re_formula": "0", "vc_formula": used}, z, note
+
+
+def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", benchmark_effect: bool = False) -> AsymFit:
+    """Fit ``abs_asym ~ baseline_bias`` (``+ C(benchmark)`` with ``benchmark_effect``) by REML.
+
+    ``structure="crossed"`` (see :data:`STRUCTURES`)::
+
+        smf.mixedlm(formula, frame, groups=np.ones(len(frame)), re_formula="0",
                     vc_formula={g: f"0 + C({g})" for g in groupings}).fit(reml=True)
 
-    A single group holds every row; each grouping with two or more levels
-    enters as a variance component (a grouping with one level cannot be told
-    apart from the intercept and is left out, and said so). With no grouping
-    left the fit is OLS and its "marginal R^2" is var(X beta) / (var(X beta) + sigma^2).
+    ``structure="nested"``::
+
+        smf.mixedlm(formula, frame, groups=frame["model_reasoning"], re_formula="1",
+                    vc_formula={"factor": "0 + C(factor)", "influence": "0 + C(influence)"}).fit(reml=True)
+
+    (statsmodels' variance components are realized independently in each
+    group, so factor and influence are nested in model x reasoning). A
+    grouping with one level cannot be told apart from the intercept and is
+    left out, and said so; with none left the fit is OLS and its "marginal
+    R^2" is var(X beta) / (var(X beta) + sigma^2). ``r2_bias`` is the share
+    of the |bias| term alone (it differs from ``r2_marginal`` only through the
+    benchmark offsets). Optimizer retries and every warning are recorded
+    (:func:`fit_mixed`).
     """
     import statsmodels.api as sm
     import statsmodels.formula.api as smf
     from scipy import stats
 
+    if structure not in STRUCTURES:
+        raise ValueError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {structure!r}")
     n = len(frame)
-    levels = {g: int(frame[g].nunique()) for g in VC_FORMULA}
-    used = {g: f for g, f in VC_FORMULA.items() if levels[g] >= 2}
-    left_out = [g for g in VC_FORMULA if levels[g] < 2]
-    note = f"left out (one level): {', '.join(left_out)}" if left_out else ""
     if n < 3 or frame["baseline_bias"].nunique() < 2:
-        return AsymFit(scope, "none", n, {}, note="fewer than 3 conditions or no spread in baseline bias")
-    caught: list[str] = []
-    with warnings.catch_warnings(record=True) as ws:
-        warnings.simplefilter("always")
-        if used:
-            model = smf.mixedlm(FORMULA, frame, groups=np.ones(n), re_formula="0", vc_formula=used)
-            res = model.fit(reml=True)
-            fe = res.fe_params
-            ci = res.conf_int().loc["baseline_bias"]
-            vcomp = dict(zip(model.exog_vc.names, map(float, np.atleast_1d(res.vcomp)), strict=True))
-            resid, converged, p = float(res.scale), bool(res.converged), float(res.pvalues["baseline_bias"])
-            x = model.exog
-            method = "MixedLM (REML)"
-            if not np.isfinite(ci.to_numpy()).all():  # a boundary fit: statsmodels gives no fixed-effect SE
-                se = math.sqrt(gls_cov(x, frame, vcomp, resid)[1, 1])
-                z = float(stats.norm.isf(0.025))
-                b = float(fe["baseline_bias"])
-                ci = pd.Series([b - z * se, b + z * se])
-                p = float(2 * stats.norm.sf(abs(b) / se)) if se > 0 else math.nan
-                note = "; ".join(filter(None, [note, "beta CI from (X'V^-1 X)^-1 at the fitted variances"]))
-        else:
-            ols = sm.OLS.from_formula(FORMULA, frame).fit()
-            fe, ci = ols.params, ols.conf_int().loc["baseline_bias"]
-            vcomp, resid, converged, p = {}, float(ols.scale), True, float(ols.pvalues["baseline_bias"])
-            x = ols.model.exog
-            method = "OLS"
-        caught = [str(w.message).splitlines()[0] for w in ws]
+        return AsymFit(scope, "none", n, {}, structure, note="fewer than 3 conditions or no spread in baseline bias")
+    if benchmark_effect and frame["benchmark"].nunique() < 2:
+        benchmark_effect = False
+    formula, kw, zframe, note = _design(frame, structure, benchmark_effect)
+    levels = {g: int(zframe[g].nunique()) for g in VC_FORMULA if g in kw["vc_formula"]}
+    if kw["re_formula"] == "1":
+        levels["model_reasoning"] = int(frame["model_reasoning"].nunique())
+    attempts: tuple[str, ...] = ()
+    caught: tuple[str, ...] = ()
+    if levels:
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            model = smf.mixedlm(formula, frame, **kw)
+        caught = tuple(_first_lines(ws))
+        res, attempts, fit_ws = fit_mixed(model)
+        caught = tuple(dict.fromkeys([*caught, *fit_ws]))
+        fe = res.fe_params
+        ci = res.conf_int().loc["baseline_bias"]
+        vcomp = dict(zip(model.exog_vc.names, map(float, np.atleast_1d(res.vcomp)), strict=True))
+        if kw["re_formula"] == "1":
+            vcomp = {"model_reasoning": float(np.asarray(res.cov_re)[0, 0]), **vcomp}
+        resid, converged, p = float(res.scale), bool(res.converged), float(res.pvalues["baseline_bias"])
+        x = model.exog
+        method = "MixedLM (REML)"
+        if not np.isfinite(ci.to_numpy()).all():  # a boundary fit: statsmodels gives no fixed-effect SE
+            j = list(fe.index).index("baseline_bias")
+            se = math.sqrt(gls_cov(x, zframe, vcomp, resid)[j, j])
+            zq = float(stats.norm.isf(0.025))
+            b = float(fe["baseline_bias"])
+            ci = pd.Series([b - zq * se, b + zq * se])
+            p = float(2 * stats.norm.sf(abs(b) / se)) if se > 0 else math.nan
+            note = "; ".join(filter(None, [note, "beta CI from (X'V^-1 X)^-1 at the fitted variances"]))
+    else:
+        ols = sm.OLS.from_formula(formula, frame).fit()
+        fe, ci = ols.params, ols.conf_int().loc["baseline_bias"]
+        vcomp, resid, converged, p = {}, float(ols.scale), True, float(ols.pvalues["baseline_bias"])
+        x = ols.model.exog
+        method = "OLS"
+        attempts = ("OLS: closed form",)
     var_fixed = float(np.var(x @ fe.to_numpy(), ddof=1))
+    var_bias = float(np.var(float(fe["baseline_bias"]) * frame["baseline_bias"].to_numpy(float), ddof=1))
     r2m, r2c = marginal_r2(var_fixed, list(vcomp.values()), resid)
-    if caught:
-        note = "; ".join(filter(None, [note, *dict.fromkeys(caught)]))[:300]
+    total = var_fixed + float(np.sum(list(vcomp.values()))) + resid
     return AsymFit(
         scope=scope,
         method=method,
         n=n,
-        levels={g: levels[g] for g in used},
+        levels=levels,
+        structure=structure,
+        formula=formula,
         intercept=float(fe["Intercept"]),
         beta=float(fe["baseline_bias"]),
         beta_lo=float(ci.iloc[0]),
         beta_hi=float(ci.iloc[1]),
         p_beta=p,
         var_fixed=var_fixed,
+        var_bias=var_bias,
         var_components=vcomp,
         var_residual=resid,
         r2_marginal=r2m,
+        r2_bias=var_bias / total if total > 0 else math.nan,
         r2_conditional=r2c,
         converged=converged,
-        note=note,
+        attempts=attempts,
+        warnings=caught,
+        note=note[:300],
     )
 
 
-def asym_fits(cond: pd.DataFrame) -> list[AsymFit]:
-    """One fit per benchmark and, with two or more benchmarks, a pooled fit."""
+def asym_fits(cond: pd.DataFrame, structures: Sequence[str] = STRUCTURES) -> list[AsymFit]:
+    """Per structure: one fit per benchmark and, with two or more benchmarks, a pooled fit with benchmark offsets."""
     frame = asym_frame(cond)
-    fits = [fit_asym(g.reset_index(drop=True), b) for b, g in frame.groupby("benchmark", sort=False)]
-    if frame["benchmark"].nunique() > 1:
-        fits.append(fit_asym(frame, "pooled"))
+    fits = []
+    for structure in structures:
+        fits += [
+            fit_asym(g.reset_index(drop=True), b, structure=structure)
+            for b, g in frame.groupby("benchmark", sort=False)
+        ]
+        if frame["benchmark"].nunique() > 1:
+            fits.append(fit_asym(frame, "pooled", structure=structure, benchmark_effect=True))
     return fits
 
 
@@ -542,14 +659,40 @@ class InfluenceComparison:
     change: pd.DataFrame
     asym_data: pd.DataFrame
     fits: tuple[AsymFit, ...]
+    imported: tuple[str, ...] = ()
+    """Names of the imported runs (condition-level data: no item matching, no item bootstrap)."""
+    asym_model: str = "crossed"
+    """The headline random-effect structure of the |Asym| fits."""
 
 
-def compare_frames(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> InfluenceComparison:
-    """The whole comparison of an influence panel, as frames (no files)."""
+def _split_imported(panel: Panel) -> tuple[Panel | None, list[PanelRun]]:
+    """(the panel of native runs, or None; the imported runs), in panel order."""
+    imported = [r for r in panel.runs if r.experiment == IMPORTED]
+    native = tuple(r for r in panel.runs if r.experiment != IMPORTED)
+    return (Panel(native) if native else None), imported
+
+
+def compare_frames(
+    panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
+) -> InfluenceComparison:
+    """The whole comparison of an influence panel, as frames (no files).
+
+    Imported runs (``probe import``) bring their condition tables as they are:
+    they have no items, so they are not matched on items and take no part in
+    the reasoning on/off comparison (a paired bootstrap over items); they
+    enter the cross-run FDR, the per-model tables and the |Asym| fits.
+    ``asym_model`` orders the fits (that structure first, the headline).
+    """
     from analysis import influence as inf
+    from analysis.import_conditions import imported_conditions
 
-    matched = match_panel(panel)
-    cond = inf.combine_runs([condition_tables(m, n_boot=n_boot, seed=seed) for m in matched])
+    if asym_model not in STRUCTURES:
+        raise PanelError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {asym_model!r}")
+    native, imported = _split_imported(panel)
+    matched = match_panel(native) if native is not None else []
+    tables_in = [condition_tables(m, n_boot=n_boot, seed=seed) for m in matched]
+    tables_in += [imported_conditions(open_store(r), run=r.name) for r in imported]
+    cond = inf.combine_runs(tables_in)
     tables = dict(inf.panel_tables(cond))
     main = cond[cond["variant"] == "cue"]
     tables["by_run"] = inf.summary_by(main, ["benchmark", "run", "model", "think"])
@@ -561,6 +704,7 @@ def compare_frames(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> I
         if changes:
             by_cond.append(change_by_condition(m, changes))
             by_infl.append(change_by_influence(m, changes))
+    order = (asym_model, *(s for s in STRUCTURES if s != asym_model))
     return InfluenceComparison(
         matched=tuple(matched),
         conditions=cond,
@@ -568,18 +712,22 @@ def compare_frames(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> I
         change_conditions=pd.concat(by_cond, ignore_index=True) if by_cond else pd.DataFrame(),
         change=pd.concat(by_infl, ignore_index=True) if by_infl else pd.DataFrame(),
         asym_data=asym_frame(cond),
-        fits=tuple(asym_fits(cond)),
+        fits=tuple(asym_fits(cond, order)),
+        imported=tuple(r.name for r in imported),
+        asym_model=asym_model,
     )
 
 
-def compare_influence(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
+def compare_influence(
+    panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
+) -> list[Path]:
     """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
     from analysis.compare import write_dropped
     from probe.store import atomic_write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    res = compare_frames(panel, n_boot=n_boot, seed=seed)
+    res = compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
     csvs: dict[str, pd.DataFrame] = {
         "conditions": res.conditions,
         **res.tables,
@@ -667,7 +815,7 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
             paths.append(_save(fig, out / f"fig_reasoning_change_{bench}.png"))
     data = res.asym_data
     if len(data):
-        scopes = [f for f in res.fits if f.scope != "pooled"]
+        scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
         fig, axes = plt.subplots(1, len(scopes), figsize=(4 * len(scopes), 3.6), squeeze=False)
         for ax, fit in zip(axes[0], scopes, strict=True):
             sub = data[data["benchmark"] == fit.scope]
@@ -686,6 +834,32 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
     return paths
 
 
+def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
+    """The regression section: both random-effect structures, the |bias|-alone share, convergence."""
+    from analysis.compare import md_table
+
+    lines = [
+        f"`{FORMULA}` per benchmark; the pooled fit adds benchmark offsets (`+ C(benchmark)`). REML by statsmodels "
+        "MixedLM. **crossed** (the paper's text): random intercepts for model x reasoning, factor "
+        "(benchmark:pair) and influence type, as variance components of one group "
+        "(`groups=1, re_formula='0', vc_formula={model_reasoning, factor, influence}`). **nested** (the paper's "
+        "code): a random intercept per model x reasoning group, with factor and influence intercepts within each "
+        "group (`groups=model_reasoning, re_formula='1', vc_formula={factor, influence}`). "
+        f"Headline structure: **{headline}** (`--asym-model`). Marginal R² = var(X β) / (var(X β) + Σ σ²_vc + σ²_ε) "
+        "(Nakagawa & Schielzeth 2013; var with ddof 1); R² |bias| alone = var(β |bias|) / the same total "
+        "(without the benchmark offsets); conditional R² adds Σ σ²_vc to the numerator. `attempts` lists each "
+        "optimizer run (statsmodels' default tries bfgs, lbfgs, cg; then powell, nm until one converges), "
+        "`warnings` every warning of the fit.",
+        "",
+    ]
+    table = pd.DataFrame([f.row() for f in fits])
+    if len(table):
+        cols = ["scope", "structure", "method", "n", "beta", "beta_lo", "beta_hi", "r2_marginal", "r2_bias"]
+        cols += ["r2_conditional", "converged", "attempts", "warnings", "note"]
+        lines += [*md_table(table[cols]), ""]
+    return lines
+
+
 # ---------------------------------------------------------------------------- summary
 _BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "bf_of_sig"]
 
@@ -696,6 +870,13 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
     t = res.tables
     lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
     lines += ["## Matching", ""]
+    if res.imported:
+        lines += [
+            f"Imported runs ({', '.join(res.imported)}) hold condition-level counts: they are not matched on items, "
+            "their conditions enter as imported, and no item bootstrap is computed for them (their share of the "
+            "headline CIs is a cluster bootstrap over (run, factor) clusters).",
+            "",
+        ]
     for m in res.matched:
         lines += [f"**{m.benchmark}**: {len(m.conditions)} conditions on {len(m.items)} items.", ""]
         lines += [*dropped_md(m.dropped_items, len(m.items)), ""]
@@ -772,28 +953,8 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
     lines += [
         "## |Asym| against |baseline bias|",
         "",
-        f"Model: `{FORMULA}` with random intercepts for model x reasoning, factor (benchmark:pair) and influence type, "
-        "fitted by statsmodels `mixedlm(..., groups=1 for all rows, re_formula='0', vc_formula={"
-        + ", ".join(f"'{g}': '{f}'" for g, f in VC_FORMULA.items())
-        + "}).fit(reml=True)` (crossed variance components). Marginal R² = var(X β) / (var(X β) + Σ σ²_vc + σ²_ε) "
-        "(Nakagawa & Schielzeth 2013; var with ddof 1); conditional R² adds Σ σ²_vc to the numerator.",
-        "",
+        *asym_md(res.fits, res.asym_model),
     ]
-    fits = pd.DataFrame([f.row() for f in res.fits])
-    if len(fits):
-        cols = [
-            "scope",
-            "method",
-            "n",
-            "beta",
-            "beta_lo",
-            "beta_hi",
-            "r2_marginal",
-            "r2_conditional",
-            "converged",
-            "note",
-        ]
-        lines += [*md_table(fits[cols]), ""]
     if figures:
         lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]
     return "\n".join(lines)

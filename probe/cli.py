@@ -132,7 +132,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from analysis.compare import runs_from_args, write_comparison
 
     panel = runs_from_args(a.runs, a.panel, a.names, a.humans, a.attributes)
-    paths = write_comparison(panel, Path(a.out), n_boot=a.n_boot, seed=a.seed)
+    paths = write_comparison(panel, Path(a.out), n_boot=a.n_boot, seed=a.seed, asym_model=a.asym_model)
     summary = Path(a.out) / "summary.md"
     if summary.exists() and not a.quiet:
         print(summary.read_text())
@@ -254,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="bootstrap resamples of every CI (default: the experiment's, 1000-2000)",
     )
     c.add_argument("--seed", type=int, default=None, help="seed of the bootstrap (default: 0)")
+    c.add_argument(
+        "--asym-model",
+        choices=("crossed", "nested"),
+        default=None,
+        help="influence panels: headline random-effect structure of the |Asym| fit (default: crossed; both are "
+        "reported)",
+    )
     c.add_argument("--quiet", action="store_true", help="do not print the summary")
     c.set_defaults(func=cmd_compare)
 
@@ -264,9 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
     t.set_defaults(func=cmd_tiny)
-    from probe import coding
+    from probe import coding, importer
 
     coding.register(sub)
+    importer.register(sub)
     return p
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from experiments.influence.bbq import EXPERIMENT as BBQ
 from experiments.influence.dd import EXPERIMENT as DD
+from experiments.influence.imported import EXPERIMENT as IMPORTED
 from experiments.influence.triage import EXPERIMENT as TRIAGE
 
-EXPERIMENTS = (TRIAGE, BBQ, DD)
+EXPERIMENTS = (TRIAGE, BBQ, DD, IMPORTED)

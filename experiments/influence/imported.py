@@ -1,0 +1,41 @@
+"""``influence-import``: per-condition influence results made by ``probe import``, not by ``probe run``.
+
+Registered as an experiment so ``probe analyze`` and ``probe compare`` find
+its report and comparison like any other run's (see
+:mod:`analysis.import_conditions`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from experiments import Experiment, lazy
+from experiments.influence.build import _compare_runs
+
+NAME = "influence-import"
+
+
+def _no_args(p: argparse.ArgumentParser) -> None:
+    """An imported run has no flags of its own."""
+
+
+def _not_runnable(a: argparse.Namespace) -> Any:
+    raise ValueError(
+        "influence-import runs are made by `probe import FILE --out RUN` from per-condition results, not by probe run"
+    )
+
+
+def _no_trials(spec: Any, count_tokens: Any = None) -> list[Any]:
+    return []
+
+
+EXPERIMENT = Experiment(
+    name=NAME,
+    summary="imported per-condition influence results (made by `probe import`, not runnable)",
+    add_arguments=_no_args,
+    spec_from_args=_not_runnable,
+    expand=_no_trials,
+    report=lazy("analysis.import_conditions:imported_report"),
+    compare=_compare_runs,
+)
