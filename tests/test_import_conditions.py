@@ -193,7 +193,7 @@ def test_round_trip_panel_gives_the_same_fits_and_tables(native_runs: list[Path]
         np.testing.assert_allclose(back.conditions[col].to_numpy(float), native.conditions[col].to_numpy(float),
                                    rtol=1e-12, err_msg=col)  # fmt: skip
     by = lambda res: {(f.scope, f.structure): f for f in res.fits}  # noqa: E731
-    assert [f.structure for f in back.fits][0] == "nested" and [f.structure for f in native.fits][0] == "crossed"
+    assert back.fits[0].structure == "nested" and native.fits[0].structure == "crossed"
     for key, f in by(native).items():
         g = by(back)[key]
         assert g.beta == pytest.approx(f.beta, rel=1e-6) and g.r2_marginal == pytest.approx(f.r2_marginal, abs=1e-8)
