@@ -19,7 +19,7 @@ import pandas as pd
 from analysis import plots
 from analysis.binary import cell_events, lexicality_gradient, projections
 from analysis.frames import choice_probs, trial_meta
-from analysis.yesno import CELLS, decompose
+from analysis.yesno import CELLS, Dropped, decompose
 from probe.store import RunStore, atomic_write_text
 
 
@@ -73,6 +73,11 @@ def _with_mean(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _note_dropped(f: Frames, dropped: tuple[Dropped, ...]) -> None:
+    """Remember stories a section left out, for :func:`dropped_section`."""
+    f.results.setdefault("dropped", []).extend(dropped)
+
+
 # ------------------------------------------------------------------- sections
 def verbflip_section(f: Frames, out: Path) -> Section:
     """The yes/no verb-flip family: per-story cells, z, lexical, order, apparent (Eq. 1)."""
@@ -82,7 +87,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
         return Section(
             "Forced binary, yes/no verb flip (I-3)", ["Not in this run (instrument binary, labels Yes/No)."], []
         )
-    from analysis.yesno import p_cbr
+    from analysis.yesno import empty_cells, p_cbr
 
     df = b.join(p_cbr(f.options), on="trial_id")
     cells = df.groupby(["item_id", "verb", "order"])["p_cbr"].mean().unstack(["verb", "order"])
@@ -91,7 +96,9 @@ def verbflip_section(f: Frames, out: Path) -> Section:
         return Section("Forced binary, yes/no verb flip (I-3)", [f"Cells missing from the run: {missing}."], [])
     cells = cells[CELLS]
     cells.columns = [f"p_cbr_{v}_{o}" for v, o in CELLS]
-    cells = cells.dropna()
+    dropped = empty_cells(df, ["verb", "order"], "yes/no verb flip")
+    _note_dropped(f, dropped)
+    cells = cells.drop(index=[d.item_id for d in dropped]).dropna()
     dec = decompose(cells)
     f.results["z"] = dec["z"]
     f.results["verbflip"] = dec
@@ -243,6 +250,8 @@ def fit_section(f: Frames, out: Path) -> Section:
         return Section("Framing susceptibility m and decisiveness s", ["Needs the graded and binary instruments."], [])
     bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
     fits = fit.fit_channels(th, bt, n_boot=2000, seed=0)
+    for ch in fits["channel"] if len(fits) else []:
+        _note_dropped(f, fit.dropped_items(bt, str(ch)))
     if fits.empty:
         return Section("Framing susceptibility m and decisiveness s", ["No channel could be fitted."], [])
     fits = fits.set_index("channel")
@@ -450,6 +459,23 @@ def planted_section(f: Frames, out: Path) -> Section:
     )
 
 
+def dropped_section(f: Frames, out: Path) -> Section:
+    """The stories a table left out (a design cell with no usable answer), and why; empty when none were."""
+    dropped: list[Dropped] = f.results.get("dropped", [])
+    if not dropped:
+        return Section("Dropped stories", [], [])
+    table = pd.DataFrame([{"dilemma": d.item_id, "table": d.analysis, "reason": d.reason} for d in dropped])
+    table = table.drop_duplicates().sort_values(["dilemma", "table"], kind="stable")
+    atomic_write_text(out / "dropped_stories.csv", table.to_csv(index=False))
+    lines = [
+        f"{table['dilemma'].nunique()} stories left out of at least one table: a cell with no usable answer has no "
+        "P(CBR), so the story has no balanced split there (the paper drops such stories too).",
+        "",
+        *(f"- {r.dilemma}, {r.table}: {r.reason}" for r in table.itertuples()),
+    ]
+    return Section("Dropped stories", lines, [out / "dropped_stories.csv"])
+
+
 SECTIONS: list[Callable[[Frames, Path], Section]] = [
     graded_section,
     verbflip_section,
@@ -458,6 +484,7 @@ SECTIONS: list[Callable[[Frames, Path], Section]] = [
     fit_section,
     calibration_section,
     validity_section,
+    dropped_section,
     planted_section,
 ]
 

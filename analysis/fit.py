@@ -48,7 +48,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 from scipy.special import expit
 
-from analysis.yesno import p_cbr
+from analysis.yesno import Dropped, empty_cells, p_cbr
 
 SIDES: dict[str, str] = {
     "order": "cbr_first",
@@ -59,6 +59,17 @@ SIDES: dict[str, str] = {
 """Channel -> the boolean trial column that puts a cell on the p+ side."""
 FAMILY: dict[str, str | None] = {"order": "yesno", "lexical": "yesno", "logic": "arbitrary", "label": "arbitrary"}
 """The label family each channel is measured in by default (order and lexical: the verb-flip Yes/No family)."""
+IDENTIFYING_PAIRS: tuple[str, ...] = ("A/B",)
+"""The label pairs the logic and label channels are measured on by default: the paper rests identification
+on the fully arbitrary A/B alone ("The identification claim rests on the fully arbitrary family"); the
+other arbitrary pairs (1/2, $/%, the valenced +/-) are reported per pair by :mod:`analysis.binary`."""
+LABELS: dict[str, tuple[str, ...] | None] = {
+    "order": None,
+    "lexical": None,
+    "logic": IDENTIFYING_PAIRS,
+    "label": IDENTIFYING_PAIRS,
+}
+"""Channel -> the label pairs of its default selection (None: every pair of the family)."""
 CELL = ("cbr_first", "cbr_affirmative", "cbr_canonical")
 
 S_BOUNDS = (1e-3, 10.0)
@@ -108,53 +119,110 @@ def binary_trials(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFram
     return out.reset_index(drop=True)
 
 
-def channel_sides(
-    binary: pd.DataFrame, channel: str, *, family: str | None = "default", replicate: int | None = 0
+def channel_trials(
+    binary: pd.DataFrame,
+    channel: str,
+    *,
+    family: str | None = "default",
+    labels: tuple[str, ...] | str | None = "default",
+    replicate: int | None = 0,
 ) -> pd.DataFrame:
-    """Per item: ``p_plus``, ``p_minus`` (the two sides of ``channel``), ``bias = p_plus - p_minus`` and ``z``.
+    """The trials a channel is measured on: its label family, its label pairs and one replicate.
 
-    Forms (and label pairs, salts when ``replicate`` is None) are averaged
-    within each design cell first, then cells within a side, so every cell
-    weighs the same. ``z = p_plus + p_minus - 1`` is the story stance
-    ``mean(2 P(CBR) - 1)`` over the balanced cells. ``family`` selects the
-    label family (``default``: :data:`FAMILY`; None: all rows given). A cell
-    column confounded with the side (the canonical label under a fixed
-    mapping) belongs to the channel: with Yes/No the lexical channel is word
-    and verdict together. Each
-    item must have the same set of other-channel cells on both sides (a
-    balanced 2-vs-2 or 4-vs-4 split); otherwise the bias would mix channels.
+    ``family="default"`` takes :data:`FAMILY` and, with ``labels="default"``,
+    :data:`LABELS` (A/B alone for logic and label); an explicit family with
+    ``labels="default"`` takes every pair of that family. None means no
+    filter. An empty selection is an error naming it.
     """
     if channel not in SIDES:
         raise ValueError(f"unknown channel {channel!r}; choose from {sorted(SIDES)}")
     fam = FAMILY[channel] if family == "default" else family
+    if labels == "default":
+        pairs = LABELS[channel] if family == "default" else None
+    elif isinstance(labels, str):
+        raise ValueError(f"labels must be 'default', None or a tuple of label pairs, got {labels!r}")
+    else:
+        pairs = labels
     df = binary
     if fam is not None:
         df = df[df["family"] == fam]
+    if pairs is not None:
+        df = df[df["labels"].isin(pairs)]
     if replicate is not None:
         df = df[df["replicate"] == replicate]
     if df.empty:
-        raise ValueError(f"no binary trials for channel {channel!r} (family {fam!r}, replicate {replicate})")
+        raise ValueError(
+            f"no binary trials for channel {channel!r} (family {fam!r}, label pairs {pairs}, replicate {replicate})"
+        )
+    return df
+
+
+def side_cells(df: pd.DataFrame, channel: str) -> list[str]:
+    """The design-cell columns of ``channel`` in these trials: the other channels' columns it balances over, then its side.
+
+    A cell column that moves in lockstep with the side (the canonical label
+    *is* the affirmative one when the mapping is not counterbalanced) is part
+    of the channel, not a cell to balance over; the label channel refuses such
+    trials.
+    """
     side = SIDES[channel]
-    # a cell column that moves in lockstep with the side (the canonical label *is* the affirmative one
-    # when the mapping is not counterbalanced) is part of the channel, not a cell to balance over
     confounded = [c for c in CELL if c != side and (df[c].eq(df[side]).all() or df[c].ne(df[side]).all())]
     if side == "cbr_canonical" and "cbr_affirmative" in confounded:
         raise ValueError(
             "the label channel needs a counterbalanced label-to-verdict mapping (mapping canonical and swapped); "
             "in these trials the canonical label always carries the same verdict"
         )
-    others = [c for c in CELL if c != side and c not in confounded]
-    cells = df.groupby(["item_id", *others, side], sort=True)["p_cbr"].mean().unstack(side)
-    cells.columns = ["plus" if c else "minus" for c in cells.columns]
+    return [*(c for c in CELL if c != side and c not in confounded), side]
+
+
+def dropped_items(binary: pd.DataFrame, channel: str, **select: Any) -> tuple[Dropped, ...]:
+    """The items :func:`channel_sides` drops (with the same selection keywords): a cell with no usable answer."""
+    df = channel_trials(binary, channel, **select)
+    return empty_cells(df, side_cells(df, channel), f"(s, m) fit: {channel}")
+
+
+def channel_sides(
+    binary: pd.DataFrame,
+    channel: str,
+    *,
+    family: str | None = "default",
+    labels: tuple[str, ...] | str | None = "default",
+    replicate: int | None = 0,
+) -> pd.DataFrame:
+    """Per item: ``p_plus``, ``p_minus`` (the two sides of ``channel``), ``bias = p_plus - p_minus`` and ``z``.
+
+    Forms (and label pairs, salts when ``replicate`` is None) are averaged
+    within each design cell first, then cells within a side, so every cell
+    weighs the same. ``z = p_plus + p_minus - 1`` is the story stance
+    ``mean(2 P(CBR) - 1)`` over the balanced cells. ``family``, ``labels``
+    and ``replicate`` select the trials (:func:`channel_trials`). A cell
+    column confounded with the side (the canonical label under a fixed
+    mapping) belongs to the channel: with Yes/No the lexical channel is word
+    and verdict together (:func:`side_cells`). Each
+    item must have the same set of other-channel cells on both sides (a
+    balanced 2-vs-2 or 4-vs-4 split); otherwise the bias would mix channels.
+    Trials with no P(CBR) (every draw refused) are left out of their cell;
+    an item with a cell left empty is dropped (:func:`dropped_items` names it).
+    """
+    df = channel_trials(binary, channel, family=family, labels=labels, replicate=replicate)
+    side = SIDES[channel]
+    others = side_cells(df, channel)[:-1]
+    grp = df.groupby(["item_id", *others, side], sort=True)["p_cbr"]
+    cells = grp.mean().unstack(side)
+    present = grp.size().unstack(side)
+    cells.columns = present.columns = ["plus" if c else "minus" for c in cells.columns]
     if set(cells.columns) != {"plus", "minus"}:
         raise ValueError(f"channel {channel!r} has cells on one side only; the design is incomplete")
-    holes = cells[["plus", "minus"]].isna().any(axis=1)
+    holes = present[["plus", "minus"]].isna().any(axis=1)
     if holes.any():
         items = sorted(set(cells.index[holes].get_level_values("item_id")))
         raise ValueError(
             f"items {items[:5]}: the two sides of channel {channel!r} cover different cells of {others}; "
             "the split would not be balanced (is a verb, order or mapping missing?)"
         )
+    # a cell whose every trial went unanswered (all draws refused): the item is dropped, see dropped_items
+    empty = cells[["plus", "minus"]].isna().any(axis=1).groupby(level="item_id").any()
+    cells = cells[~cells.index.get_level_values("item_id").isin(empty.index[empty])]
     g = cells.groupby(level="item_id", sort=True)
     out = pd.DataFrame({"p_plus": g["plus"].mean(), "p_minus": g["minus"].mean()})
     out["bias"] = out["p_plus"] - out["p_minus"]
@@ -411,11 +479,18 @@ def fit_channels(
     channels: tuple[str, ...] = ("order", "lexical", "logic", "label"),
     **kw: Any,
 ) -> pd.DataFrame:
-    """Fit every channel present in ``binary`` (a channel whose family is absent is skipped); one row per channel."""
+    """Fit every channel present in ``binary``; one row per channel.
+
+    A channel whose default selection (:data:`FAMILY`, :data:`LABELS`) has no
+    trial is skipped: logic and label need A/B in the run.
+    """
     rows = []
     for ch in channels:
-        fam = FAMILY[ch]
-        if fam is not None and not (binary["family"] == fam).any():
+        fam, pairs = FAMILY[ch], LABELS[ch]
+        chosen = binary["family"].eq(fam) if fam is not None else pd.Series(True, index=binary.index)
+        if pairs is not None:
+            chosen &= binary["labels"].isin(pairs)
+        if not chosen.any():
             continue
         rows.append(fit_channel(theta, channel_sides(binary, ch), channel=ch, **kw).to_dict())
     return pd.DataFrame(rows)
@@ -424,6 +499,8 @@ def fit_channels(
 # ------------------------------------------------------------ the joint fit
 JOINT_CHANNELS: dict[str, tuple[str, ...]] = {"yesno": ("order", "lexical"), "arbitrary": ("order", "logic", "label")}
 """Label family -> the channels fitted together in it (a channel the design does not identify is left out)."""
+JOINT_LABELS: dict[str, tuple[str, ...] | None] = {"yesno": None, "arbitrary": IDENTIFYING_PAIRS}
+"""Label family -> the pairs its joint fit uses by default (the arbitrary family: A/B alone, as the paper)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -454,7 +531,14 @@ class JointData:
         return JointData(self.family, self.channels, self.excluded, tuple(items), self.theta[k], self.p[k], self.x)
 
 
-def joint_cells(theta: pd.Series, binary: pd.DataFrame, family: str, *, replicate: int | None = 0) -> JointData:
+def joint_cells(
+    theta: pd.Series,
+    binary: pd.DataFrame,
+    family: str,
+    *,
+    labels: tuple[str, ...] | str | None = "default",
+    replicate: int | None = 0,
+) -> JointData:
     """Per item and design cell of ``family``: the mean P(CBR) over the cell's trials, and each cell's channel signs.
 
     A cell is one combination of the side columns of the family's channels
@@ -464,15 +548,22 @@ def joint_cells(theta: pd.Series, binary: pd.DataFrame, family: str, *, replicat
     channel already kept, is not identified: it is left out and named in
     ``excluded`` with the reason (with a fixed label-to-verdict mapping the
     label channel is part of logic, as in :func:`channel_sides`). Items
-    without theta are left out.
+    without theta are left out. ``labels`` restricts the family to these
+    pairs (``default``: :data:`JOINT_LABELS`, A/B alone for the arbitrary
+    family; None: every pair).
     """
     if family not in JOINT_CHANNELS:
         raise ValueError(f"unknown label family {family!r} for the joint fit; choose from {sorted(JOINT_CHANNELS)}")
+    if isinstance(labels, str) and labels != "default":
+        raise ValueError(f"labels must be 'default', None or a tuple of label pairs, got {labels!r}")
+    pairs = JOINT_LABELS[family] if labels == "default" else labels
     df = binary[binary["family"] == family]
+    if pairs is not None:
+        df = df[df["labels"].isin(pairs)]
     if replicate is not None:
         df = df[df["replicate"] == replicate]
     if df.empty:
-        raise ValueError(f"no binary trials in label family {family!r} (replicate {replicate})")
+        raise ValueError(f"no binary trials in label family {family!r} (pairs {pairs}, replicate {replicate})")
     kept: list[str] = []
     excluded: list[tuple[str, str]] = []
     for ch in JOINT_CHANNELS[family]:
@@ -745,15 +836,18 @@ def fit_joint_data(
     )
 
 
-def fit_joint(theta: pd.Series, binary: pd.DataFrame, family: str, **kw: Any) -> JointFit:
+def fit_joint(
+    theta: pd.Series, binary: pd.DataFrame, family: str, *, labels: tuple[str, ...] | str | None = "default", **kw: Any
+) -> JointFit:
     """The joint fit of one label family: :func:`joint_cells` then :func:`fit_joint_data` (keywords go there).
 
     Unlike :func:`fit_channel`, whose sides each average over the other
     channels' offsets (the paper's estimand, a family-aggregate s), this fits
     one s and one m per channel on the cells themselves, so each m is
-    adjusted for the others and s is not flattened by them.
+    adjusted for the others and s is not flattened by them. A cell with no
+    usable answer (every draw refused) is simply absent from the fit.
     """
-    return fit_joint_data(joint_cells(theta, binary, family), **kw)
+    return fit_joint_data(joint_cells(theta, binary, family, labels=labels), **kw)
 
 
 def fit_joints(

@@ -8,7 +8,7 @@ import pandas as pd
 
 from analysis import yesno
 from analysis.frames import choice_probs, open_run
-from probe.store import RunStore, atomic_write_text
+from probe.store import RunStore, StoreError, atomic_write_text
 
 
 def _md_table(df: pd.DataFrame, floatfmt: str = "{:+.3f}") -> str:
@@ -25,7 +25,9 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
     man = store.manifest()
     opts, per_trial, source = choice_probs(store)
     pc = yesno.p_cbr(opts)
-    cells = yesno.cell_table(yesno.with_cbr_verb(per_trial, opts), pc)
+    with_verb = yesno.with_cbr_verb(per_trial, opts)
+    cells = yesno.cell_table(with_verb, pc)
+    dropped = yesno.dropped_stories(with_verb, pc)
     dec = yesno.decompose(cells)
     table = cells.join(dec)
     table.loc["mean"] = table.mean(numeric_only=True)
@@ -71,6 +73,14 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
         _md_table(short),
         "",
     ]
+    if dropped:
+        lines += [
+            f"Dropped stories ({len(dropped)}): a cell with no usable answer has no P(CBR), so the story has no "
+            "balanced split.",
+            "",
+            *(f"- {d.item_id}: {d.reason}" for d in dropped),
+            "",
+        ]
     if per_trial["replicate"].nunique() > 1:
         sd = yesno.salt_noise(per_trial, pc)
         lines += [
@@ -83,11 +93,49 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
     return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
 
 
-def write_report(run: str | Path) -> list[Path]:
-    """Write ``RUN/report/`` for whatever experiment the run holds; returns the files written."""
+def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
+    """Write ``RUN/report/`` for whatever experiment the run holds; returns the files written.
+
+    A store with a damaged or missing chunk is refused (``StoreError``) unless
+    ``allow_partial``; then the report covers the verified chunks and its
+    summary starts by saying so.
+    """
     from experiments import get_experiment
 
     store = open_run(run)
+    integrity = store.integrity()
+    if not integrity.complete and not allow_partial:
+        raise StoreError(integrity.refusal())
+    store = RunStore(store.root, allow_partial=allow_partial)
     experiment = store.manifest().get("experiment")
     out = store.root / "report"
-    return get_experiment(str(experiment)).report(store, out)
+    paths = get_experiment(str(experiment)).report(store, out)
+    paths = paths + append_checks(store, out)
+    summary = out / "summary.md"
+    if not integrity.complete and summary.exists():
+        atomic_write_text(summary, "\n".join(integrity.partial_header()) + "\n" + summary.read_text())
+    return paths
+
+
+def append_checks(store: RunStore, out: Path) -> list[Path]:
+    """Append "What the numbers rest on" (:mod:`analysis.checks`) to ``summary.md``; write its CSV tables."""
+    from analysis import checks
+    from analysis.frames import trial_meta
+
+    trials = store.trials()
+    lines, tables = checks.checks_section(
+        store.manifest(),
+        store.load("readout_trials"),
+        trial_meta(trials),
+        store.load("samples"),
+        store.load("generations"),
+        {t.trial_id: t.options for t in trials},
+    )
+    summary = out / "summary.md"
+    head = summary.read_text().rstrip("\n") + "\n\n" if summary.exists() else ""
+    atomic_write_text(summary, head + "\n".join(lines))
+    written = []
+    for stem, table in tables.items():
+        atomic_write_text(out / f"{stem}.csv", table.to_csv(float_format="%.6f"))
+        written.append(out / f"{stem}.csv")
+    return written

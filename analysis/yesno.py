@@ -15,10 +15,19 @@ complement, "Is it acceptable to <action>?" is an *oppose* question in this
 sense. With that reading, lexical = mean(2 P(yes) - 1) for every item, so the
 components keep their meaning (and sign) across the whole item set.
 
+A trial with no usable answer (every sampled draw refused or unparsable) has
+no P(CBR): it is left out of its cell, as the paper excludes refusals. A story
+with a cell left empty that way has no z or decomposition; it is dropped and
+named (:func:`empty_cells`), as the paper drops them ("Haiku think lacks two
+stories"). A cell the *design* lacks (no trial at all) is still an error.
+
 All functions are pure and take tidy frames.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -26,9 +35,48 @@ CELLS = [("approve", "yes_first"), ("approve", "no_first"), ("oppose", "yes_firs
 
 
 def p_cbr(options: pd.DataFrame) -> pd.Series:
-    """P(CBR) per trial: the normalized probability of the options that mean ``cbr``."""
+    """P(CBR) per trial: the normalized probability of the options that mean ``cbr``.
+
+    NaN for a trial whose probabilities are all NaN: a sampled trial in which
+    every draw was refused or unparsable has no answer, not P(CBR) = 0 (the
+    sum of an empty group would be 0 and bias z toward the anti pole).
+    """
+    trial = options["trial_id"]
     cbr = options["prob"].where(options["meaning"] == "cbr", 0.0)
-    return cbr.groupby(options["trial_id"]).sum().rename("p_cbr")
+    usable = options["prob"].notna().groupby(trial).any()
+    return cbr.groupby(trial).sum().where(usable).rename("p_cbr")
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A story left out of an analysis, and why (listed in the report)."""
+
+    item_id: str
+    analysis: str
+    """Which table lost it (e.g. ``yes/no verb flip``, ``(s, m) fit: order``)."""
+    reason: str
+
+
+def empty_cells(values: pd.DataFrame, cells: Sequence[str], analysis: str) -> tuple[Dropped, ...]:
+    """The stories with a design cell whose every trial has no P(CBR) (NaN), one :class:`Dropped` per story.
+
+    ``values`` has ``item_id``, the ``cells`` columns and ``p_cbr`` (one row
+    per trial). The reason names each empty cell and its trial count.
+    """
+    cols = list(cells)
+    g = values.groupby(["item_id", *cols], sort=True)["p_cbr"]
+    usable = g.count()
+    size = g.size()
+    empty = usable[usable == 0].index
+    out: dict[str, list[str]] = {}
+    for key in empty:
+        item, *levels = key if isinstance(key, tuple) else (key,)
+        cell = ", ".join(f"{c}={v}" for c, v in zip(cols, levels, strict=True))
+        out.setdefault(str(item), []).append(f"{cell} ({size[key]} trials)")
+    return tuple(
+        Dropped(item, analysis, "no usable answer (every draw refused or unparsable) in " + "; ".join(where))
+        for item, where in out.items()
+    )
 
 
 def with_cbr_verb(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFrame:
@@ -52,19 +100,33 @@ def cell_table(per_trial: pd.DataFrame, pcbr: pd.Series, replicate: int = 0) -> 
     """Mean P(CBR) per (item, CBR-relative verb, order), averaged over wording forms, for one salt replicate.
 
     ``per_trial`` needs the ``cbr_verb`` column of :func:`with_cbr_verb`.
-    Every item must have all four cells; a missing one is an error naming the items.
+    Trials without a P(CBR) (no usable answer) are left out of their cell;
+    an item with a cell left empty that way is dropped (:func:`dropped_stories`
+    names it). A cell the design lacks for an item is an error naming the items.
     """
-    df = per_trial[per_trial["replicate"] == replicate].join(pcbr, on="trial_id")
-    cells = df.groupby(["item_id", "cbr_verb", "order"], sort=False)["p_cbr"].mean().unstack(["cbr_verb", "order"])
+    df = _cell_frame(per_trial, pcbr, replicate)
+    g = df.groupby(["item_id", "cbr_verb", "order"], sort=False)["p_cbr"]
+    cells = g.mean().unstack(["cbr_verb", "order"])
+    present = g.size().unstack(["cbr_verb", "order"])
     missing = [c for c in CELLS if c not in cells.columns]
     if missing:
         raise ValueError(f"yes/no cells missing from the run: {missing}; the battery needs all four verb x order cells")
-    cells = cells[CELLS]
-    holes = cells.index[cells.isna().any(axis=1)].tolist()
+    cells, present = cells[CELLS], present[CELLS]
+    holes = present.index[present.isna().any(axis=1)].tolist()
     if holes:
         raise ValueError(f"yes/no cells missing for items {holes}; every item needs all four verb x order cells")
+    cells = cells.dropna()
     cells.columns = [f"p_cbr_{v}_{o}" for v, o in CELLS]
     return cells
+
+
+def _cell_frame(per_trial: pd.DataFrame, pcbr: pd.Series, replicate: int) -> pd.DataFrame:
+    return per_trial[per_trial["replicate"] == replicate].join(pcbr, on="trial_id")
+
+
+def dropped_stories(per_trial: pd.DataFrame, pcbr: pd.Series, replicate: int = 0) -> tuple[Dropped, ...]:
+    """The stories :func:`cell_table` drops: a verb x order cell with no usable answer."""
+    return empty_cells(_cell_frame(per_trial, pcbr, replicate), ["cbr_verb", "order"], "yes/no verb flip")
 
 
 def decompose(cells: pd.DataFrame) -> pd.DataFrame:

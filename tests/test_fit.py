@@ -39,6 +39,45 @@ CELLS = {
 }
 
 
+def test_an_item_with_an_unanswered_cell_is_dropped_from_the_sides_and_named():
+    opts, per = _yesno_binary(CELLS)
+    opts2, per2 = _yesno_binary(CELLS)
+    per2["item_id"] = "e"
+    per2["trial_id"] = "e" + per2["trial_id"]
+    opts2["trial_id"] = "e" + opts2["trial_id"]
+    # every draw of e's (approve, yes_first) trial refused: its P(CBR) is NaN
+    refused = per2.loc[(per2["verb"] == "approve") & (per2["order"] == "yes_first"), "trial_id"]
+    opts2.loc[opts2["trial_id"].isin(refused), "prob"] = np.nan
+    b = fit.binary_trials(pd.concat([opts, opts2]), pd.concat([per, per2]))
+    sides = fit.channel_sides(b, "order")
+    assert list(sides.index) == ["d"]
+    assert sides.loc["d", "bias"] == pytest.approx((0.9 + 0.5) / 2 - (0.7 + 0.4) / 2)
+    (d,) = fit.dropped_items(b, "order")
+    assert d.item_id == "e" and d.analysis == "(s, m) fit: order"
+    assert "cbr_affirmative=True, cbr_canonical=True, cbr_first=True (1 trials)" in d.reason
+
+
+def test_logic_and_label_default_to_the_ab_pair_alone():
+    # the paper rests identification on A/B: a 1/2 pair with a different P(CBR) does not enter the default channels
+    trials = bc.binary(["d"], forms=("f",), pairs=("A/B", "1/2"))
+    per = pd.DataFrame([{"trial_id": t.trial_id, "item_id": "d", "replicate": 0, **t.factors} for t in trials])
+    opts = []
+    for t in trials:
+        p = 0.8 if t.factors["labels"] == "A/B" and t.options[0] == t.factors["yes_label"] else 0.5
+        for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
+            opts.append(
+                {"trial_id": t.trial_id, "option": o, "position": i, "meaning": m, "prob": p if m == "cbr" else 1 - p}
+            )
+    b = fit.binary_trials(pd.DataFrame(opts), per)
+    ab = fit.channel_sides(b, "order", family="arbitrary", labels=("A/B",))
+    pooled = fit.channel_sides(b, "order", family="arbitrary")
+    assert ab.loc["d", "z"] != pytest.approx(pooled.loc["d", "z"])
+    for ch in ("logic", "label"):
+        assert fit.channel_sides(b, ch).loc["d", "z"] == pytest.approx(ab.loc["d", "z"])
+    with pytest.raises(ValueError, match="labels must be"):
+        fit.channel_sides(b, "logic", labels="A/B")
+
+
 def test_channel_sides_by_hand_and_eq1_identity():
     opts, per = _yesno_binary(CELLS)
     b = fit.binary_trials(opts, per)

@@ -246,3 +246,42 @@ def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     judgments = store.load("judgments").merge(trial_meta(store)[["trial_id", "item_id"]], on="trial_id")
     choice = stance.choice_stance(judgments)
     assert set(choice.index) == set(items) and choice.abs().max() <= 1
+
+
+def test_refused_sampled_trials_do_not_bias_z_the_issue_18_repro():
+    """Bug 1 of issue 18: with refusal 0.6 and 3 draws, a fully refused trial used to count as P(CBR) = 0.
+
+    Sampled z is then an unbiased estimate of the readout z (the same planted
+    logits) over the stories that keep all four cells. 120 items x 3 forms x 4
+    cells x 3 draws at refusal 0.6: a trial keeps n ~ Bin(3, 0.4) parsed draws,
+    E[1/n | n >= 1] = 0.76, so a trial's frequency has variance <= 0.19, a cell
+    (mean of <= 3 usable forms) <= 0.09, and z (mean of four 2 P - 1) <= 0.09:
+    per-item SD <= 0.3 (0.26 observed). Over >= 100 kept items the mean
+    difference has SD <= 0.03, and |mean| < 0.15 (5 SD) fails with probability
+    < 1e-6; the sim's draws are hashed from (seed, trial, draw), so the figure
+    is fixed anyway (-0.02). The old rule (a fully refused trial read as
+    P(CBR) = 0) gives -0.25 on the same draws.
+    """
+    from analysis.yesno import cell_table, decompose, dropped_stories, p_cbr, with_cbr_verb
+
+    items = [f"i{k:03d}" for k in range(120)]
+    trials = bc.binary(items)
+    e = SimEngine(SimParams(seed=3, refusal=0.6), seed=5)
+    r_opts, r_per = bc.frames_readout(trials, e.readout(trials))
+    s_opts, s_per = bc.frames_samples(trials, e.sample(trials, 3, 1.0))
+
+    def z(opts, per):
+        pc, wv = p_cbr(opts), with_cbr_verb(per, opts)
+        return decompose(cell_table(wv, pc))["z"], dropped_stories(wv, pc)
+
+    z_read, none = z(r_opts, r_per)
+    z_samp, dropped = z(s_opts, s_per)
+    assert none == () and len(z_read) == 120
+    assert len(z_samp) + len(dropped) == 120 and len(z_samp) >= 100
+    assert {d.item_id for d in dropped}.isdisjoint(z_samp.index)
+    diff = (z_samp - z_read.reindex(z_samp.index)).mean()
+    assert abs(diff) < 0.15
+    # the old rule (a fully refused trial read as P(CBR) = 0) is biased far beyond that on the same draws
+    old = s_opts.assign(prob=s_opts["prob"].fillna(0.0))
+    z_old = decompose(cell_table(with_cbr_verb(s_per, old), p_cbr(old)))["z"]
+    assert (z_old - z_read).mean() < -0.15

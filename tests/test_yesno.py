@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.yesno import cell_table, decompose, p_cbr, salt_noise, with_cbr_verb
+from analysis.yesno import Dropped, cell_table, decompose, dropped_stories, p_cbr, salt_noise, with_cbr_verb
 from experiments.dilemmas import load_dilemmas
 from experiments.yesno import FORMS, YesNoSpec, expand
 from probe.salts import SaltSpec
@@ -183,6 +183,52 @@ def test_p_cbr_sums_cbr_options_per_trial() -> None:
     got = p_cbr(opts)
     assert got.name == "p_cbr"
     assert got.to_dict() == pytest.approx({"a": 0.25, "b": 0.5, "c": 0.0})
+
+
+def test_p_cbr_of_a_trial_with_no_usable_answer_is_nan_not_zero() -> None:
+    # trial "r": every sampled draw refused, so count / n_ok is NaN for both options (analysis.frames.count_samples)
+    opts = pd.DataFrame(
+        {
+            "trial_id": ["a", "a", "r", "r"],
+            "meaning": ["cbr", "anti", "cbr", "anti"],
+            "prob": [1.0, 0.0, np.nan, np.nan],
+        }
+    )
+    got = p_cbr(opts)
+    assert got["a"] == 1.0
+    assert np.isnan(got["r"])
+
+
+def _refused(p: dict, opts: pd.DataFrame, per_trial: pd.DataFrame, keys: list) -> pd.DataFrame:
+    """``opts`` with the trials of ``keys`` (keys of ``p``) fully refused: prob NaN, as a sampled run stores them."""
+    tids = {f"t{k}" for k, key in enumerate(p) if key in keys}
+    out = opts.copy()
+    out.loc[out["trial_id"].isin(tids), "prob"] = np.nan
+    return out
+
+
+def test_refused_trials_are_left_out_of_their_cell() -> None:
+    # two forms; form f2 of (approve, yes_first) fully refused: the cell is f1's 0.9 alone, not (0.9 + 0) / 2
+    p = _one_item(NO_ORDER, forms=("f1", "f2"))
+    opts, per_trial = _frames(p)
+    opts = _refused(p, opts, per_trial, [("d1", "f2", "approve", "yes_first", 0)])
+    cells = cell_table(with_cbr_verb(per_trial, opts), p_cbr(opts))
+    assert cells.loc["d1"].tolist() == pytest.approx([0.9, 0.7, 0.4, 0.2])
+    assert dropped_stories(with_cbr_verb(per_trial, opts), p_cbr(opts)) == ()
+
+
+def test_a_story_with_an_empty_cell_is_dropped_and_named() -> None:
+    # d2's (oppose, no_first) cell: its only trial fully refused; d1 is complete and kept with its own values
+    p = {**_one_item(NO_ORDER, "d1"), **_one_item(WITH_ORDER, "d2")}
+    opts, per_trial = _frames(p)
+    opts = _refused(p, opts, per_trial, [("d2", "f1", "oppose", "no_first", 0)])
+    pc = p_cbr(opts)
+    cells = cell_table(with_cbr_verb(per_trial, opts), pc)
+    assert list(cells.index) == ["d1"]
+    assert decompose(cells).loc["d1", "z"] == pytest.approx(((0.9 + 0.7 + 0.4 + 0.2) * 2 - 4) / 4)
+    (d,) = dropped_stories(with_cbr_verb(per_trial, opts), pc)
+    assert isinstance(d, Dropped) and d.item_id == "d2" and d.analysis == "yes/no verb flip"
+    assert "cbr_verb=oppose, order=no_first (1 trials)" in d.reason
 
 
 def test_cell_table_columns_and_values() -> None:
