@@ -1,0 +1,165 @@
+"""The |Asym| ~ |baseline bias| fit: crossed and nested structures against statsmodels, benchmark offsets,
+the share of |bias| alone, and the record of optimizer retries and warnings."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import compare_influence as ci
+
+
+def _nested_frame(n: int = 240, seed: int = 5) -> pd.DataFrame:
+    """Factor and influence intercepts drawn anew for every model x reasoning group (nested), two benchmarks."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame(
+        {
+            "model_reasoning": rng.choice(list("abcdef"), n),
+            "factor": rng.choice(["f1", "f2", "f3", "f4"], n),
+            "influence": rng.choice(list("uvwx"), n),
+            "benchmark": rng.choice(["triage", "bbq"], n),
+            "baseline_bias": rng.uniform(0, 0.5, n),
+        }
+    )
+    mr = {g: rng.normal(0, 0.5) for g in "abcdef"}
+    inner = {(g, f): rng.normal(0, 0.4) for g in "abcdef" for f in ["f1", "f2", "f3", "f4", *"uvwx"]}
+    y = 0.3 + 2.0 * df["baseline_bias"] + df["model_reasoning"].map(mr) + rng.normal(0, 0.3, n)
+    y += [
+        inner[(g, f)] + inner[(g, i)]
+        for g, f, i in zip(df["model_reasoning"], df["factor"], df["influence"], strict=True)
+    ]
+    df["abs_asym"] = y + np.where(df["benchmark"] == "bbq", 1.0, 0.0)
+    return df
+
+
+def test_nested_fit_equals_a_direct_statsmodels_call() -> None:
+    import statsmodels.formula.api as smf
+
+    df = _nested_frame()
+    fit = ci.fit_asym(df, "bbq+triage", structure="nested")
+    model = smf.mixedlm(
+        "abs_asym ~ baseline_bias",
+        df,
+        groups=df["model_reasoning"],
+        re_formula="1",
+        vc_formula={"factor": "0 + C(factor)", "influence": "0 + C(influence)"},
+    )
+    res = model.fit(reml=True)
+    assert fit.structure == "nested" and fit.method == "MixedLM (REML)"
+    assert fit.levels == {"factor": 24, "influence": 24, "model_reasoning": 6}  # (group, level) combinations
+    assert fit.beta == pytest.approx(res.fe_params["baseline_bias"], rel=1e-6)
+    vc = {"model_reasoning": float(res.cov_re.iloc[0, 0]), **dict(zip(model.exog_vc.names, res.vcomp, strict=True))}
+    assert dict(fit.var_components) == pytest.approx(vc, rel=1e-5)
+    assert fit.var_residual == pytest.approx(res.scale, rel=1e-6)
+    var_f = float(np.var(model.exog @ res.fe_params.to_numpy(), ddof=1))
+    total = var_f + sum(vc.values()) + res.scale
+    assert fit.r2_marginal == pytest.approx(var_f / total, rel=1e-6)
+    assert fit.r2_bias == pytest.approx(fit.r2_marginal, rel=1e-9)  # no benchmark offsets: X beta is the bias term
+    assert fit.attempts[0].startswith("default") and fit.attempts[-1].endswith("converged")
+
+
+def test_crossed_and_nested_differ_on_nested_data() -> None:
+    df = _nested_frame()
+    crossed = ci.fit_asym(df, "x", structure="crossed")
+    nested = ci.fit_asym(df, "x", structure="nested")
+    # the planted within-group factor and influence variances (0.4^2 = 0.16 each) are what nested recovers;
+    # crossed sees one intercept per factor across groups, so most of that variance lands in its residual
+    # (both residuals also hold the unmodelled benchmark offset, variance 0.25); fixed seed: deterministic
+    assert nested.var_residual < crossed.var_residual - 0.1
+    assert nested.var_components["factor"] > 0.05 and nested.var_components["influence"] > 0.05
+    with pytest.raises(ValueError, match="crossed, nested"):
+        ci.fit_asym(df, "x", structure="random")
+
+
+def test_pooled_fit_has_benchmark_offsets_and_the_bias_share_alone() -> None:
+    import statsmodels.formula.api as smf
+
+    df = _nested_frame()
+    fit = ci.fit_asym(df, "pooled", benchmark_effect=True)
+    assert fit.formula == "abs_asym ~ baseline_bias + C(benchmark)"
+    model = smf.mixedlm(fit.formula, df, groups=np.ones(len(df)), re_formula="0", vc_formula=dict(ci.VC_FORMULA))
+    res = model.fit(reml=True)
+    assert fit.beta == pytest.approx(res.fe_params["baseline_bias"], rel=1e-6)
+    offset = res.fe_params["C(benchmark)[T.triage]"]
+    assert offset == pytest.approx(-1.0, abs=0.25)  # planted: bbq is 1.0 above triage
+    vc = sum(res.vcomp)
+    var_f = float(np.var(model.exog @ res.fe_params.to_numpy(), ddof=1))
+    var_b = float(np.var(res.fe_params["baseline_bias"] * df["baseline_bias"], ddof=1))
+    total = var_f + vc + res.scale
+    assert fit.r2_marginal == pytest.approx(var_f / total, rel=1e-5)
+    assert fit.r2_bias == pytest.approx(var_b / total, rel=1e-5)
+    assert fit.r2_bias < fit.r2_marginal  # the benchmark offsets explain variance the |bias| term does not
+
+
+def test_asym_fits_per_structure_and_pooled() -> None:
+    df = _nested_frame()
+    cond = pd.DataFrame(
+        {
+            "variant": "cue",
+            "benchmark": df["benchmark"],
+            "run": df["model_reasoning"],
+            "model": df["model_reasoning"],
+            "think": False,
+            "pair": df["factor"],
+            "influence": df["influence"],
+            "baseline_bias": df["baseline_bias"],
+            "asym": df["abs_asym"],
+        }
+    )
+    fits = ci.asym_fits(cond, ("nested", "crossed"))
+    first = str(df["benchmark"].iloc[0])  # benchmarks in order of first appearance
+    other = "triage" if first == "bbq" else "bbq"
+    assert [(f.scope, f.structure) for f in fits] == [
+        (first, "nested"),
+        (other, "nested"),
+        ("pooled", "nested"),
+        (first, "crossed"),
+        (other, "crossed"),
+        ("pooled", "crossed"),
+    ]
+    assert all(("C(benchmark)" in f.formula) == (f.scope == "pooled") for f in fits)
+
+
+class _Model:
+    """A stand-in MixedLM whose default optimizer fails to converge (with a warning) and powell converges."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def fit(self, reml: bool, method: Any = None) -> Any:
+        self.calls.append(method)
+        if method is None:
+            warnings.warn("Retrying MixedLM optimization with lbfgs", UserWarning, stacklevel=2)
+            return SimpleNamespace(converged=False, llf=-10.0, tag="default")
+        return SimpleNamespace(converged=True, llf=-9.0, tag=method)
+
+
+def test_fit_mixed_retries_and_records_attempts_and_warnings() -> None:
+    model = _Model()
+    res, attempts, ws = ci.fit_mixed(model)
+    assert res.tag == "powell" and model.calls == [None, "powell"]
+    assert attempts == ("default (bfgs, lbfgs, cg): not converged", "powell: converged")
+    assert ws == ("UserWarning: Retrying MixedLM optimization with lbfgs",)
+
+
+def test_a_boundary_fit_records_its_warnings_in_the_report_row() -> None:
+    rng = np.random.default_rng(1)
+    n = 60
+    df = pd.DataFrame(
+        {
+            "model_reasoning": rng.choice(list("ab"), n),
+            "factor": rng.choice(["f1", "f2", "f3"], n),
+            "influence": rng.choice(list("uv"), n),
+            "baseline_bias": rng.uniform(0, 0.5, n),
+        }
+    )
+    df["abs_asym"] = 1.0 + df["baseline_bias"] + rng.normal(0, 0.3, n)  # no grouping effect: variances at 0
+    fit = ci.fit_asym(df, "flat")
+    row = ci.AsymFit.row(fit)
+    assert fit.warnings and "boundary" in row["warnings"]
+    assert row["attempts"] == " | ".join(fit.attempts) and row["attempts"]
