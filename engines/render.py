@@ -46,7 +46,9 @@ __all__ = [
     "option_texts",
     "render_ids",
     "render_kept",
+    "rendered_system_prompt",
     "stop_ids",
+    "template_system_prompt",
     "think_end_id",
 ]
 
@@ -56,6 +58,45 @@ def _chat_text(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None
     if system_prompt is not None and msgs[0]["role"] != "system":
         msgs.insert(0, {"role": "system", "content": system_prompt})
     return str(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=think))
+
+
+_SYSTEM_MARK: Final[str] = "PROBESYSTEMMARK"
+_USER_MARK: Final[str] = "PROBEUSERMARK"
+
+
+def template_system_prompt(tok: Any) -> str | None:
+    """The system prompt the chat template inserts when a conversation has none (``None``: it adds none).
+
+    Some templates add their own (SmolLM2's: "You are a helpful AI assistant
+    named SmolLM, ..."), and the model answers under it although no trial asked
+    for it. Found by rendering a marked system turn to learn how the template
+    wraps one, then looking for that wrapping in a conversation without one.
+    """
+
+    def text(msgs: list[dict[str, str]]) -> str:
+        return str(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+
+    user = {"role": "user", "content": _USER_MARK}
+    try:
+        marked = text([{"role": "system", "content": _SYSTEM_MARK}, user])
+    except Exception:  # a template that rejects system turns (Gemma's older ones) inserts none of its own
+        return None
+    bare = text([user])
+    head, _, rest = marked.partition(_SYSTEM_MARK)
+    between = rest.partition(_USER_MARK)[0]
+    if not head or _SYSTEM_MARK not in marked or not bare.startswith(head):
+        return None
+    body = bare[len(head) :]
+    end = body.find(between) if between else -1
+    return body[:end] if end > 0 else None
+
+
+def rendered_system_prompt(tok: Any, system_prompt: str | None) -> dict[str, str | None]:
+    """What trials without a system turn of their own are rendered with: ``{"text", "source"}`` for the manifest."""
+    if system_prompt is not None:
+        return {"text": system_prompt, "source": "--system"}
+    default = template_system_prompt(tok)
+    return {"text": default, "source": "chat template default" if default is not None else None}
 
 
 def render_ids(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None = None) -> tuple[int, ...]:

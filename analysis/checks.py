@@ -1,0 +1,266 @@
+"""Checks that keep a report honest on a real, weak model: what the numbers rest on.
+
+A readout normalizes over the options, so a model that puts 1% of its
+answer-slot mass on them still yields clean-looking probabilities; a sampled
+reply cut off by the token cap looks like a non-answer; a server that ignores
+the temperature returns the same reply every draw. Each check here is a small
+pure function on the run's tables, and :func:`checks_section` puts them in
+every report (``analysis.report.write_report`` appends it to ``summary.md``).
+
+Casing matters because tokenizers spell ``Yes`` and ``yes`` as different
+tokens: ``--options yes,no`` scores tokens the model rarely writes at the
+start of a reply, while its mass sits on ``Yes`` and ``No``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+LOW_COVERAGE = 0.5
+"""Option mass below which a readout is flagged: most of the model's answer lies elsewhere."""
+MIN_IDENTICAL_TRIALS = 5
+"""Sampled trials (with 2+ draws) needed before all-identical draws are called suspicious."""
+
+Token = tuple[str, float]
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+def casing_fixes(options: Sequence[str], top_other: Iterable[Token]) -> dict[str, str]:
+    """Options that the model writes in another casing among its most likely non-option tokens.
+
+    Returns ``{option: the model's spelling}`` (``{"yes": "Yes"}``), the most
+    likely spelling first wins. Leading spaces of tokens are ignored.
+    """
+    fixes: dict[str, str] = {}
+    lowered = {o.lower(): o for o in options}
+    for token, _ in top_other:
+        word = token.strip()
+        opt = lowered.get(word.lower())
+        if opt is not None and word != opt and opt not in fixes and word not in options:
+            fixes[opt] = word
+    return fixes
+
+
+def _tokens(top_other: Iterable[Token], k: int = 5) -> str:
+    return ", ".join(f"{t!r} {p:.4f}" for t, p in list(top_other)[:k])
+
+
+def coverage_warning(coverage: float, options: Sequence[str], top_other: Sequence[Token], *, sep: str = ",") -> str:
+    """The warning ``probe readout`` prints for one prompt ("" when the options hold the answer).
+
+    Names the mass on the options, the non-option tokens that hold the rest,
+    and a casing mismatch with the ``--options`` that fixes it.
+    """
+    fixes = casing_fixes(options, top_other)
+    if coverage >= LOW_COVERAGE and not fixes:
+        return ""
+    parts = [
+        f"warning: the options hold {coverage:.1%} of the answer-slot mass (coverage {coverage:.4f}); "
+        f"the most likely non-option tokens: {_tokens(top_other)}."
+    ]
+    if fixes:
+        spelled = ", ".join(f"{w!r} where the options say {o!r}" for o, w in fixes.items())
+        fixed = sep.join(fixes.get(o, o) for o in options)
+        parts.append(f"The model writes {spelled}: pass --options {fixed}")
+    else:
+        parts.append(
+            "The probabilities are normalized over the options, so they describe a small part of what the model "
+            "would say: check that the prompt asks for exactly these options, or add --assistant-prefix."
+        )
+    return " ".join(parts)
+
+
+def _top_other(cell: Any) -> list[Token]:
+    if isinstance(cell, str):
+        return [(str(t), float(p)) for t, p in json.loads(cell)]
+    return [(str(t), float(p)) for t, p in (cell or [])]
+
+
+@dataclass(frozen=True)
+class RunCoverage:
+    """Coverage over a run's readouts, and what holds the mass that misses the options."""
+
+    n_trials: int
+    mean: float
+    n_low: int
+    """Trials with coverage below :data:`LOW_COVERAGE`."""
+    off_tokens: tuple[Token, ...]
+    """The non-option tokens with the most mass, summed over trials and divided by the number of trials."""
+    casing: tuple[tuple[str, str, int], ...]
+    """(option, the model's spelling, trials where it is among the top non-option tokens)."""
+
+    def warning(self) -> str:
+        """The warning ``probe run`` prints ("" when the options hold the answers)."""
+        if self.n_trials == 0 or (self.n_low == 0 and not self.casing):
+            return ""
+        lines = [
+            f"warning: {self.n_low} of {self.n_trials} readouts have option coverage below {LOW_COVERAGE:g} "
+            f"(mean coverage {self.mean:.3f}); the mass off the options is mostly on {_tokens(self.off_tokens)} "
+            "(mean per trial). Probabilities are normalized over the options, so those trials describe a small "
+            "part of what the model would say."
+        ]
+        if self.casing:
+            spelled = "; ".join(f"{w!r} for option {o!r} in {n} trials" for o, w, n in self.casing[:4])
+            lines.append(
+                f"The model writes the options in another casing ({spelled}): ask for the labels the model writes "
+                "(e.g. 'Yes' rather than 'yes')."
+            )
+        return " ".join(lines)
+
+
+def run_coverage(readout_trials: pd.DataFrame, options: Mapping[str, Sequence[str]], k: int = 5) -> RunCoverage:
+    """:class:`RunCoverage` of a run's ``readout_trials`` table; ``options`` maps trial id -> printed options."""
+    if readout_trials.empty:
+        return RunCoverage(0, float("nan"), 0, (), ())
+    off: Counter[str] = Counter()
+    casing: Counter[tuple[str, str]] = Counter()
+    for tid, cell in zip(readout_trials["trial_id"], readout_trials["top_other"], strict=True):
+        top = _top_other(cell)
+        for t, p in top:
+            off[t] += p
+        for o, w in casing_fixes(options.get(tid, ()), top).items():
+            casing[(o, w)] += 1
+    n = len(readout_trials)
+    cov = readout_trials["coverage"].astype(float)
+    return RunCoverage(
+        n_trials=n,
+        mean=float(cov.mean()),
+        n_low=int((cov < LOW_COVERAGE).sum()),
+        off_tokens=tuple((t, m / n) for t, m in off.most_common(k)),
+        casing=tuple((o, w, c) for (o, w), c in casing.most_common()),
+    )
+
+
+def coverage_tables(per_trial: pd.DataFrame, group: str = "instrument") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per ``group``, per item x ``group``) coverage: mean, min, trials below :data:`LOW_COVERAGE`, trials.
+
+    ``per_trial`` is a per-trial table with ``coverage`` and ``item_id`` (and
+    ``group`` where the run has one; otherwise every trial is in ``all``).
+    """
+    df = per_trial.assign(**{group: per_trial.get(group, "all")})
+    df = df.assign(low=df["coverage"] < LOW_COVERAGE)
+    agg = {"mean": ("coverage", "mean"), "min": ("coverage", "min"), "n_low": ("low", "sum"), "n": ("coverage", "size")}
+    return df.groupby(group).agg(**agg), df.groupby([group, "item_id"]).agg(**agg)  # type: ignore[call-overload]
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def truncation_table(replies: pd.DataFrame, meta: pd.DataFrame, group: str = "instrument") -> pd.DataFrame:
+    """Replies that hit the token cap, per ``group``: replies, truncated, share.
+
+    ``replies`` is a samples or generations table with a ``truncated`` column
+    (runs made before it existed have none: an empty table is returned).
+    """
+    if replies.empty or "truncated" not in replies:
+        return pd.DataFrame(columns=["replies", "truncated", "share"])
+    m = meta.set_index("trial_id")
+    g = replies["trial_id"].map(m[group]) if group in m else pd.Series("all", index=replies.index)
+    t = replies.assign(group=g.fillna("all").to_numpy(), truncated=replies["truncated"].astype(bool))
+    out = t.groupby("group").agg(replies=("truncated", "size"), truncated=("truncated", "sum"))
+    out["share"] = out["truncated"] / out["replies"]
+    out.index.name = group
+    return out
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """How many sampled trials drew the same reply every time."""
+
+    n_trials: int
+    """Trials with two or more draws."""
+    n_identical: int
+
+    def suspicious(self, temperature: float) -> bool:
+        """Every trial identical at a temperature above 0, over enough trials to rule out a confident model."""
+        return temperature > 0 and self.n_trials >= MIN_IDENTICAL_TRIALS and self.n_identical == self.n_trials
+
+
+def repeated_draws(samples: pd.DataFrame) -> Repeats:
+    """Trials whose draws (2 or more) all returned the same text."""
+    if samples.empty:
+        return Repeats(0, 0)
+    per = samples.groupby("trial_id")["text"].agg(["size", "nunique"])
+    multi = per[per["size"] >= 2]
+    return Repeats(len(multi), int((multi["nunique"] == 1).sum()))
+
+
+NOT_SAMPLING = (
+    "the server may not be sampling: every one of the {n} trials drew the same reply {k} times at temperature "
+    "{t:g}. transformers serve samples only when the model's generation_config.json says do_sample: true (the "
+    "request's temperature does not turn it on): serve the model with `probe serve MODEL`. vLLM and OpenAI sample at "
+    "the request's temperature (vLLM also applies the model's own top_k / top_p unless the request overrides them)."
+)
+
+
+# --------------------------------------------------------------------------- the report section
+
+
+def system_prompt_line(manifest: Mapping[str, Any]) -> str:
+    """Which system prompt the trials without their own were rendered with (from the engine's manifest entry)."""
+    sp = manifest.get("engine", {}).get("system_prompt")
+    if not isinstance(sp, Mapping):
+        return "- system prompt: not recorded by this engine"
+    if sp.get("text") is None:
+        return f"- system prompt: {sp.get('source') or 'none (the chat template adds none and --system was not given)'}"
+    return f"- system prompt ({sp.get('source')}): {sp['text']!r}"
+
+
+def checks_section(
+    manifest: Mapping[str, Any],
+    readout_trials: pd.DataFrame,
+    meta: pd.DataFrame,
+    samples: pd.DataFrame,
+    generations: pd.DataFrame,
+    options: Mapping[str, Sequence[str]],
+) -> tuple[list[str], dict[str, pd.DataFrame]]:
+    """The Markdown lines of the report's "What the numbers rest on" section, and its CSV tables by file stem."""
+    lines = ["## What the numbers rest on", "", system_prompt_line(manifest)]
+    tables: dict[str, pd.DataFrame] = {}
+    if not readout_trials.empty:
+        per = readout_trials.merge(meta, on="trial_id", how="left")
+        by_inst, by_item = coverage_tables(per)
+        tables["coverage_by_instrument"], tables["coverage_by_item"] = by_inst, by_item
+        cov = run_coverage(readout_trials, options)
+        lines += [
+            f"- answer-slot coverage (option mass before normalization): mean {cov.mean:.3f}, "
+            f"{cov.n_low} of {cov.n_trials} readouts below {LOW_COVERAGE:g}; per item: `coverage_by_item.csv`",
+            "",
+            "| instrument | mean | min | below | trials |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {g} | {r['mean']:.3f} | {r['min']:.3f} | {int(r['n_low'])} | {int(r['n'])} |"
+                for g, r in by_inst.iterrows()
+            ),
+            "",
+        ]
+        if cov.warning():
+            lines += [f"- {cov.warning().removeprefix('warning: ')}", ""]
+    plan = manifest.get("plan", {})
+    cap = manifest.get("engine", {}).get("settings", {}).get("max_new_tokens")
+    for name, replies in (("sampled answers", samples), ("generated replies", generations)):
+        trunc = truncation_table(replies, meta)
+        if len(trunc):
+            tables[f"truncated_{name.split()[0]}"] = trunc
+            lines.append(
+                f"- {name} that hit the token cap{f' ({cap} tokens)' if cap else ''}: "
+                + ", ".join(f"{g} {int(r['truncated'])} of {int(r['replies'])}" for g, r in trunc.iterrows())
+                + ("; a cut-off reply may never state its answer" if trunc["truncated"].any() else "")
+            )
+    rep = repeated_draws(samples)
+    temp = float(plan.get("temperature", 0) or 0)
+    if rep.n_trials:
+        k = int(samples.groupby("trial_id").size().max())
+        if rep.suspicious(temp):
+            lines.append(f"- **{NOT_SAMPLING.format(n=rep.n_trials, k=k, t=temp)}**")
+        else:
+            lines.append(f"- sampled trials with identical draws: {rep.n_identical} of {rep.n_trials}")
+    return [*lines, ""], tables
