@@ -504,6 +504,9 @@ class ApiEngine:
             "temperature_policy": "sent always"
             if s.provider == "openai-compatible"
             else "omitted at 1.0 (the provider's default), sent otherwise",
+            "system_prompt": {"text": s.system_prompt, "source": "--system"}
+            if s.system_prompt is not None
+            else {"text": None, "source": "none sent; the server's chat template may add its own"},
         }
 
     # ---------------------------------------------------------- requests

@@ -53,6 +53,7 @@ from engines.render import (
     encode_option,
     option_texts,
     render_ids,
+    rendered_system_prompt,
     stop_ids,
     think_end_id,
 )
@@ -442,8 +443,13 @@ class HFEngine:
         }
         from pathlib import Path
 
+        from probe.gguf import manifest_record
+
         if path and Path(path).is_dir():
             info["fingerprint"] = folder_fingerprint(path)
+            if (gguf := manifest_record(path)) is not None:
+                info["gguf"] = gguf
+        info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
 
     # ------------------------------------------------------------- rendering

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from engines.base import ProgressFn, require
-from engines.render import close_reasoning, option_ids, render_ids, stop_ids, think_end_id
+from engines.render import close_reasoning, option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
 from probe.parse import parsed_sample
 from probe.types import OptionScore, Readout, Sample, Trial
@@ -516,6 +516,7 @@ class VLLMEngine:
         """Model, path, dtype, settings and vLLM version for the manifest."""
         from pathlib import Path
 
+        from probe.gguf import manifest_record
         from probe.models import folder_fingerprint
 
         self.tokenizer  # noqa: B018 - resolves the path
@@ -529,8 +530,11 @@ class VLLMEngine:
         }
         if self._path and Path(self._path).is_dir():
             info["fingerprint"] = folder_fingerprint(self._path)
+            if (gguf := manifest_record(self._path)) is not None:
+                info["gguf"] = gguf
         else:
             info["commit_hash"] = _hub_commit(str(self._path), self.settings.revision)
+        info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
 
     def identity(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 EPILOG = """examples:
   probe run yesno --model tiny --out runs/yesno-tiny
@@ -47,12 +48,25 @@ def cmd_run(a: argparse.Namespace) -> int:
         progress=not a.quiet,
     )
     print(f"wrote {store.root}")
+    _warn_coverage(store)
     if shard is None and not a.no_report:
         from analysis.report import write_report
 
         paths = write_report(store.root)
         print(f"report: {paths[0].parent}")
     return 0
+
+
+def _warn_coverage(store: Any) -> None:
+    """After a run: warn on stderr when the readouts' options hold little of the answer-slot mass."""
+    from analysis.checks import run_coverage
+
+    per = store.load("readout_trials")
+    if per.empty:
+        return
+    warning = run_coverage(per, {t.trial_id: t.options for t in store.trials()}).warning()
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def cmd_readout(a: argparse.Namespace) -> int:
@@ -68,6 +82,9 @@ def cmd_readout(a: argparse.Namespace) -> int:
     if not hasattr(engine, "readout"):
         raise ValueError(f"the {engine.name!r} engine cannot read logits; readout needs a logit engine")
     r = engine.load().readout([trial])[0]
+    from analysis.checks import coverage_warning
+
+    warning = coverage_warning(r.coverage, options, r.top_other, sep=a.sep)
     if a.json:
         doc = {
             "model": a.model,
@@ -84,6 +101,7 @@ def cmd_readout(a: argparse.Namespace) -> int:
             "reasoning": r.reasoning,
             "reasoning_tokens": r.reasoning_tokens,
             "hit_budget": r.hit_budget,
+            "warning": warning or None,
         }
         text = json.dumps(doc, ensure_ascii=False, indent=2)
         # keep token-id lists on one line each: readable, and still valid JSON
@@ -99,6 +117,8 @@ def cmd_readout(a: argparse.Namespace) -> int:
     print(f"coverage {r.coverage:.4f}; greedy option {r.greedy_option!r}; prompt {r.prompt_tokens} tokens")
     if r.top_other:
         print("most likely non-option tokens: " + ", ".join(f"{t!r} {p:.4f}" for t, p in r.top_other))
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

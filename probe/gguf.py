@@ -218,6 +218,12 @@ def build_info(folder: str | Path) -> dict[str, Any]:
     return json.loads(marker.read_text()) if marker.is_file() else {}
 
 
+def manifest_record(folder: str | Path) -> dict[str, Any] | None:
+    """What a run manifest records of a converted folder: source wheel and version, GGUF hash, content hash."""
+    info = build_info(folder)
+    return {k: v for k, v in info.items() if k != "files"} if info else None
+
+
 def ensure_converted(source: GgufSource, root: Path | None = None) -> Path:
     """The converted folder of ``source``, converting it first (once per GGUF content, under a file lock)."""
     dest = cache_dir(source, root)
