@@ -127,7 +127,10 @@ def verbflip_section(f: Frames, out: Path) -> Section:
 
 
 def labelmap_section(f: Frames, out: Path) -> Section:
-    """Order / logic / label projections per label pair, and the lexicality gradient."""
+    """Order / logic / label projections per label pair, and the lexicality gradient of the label pull (Figs. 5-6)."""
+    from analysis import fit
+    from analysis.binary import label_pull
+    from analysis.yesno import story_mean_ci
     from experiments.battery import load_corpus
 
     b = f.instrument("binary")
@@ -139,25 +142,61 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     cb = {k for k, v in labels.items() if v.get("counterbalance")}
     proj = projections(cell_events(b, f.options), cb)
     by_pair, contrast = lexicality_gradient(proj, {k: int(v.get("lexicality", -1)) for k, v in labels.items()})
+    pulls = label_pull(proj)
+    for col in ("order", "label_pull", "logic"):
+        wide = pulls[col].unstack("labels")
+        ci = story_mean_ci(wide, n_boot=2000, seed=0)
+        by_pair[f"{col}_lo"], by_pair[f"{col}_hi"] = ci["lo"], ci["hi"]
+    th = f.results.get("theta")
+    if th is not None:
+        bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
+        m_label = {}
+        for pair in by_pair.index:
+            try:
+                pf = fit.fit_pair(th, bt, str(pair), n_boot=0)
+            except ValueError:
+                continue
+            if "label" in pf.channels:
+                m_label[pair] = pf.m[pf.channels.index("label")]
+        by_pair["m_label"] = pd.Series(m_label, dtype=float)
+    f.results["label_gradient"] = by_pair
     by_pair.index.name = "label pair"
-    atomic_write_text(out / "binary_labelmap.csv", proj.to_csv(float_format="%.6f"))
+    atomic_write_text(out / "binary_labelmap.csv", pulls.to_csv(float_format="%.6f"))
     atomic_write_text(out / "binary_label_gradient.csv", by_pair.to_csv(float_format="%.6f"))
     fig = plots.grouped_bars(
-        by_pair[["order", "logic"]].rename(columns={"logic": "label pull (verdict)"}),
-        ["order", "label pull (verdict)"],
+        by_pair[["order", "label_pull"]].rename(columns={"label_pull": "label pull"}),
+        ["order", "label pull"],
         out / "fig_label_gradient.png",
         "Label pairs ordered non-lexical -> lexical: order bias and label pull",
         "story-averaged bias",
     )
+    show = by_pair[["lexicality", "order", "label_pull", "logic", "label", "z"]].copy()
+    for col in ("order", "label_pull"):
+        show[f"{col} CI"] = [
+            f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(by_pair[f"{col}_lo"], by_pair[f"{col}_hi"], strict=True)
+        ]
+    show = show[["lexicality", "order", "order CI", "label_pull", "label_pull CI", "logic", "label", "z"]]
+    if "m_label" in by_pair.columns:
+        show["m_label"] = by_pair["m_label"]
+    show["lexicality"] = show["lexicality"].astype(int).astype(str)
+    not_crossed = [str(p) for p in by_pair.index[by_pair["pull_from"] != "label"]]
     lines = [
-        "Per label pair, averaged over dilemmas: order = mean(2 P(first printed) - 1); label pull (logic) = "
-        "mean(2 P(yes-mapped label) - 1); label = attachment to the printed label itself (counterbalanced "
-        "pairs only). Lexicality: 0 non-lexical, 1 mark, 2 word.",
+        "Per label pair, averaged over dilemmas (95% percentile bootstrap over dilemmas, 2000 resamples, seed 0): "
+        "order = mean(2 P(first printed) - 1); label_pull = mean(2 P(the pair's nominal yes label) - 1) over "
+        "both label-to-verdict mappings (Fig. 6; the label projection of Fig. 5); logic = mean(2 P(yes-mapped "
+        "label) - 1), the verdict-attached pull; m_label = the label pull in theta units from the per-pair joint "
+        "fit (order, logic, label; theta from I-1). Lexicality: 0 non-lexical, 1 mark, 2 word.",
         "",
-        md_table(by_pair[["lexicality", "order", "logic", "label", "z"]]),
+        md_table(show),
         "",
         f"Lexicality contrast (mean |label pull| on word pairs minus non-lexical pairs): {contrast:+.3f} (descriptive).",
     ]
+    if not_crossed:
+        lines += [
+            "",
+            f"Mapping not counterbalanced for {', '.join(not_crossed)}: the label projection is not identified "
+            "there, and its label pull is the logic projection (the pull toward the label carrying yes).",
+        ]
     return Section("Label map (I-3)", lines, [out / "binary_labelmap.csv", out / "binary_label_gradient.csv", fig])
 
 
@@ -405,9 +444,11 @@ def planted_section(f: Frames, out: Path) -> Section:
     eng = f.manifest.get("engine", {})
     if eng.get("engine") != "sim":
         return Section("Planted vs recovered", [], [])
+    from analysis.fit import IDENTIFYING_PAIRS
     from engines.sim import SimParams
 
     params = SimParams(**eng["params"])
+    fit_pairs = IDENTIFYING_PAIRS
     lines = []
     th = f.results.get("theta")
     if th is not None and len(th) > 2:
@@ -415,11 +456,12 @@ def planted_section(f: Frames, out: Path) -> Section:
         r = float(np.corrcoef(planted.to_numpy(), th.to_numpy())[0, 1])
         lines.append(f"- theta: r(planted, recovered) = {r:.3f} over {len(th)} items")
     fits = f.results.get("fits")
+    word = {pair: params.m_label.get(pair, params.m_word) for pair in ("Yes/No", *fit_pairs)}
     truth = {
         "order": params.m_order,
-        "lexical": params.m_word + params.m_logic,
+        "lexical": word["Yes/No"] + params.m_logic,
         "logic": params.m_logic,
-        "label": params.m_word,
+        "label": word[fit_pairs[0]],
     }
     rows = {}
     if fits is not None:
@@ -439,7 +481,7 @@ def planted_section(f: Frames, out: Path) -> Section:
             ch, fam = str(row["channel"]), str(row["family"])
             m_true = truth.get(ch, float("nan"))
             if fam == "arbitrary" and ch == "logic" and "label" not in set(fitted["channel"]):
-                m_true = params.m_logic + params.m_word  # label not identified: the logic cells carry both
+                m_true = params.m_logic + word[fit_pairs[0]]  # label not identified: the logic cells carry both
             rows[f"joint:{fam}:{ch}"] = {
                 "s planted": params.s,
                 "s": row["s"],
@@ -447,6 +489,19 @@ def planted_section(f: Frames, out: Path) -> Section:
                 "m planted": m_true,
                 "m": row["m"],
                 "m CI": f"[{row['m_lo']:.3f}, {row['m_hi']:.3f}]",
+            }
+    gradient = f.results.get("label_gradient")
+    if gradient is not None and "m_label" in gradient.columns:
+        for pair, row in gradient.iterrows():
+            if pd.isna(row["m_label"]):
+                continue
+            rows[f"label pull: {pair}"] = {
+                "s planted": float("nan"),
+                "s": float("nan"),
+                "s CI": "",
+                "m planted": params.m_label.get(str(pair), params.m_word),
+                "m": row["m_label"],
+                "m CI": f"b = {row['label_pull']:+.3f} [{row['label_pull_lo']:+.3f}, {row['label_pull_hi']:+.3f}]",
             }
     table = pd.DataFrame(rows).T
     if len(table):

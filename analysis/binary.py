@@ -1,23 +1,35 @@
-"""Forced-binary projections beyond yes/no (paper 003, "Identification: lexical versus logical").
+"""Forced-binary projections beyond yes/no (paper 003, "Identification: lexical versus logical", Figs. 5-6).
 
 With labels other than the English yes/no words, each cell (verb x printed
-order x, for arbitrary labels, the label-to-verdict mapping) gives P(CBR), and
-from it three events whose balanced means are the *projections*:
+order x the label-to-verdict mapping) gives P(CBR), and from it three events
+whose balanced means are the *projections* (Fig. 5a's sign key):
 
 * **order**: ``mean(2 P(first-printed option) - 1)``; negative = toward the
   last-printed option;
-* **logic** (the label pull of Fig. 6): ``mean(2 P(affirmative verdict) - 1)``,
-  the attachment to the verdict *yes* whatever label carries it; for the
-  yes/no words this is the lexical channel;
-* **label**: ``mean(2 P(the pair's canonical first label) - 1)``, the
-  attachment to the printed label itself, identified only where the mapping is
-  counterbalanced (arbitrary labels); NaN elsewhere, where it is confounded
-  with logic;
+* **logic**: ``mean(2 P(affirmative verdict) - 1)``, the attachment to the
+  verdict *yes* whatever label carries it (for the yes/no words this is the
+  lexical channel);
+* **label**: ``mean(2 P(the pair's nominal yes label) - 1)`` over both
+  mappings, the attachment to the printed label itself. Identified only where
+  the mapping is counterbalanced; NaN elsewhere, where it is confounded with
+  logic;
 
 and the stance ``z = mean(2 P(CBR) - 1)``. In a balanced design these are the
 main-effect contrasts of the crossing, so each is estimated free of the others.
-The lexicality gradient orders the pairs a priori (non-lexical, quasi-lexical
-mark, word) and compares the mean |logic| of word pairs with non-lexical ones.
+
+**The lexicality gradient (Fig. 6)** orders the pairs a priori (non-lexical,
+quasi-lexical mark, word) and shows per pair the order bias and the **label
+pull**. Reading taken: Fig. 6's "label pull (b > 0 = emits the yes-mapped
+label)" is the label projection, the pull toward the pair's nominal yes label
+with the mapping counterbalanced, not the logic projection: the paper gives
+Sonnet an A/B label pull of -0.15 (Fig. 6) while its A/B logic is about 0
+(Fig. 5), and its 13-pair design is "label x order", the label being the
+mapping. A pair whose mapping cannot be swapped (``story``: the labels are
+the courses themselves) has no label projection; its label pull is the
+logic projection, the pull toward the label that carries *yes*, and the
+table says so (``pull_from``). The summary contrast is ``mean |label pull|``
+over word pairs minus over non-lexical pairs, the |.| taken on the
+story-averaged pull of each pair.
 """
 
 from __future__ import annotations
@@ -74,17 +86,29 @@ def projections(events: pd.DataFrame, counterbalanced: set[str]) -> pd.DataFrame
     return out
 
 
-def lexicality_gradient(proj: pd.DataFrame, lexicality: dict[str, int]) -> tuple[pd.DataFrame, float]:
-    """Per label pair (ordered by lexicality): mean order and logic pull over items; and the word-minus-non-lexical contrast.
+def label_pull(proj: pd.DataFrame) -> pd.DataFrame:
+    """Per (item, label pair): ``label_pull`` (the label projection; logic where the mapping is not crossed) and ``pull_from``."""
+    out = proj.copy()
+    crossed = out["label"].notna()
+    out["label_pull"] = out["label"].where(crossed, out["logic"])
+    out["pull_from"] = np.where(crossed, "label", "logic (mapping not crossed)")
+    return out
 
-    The contrast is ``mean |logic|`` over word pairs (lexicality >= 2) minus
-    ``mean |logic|`` over non-lexical pairs (lexicality 0), the |.| taken on the
-    story-averaged pull of each pair.
+
+def lexicality_gradient(proj: pd.DataFrame, lexicality: dict[str, int]) -> tuple[pd.DataFrame, float]:
+    """Per label pair (ordered by lexicality): mean order, logic, label and label pull over items; and the contrast.
+
+    The contrast is ``mean |label pull|`` over word pairs (lexicality >= 2)
+    minus ``mean |label pull|`` over non-lexical pairs (lexicality 0), the
+    |.| taken on the story-averaged pull of each pair (module docstring).
     """
-    by_pair = proj.groupby("labels")[["order", "logic", "label", "z"]].mean()
+    lp = label_pull(proj)
+    by_pair = lp.groupby("labels")[["order", "logic", "label", "label_pull", "z"]].mean()
+    by_pair["pull_from"] = lp.groupby("labels")["pull_from"].first()
+    by_pair["n_items"] = lp.groupby("labels").size()
     by_pair["lexicality"] = [lexicality.get(p, -1) for p in by_pair.index]
     by_pair = by_pair.sort_values(["lexicality"], kind="stable")
-    words = by_pair[by_pair["lexicality"] >= 2]["logic"].abs()
-    nonlex = by_pair[by_pair["lexicality"] == 0]["logic"].abs()
+    words = by_pair[by_pair["lexicality"] >= 2]["label_pull"].abs()
+    nonlex = by_pair[by_pair["lexicality"] == 0]["label_pull"].abs()
     contrast = float(words.mean() - nonlex.mean()) if len(words) and len(nonlex) else float("nan")
     return by_pair, contrast

@@ -40,6 +40,7 @@ has an offset. The joint s does not, and its m's are adjusted for each other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -74,6 +75,9 @@ CELL = ("cbr_first", "cbr_affirmative", "cbr_canonical")
 
 S_BOUNDS = (1e-3, 10.0)
 M_BOUND = 4.0
+THETA_SPREAD_MIN = 0.1
+"""Range of theta over items (on its -1..1 scale) below which s and m cannot be told apart: with every item at the
+same stance, p+ = sigmoid((theta + m)/s) and p- fix only (theta +/- m)/s, one ratio for two unknowns."""
 """|m| is bounded at 4 (four times the whole theta axis; a fit there is degenerate)."""
 
 
@@ -261,6 +265,8 @@ class ChannelFit:
     n_boot: int
     n_boot_failed: int
     seed: int
+    unidentified: str = ""
+    """Why the items cannot separate s from m (:func:`unidentified_reason`); "" when they can."""
 
     @property
     def clip_limited(self) -> bool:
@@ -393,6 +399,25 @@ def _lm_batch(
     return np.column_stack([s, m]), done
 
 
+def unidentified_reason(
+    theta: np.ndarray, s_lo: float, s_hi: float, m_lo: Sequence[float], m_hi: Sequence[float]
+) -> str:
+    """Why the items cannot separate s from m ("" when they can): no spread of theta, or intervals at the bounds.
+
+    Separate from ``clip_limited`` (a saturated or degenerate point estimate):
+    a fit can converge inside the bounds and still rest on nothing but m/s.
+    """
+    why = []
+    spread = float(np.ptp(theta)) if len(theta) else 0.0
+    if spread < THETA_SPREAD_MIN:
+        why.append(f"theta spans {spread:.3f} over the items (< {THETA_SPREAD_MIN:g}): only m/s is identified")
+    if s_hi >= S_BOUNDS[1] * 0.99 or s_lo <= S_BOUNDS[0] * 1.01:
+        why.append(f"the s interval reaches the optimizer's bound ({S_BOUNDS[0]:g}..{S_BOUNDS[1]:g})")
+    if any(lo <= -M_BOUND * 0.99 or hi >= M_BOUND * 0.99 for lo, hi in zip(m_lo, m_hi, strict=True)):
+        why.append(f"an m interval reaches the optimizer's bound (+/-{M_BOUND:g})")
+    return "; ".join(why)
+
+
 def _at_bound(s: float, m: float) -> bool:
     lo, hi = S_BOUNDS
     return s <= lo * 1.01 or s >= hi * 0.99 or abs(m) >= M_BOUND * 0.99
@@ -470,6 +495,7 @@ def fit_channel(
         n_boot=n_boot,
         n_boot_failed=failed,
         seed=seed,
+        unidentified=unidentified_reason(th, float(s_lo), float(s_hi), [float(m_lo)], [float(m_hi)]),
     )
 
 
@@ -538,6 +564,7 @@ def joint_cells(
     *,
     labels: tuple[str, ...] | str | None = "default",
     replicate: int | None = 0,
+    channels: tuple[str, ...] | None = None,
 ) -> JointData:
     """Per item and design cell of ``family``: the mean P(CBR) over the cell's trials, and each cell's channel signs.
 
@@ -552,11 +579,15 @@ def joint_cells(
     pairs (``default``: :data:`JOINT_LABELS`, A/B alone for the arbitrary
     family; None: every pair).
     """
-    if family not in JOINT_CHANNELS:
-        raise ValueError(f"unknown label family {family!r} for the joint fit; choose from {sorted(JOINT_CHANNELS)}")
+    if family not in JOINT_CHANNELS and channels is None:
+        raise ValueError(
+            f"unknown label family {family!r} for the joint fit; choose from {sorted(JOINT_CHANNELS)} "
+            "or name the channels"
+        )
     if isinstance(labels, str) and labels != "default":
         raise ValueError(f"labels must be 'default', None or a tuple of label pairs, got {labels!r}")
-    pairs = JOINT_LABELS[family] if labels == "default" else labels
+    pairs = JOINT_LABELS.get(family) if labels == "default" else labels
+    fitted = JOINT_CHANNELS[family] if channels is None else channels
     df = binary[binary["family"] == family]
     if pairs is not None:
         df = df[df["labels"].isin(pairs)]
@@ -566,7 +597,7 @@ def joint_cells(
         raise ValueError(f"no binary trials in label family {family!r} (pairs {pairs}, replicate {replicate})")
     kept: list[str] = []
     excluded: list[tuple[str, str]] = []
-    for ch in JOINT_CHANNELS[family]:
+    for ch in fitted:
         col = df[SIDES[ch]]
         if col.nunique() < 2:
             excluded.append((ch, f"no variation: {SIDES[ch]} is {bool(col.iloc[0])} in every {family} trial"))
@@ -636,6 +667,8 @@ class JointFit:
     seed: int
     excluded: tuple[tuple[str, str], ...] = ()
     """Channels of the family the design does not identify, with the reason."""
+    unidentified: str = ""
+    """Why the items cannot separate s from the m's (:func:`unidentified_reason`); "" when they can."""
 
     @property
     def clip_limited(self) -> bool:
@@ -656,6 +689,7 @@ class JointFit:
             "n_near_tie": self.n_near_tie,
             "frac_saturated": self.frac_saturated,
             "clip_limited": self.clip_limited,
+            "unidentified": self.unidentified,
             "converged": self.converged,
             "n_boot": self.n_boot,
             "n_boot_failed": self.n_boot_failed,
@@ -833,6 +867,7 @@ def fit_joint_data(
         n_boot_failed=failed,
         seed=seed,
         excluded=data.excluded,
+        unidentified=unidentified_reason(th, float(lo_q[0]), float(hi_q[0]), lo_q[1:].tolist(), hi_q[1:].tolist()),
     )
 
 
@@ -848,6 +883,25 @@ def fit_joint(
     usable answer (every draw refused) is simply absent from the fit.
     """
     return fit_joint_data(joint_cells(theta, binary, family, labels=labels), **kw)
+
+
+PAIR_CHANNELS = ("order", "logic", "label")
+
+
+def fit_pair(theta: pd.Series, binary: pd.DataFrame, pair: str, **kw: Any) -> JointFit:
+    """The joint fit (order, logic, label) on one label pair's cells: its label pull in theta units.
+
+    The per-pair counterpart of Fig. 6's label pull: ``m`` of the label
+    channel is the offset toward the pair's nominal yes label, adjusted for
+    order and verdict. A pair whose mapping is not counterbalanced has its
+    label channel left out (named in ``excluded``). Keywords go to
+    :func:`fit_joint_data`.
+    """
+    df = binary[binary["labels"] == pair]
+    if df.empty:
+        raise ValueError(f"label pair {pair!r} is not in these binary trials; pairs: {sorted(set(binary['labels']))}")
+    family = str(df["family"].iloc[0])
+    return fit_joint_data(joint_cells(theta, df, family, labels=None, channels=PAIR_CHANNELS), **kw)
 
 
 def fit_joints(

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 CELLS = [("approve", "yes_first"), ("approve", "no_first"), ("oppose", "yes_first"), ("oppose", "no_first")]
@@ -151,3 +152,28 @@ def salt_noise(per_trial: pd.DataFrame, pcbr: pd.Series) -> pd.Series:
     """
     df = per_trial.join(pcbr, on="trial_id")
     return df.groupby(["item_id", "form", "verb", "order"])["p_cbr"].std(ddof=1).rename("salt_sd")
+
+
+def story_mean_ci(values: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """Per column of ``values`` (one row per story): the story-averaged value and its percentile bootstrap CI.
+
+    Stories are resampled with replacement (``n_boot`` resamples from
+    ``numpy.random.default_rng(seed)``); a column's NaN stories are left out
+    of that column. Columns: ``mean``, ``lo``, ``hi``, ``n`` (the paper's
+    "bootstrap 95% CIs" on the story-averaged biases, Figs. 2, 5, 6).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    alpha = (1 - level) / 2
+    rows = {}
+    for col in values.columns:
+        x = values[col].dropna().to_numpy(float)
+        if len(x) == 0:
+            rows[col] = {"mean": np.nan, "lo": np.nan, "hi": np.nan, "n": 0}
+            continue
+        idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+        lo, hi = np.quantile(x[idx].mean(axis=1), [alpha, 1 - alpha])
+        rows[col] = {"mean": float(x.mean()), "lo": float(lo), "hi": float(hi), "n": len(x)}
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -45,7 +45,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 from engines.api_batch import BatchClient, run_batches
-from engines.api_journal import BATCHES, JOURNAL, LOCK, STATS, AppendLog, CallRecord, Journal, Key
+from engines.api_journal import (
+    BATCHES,
+    JOURNAL,
+    LOCK,
+    STATS,
+    AppendLog,
+    CallRecord,
+    Journal,
+    Key,
+    quarantine_message,
+    quarantined_count,
+)
 from engines.api_limits import AdaptiveLimiter, RetryPolicy, shared_limiter
 from engines.api_pricing import Price, PriceTable, Usage, estimate_prompt_tokens
 from engines.api_providers import (
@@ -431,6 +442,8 @@ class ApiEngine:
             self._prior_unrecovered = Counter({str(k): int(v) for k, v in prior.get("unrecovered", {}).items()})
             if self._journal.torn_bytes:
                 self._log(f"api: cut a torn last line ({self._journal.torn_bytes} bytes) off {results / JOURNAL}")
+            if self._journal.quarantined:
+                self._log(quarantine_message(results / JOURNAL, self._journal.quarantined, len(self._journal)))
         if self.settings.dry_run:
             self._log(self.dry_run_report(store))
             raise SystemExit(0)
@@ -626,7 +639,7 @@ class ApiEngine:
         n, temperature = int(plan.get("samples", 0)), float(plan.get("temperature", 1.0))
         trials = store.trials()
         bounds = chunk_bounds(len(trials), int(man.get("chunk_size", 256)))
-        done = store.done_chunks()
+        done = store.verified_chunks()  # a damaged chunk is recomputed (its journaled calls are not re-sent)
         todo = [t for k, (lo, hi) in enumerate(bounds) if k not in done for t in trials[lo:hi]]
         calls = [(t, d) for t in todo for d in range(n) if (t.trial_id, d, temperature) not in self._journal]
         inp = sum(self.estimate_call(t)[0] for t, _ in calls)
@@ -921,6 +934,7 @@ class ApiEngine:
             "unrecovered": dict(sorted((self._prior_unrecovered + self._unrecovered).items())),
             "duplicates": self._journal.duplicates,
             "corrupt_journal_lines": self._journal.corrupt_lines,
+            "quarantined_journal_lines": quarantined_count(self._journal.path),
             "sessions": len({r.session for r in recs}),
             "session": self.session,
             "concurrency": {

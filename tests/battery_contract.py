@@ -21,7 +21,7 @@ PAIRS = {
     "Yes/No": ("yesno", False),
     "A/B": ("arbitrary", True),
     "1/2": ("arbitrary", True),
-    "Ja/Nein": ("foreign", False),
+    "Ja/Nein": ("foreign", True),
 }
 
 

@@ -22,8 +22,8 @@ def test_full_design_counts_per_item():
     for t in trials:
         by[t.factors["instrument"]] = by.get(t.factors["instrument"], 0) + 1
     # graded 4 scales x 3 wordings x 2 anchors x 2 poles; choice 12 framings x 2 orders;
-    # binary 12 forms x 4 + 4 arbitrary pairs x 8 + 9 other pairs x 4
-    assert by == {"graded": 48, "choice": 24, "binary": 48 + 32 + 36}
+    # binary 12 forms x 4 + 12 pairs with the mapping crossed x 8 + story x 4
+    assert by == {"graded": 48, "choice": 24, "binary": 48 + 96 + 4}
     assert len({t.trial_id for t in trials}) == len(trials)
     assert [t.trial_id for t in expand(BatterySpec(items=(ACTION.id,)))] == [t.trial_id for t in trials]
 

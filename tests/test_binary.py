@@ -76,14 +76,25 @@ def test_label_is_nan_where_not_counterbalanced():
     assert np.isnan(pr["label"])
 
 
-def test_lexicality_gradient_contrast_by_hand():
+def test_lexicality_gradient_contrast_uses_the_label_pull_not_the_logic_projection():
+    # Fig. 6 reading (issue 18, bug 2): A/B label pull -0.15 with logic 0 (Fig. 5) must show as -0.15;
+    # story has no counterbalanced mapping, so its label pull is its logic projection
+    idx = [("d", "A/B"), ("e", "A/B"), ("d", "Ja/Nein"), ("e", "Ja/Nein"), ("d", "story"), ("e", "story")]
     proj = pd.DataFrame(
-        {"order": [0.0, 0.0, 0.0], "logic": [0.1, -0.3, 0.5], "label": [0.0, np.nan, np.nan], "z": [0, 0, 0]},
-        index=pd.MultiIndex.from_tuples([("d", "A/B"), ("d", "Ja/Nein"), ("d", "Y/N")], names=["item_id", "labels"]),
+        {
+            "order": [0.0] * 6,
+            "logic": [0.0, 0.0, 0.9, 0.9, 0.2, 0.4],
+            "label": [-0.1, -0.2, -0.3, -0.5, np.nan, np.nan],
+            "z": [0.0] * 6,
+        },
+        index=pd.MultiIndex.from_tuples(idx, names=["item_id", "labels"]),
     )
-    by_pair, contrast = lexicality_gradient(proj, {"A/B": 0, "Y/N": 1, "Ja/Nein": 2})
-    assert list(by_pair.index) == ["A/B", "Y/N", "Ja/Nein"]
-    assert contrast == pytest.approx(0.3 - 0.1)
+    by_pair, contrast = lexicality_gradient(proj, {"A/B": 0, "Ja/Nein": 2, "story": 2})
+    assert list(by_pair.index) == ["A/B", "Ja/Nein", "story"]
+    assert by_pair["label_pull"].tolist() == pytest.approx([-0.15, -0.4, 0.3])
+    assert by_pair["pull_from"].tolist() == ["label", "label", "logic (mapping not crossed)"]
+    # mean |pull| of the word pairs (0.4, 0.3) minus the non-lexical (0.15); with logic it would be 0.6
+    assert contrast == pytest.approx((0.4 + 0.3) / 2 - 0.15)
 
 
 def test_battery_expansion_is_balanced_for_every_pair():

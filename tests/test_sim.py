@@ -285,3 +285,44 @@ def test_refused_sampled_trials_do_not_bias_z_the_issue_18_repro():
     old = s_opts.assign(prob=s_opts["prob"].fillna(0.0))
     z_old = decompose(cell_table(with_cbr_verb(s_per, old), p_cbr(old)))["z"]
     assert (z_old - z_read).mean() < -0.15
+
+
+def test_planted_per_pair_label_pulls_are_what_the_gradient_reports():
+    """Bug 2 of issue 18: per-pair surface pulls (m_label) come back as the label pull of Fig. 6, not as logic.
+
+    The expected story-averaged label pull b is computed here from the planted
+    sigmoid directly (not through the sim engine or the analysis), and the
+    per-pair joint fit gives the planted m back in theta units (readouts: no
+    sampling noise, so the tolerance is the optimizer's).
+    """
+    from analysis import fit
+    from analysis.binary import cell_events, lexicality_gradient, projections
+
+    items = [f"i{k:02d}" for k in range(12)]
+    pulls = {"A/B": -0.15, "1/2": 0.1, "Ja/Nein": -0.3}
+    p = SimParams(seed=4, s=0.3, m_order=-0.1, m_logic=0.02, m_label=pulls)
+    trials = bc.binary(items, forms=("f",), pairs=tuple(pulls))
+    opts, per = bc.frames_readout(trials, SimEngine(p).readout(trials))
+    proj = projections(cell_events(per, opts), set(pulls))
+    by_pair, contrast = lexicality_gradient(proj, {"A/B": 0, "1/2": 0, "Ja/Nein": 2})
+    for pair, m in pulls.items():
+        # P(label1) over verb x order x mapping: the CBR option is label1 iff affirmative == canonical
+        b = []
+        for i in items:
+            th = p.item_theta(i)
+            for cbr_first in (1, -1):
+                for aff in (1, -1):
+                    for canon_map in (1, -1):
+                        cbr_is_label1 = aff * canon_map
+                        pc = expit((th + p.m_order * cbr_first + m * cbr_is_label1 + p.m_logic * aff) / p.s)
+                        b.append(2 * (pc if cbr_is_label1 > 0 else 1 - pc) - 1)
+        assert by_pair.loc[pair, "label_pull"] == pytest.approx(np.mean(b), abs=1e-12)
+        assert by_pair.loc[pair, "logic"] != pytest.approx(by_pair.loc[pair, "label_pull"], abs=0.01)
+        th = pd.Series({i: p.item_theta(i) for i in items})
+        pf = fit.fit_pair(th, fit.binary_trials(opts, per), pair, n_boot=0)
+        got = dict(zip(pf.channels, pf.m, strict=True))
+        assert got["label"] == pytest.approx(m, abs=1e-6)
+        assert got["order"] == pytest.approx(p.m_order, abs=1e-6)
+        assert got["logic"] == pytest.approx(p.m_logic, abs=1e-6)
+    word, nonlex = abs(by_pair.loc["Ja/Nein", "label_pull"]), by_pair.loc[["A/B", "1/2"], "label_pull"].abs().mean()
+    assert contrast == pytest.approx(word - nonlex, abs=1e-12)
