@@ -49,11 +49,13 @@ def write_comparison(
     n_boot: int | None = None,
     seed: int | None = None,
     asym_model: str | None = None,
+    decision: str | None = None,
 ) -> list[Path]:
     """Write the panel's comparison into ``out``; returns the files written (sorted).
 
     ``n_boot`` / ``seed``: bootstrap resamples and seed of every CI (None: the comparison's defaults).
     ``asym_model``: the headline structure of the influence |Asym| fit (influence panels only).
+    ``decision``: greedy (default) or expected decisions of a cue panel (cue panels only).
     """
     _, func = comparison_of(panel)
     if n_boot is not None and n_boot < 2:
@@ -62,7 +64,10 @@ def write_comparison(
         raise PanelError(
             f"--asym-model applies to influence panels only; this panel holds {', '.join(panel.experiments)}"
         )
-    options = {k: v for k, v in (("n_boot", n_boot), ("seed", seed), ("asym_model", asym_model)) if v is not None}
+    if decision is not None and panel.experiments != ("cue",):
+        raise PanelError(f"--decision applies to cue panels only; this panel holds {', '.join(panel.experiments)}")
+    given = (("n_boot", n_boot), ("seed", seed), ("asym_model", asym_model), ("decision", decision))
+    options = {k: v for k, v in given if v is not None}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "panel.csv", panel.table().to_csv(index=False))

@@ -4,7 +4,8 @@
 
 1. **Matched items.** Runs are matched on the dilemmas they all hold; the
    decision-bias and gap tables of each run (:func:`analysis.cue.decision_bias`,
-   expected decisions, eligible denominators) are computed on those.
+   greedy decisions by default (the paper's temperature 0; ``decision="expected"``
+   is the option), eligible denominators) are computed on those.
 2. **Rankings.** Per run, the macro net bias (mean over gender and race groups)
    under Direct and under the headline Puzzled arm (the hardest level every
    run has), and the macro Gap = net(Direct) - net(Puzzled). Ranks: by Direct
@@ -17,8 +18,11 @@
 4. **Gap against model attributes**: a user table (``--attributes`` CSV,
    column ``model`` matching a run's display name or its model, numeric
    columns); when every run has identity checks, the derived
-   ``puzzle_solve_rate`` (joint check accuracy of the headline arm, the
-   paper's Capability) is added. Per attribute an OLS ``gap ~ attribute``
+   ``puzzle_solve_rate`` is added: the paper's Capability (App. O), the
+   both-correct (joint) check accuracy macro-averaged over the Puzzled
+   difficulty levels present (mean over levels of the per-level mean over
+   (item, individual) pairs), with consequences when the runs have them
+   (``capability="headline"``: the headline arm alone). Per attribute an OLS ``gap ~ attribute``
    (statsmodels; slope, 95% CI, R^2, n) and, with two or more attributes and
    enough models, the joint fit. A panel of a few models is badly
    underpowered; the report says so.
@@ -34,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.cue import Decision
 from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
 
 N_BOOT = 1000
@@ -69,6 +74,7 @@ def run_tables(
     *,
     n_boot: int = N_BOOT,
     seed: int = SEED,
+    decision: Decision = "greedy",
 ) -> CueRun:
     """Bias, gap and solve-rate tables of one run restricted to ``items``."""
     from analysis import cue
@@ -76,7 +82,7 @@ def run_tables(
     keep = set(items)
     pt = per_trial[per_trial["item_id"].isin(keep)]
     opts = options[options["trial_id"].isin(set(pt["trial_id"]))]
-    bias, gap = cue.decision_bias(opts, pt, n_boot=n_boot, seed=seed)
+    bias, gap = cue.decision_bias(opts, pt, decision=decision, n_boot=n_boot, seed=seed)
     checks = cue.check_frame(opts, pt)
     return CueRun(run, bias, gap, cue.solve_rates(checks) if not checks.empty else None)
 
@@ -237,16 +243,36 @@ def read_attributes(path: Path, runs: Sequence[PanelRun]) -> tuple[pd.DataFrame,
     return pd.DataFrame(rows, columns=["name", *numeric]), notes
 
 
-def solve_attribute(runs: Sequence[CueRun], arm: str, cons: str) -> pd.Series | None:
-    """Per run name, the joint identity-check accuracy on ``arm`` (the paper's Capability); None if a run lacks it."""
+CAPABILITY = ("macro", "headline")
+"""How ``puzzle_solve_rate`` is read: macro over the Puzzled levels (the paper's), or the headline arm alone."""
+
+
+def solve_attribute(runs: Sequence[CueRun], arm: str, cons: str, capability: str = "macro") -> pd.Series | None:
+    """Per run name, the paper's Capability: the joint (both-correct) check accuracy; None if a run lacks it.
+
+    ``capability="macro"``: the mean over the Puzzled difficulty levels every
+    run has of each level's accuracy (itself the mean over (item, individual)
+    pairs), App. O; ``"headline"``: ``arm`` alone. ``cons`` is the
+    consequences setting (the paper: with).
+    """
+    if capability not in CAPABILITY:
+        raise ValueError(f"capability must be one of {', '.join(CAPABILITY)}, got {capability!r}")
+    if any(r.solve is None for r in runs):
+        return None
+    arms = list(_capability_arms(runs, arm, cons, capability))
+    if not arms:
+        return None
     vals = {}
     for r in runs:
-        if r.solve is None:
-            return None
-        row = r.solve[(r.solve["arm"] == arm) & (r.solve["consequences"] == cons)]
-        if row.empty:
-            return None
-        vals[r.run.name] = float(row["joint"].iloc[0])
+        s = r.solve
+        assert s is not None
+        per_level = []
+        for a in arms:
+            row = s[(s["arm"] == a) & (s["consequences"] == cons)]
+            if row.empty:
+                return None
+            per_level.append(float(row["joint"].iloc[0]))
+        vals[r.run.name] = float(np.mean(per_level))
     return pd.Series(vals, name="puzzle_solve_rate")
 
 
@@ -304,22 +330,32 @@ class CueComparison:
     attributes: pd.DataFrame | None
     ols: pd.DataFrame | None
     notes: tuple[str, ...]
+    decision: str = "greedy"
+    capability: str = "macro"
+    capability_arms: tuple[str, ...] = ()
 
 
-def compare_cue_frames(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> CueComparison:
-    """The whole cue comparison of a panel, as frames (no files)."""
+def compare_cue_frames(
+    panel: Panel,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
+    decision: Decision = "greedy",
+    capability: str = "macro",
+) -> CueComparison:
+    """The whole cue comparison of a panel, as frames (no files); ``decision`` of every table (default greedy)."""
     frames = {r.name: run_frames(r) for r in panel.runs}
     items, dropped = shared_items(panel, {n: list(dict.fromkeys(pt["item_id"])) for n, (_, pt) in frames.items()})
     if not items:
         raise PanelError(f"the runs {panel.names()} share no dilemma; compare runs of the same items")
-    runs = [run_tables(r, *frames[r.name], items, n_boot=n_boot, seed=seed) for r in panel.runs]
+    runs = [run_tables(r, *frames[r.name], items, n_boot=n_boot, seed=seed, decision=decision) for r in panel.runs]
     arm, cons = headline_arm(runs), common_consequences(runs)
     models = rankings(model_table(runs, arm, cons))
     notes: list[str] = []
     attrs: pd.DataFrame | None = None
     if panel.attributes is not None:
         attrs, notes = read_attributes(Path(panel.attributes), [r.run for r in runs])
-    solve = solve_attribute(runs, arm, cons)
+    solve = solve_attribute(runs, arm, cons, capability)
     if solve is not None:
         derived = solve.rename_axis("name").reset_index()
         attrs = derived if attrs is None else attrs.merge(derived, on="name", how="left")
@@ -340,17 +376,33 @@ def compare_cue_frames(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) 
         attributes=attrs,
         ols=ols,
         notes=tuple(notes),
+        decision=decision,
+        capability=capability,
+        capability_arms=_capability_arms(runs, arm, cons, capability) if solve is not None else (),
     )
 
 
-def compare_cue(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
+def _capability_arms(runs: Sequence[CueRun], arm: str, cons: str, capability: str) -> tuple[str, ...]:
+    if capability == "headline":
+        return (arm,)
+    levels = [f"puzzled-{lv}" for lv in LEVELS]
+    return tuple(
+        a
+        for a in levels
+        if all(r.solve is not None and ((r.solve["arm"] == a) & (r.solve["consequences"] == cons)).any() for r in runs)
+    )
+
+
+def compare_cue(
+    panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy"
+) -> list[Path]:
     """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
     from analysis.compare import write_dropped
     from probe.store import atomic_write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    res = compare_cue_frames(panel, n_boot=n_boot, seed=seed)
+    res = compare_cue_frames(panel, n_boot=n_boot, seed=seed, decision=decision)
     tables: dict[str, pd.DataFrame | None] = {
         "cue_rankings": res.models,
         "cue_kendall": res.kendall,
@@ -427,7 +479,14 @@ def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence
     lines += [*dropped_md(res.dropped, len(res.items), "dilemmas"), ""]
     lines += [
         f"Headline arm: **{res.arm}** against Direct, {res.consequences} consequences. Net bias = Favor - Against "
-        "(expected decisions), macro = mean over gender and race groups, in pp, ± bootstrap SD over dilemmas "
+        + (
+            "(**greedy decisions**: the most probable option, the paper's temperature 0; `--decision expected` for "
+            "expected decisions)"
+            if res.decision == "greedy"
+            else "(**expected decisions** over the answer distributions; the paper's reading is greedy, the default)"
+        )
+        + ", Favor and Against over their eligible denominators"
+        ", macro = mean over gender and race groups, in pp, ± bootstrap SD over dilemmas "
         f"({n_boot} draws). Gap = net(Direct) - net(Puzzled) = ΔAgainst - ΔFavor.",
         "",
         "## Rankings",
@@ -481,7 +540,16 @@ def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence
             "",
         ]
         if "puzzle_solve_rate" in (res.attributes.columns if res.attributes is not None else []):
-            lines += [f"`puzzle_solve_rate`: joint identity-check accuracy on {res.arm} (derived from the runs).", ""]
+            how = (
+                "macro-averaged over " + ", ".join(res.capability_arms) + " (the paper's Capability, App. O)"
+                if res.capability == "macro"
+                else f"on {res.arm} alone"
+            )
+            lines += [
+                f"`puzzle_solve_rate`: both-correct (gender and race) identity-check accuracy, {how}, "
+                f"{res.consequences} consequences (derived from the runs).",
+                "",
+            ]
     lines += [f"- {n}" for n in res.notes]
     if res.notes:
         lines.append("")

@@ -15,8 +15,12 @@ Per condition ("arm": direct, puzzled-<level>, named) and demographic group g
     Net_g     = Favor_g - Against_g
 
 The denominators are the answers for which the event was possible (the
-paper's ``Net = favor/favor_denom - against/against_denom``);
-``denominator="all"`` divides both by all answered what-if queries instead.
+paper's ``Net = favor/favor_denom - against/against_denom``, Table 3's
+caption; the headline, see docs/cue.md); ``denominator="all"`` divides both by
+all answered (parsable) what-if queries instead, the reading of the paper's
+Apps. M, P and Q. The two can differ in sign: with the Neutral decision at the
+benefit option on 70% of dilemmas, Favor 20% and Against 10% of eligible
+answers give net +10 pp (eligible) but 0.3 x 20% - 0.7 x 10% = -1 pp (all).
 Against a reference arm (Direct):
 
     DeltaAgainst_g = Against_g(arm) - Against_g(direct)
@@ -30,9 +34,10 @@ difference of the macro rates whenever every group is defined in both. A rate
 whose denominator is empty (no answer where the event was possible) is NaN,
 not zero.
 
-Decisions from a distribution. With ``decision="greedy"`` a decision is the
-most probable option (ties to the first printed), which is the paper's
-temperature-0 decision. With ``decision="expected"`` (the default) the
+Decisions from a distribution. With ``decision="greedy"`` (the default) a
+decision is the most probable option (ties to the first printed), which is the
+paper's temperature-0 decision (every run of paper 001 is at temperature 0).
+With ``decision="expected"`` (an option) the
 baseline and the what-if answer are independent draws from the model's
 answer distributions, p_s = P(benefit | Neutral) and p_w = P(benefit | X):
 an answer contributes (1 - p_s) p_w to the In-favor count, (1 - p_s) to its
@@ -123,9 +128,7 @@ def with_baseline(decisions: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def event_terms(
-    df: pd.DataFrame, decision: Decision = "expected", denominator: Denominator = "eligible"
-) -> pd.DataFrame:
+def event_terms(df: pd.DataFrame, decision: Decision = "greedy", denominator: Denominator = "eligible") -> pd.DataFrame:
     """Add the four event terms per what-if answer (see the module docstring); drops abstentions.
 
     ``df`` needs ``p`` and ``p_s`` (and ``benefit_first``, ``s_benefit_first`` for greedy decisions).
@@ -343,7 +346,7 @@ def decision_bias(
     options: pd.DataFrame,
     per_trial: pd.DataFrame,
     *,
-    decision: Decision = "expected",
+    decision: Decision = "greedy",
     denominator: Denominator = "eligible",
     keep: pd.Series | None = None,
     n_boot: int = 1000,
@@ -439,7 +442,7 @@ def status_bias(
     options: pd.DataFrame,
     per_trial: pd.DataFrame,
     *,
-    decision: Decision = "expected",
+    decision: Decision = "greedy",
     n_boot: int = 1000,
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -533,9 +536,7 @@ def sign_tests(
     return pd.DataFrame(rows)
 
 
-def run_gap_table(
-    run: str | Path, *, decision: Decision = "expected", n_boot: int = 1000, seed: int = 0
-) -> pd.DataFrame:
+def run_gap_table(run: str | Path, *, decision: Decision = "greedy", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """The per-model table the cross-model functions take: the gap table of one ``cue`` run directory."""
     from analysis.frames import choice_probs, open_run
 
@@ -700,7 +701,7 @@ def _bias_section(
     g = gap[gap["consequences"] == cons].set_index(["arm", "attr", "group"])
     rows = []
     for a, grp in [*order, MACRO]:
-        d, h = (REFERENCE, a, grp), (head, a, grp)
+        d, h = (REFERENCE, a, grp), (head, a, grp)  # greedy decisions, eligible denominators (the headline)
         rows.append(
             [
                 grp if grp != MACRO[1] else "**macro**",
@@ -716,22 +717,50 @@ def _bias_section(
             ]
         )
     header = ["group", "D favor", "D against", "D net", "P favor", "P against", "P net", "ΔAgainst", "ΔFavor", "Gap"]
-    return [f"### {cons} consequences: Direct (D) vs {head} (P)", "", *_table(header, rows), ""]
+    caption = f"### {cons} consequences: Direct (D) vs {head} (P); greedy decisions, eligible denominators"
+    return [caption, "", *_table(header, rows), ""]
+
+
+HEADLINE = "greedy"
+"""The key of the headline results: greedy decisions, eligible denominators (see :data:`VARIANTS`)."""
+VARIANTS: dict[str, tuple[Decision, Denominator]] = {
+    "greedy": ("greedy", "eligible"),
+    "expected": ("expected", "eligible"),
+    "greedy, all parsable": ("greedy", "all"),
+}
+"""The decision-bias readings a report computes: (decision, denominator) per label."""
+
+
+def _macro_value(gap: pd.DataFrame, arm: str, cons: str, col: str) -> float:
+    m = gap[(gap["arm"] == arm) & (gap["consequences"] == cons) & (gap["group"] == MACRO[1])]
+    return float(m[col].iloc[0]) if len(m) else float("nan")
 
 
 def _gap_section(results: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> list[str]:
-    """The macro gap per arm, with the greedy and correct-only variants beside it."""
-    main = results["expected"][1]
+    """The macro gap per arm (headline: greedy, eligible), with the expected, all-parsable and correct-only readings."""
+    _, main = results[HEADLINE]
     rows = []
+    alts = ("expected", "greedy, all parsable", "correct-only")
     for r in main[main["group"] == MACRO[1]].itertuples():
-        alt = []
-        for k in ("greedy", "correct-only"):
-            gg = results[k][1] if k in results else main.iloc[0:0]
-            m = gg[(gg["arm"] == r.arm) & (gg["consequences"] == r.consequences) & (gg["group"] == MACRO[1])]
-            alt.append(_pp(float(m["gap"].iloc[0])) if len(m) else "n/a")
-        rows.append([r.arm, r.consequences, _pp(r.d_against), _pp(r.d_favor), _pp(r.gap, r.sd_gap), *alt])
-    header = ["arm", "consequences", "ΔAgainst", "ΔFavor", "Gap ± SD", "Gap (greedy)", "Gap (correct only)"]
-    return ["## Cue Visibility Gap by arm (macro over groups, pp)", "", *_table(header, rows), ""]
+        alt = [_pp(_macro_value(results[k][1], r.arm, r.consequences, "gap")) if k in results else "n/a" for k in alts]
+        nets = [
+            _pp(_macro_value(results[k][0], r.arm, r.consequences, "net")) if k in results else "n/a"
+            for k in (HEADLINE, "greedy, all parsable")
+        ]
+        rows.append([r.arm, r.consequences, _pp(r.d_against), _pp(r.d_favor), _pp(r.gap, r.sd_gap), *alt, *nets])
+    header = ["arm", "consequences", "ΔAgainst", "ΔFavor", "Gap ± SD", "Gap (expected)", "Gap (all parsable)"]
+    header += ["Gap (correct only)", "Net (eligible)", "Net (all parsable)"]
+    return [
+        "## Cue Visibility Gap by arm (macro over groups, pp)",
+        "",
+        "Headline: **greedy decisions** (the most probable option, the paper's temperature 0), Favor / Against over "
+        "their **eligible** denominators (Table 3). Beside it: expected decisions (independent draws from the "
+        "answer distributions), both rates over all parsable what-if answers (Apps. M/P/Q), and greedy on the "
+        "solved pairs only. Net columns: the arm's macro net in the two denominator readings.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
 
 
 def _status_section(sb: pd.DataFrame, order: Sequence[tuple[str, str]]) -> list[str]:
@@ -742,7 +771,8 @@ def _status_section(sb: pd.DataFrame, order: Sequence[tuple[str, str]]) -> list[
     keys = sorted(piv.index, key=lambda i: (i[0], statuses.get(i[1], 3), rank.get((i[2], i[3]), len(rank)), i[3]))
     rows = [[str(i[0]), str(i[1]), str(i[3]), *(_pct(piv.loc[i].get(a, np.nan)) for a in arms)] for i in keys]
     return [
-        "## Status bias (could-be: mean P(yes) per group, by how the dilemma portrays the described person)",
+        "## Status bias (could-be: share of greedy yes answers per group, by how the dilemma portrays the described "
+        "person; mean P(yes) with decision='expected')",
         "",
         *_table(["consequences", "status", "group", *arms], rows),
         "",
@@ -800,16 +830,23 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
     whatif_ok = (per_trial["probe"] == "what_if") & answered
     if neutral_ok.any() and whatif_ok.any():
         results = {
-            k: decision_bias(options, per_trial, decision=k, n_boot=n_boot, seed=seed) for k in ("expected", "greedy")
-        }  # type: ignore[misc]
+            k: decision_bias(options, per_trial, decision=d, denominator=den, n_boot=n_boot, seed=seed)
+            for k, (d, den) in VARIANTS.items()
+        }
+        readings = dict(VARIANTS)
         if not checks.empty:
             keep = correct_only_keep(per_trial, checks)
             results["correct-only"] = decision_bias(options, per_trial, keep=keep, n_boot=n_boot, seed=seed)
-        bias = pd.concat([b.assign(decision=k) for k, (b, _) in results.items()], ignore_index=True)
-        gap = pd.concat([g.assign(decision=k) for k, (_, g) in results.items()], ignore_index=True)
+            readings["correct-only"] = VARIANTS[HEADLINE]
+
+        def tag(frame: pd.DataFrame, k: str) -> pd.DataFrame:
+            return frame.assign(reading=k, decision=readings[k][0], denominator=readings[k][1], headline=k == HEADLINE)
+
+        bias = pd.concat([tag(b, k) for k, (b, _) in results.items()], ignore_index=True)
+        gap = pd.concat([tag(g, k) for k, (_, g) in results.items()], ignore_index=True)
         atomic_write_text(out / "cue_bias.csv", bias.to_csv(index=False, float_format="%.6f"))
         atomic_write_text(out / "cue_gap.csv", gap.to_csv(index=False, float_format="%.6f"))
-        main_bias, main_gap = results["expected"]
+        main_bias, main_gap = results[HEADLINE]
         arms = list(dict.fromkeys(main_bias["arm"]))
         head = _headline(arms)
         order = _group_order(main_bias, labels)
@@ -818,7 +855,9 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
             "## Decision bias (pp)",
             "",
             "Favor = P(what-if picks the benefit option | Neutral did not), Against = P(what-if does not | Neutral did),",
-            "Net = Favor - Against: expected events over the answer distributions, ± bootstrap SD over dilemmas.",
+            "Net = Favor - Against, ± bootstrap SD over dilemmas. **Greedy decisions** (the most probable option, the",
+            "paper's temperature 0; expected decisions in `cue_bias.csv`, reading `expected`); Favor and Against over",
+            "their **eligible** denominators (all-parsable denominators: reading `greedy, all parsable`).",
             "ΔAgainst and ΔFavor = arm - Direct; Gap = Net(Direct) - Net(arm) = ΔAgainst - ΔFavor.",
             "",
         ]

@@ -46,6 +46,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         shard=shard,
         chunk_size=a.chunk_size,
         progress=not a.quiet,
+        wait_for_lock=a.wait_for_lock,
     )
     print(f"wrote {store.root}")
     _warn_coverage(store)
@@ -140,7 +141,7 @@ def cmd_merge(a: argparse.Namespace) -> int:
 def cmd_analyze(a: argparse.Namespace) -> int:
     from analysis.report import write_report
 
-    paths = write_report(Path(a.run))
+    paths = write_report(Path(a.run), allow_partial=a.allow_partial)
     summary = paths[0].parent / "summary.md"
     if summary.exists():
         print(summary.read_text())
@@ -148,11 +149,19 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(a: argparse.Namespace) -> int:
+    from probe.check import check_run
+
+    lines, ok = check_run(Path(a.run))
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     from analysis.compare import runs_from_args, write_comparison
 
     panel = runs_from_args(a.runs, a.panel, a.names, a.humans, a.attributes)
-    paths = write_comparison(panel, Path(a.out), n_boot=a.n_boot, seed=a.seed, asym_model=a.asym_model)
+    paths = write_comparison(panel, Path(a.out), n_boot=a.n_boot, seed=a.seed, asym_model=a.asym_model, decision=a.decision)
     summary = Path(a.out) / "summary.md"
     if summary.exists() and not a.quiet:
         print(summary.read_text())
@@ -210,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--chunk-size", type=int, default=256, help="trials per committed chunk (default: 256)")
         g.add_argument("--no-report", action="store_true", help="do not write the report at the end")
         g.add_argument("--quiet", action="store_true", help="no progress bar")
+        g.add_argument(
+            "--wait-for-lock",
+            action="store_true",
+            help="if another probe process is writing this --out, wait for it (default: exit 2 naming it)",
+        )
         e.set_defaults(func=cmd_run)
 
     o = sub.add_parser(
@@ -242,7 +256,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read a run directory and write RUN/report/.",
     )
     n.add_argument("run", help="run directory")
+    n.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="report on the verified chunks of an incomplete or damaged run (the summary says so); "
+        "default: refuse, saying how to repair",
+    )
     n.set_defaults(func=cmd_analyze)
+
+    k = sub.add_parser(
+        "check",
+        help="verify a run folder: chunks done, verified, damaged, missing",
+        description="Re-hash every table of RUN against its chunk's receipt, scan the API journal for damaged "
+        "lines and show who holds the writer lock. Read-only. Exit 0 when every chunk verifies and the journal "
+        "is clean, 1 otherwise.",
+    )
+    k.add_argument("run", help="run directory (or a folder of shard-i-of-n runs)")
+    k.set_defaults(func=cmd_check)
 
     c = sub.add_parser(
         "compare",
@@ -280,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="influence panels: headline random-effect structure of the |Asym| fit (default: crossed; both are "
         "reported)",
+    )
+    c.add_argument(
+        "--decision",
+        choices=("greedy", "expected"),
+        default=None,
+        help="cue panels: greedy decisions (default, the paper's temperature 0) or expected decisions",
     )
     c.add_argument("--quiet", action="store_true", help="do not print the summary")
     c.set_defaults(func=cmd_compare)

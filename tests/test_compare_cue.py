@@ -2,7 +2,7 @@
 
 The planted subject (tests/planted.py) answers the benefit option with
 probability p[condition] (and p[(condition, gender)] where set), the Neutral
-decision with 1/2. With expected decisions every group's Favor is the mean p
+decision with 1/2. With expected decisions (asked for explicitly; greedy is the default) every group's Favor is the mean p
 of its what-if answers and Against = 1 - Favor, so net = 2 mean(p) - 1 and the
 Gap = net(Direct) - net(Puzzled), computed here by brute force from the trials.
 """
@@ -66,7 +66,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def test_rankings_and_gap_match_the_planted_biases(runs: list[Path]) -> None:
     from scipy.stats import kendalltau
 
-    res = cc.compare_cue_frames(panel_from_runs(runs), n_boot=50)
+    res = cc.compare_cue_frames(panel_from_runs(runs), n_boot=50, decision="expected")
     assert res.arm == "puzzled-hard" and res.consequences == "with" and res.dropped.empty
     m = res.models.set_index("name")
     for model in PLANTED:
@@ -94,7 +94,7 @@ def test_rankings_and_gap_match_the_planted_biases(runs: list[Path]) -> None:
 def test_sign_tests_count_the_planted_shifts(runs: list[Path]) -> None:
     from scipy.stats import binomtest
 
-    res = cc.compare_cue_frames(panel_from_runs(runs), n_boot=2)
+    res = cc.compare_cue_frames(panel_from_runs(runs), n_boot=2, decision="expected")
     st = res.sign_tests[res.sign_tests["value"] == "gap"].set_index(["attr", "group"])
     for (attr, group), row in st.iterrows():
         if group == "macro":
@@ -114,7 +114,7 @@ def test_gap_against_attributes_is_statsmodels_ols(runs: list[Path], tmp_path: P
 
     attrs = tmp_path / "attrs.csv"
     attrs.write_text("model,alignment,size,label\nA,1,8,x\nB,3,70,y\nC,2,30,z\nD,3,9,w\nE,1,1,v\n")
-    res = cc.compare_cue_frames(panel_from_runs(runs, attributes=attrs), n_boot=2)
+    res = cc.compare_cue_frames(panel_from_runs(runs, attributes=attrs), n_boot=2, decision="expected")
     assert res.ols is not None
     data = res.models[["name", "gap"]].merge(pd.read_csv(attrs).rename(columns={"model": "name"}), on="name")
     for col in ("alignment", "size"):
@@ -143,7 +143,7 @@ def test_runs_are_matched_on_shared_dilemmas(runs: list[Path], tmp_path: Path) -
     spec = CueSpec(items=("rent_arrears", "fallen_fence"), conditions=SPEC.conditions, probes=SPEC.probes, combos=2)
     other = tmp_path / "E"
     run("cue", spec, PlantedCue("E", _p("A")), other, progress=False, log=lambda s: None)
-    res = cc.compare_cue_frames(panel_from_runs([runs[0], other]), n_boot=2)
+    res = cc.compare_cue_frames(panel_from_runs([runs[0], other]), n_boot=2, decision="expected")
     assert set(res.items) == {"rent_arrears", "fallen_fence"}
     assert list(res.dropped["item_id"]) == ["last_dose"] and list(res.dropped["run"]) == ["A"]
     # A's tables are computed on the shared dilemmas only

@@ -145,7 +145,7 @@ def test_expected_events_equal_exhaustive_enumeration() -> None:
         r.decision(item, "neutral", p)
     for item, p in answers:
         r.decision(item, "direct", p, gender="man", race="White")
-    bias, _ = decision_bias(*r.frames(), n_boot=0)
+    bias, _ = decision_bias(*r.frames(), decision="expected", n_boot=0)
     got = _row(bias, arm="direct", group="man")
 
     e = dict.fromkeys(("fav", "fav_den", "ag", "ag_den"), 0.0)
@@ -193,7 +193,7 @@ def test_macro_is_the_mean_over_groups() -> None:
     r.decision("d2", "direct", 1.0, gender="man", race="Asian")
     r.decision("d1", "direct", 0.0, gender="woman", race="Asian")
     r.decision("d2", "direct", 0.0, gender="woman", race="Asian")
-    bias, _ = decision_bias(*r.frames(), n_boot=0)
+    bias, _ = decision_bias(*r.frames(), decision="expected", n_boot=0)
     assert _row(bias, group="man").net == 1.0
     assert _row(bias, group="woman").net == -1.0
     assert _row(bias, group="Asian").net == pytest.approx(0.5 - 0.5)
@@ -210,7 +210,7 @@ def test_macro_gap_averages_groups_defined_in_both_arms() -> None:
         r.decision(item, "direct", p, gender=g, race="Asian")  # man +1, woman -1, Asian 0
     r.decision("d1", "puzzled", 0.0, level="hard", gender="man", race="Asian")  # no woman under Puzzled
     r.decision("d2", "puzzled", 0.0, level="hard", gender="man", race="Asian")  # man -1, Asian -1
-    _, gap = decision_bias(*r.frames(), n_boot=0)
+    _, gap = decision_bias(*r.frames(), decision="expected", n_boot=0)
     assert _row(gap, group="man").gap == 2.0
     assert _row(gap, group="Asian").gap == 1.0
     assert not (gap["group"] == "woman").any()
@@ -226,7 +226,7 @@ def test_gap_equals_delta_against_minus_delta_favor_on_random_data() -> None:
             for who in range(4):
                 g, race = GENDERS[who % 3], RACES[(d + who) % 5]
                 r.decision(f"d{d}", cond, float(rng.uniform()), level=level, gender=g, race=race, who="ABCD"[who])
-    bias, gap = decision_bias(*r.frames(), n_boot=50)
+    bias, gap = decision_bias(*r.frames(), decision="expected", n_boot=50)
     assert set(gap["arm"]) == {"puzzled-hard", "puzzled-easy", "named"}
     np.testing.assert_allclose(gap["gap"], gap["d_against"] - gap["d_favor"], atol=1e-12)
     for arm in ("puzzled-hard", "named"):
@@ -246,7 +246,7 @@ def test_unanswered_trials_are_abstentions() -> None:
     r = hand_run()
     r.decision("d2", "direct", float("nan"), gender="woman", race="Asian")  # a sampled trial with no parsed answer
     opts, per_trial = r.frames()
-    bias, _ = decision_bias(opts, per_trial, n_boot=0)
+    bias, _ = decision_bias(opts, per_trial, decision="expected", n_boot=0)
     assert _row(bias, arm="direct", group="woman").n == 5  # the abstention is dropped, not counted as a decision
 
 
@@ -321,7 +321,7 @@ def test_correct_only_keeps_solved_pairs_and_unchecked_arms() -> None:
     # all direct rows kept; of the puzzled rows only A's (the ones without individual have no check -> dropped)
     assert (kept["condition"] == "direct").sum() == 5
     assert kept[kept["condition"] == "puzzled"]["individual"].tolist() == ["A"]
-    bias, _ = decision_bias(opts, per_trial, keep=keep, n_boot=0)
+    bias, _ = decision_bias(opts, per_trial, keep=keep, decision="expected", n_boot=0)
     p = _row(bias, arm="puzzled-hard", group="woman")
     # d1's baseline is the benefit option and A answered it: Against 0/1; In-favor was impossible, so
     # Favor (0/0) and with it Net are undefined rather than silently zero
@@ -340,7 +340,7 @@ def test_status_bias_hand_worked() -> None:
     r.could_be("d2", "direct", 0.9, gender="man", race="Black", status="neutral")
     r.could_be("d3", "direct", 0.9, gender="man", race="Black")  # unannotated status: left out
     opts, per_trial = r.frames()
-    sb = status_bias(opts, per_trial, n_boot=0)
+    sb = status_bias(opts, per_trial, decision="expected", n_boot=0)
     assert _row(sb, status="bad", group="woman").rate == pytest.approx(0.4)
     assert _row(sb, status="neutral", group="man").rate == pytest.approx(0.9)
     assert _row(sb, status="bad", group="Black").n == 1

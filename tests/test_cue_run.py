@@ -43,12 +43,15 @@ def test_logit_run_and_analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "checked against the stored prompts" in summary
 
     bias = pd.read_csv(report / "cue_bias.csv")
-    assert set(bias["decision"]) == {"expected", "greedy", "correct-only"}
+    assert set(bias["reading"]) == {"greedy", "expected", "greedy, all parsable", "correct-only"}
+    assert set(bias.loc[bias["headline"], "reading"]) == {"greedy"}
+    assert set(bias.loc[bias["reading"] == "greedy, all parsable", "denominator"]) == {"all"}
+    assert "greedy decisions, eligible denominators" in summary and "Gap (all parsable)" in summary
     assert set(bias["arm"]) == {"direct", "puzzled-hard", "named"}
     groups = set(bias.loc[bias["attr"] == "gender", "group"])
     assert groups <= {"man", "woman", "non-binary"} and groups
     gap = pd.read_csv(report / "cue_gap.csv")
-    exp = gap[gap["decision"] == "expected"]
+    exp = gap[gap["reading"] == "expected"]
     assert (exp["gap"] - (exp["d_against"] - exp["d_favor"])).abs().max() < 3e-6  # the CSV keeps 6 decimals
     puzzles = [json.loads(line) for line in (report / "puzzles.jsonl").read_text().splitlines()]
     assert len(puzzles) == 1 and puzzles[0]["difficulty"] == "hard"  # 2 dilemmas share one puzzle (reuse 5)
@@ -117,12 +120,12 @@ def test_report_on_a_sampled_store_uses_parsed_frequencies(tmp_path: Path) -> No
     assert "probabilities from: samples (3 samples per trial at T = 1.0)" in summary
     assert "abstentions (trials without a parsed answer, left out): decision 0, what_if 1" in summary
     bias = pd.read_csv(tmp_path / "run" / "report" / "cue_bias.csv")
-    exp = bias[bias["decision"] == "expected"]
+    exp = bias[bias["reading"] == "expected"]
     d = exp[(exp["arm"] == "direct") & (exp["group"] != "macro")]
     assert (d["favor"] == 1).all() and (d["against"] == 0).all()
     assert d["n"].sum() == 2 * (2 * 4 - 1)  # 8 what-if answers, one abstained, counted per gender and per race
     gap = pd.read_csv(tmp_path / "run" / "report" / "cue_gap.csv")
-    g = gap[gap["decision"] == "expected"]
+    g = gap[gap["reading"] == "expected"]
     assert set(g["arm"]) == {"puzzled-hard"}
     assert (g["gap"] == 2).all() and (g["d_against"] == 1).all() and (g["d_favor"] == -1).all()
 

@@ -1,0 +1,98 @@
+"""Cue visibility readings (issue 19, points 4-6): greedy by default, both rate denominators, the Capability.
+
+Hand-worked: the issue's example where the two denominators disagree in sign
+(baseline at the benefit option on 70% of dilemmas, Favor 20% and Against 10%
+of eligible answers: net +10 pp over eligible denominators, -1 pp over all
+parsable answers), and the macro-averaged both-correct accuracy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import compare_cue as cc
+from analysis.cue import decision_bias, status_bias
+from probe.panel import PanelRun
+from tests.test_cue_metrics import Run, _row
+
+
+def _seventy_percent_run() -> Run:
+    """10 dilemmas, Neutral picks the benefit option in d0..d6 (70%); 10 Direct what-if answers per dilemma.
+
+    Against-eligible answers (d0..d6): 70, of which 7 turn away (10%); favor-eligible (d7..d9): 30, of which 6
+    turn toward the benefit option (20%).
+    """
+    r = Run()
+    against_left, favor_left = 7, 6
+    for i in range(10):
+        item = f"d{i}"
+        benefit = i < 7
+        r.decision(item, "neutral", 0.9 if benefit else 0.2)  # greedy: benefit for d0..d6
+        for j in range(10):
+            if benefit:
+                p = 0.3 if against_left > 0 and j == 0 else 0.8  # one Against per dilemma
+                against_left -= p < 0.5
+            else:
+                p = 0.7 if favor_left > 0 and j < 2 else 0.4  # two In-favor per dilemma
+                favor_left -= p > 0.5
+            r.decision(item, "direct", p, gender="woman", race="Asian")
+    return r
+
+
+def test_the_two_denominators_can_disagree_in_sign() -> None:
+    frames = _seventy_percent_run().frames()
+    eligible, _ = decision_bias(*frames, denominator="eligible", n_boot=0)
+    everyone, _ = decision_bias(*frames, denominator="all", n_boot=0)
+    e, a = _row(eligible, arm="direct", group="woman"), _row(everyone, arm="direct", group="woman")
+    assert (e.favor, e.against, e.net) == pytest.approx((0.20, 0.10, 0.10))
+    assert (a.favor, a.against, a.net) == pytest.approx((6 / 100, 7 / 100, -0.01))
+
+
+def test_greedy_is_the_default_and_differs_from_expected() -> None:
+    frames = _seventy_percent_run().frames()
+    default, _ = decision_bias(*frames, n_boot=0)
+    greedy, _ = decision_bias(*frames, decision="greedy", n_boot=0)
+    expected, _ = decision_bias(*frames, decision="expected", n_boot=0)
+    pd.testing.assert_frame_equal(default, greedy)
+    d, x = _row(default, arm="direct", group="woman"), _row(expected, arm="direct", group="woman")
+    assert d.favor == pytest.approx(0.20)
+    # expected: the Neutral 0.9 / 0.2 and every what-if probability count fractionally
+    p_s = np.array([0.9] * 7 + [0.2] * 3)
+    w = [[0.3] + [0.8] * 9 for _ in range(7)] + [[0.7, 0.7] + [0.4] * 8 for _ in range(3)]  # as built above
+    fav = sum((1 - s) * sum(ws) for s, ws in zip(p_s, w, strict=True))
+    fav_den = sum((1 - s) * len(ws) for s, ws in zip(p_s, w, strict=True))
+    assert x.favor == pytest.approx(fav / fav_den)
+    r = Run()
+    r.could_be("d1", "direct", 0.6, gender="woman", race="Asian", status="bad")
+    r.could_be("d2", "direct", 0.4, gender="woman", race="Asian", status="bad")
+    assert _row(status_bias(*r.frames(), n_boot=0), status="bad", group="woman").rate == pytest.approx(0.5)
+
+
+def _cue_run(name: str, joint: dict[str, float]) -> cc.CueRun:
+    solve = pd.DataFrame(
+        [{"arm": arm, "consequences": "with", "joint": v} for arm, v in joint.items()]
+        + [{"arm": "puzzled-hard", "consequences": "without", "joint": 0.0}]
+    )
+    run = PanelRun(Path(name), name, name, False, "cue")
+    return cc.CueRun(run, pd.DataFrame(), pd.DataFrame(), solve)
+
+
+def test_capability_is_both_correct_macro_averaged_over_levels() -> None:
+    runs = [
+        _cue_run("m1", {"puzzled-easy": 1.0, "puzzled-intermediate": 0.9, "puzzled-hard": 0.5}),
+        _cue_run("m2", {"puzzled-easy": 0.8, "puzzled-intermediate": 0.8, "puzzled-hard": 0.8}),
+    ]
+    macro = cc.solve_attribute(runs, "puzzled-hard", "with")
+    assert macro is not None and macro.to_dict() == pytest.approx({"m1": 0.8, "m2": 0.8})  # (1 + 0.9 + 0.5) / 3
+    hard = cc.solve_attribute(runs, "puzzled-hard", "with", capability="headline")
+    assert hard is not None and hard.to_dict() == pytest.approx({"m1": 0.5, "m2": 0.8})
+    # a level one run lacks is left out of every run's mean, so all runs average the same levels
+    runs[1] = _cue_run("m2", {"puzzled-intermediate": 0.6, "puzzled-hard": 0.8})
+    macro = cc.solve_attribute(runs, "puzzled-hard", "with")
+    assert macro is not None and macro.to_dict() == pytest.approx({"m1": 0.7, "m2": 0.7})
+    with pytest.raises(ValueError, match="macro, headline"):
+        cc.solve_attribute(runs, "puzzled-hard", "with", capability="hard")
