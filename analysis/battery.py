@@ -307,14 +307,16 @@ def fit_section(f: Frames, out: Path) -> Section:
         files.append(_bowtie_figure(sides, fits, out / "fig_bowtie_ridge.png"))
     show = fits[["s", "s_lo", "s_hi", "m", "m_lo", "m_hi", "r2", "n_items", "n_near_tie", "clip_limited"]].copy()
     show["clip_limited"] = show["clip_limited"].map({True: "yes", False: "no"})
+    show["unidentified"] = fits["unidentified"].map(lambda why: "yes" if why else "no")
     show.index.name = "channel"
     lines = [
         "Joint least-squares fit of p+ = sigmoid((theta + m)/s) and p- = sigmoid((theta - m)/s) per channel, theta "
         "from I-1; 95% percentile bootstrap over dilemmas (2000 resamples, seed 0). m > 0 pulls toward the channel's + "
         "side (order: the first-printed option; lexical: yes). clip_limited: saturated or degenerate fit, read only "
-        "the m-ranking.",
+        "the m-ranking. unidentified: the items cannot separate s from m, read neither.",
         "",
         md_table(show, fmt="{:+.3f}"),
+        *_unidentified_lines({str(ch): str(why) for ch, why in fits["unidentified"].items()}),
     ]
     joint = fit.fit_joints(th, bt, n_boot=2000, seed=0)
     if len(joint):
@@ -325,11 +327,19 @@ def fit_section(f: Frames, out: Path) -> Section:
     return Section("Framing susceptibility m and decisiveness s", lines, files)
 
 
+def _unidentified_lines(reasons: dict[str, str]) -> list[str]:
+    """One line per fit whose s and m the items cannot tell apart, saying why."""
+    bad = {k: why for k, why in reasons.items() if why}
+    return ["", *(f"- {k}: unidentified, {why}" for k, why in bad.items())] if bad else []
+
+
 def _joint_lines(joint: pd.DataFrame) -> list[str]:
     """The joint-fit table of the (s, m) section and the sentence that tells it from the per-channel fit."""
     cols = ["family", "channel", "s", "s_lo", "s_hi", "m", "m_lo", "m_hi", "r2", "n_items", "n_cells", "clip_limited"]
     show = joint.reindex(columns=cols).copy()
     show["clip_limited"] = show["clip_limited"].map({True: "yes", False: "no"}).fillna("")
+    why = joint.reindex(columns=["unidentified"])["unidentified"].fillna("").astype(str)
+    show["unidentified"] = why.map(lambda w: "yes" if w else "no").where(joint["s"].notna(), "")
     for col in ("n_items", "n_cells"):
         show[col] = show[col].map(lambda v: "" if pd.isna(v) else str(int(v)))
     show = show.set_index("family")
@@ -341,6 +351,7 @@ def _joint_lines(joint: pd.DataFrame) -> list[str]:
         "the joint fit has one s for the family and each m adjusted for the others.",
         "",
         md_table(show, fmt="{:+.3f}"),
+        *_unidentified_lines(dict(zip(joint["family"].astype(str), why, strict=True))),
     ]
     notes = joint[joint["note"].fillna("") != ""] if "note" in joint.columns else joint.iloc[0:0]
     if len(notes):
@@ -414,18 +425,19 @@ def calibration_section(f: Frames, out: Path) -> Section:
 
 def validity_section(f: Frames, out: Path) -> Section:
     """Convergent validity: I-2 choice stance and I-3 story stance against theta (Pearson r, bootstrap CI)."""
-    from analysis.stance import pearson_ci
+    from analysis.stance import correlation_blocker, pearson_ci
 
     th = f.results.get("theta")
     if th is None:
         return Section("Convergent validity", ["Needs the graded instrument (theta)."], [])
     lines, rows = [], {}
     for name, series in (("I-2 choice stance", f.results.get("choice")), ("I-3 story stance z", f.results.get("z"))):
-        if series is None or len(series.dropna()) < 3:
-            lines.append(f"- {name}: not enough items.")
+        if series is None:
+            lines.append(f"- {name}: not in this run.")
             continue
-        if series.dropna().nunique() < 2 or th.nunique() < 2:
-            lines.append(f"- {name} vs theta: undefined (one of the two is constant across items).")
+        why = correlation_blocker(series, th, (name, "theta"))
+        if why:
+            lines.append(f"- {name} vs theta: no correlation reported: {why}.")
             continue
         c = pearson_ci(series, th, n_boot=2000, seed=0)
         rows[name] = {"r": c.r, "lo": c.lo, "hi": c.hi, "n": c.n}

@@ -322,6 +322,31 @@ class Correlation:
         return asdict(self)
 
 
+MIN_CORRELATION_ITEMS = 5
+"""Items below which no correlation is reported: with 3 or 4 points |r| near 1 is common by chance alone
+(under independence, P(|r| > 0.9) is 0.29 at n = 3 and 0.10 at n = 4)."""
+MIN_STANCE_SPREAD = 0.05
+"""Range over items (on the -1..1 stance scale) below which a stance has nothing to correlate: what is left is noise."""
+
+
+def correlation_blocker(a: pd.Series, b: pd.Series, names: tuple[str, str] = ("a", "b")) -> str:
+    """Why a correlation of ``a`` and ``b`` (aligned, NaN dropped) would mislead ("" when it would not).
+
+    Too few items, or a series with (next to) no spread across items.
+    """
+    df = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
+    if len(df) < MIN_CORRELATION_ITEMS:
+        return f"only {len(df)} items in both (a correlation needs at least {MIN_CORRELATION_ITEMS})"
+    for col, name in zip(("a", "b"), names, strict=True):
+        spread = float(df[col].max() - df[col].min())
+        if spread < MIN_STANCE_SPREAD:
+            return (
+                f"{name} spans {spread:.3f} across the {len(df)} items (< {MIN_STANCE_SPREAD:g}): "
+                "no between-item variation to correlate"
+            )
+    return ""
+
+
 def pearson_ci(a: pd.Series, b: pd.Series, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> Correlation:
     """Pearson r of ``a`` and ``b`` (aligned on their index, NaN dropped) with a percentile bootstrap over items.
 
