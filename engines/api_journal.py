@@ -14,16 +14,27 @@ journal is reopened, so the next append starts on a clean line. The key
 carries the draw index (and the sampling temperature), so replicates never
 collapse into one cached answer.
 
+Every line carries ``line_sha256``, a checksum of the rest of its record
+(lines written before it existed have none and are taken as they are). A
+writer that reopens the journal moves any complete line that does not parse,
+fails its checksum or is not a valid record into ``<name>.quarantine``
+(the raw bytes, for a human to read) and keeps every other line; the API
+engine says which lines went and why. A response lost that way is bought
+again only if its chunk has to be recomputed: a committed chunk already
+holds it.
+
 The same append-only file discipline keeps the batch-interface state
 (``results/api-batches.jsonl``, see :mod:`engines.api_batch`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,18 +49,136 @@ LOCK = "api.lock"
 Key = tuple[str, int, float]
 """(trial_id, draw, sampling temperature)."""
 
+CHECK = "line_sha256"
+"""The field of a journal line that checksums the rest of it."""
+
+Validate = Callable[[Mapping[str, Any]], object]
+"""Raises KeyError / TypeError / ValueError for a record that parses but is not valid."""
+
+
+def _checksum(record: Mapping[str, Any]) -> str:
+    body = json.dumps(dict(record), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def encode_line(record: Mapping[str, Any]) -> bytes:
+    """One record as one checksummed JSON line."""
+    body = {k: v for k, v in record.items() if k != CHECK}
+    full = {**body, CHECK: _checksum(body)}
+    return (json.dumps(full, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def decode_line(raw: bytes, validate: Validate | None = None) -> dict[str, Any]:
+    """The record of one complete line, checksum removed; ValueError saying why it is damaged."""
+    try:
+        rec = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"not valid JSON ({e.__class__.__name__}: {str(e)[:80]})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"not a JSON object (a {type(rec).__name__})")
+    claimed = rec.pop(CHECK, None)
+    if claimed is not None and claimed != _checksum(rec):
+        raise ValueError("its checksum does not match its content (the line was changed)")
+    if validate is not None:
+        try:
+            validate(rec)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a valid record ({e!r})") from None
+    return rec
+
+
+@dataclass(frozen=True)
+class DamagedLine:
+    """A complete line of an append log that cannot be trusted."""
+
+    line: int
+    """1-based line number in the file as it was found."""
+    reason: str
+    raw: bytes
+
+    def describe(self) -> str:
+        tid = re.search(rb'"trial_id":\s*"([^"]{1,80})"', self.raw)
+        draw = re.search(rb'"draw":\s*(\d+)', self.raw)
+        looks = ""
+        if tid:
+            looks = f"; it looks like trial {tid.group(1).decode(errors='replace')}"
+            looks += f" draw {int(draw.group(1))}" if draw else ""
+        return f"line {self.line}: {self.reason}{looks}"
+
+
+def scan_lines(path: Path, validate: Validate | None = None) -> tuple[list[bytes], list[DamagedLine]]:
+    """(the good complete lines, the damaged ones) of ``path``, read only; a torn last line is in neither."""
+    if not path.exists():
+        return [], []
+    good: list[bytes] = []
+    bad: list[DamagedLine] = []
+    data = path.read_bytes()
+    lines = data.split(b"\n")[:-1]  # the piece after the last newline is torn (or empty)
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            decode_line(raw, validate)
+        except ValueError as e:
+            bad.append(DamagedLine(i, str(e), raw))
+            continue
+        good.append(raw + b"\n")
+    return good, bad
+
+
+def quarantine_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".quarantine")
+
+
+def quarantined_count(path: Path | None) -> int:
+    """Lines ever moved out of the log at ``path`` (all sessions)."""
+    q = quarantine_path(path) if path is not None else None
+    return q.read_bytes().count(b"\n") if q is not None and q.exists() else 0
+
+
+def quarantine_message(path: Path, damaged: tuple[DamagedLine, ...], kept: int) -> str:
+    """The line the API engine prints when it quarantined damaged journal lines."""
+    return (
+        f"api: quarantined {len(damaged)} damaged line(s) of {path} into {quarantine_path(path)} "
+        f"({'; '.join(d.describe() for d in damaged)}); kept the other {kept} responses. A committed chunk "
+        "already holds its responses; a response lost here is bought again only if its chunk is recomputed"
+    )
+
 
 class AppendLog:
-    """An append-only JSON-lines file, each line fsync-ed; a torn tail is cut off on open."""
+    """An append-only JSON-lines file, each line checksummed and fsync-ed.
 
-    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+    On open, a torn tail is cut off and (``quarantine``) damaged complete
+    lines are moved to :func:`quarantine_path`; only one writer may open it
+    (the run folder's lock sees to that).
+    """
+
+    def __init__(
+        self, path: Path, *, fsync: bool = True, validate: Validate | None = None, quarantine: bool = True
+    ) -> None:
         self.path = Path(path)
         self.fsync = fsync
+        self.validate = validate
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.torn_bytes = self._cut_torn_tail()
         self.corrupt_lines = 0
+        self.quarantined: tuple[DamagedLine, ...] = self._quarantine() if quarantine else ()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _quarantine(self) -> tuple[DamagedLine, ...]:
+        """Move damaged lines out of the log (their raw bytes first, then the log without them)."""
+        good, bad = scan_lines(self.path, self.validate)
+        if not bad:
+            return ()
+        with open(quarantine_path(self.path), "ab") as q:
+            q.write(b"".join(d.raw + b"\n" for d in bad))
+            q.flush()
+            os.fsync(q.fileno())
+        from probe.store import atomic_write_bytes
+
+        atomic_write_bytes(self.path, b"".join(good))
+        return tuple(bad)
 
     def _cut_torn_tail(self) -> int:
         if not self.path.exists():
@@ -70,24 +199,21 @@ class AppendLog:
             return size - keep
 
     def read(self) -> Iterator[dict[str, Any]]:
-        """Every complete record, in file order (a line that does not parse is counted and skipped)."""
+        """Every complete valid record, in file order (a damaged line is counted and skipped)."""
         if not self.path.exists():
             return
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, "rb") as f:
             for line in f:
-                if not line.strip():
+                if not line.strip() or not line.endswith(b"\n"):
                     continue
                 try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
+                    yield decode_line(line.rstrip(b"\n"), self.validate)
+                except ValueError:
                     self.corrupt_lines += 1
-                    continue
-                if isinstance(rec, dict):
-                    yield rec
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Write one record as one line, durably (fsync) before returning."""
-        data = (json.dumps(record, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        """Write one record as one checksummed line, durably (fsync) before returning."""
+        data = encode_line(record)
         with self._lock:
             written = os.write(self._fd, data)
             if written != len(data):  # pragma: no cover - a full disk
@@ -187,7 +313,7 @@ class Journal:
     """
 
     def __init__(self, path: Path | None) -> None:
-        self._log = AppendLog(path) if path is not None else None
+        self._log = AppendLog(path, validate=CallRecord.from_record) if path is not None else None
         self._lock = threading.Lock()
         self._by_key: dict[Key, CallRecord] = {}
         self._all: list[CallRecord] = []
@@ -213,6 +339,11 @@ class Journal:
     @property
     def corrupt_lines(self) -> int:
         return self._log.corrupt_lines if self._log is not None else 0
+
+    @property
+    def quarantined(self) -> tuple[DamagedLine, ...]:
+        """The damaged lines this open moved to the quarantine file."""
+        return self._log.quarantined if self._log is not None else ()
 
     def _remember(self, rec: CallRecord) -> bool:
         self._all.append(rec)

@@ -198,7 +198,7 @@ def open_source(path: str | Path) -> tuple[RunStore, str]:
             f"--source {store.root} is one shard; merge the shards (probe merge) and use the merged run"
         )
     need = len(chunk_bounds(int(man["n_trials"]), int(man["chunk_size"])))
-    done = len(store.done_chunks())
+    done = len(store.verified_chunks())
     if done != need:
         raise FollowupError(
             f"--source {store.root} is unfinished ({done}/{need} chunks); rerun its `probe run` command to finish it"

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from experiments import Spec, get_experiment
+from probe.lock import RunLock
 from probe.store import RunStore, Shard, chunk_bounds, run_key
 from probe.types import Readout, Sample, Trial
 
@@ -154,11 +155,48 @@ def run(
     chunk_size: int = 256,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    wait_for_lock: bool = False,
 ) -> RunStore:
-    """Run (or resume) ``experiment`` on ``engine`` into ``out``."""
+    """Run (or resume) ``experiment`` on ``engine`` into ``out``.
+
+    Holds the run folder's writer lock (:mod:`probe.lock`) throughout: a
+    second writer raises :class:`~probe.lock.LockError` naming this one, or
+    with ``wait_for_lock`` waits for it. A resume trusts only chunks whose
+    receipts verify, and recomputes the rest, saying which and why.
+    """
     plan = plan or Plan()
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    folder = Path(out) / shard.folder if shard is not None else Path(out)
+    lock = RunLock(folder)
+
+    def take_lock() -> None:
+        if not lock.held:
+            lock.acquire(wait=wait_for_lock, log=log)
+
+    if folder.is_dir():
+        take_lock()  # fail fast, before a model load, when the folder is already being written
+    try:  # a new folder is locked as it is created, after the engine and the spec have been checked
+        return _run_locked(
+            experiment, spec, engine, Path(out), plan, judge, shard, chunk_size, progress, log, take_lock
+        )
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    experiment: str,
+    spec: Spec,
+    engine: Any,
+    out: Path,
+    plan: Plan,
+    judge: Any,
+    shard: Shard | None,
+    chunk_size: int,
+    progress: bool,
+    log: Callable[[str], None],
+    take_lock: Callable[[], None],
+) -> RunStore:
     if plan.readout and not hasattr(engine, "readout"):
         if not plan.samples:
             raise ValueError(f"the {engine.name!r} engine cannot read logits; use --samples N (and --no-readout)")
@@ -191,11 +229,15 @@ def run(
         "n_trials": len(trials),
         "chunk_size": chunk_size,
     }
+    take_lock()
     store = RunStore.open(Path(out), manifest, trials)
     if hasattr(engine, "attach"):  # engines that persist per call (api: a journal of paid responses)
         engine.attach(store)
     bounds = chunk_bounds(len(trials), chunk_size)
-    done = store.done_chunks()
+    integrity = store.integrity()
+    done = {c.chunk for c in integrity.verified}
+    for c in integrity.damaged:
+        log(f"{store.root}: {c.describe()}; recomputing it{_replay_note(engine)}")
     todo = [k for k in range(len(bounds)) if k not in done]
     n_done = sum(hi - lo for k, (lo, hi) in enumerate(bounds) if k in done)
     if not todo:
@@ -233,7 +275,8 @@ def run(
                 tables["samples"] = sample_table(samples)
             if generated:  # free text: greedy unless sampling was asked for, then judged
                 n, temp = (plan.samples, plan.temperature) if plan.samples else (1, 0.0)
-                texts = engine.sample(generated, n, temp, progress=None)
+                cap = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
+                texts = engine.sample(generated, n, temp, progress=None, **cap)
                 tables["generations"] = sample_table(texts)
                 if judge is not None:
                     tables["judgments"] = judge.judge(generated, texts)
@@ -246,6 +289,13 @@ def run(
     log(throughput_line(entry))
     _record_engine_stats(store, engine)
     return store
+
+
+def _replay_note(engine: Any) -> str:
+    """What a recomputed chunk costs on this engine."""
+    if hasattr(engine, "attach"):
+        return " (paid API responses are replayed from the journal, not bought again)"
+    return ""
 
 
 def _record_engine_stats(store: RunStore, engine: Any) -> None:

@@ -4,32 +4,43 @@ Layout of a run directory::
 
     manifest.json             spec, run key, model, engine settings, versions, commit
     trials.jsonl              every trial of this run (shard), in order
+    .probe.lock               the writer's lock (pid, host, command; see probe.lock)
     results/
         chunk-000003.readout_options.parquet   one row per (trial_id, option)
         chunk-000003.readout_trials.parquet    one row per trial
-        chunk-000003.done                      commit marker, written last
+        chunk-000003.done                      the chunk's receipt, written last
 
 The trials are split into fixed chunks (the same split every time for the
 same spec), so a resumed run computes exactly the chunks that are missing,
 with exactly the same trials in each: values are bit-identical to an
-uninterrupted run, and every trial is present exactly once. A chunk counts
-only when its ``.done`` marker exists; the marker is written after its tables
-have been renamed into place, so a kill at any point leaves either a whole
-chunk or a chunk that will be recomputed. Every file is written to a temporary
-name and renamed (atomic on POSIX).
+uninterrupted run, and every trial is present exactly once.
+
+A chunk counts only when its ``.done`` marker is a receipt that its files
+match: the marker records, per table, the file's size, row count and SHA-256,
+and is itself checksummed. The marker is written after its tables have been
+renamed into place, so a kill at any point leaves either a whole chunk or a
+chunk that will be recomputed; a file that was later deleted, cut short or
+changed (a full disk, a killed copy job, a cluster file system) fails its
+receipt, and that chunk is recomputed too. A resume and every load verify
+the receipts (:meth:`RunStore.integrity`); analysis refuses a store whose
+chunks are not all verified unless asked for a partial report. Every file is
+written to a temporary name and renamed (atomic on POSIX). See docs/store.md.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from probe.types import Trial
 
@@ -70,12 +81,201 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def atomic_write_parquet(path: Path, frame: Any) -> None:
-    import io
-
+def parquet_bytes(frame: Any) -> bytes:
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def atomic_write_parquet(path: Path, frame: Any) -> None:
+    atomic_write_bytes(path, parquet_bytes(frame))
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------ receipts
+RECEIPT_FORMAT = 2
+"""Version of the ``.done`` receipt (format 1 was a bare JSON list of table names)."""
+
+
+@dataclass(frozen=True)
+class TableReceipt:
+    """One table file of a chunk as it was written."""
+
+    file: str
+    bytes: int
+    rows: int
+    sha256: str
+
+    def check(self, results: Path) -> str | None:
+        """Why the file on disk does not match (None: it matches)."""
+        path = results / self.file
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return f"{self.file} is missing"
+        if size != self.bytes:
+            return f"{self.file} is {size} bytes, its receipt says {self.bytes}"
+        if file_sha256(path) != self.sha256:
+            return f"{self.file} does not match its receipt's content hash (changed or damaged on disk)"
+        return None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A chunk's ``.done`` marker: which run and trials it holds and, per table, what was written."""
+
+    chunk: int
+    run_key: str
+    trials: tuple[int, int]
+    """[lo, hi) positions in trials.jsonl."""
+    tables: Mapping[str, TableReceipt] = field(default_factory=dict)
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "format": RECEIPT_FORMAT,
+            "chunk": self.chunk,
+            "run_key": self.run_key,
+            "trials": list(self.trials),
+            "tables": {
+                n: {"file": t.file, "bytes": t.bytes, "rows": t.rows, "sha256": t.sha256}
+                for n, t in sorted(self.tables.items())
+            },
+        }
+
+    def to_text(self) -> str:
+        body = self._body()
+        return json.dumps({**body, "receipt_sha256": sha256_hex(canonical_json(body).encode())}, indent=1) + "\n"
+
+    @classmethod
+    def parse(cls, text: str) -> Receipt:
+        """The receipt in ``text``; ValueError saying what is wrong with it."""
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != RECEIPT_FORMAT:
+            raise ValueError(f"not a format-{RECEIPT_FORMAT} receipt")
+        claimed = doc.pop("receipt_sha256", None)
+        if claimed != sha256_hex(canonical_json(doc).encode()):
+            raise ValueError("its own checksum does not match (the marker was changed or damaged)")
+        try:
+            tables = {
+                str(n): TableReceipt(str(t["file"]), int(t["bytes"]), int(t["rows"]), str(t["sha256"]))
+                for n, t in doc["tables"].items()
+            }
+            lo, hi = (int(x) for x in doc["trials"])
+            return cls(int(doc["chunk"]), str(doc["run_key"]), (lo, hi), tables)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"a field is missing or malformed ({e!r})") from None
+
+
+ChunkStatus = Literal["verified", "damaged", "missing"]
+
+
+@dataclass(frozen=True)
+class ChunkState:
+    """What the store holds for one chunk of the trial list."""
+
+    chunk: int
+    trials: tuple[int, int]
+    status: ChunkStatus
+    reason: str = ""
+    """Why a chunk is damaged or missing (empty when verified)."""
+    receipt: Receipt | None = None
+    legacy_tables: tuple[str, ...] = ()
+    """Tables of a format-1 marker (no receipt): trusted when they parse."""
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(sorted(self.receipt.tables)) if self.receipt is not None else self.legacy_tables
+
+    def describe(self) -> str:
+        lo, hi = self.trials
+        what = f"chunk {self.chunk} (trials {lo}-{hi - 1})" if hi > lo else f"chunk {self.chunk}"
+        return f"{what}: {self.status}" + (f", {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class Integrity:
+    """Every expected chunk of a run folder, checked against its receipt."""
+
+    root: Path
+    n_trials: int
+    chunks: tuple[ChunkState, ...]
+
+    def _with(self, status: ChunkStatus) -> list[ChunkState]:
+        return [c for c in self.chunks if c.status == status]
+
+    @property
+    def verified(self) -> list[ChunkState]:
+        return self._with("verified")
+
+    @property
+    def damaged(self) -> list[ChunkState]:
+        return self._with("damaged")
+
+    @property
+    def missing(self) -> list[ChunkState]:
+        return self._with("missing")
+
+    @property
+    def found_trials(self) -> int:
+        return sum(hi - lo for c in self.verified for lo, hi in [c.trials])
+
+    @property
+    def complete(self) -> bool:
+        return not self.damaged and not self.missing
+
+    def counts_line(self) -> str:
+        done = len(self.verified) + len(self.damaged)
+        return (
+            f"chunks: {len(self.chunks)} expected, {done} done, {len(self.verified)} verified, "
+            f"{len(self.damaged)} damaged, {len(self.missing)} missing; "
+            f"trials: {self.found_trials} of {self.n_trials} verified"
+        )
+
+    def problems(self) -> list[str]:
+        return [c.describe() for c in self.chunks if c.status != "verified"]
+
+    def partial_header(self) -> list[str]:
+        """The lines a report on an incomplete store starts with (``probe analyze --allow-partial``)."""
+        return [
+            f"> **Partial report** (`probe analyze --allow-partial`): {self.found_trials} of {self.n_trials} trials, "
+            f"from {len(self.verified)} of {len(self.chunks)} chunks; left out: {'; '.join(self.problems())}. "
+            "Complete it by re-running `probe run` with the same arguments.",
+            "",
+        ]
+
+    def refusal(self) -> str:
+        """Why analysis refuses this store, and how to repair it."""
+        bad = self.problems()
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        return (
+            f"{self.root} is incomplete: the manifest expects {self.n_trials} trials, {self.found_trials} are in "
+            f"verified chunks ({shown}). Repair it by re-running `probe run` with the same arguments (it "
+            f"recomputes only those chunks; API responses are replayed from the journal), see `probe check "
+            f"{self.root}`; or report on what is there with `probe analyze --allow-partial {self.root}`"
+        )
 
 
 @dataclass(frozen=True)
@@ -114,10 +314,16 @@ def chunk_bounds(n_trials: int, chunk_size: int) -> list[tuple[int, int]]:
 
 
 class RunStore:
-    """One run directory (a whole run, or one shard of it)."""
+    """One run directory (a whole run, or one shard of it).
 
-    def __init__(self, root: Path) -> None:
+    ``allow_partial``: :meth:`load` returns the verified chunks of an
+    incomplete or damaged store instead of refusing it.
+    """
+
+    def __init__(self, root: Path, *, allow_partial: bool = False) -> None:
         self.root = Path(root)
+        self.allow_partial = allow_partial
+        self._verified: dict[int, tuple[tuple[Any, ...], ChunkState]] = {}
 
     # ---------------------------------------------------------------- create
     @classmethod
@@ -195,29 +401,197 @@ class RunStore:
         return self.root / RESULTS
 
     def done_chunks(self) -> set[int]:
+        """Chunks that have a ``.done`` marker, verified or not (see :meth:`integrity` for which to trust)."""
         if not self.results_dir.is_dir():
             return set()
         return {int(m.group(1)) for p in self.results_dir.iterdir() if (m := _CHUNK.match(p.name))}
 
-    # ----------------------------------------------------------------- write
-    def write_chunk(self, k: int, tables: Mapping[str, Any]) -> None:
-        """Write one chunk's tables, then its commit marker (the order is the crash-safety)."""
-        for name, frame in tables.items():
-            atomic_write_parquet(self.results_dir / f"chunk-{k:06d}.{name}.parquet", frame)
-        atomic_write_text(self.results_dir / f"chunk-{k:06d}.done", canonical_json(sorted(tables)) + "\n")
+    def marker(self, k: int) -> Path:
+        return self.results_dir / f"chunk-{k:06d}.done"
 
+    def table_path(self, k: int, name: str) -> Path:
+        return self.results_dir / f"chunk-{k:06d}.{name}.parquet"
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """The [lo, hi) trial positions of every chunk, from the manifest's chunk size.
+
+        A manifest without a chunk size (written by a caller that commits all
+        trials as chunk 0) has one chunk; a run with no trials has chunk 0 only
+        when a marker was written for it (an imported table).
+        """
+        n = self.n_trials()
+        size = int(self.manifest().get("chunk_size") or max(n, 1))
+        return chunk_bounds(n, size) or ([(0, 0)] if self.marker(0).exists() else [])
+
+    def n_trials(self) -> int:
+        try:
+            with open(self.root / TRIALS, "rb") as f:
+                return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+        except FileNotFoundError:
+            raise StoreError(f"{self.root} has no {TRIALS}; it is not a complete run folder") from None
+
+    def integrity(self) -> Integrity:
+        """Every expected chunk, verified against its receipt (files re-hashed unless unchanged since)."""
+        key = str(self.manifest().get("run_key", ""))
+        states = tuple(self._chunk_state(k, b, key) for k, b in enumerate(self.bounds()))
+        return Integrity(self.root, self.n_trials(), states)
+
+    def verified_chunks(self) -> set[int]:
+        return {c.chunk for c in self.integrity().verified}
+
+    def _signature(self, k: int, names: Sequence[str]) -> tuple[Any, ...]:
+        def sig(p: Path) -> tuple[Any, ...]:
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                return (p.name, None)
+            return (p.name, st.st_size, st.st_mtime_ns, st.st_ino)
+
+        return (sig(self.marker(k)), *(sig(self.table_path(k, n)) for n in names))
+
+    def _chunk_state(self, k: int, trials: tuple[int, int], run_key: str) -> ChunkState:
+        marker = self.marker(k)
+        try:
+            text = marker.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ChunkState(k, trials, "missing", "no .done marker (never committed)")
+        cached = self._verified.get(k)
+        if cached is not None and cached[1].trials == trials and self._signature(k, cached[1].tables) == cached[0]:
+            return cached[1]
+        state = self._verify(k, trials, run_key, text)
+        if state.status == "verified":
+            self._verified[k] = (self._signature(k, state.tables), state)
+        return state
+
+    def _verify(self, k: int, trials: tuple[int, int], run_key: str, text: str) -> ChunkState:
+        legacy = _legacy_tables(text)
+        if legacy is not None:  # a format-1 marker: no receipt, so the best check is that every table parses
+            for name in legacy:
+                why = _parquet_problem(self.table_path(k, name))
+                if why:
+                    return ChunkState(k, trials, "damaged", why, legacy_tables=legacy)
+            return ChunkState(k, trials, "verified", legacy_tables=legacy)
+        try:
+            receipt = Receipt.parse(text)
+        except ValueError as e:
+            return ChunkState(k, trials, "damaged", f"its .done marker is damaged: {e}")
+        if receipt.run_key != run_key or receipt.chunk != k:
+            return ChunkState(
+                k, trials, "damaged", f"its .done marker belongs to chunk {receipt.chunk} of run {receipt.run_key}"
+            )
+        if receipt.trials != trials:
+            return ChunkState(
+                k, trials, "damaged", f"its .done marker holds trials {receipt.trials}, the manifest's split {trials}"
+            )
+        for t in receipt.tables.values():
+            why = t.check(self.results_dir)
+            if why:
+                return ChunkState(k, trials, "damaged", why, receipt)
+        return ChunkState(k, trials, "verified", receipt=receipt)
+
+    # ----------------------------------------------------------------- write
+    def write_chunk(self, k: int, tables: Mapping[str, Any], *, trials: tuple[int, int] | None = None) -> None:
+        """Write one chunk's tables, then its receipt (the order is the crash-safety).
+
+        ``trials`` ([lo, hi) in trials.jsonl) defaults to chunk ``k`` of the
+        manifest's split. A full disk (checked before the first byte, and
+        caught if it fills during the write) leaves nothing of the chunk
+        behind and raises a :class:`StoreError` naming the folder and the
+        space the chunk needs.
+        """
+        span = trials if trials is not None else self.bounds()[k]
+        blobs = {name: parquet_bytes(frame) for name, frame in tables.items()}
+        receipt = Receipt(
+            k,
+            str(self.manifest().get("run_key", "")),
+            span,
+            {
+                name: TableReceipt(self.table_path(k, name).name, len(data), len(tables[name]), sha256_hex(data))
+                for name, data in blobs.items()
+            },
+        )
+        marker_text = receipt.to_text()
+        need = sum(len(b) for b in blobs.values()) + len(marker_text.encode())
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.results_dir).free
+        if free < need:
+            raise StoreError(self._full_message(k, need, free))
+        self.marker(k).unlink(missing_ok=True)  # a rewrite is untrusted until its new receipt lands
+        for old in self.results_dir.glob(f"chunk-{k:06d}.*.parquet"):
+            old.unlink()
+        written: list[Path] = []
+        try:
+            for name, data in blobs.items():
+                atomic_write_bytes(self.table_path(k, name), data)
+                written.append(self.table_path(k, name))
+            atomic_write_text(self.marker(k), marker_text)
+        except OSError as e:
+            for p in written:
+                p.unlink(missing_ok=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreError(self._full_message(k, need, shutil.disk_usage(self.results_dir).free)) from e
+            raise
+        self._verified.pop(k, None)
+
+    def _full_message(self, k: int, need: int, free: int) -> str:
+        return (
+            f"no space left for chunk {k} in {self.results_dir}: it needs {human_bytes(need)} ({need} bytes), the "
+            f"file system has {human_bytes(free)} free. Nothing of chunk {k} was committed; free space (or move the "
+            "run folder to a bigger disk), then re-run the same command: committed chunks are kept and it resumes here"
+        )
+
+    # ------------------------------------------------------------------ load
     def load(self, name: str) -> Any:
-        """All committed rows of table ``name``, chunks in order."""
+        """All rows of table ``name``, chunks in order, each file checked against its receipt as it is read.
+
+        Refuses (:class:`StoreError`, with expected vs found trials and how to
+        repair) a store with a damaged or missing chunk, unless ``allow_partial``.
+        """
         import pandas as pd
 
+        integrity = self.integrity()
+        if not integrity.complete and not self.allow_partial:
+            raise StoreError(integrity.refusal())
         parts = []
-        for k in sorted(self.done_chunks()):
-            path = self.results_dir / f"chunk-{k:06d}.{name}.parquet"
-            if path.exists():
-                parts.append(pd.read_parquet(path))
+        for c in integrity.verified:
+            if name not in c.tables:
+                continue
+            path = self.table_path(c.chunk, name)
+            data = path.read_bytes()
+            receipt = c.receipt.tables[name] if c.receipt is not None else None
+            if receipt is not None and sha256_hex(data) != receipt.sha256:
+                raise StoreError(f"{path} changed while it was being read; run `probe check {self.root}`")
+            frame = pd.read_parquet(io.BytesIO(data))
+            if receipt is not None and len(frame) != receipt.rows:
+                raise StoreError(f"{path} has {len(frame)} rows, its receipt says {receipt.rows}")
+            parts.append(frame)
         if not parts:
             return pd.DataFrame()
         return pd.concat(parts, ignore_index=True)
+
+
+def _legacy_tables(text: str) -> tuple[str, ...] | None:
+    """The table names of a format-1 marker (a JSON list), else None."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(doc, list) and all(isinstance(n, str) for n in doc):
+        return tuple(doc)
+    return None
+
+
+def _parquet_problem(path: Path) -> str | None:
+    """Why ``path`` is not a readable Parquet file (None: its footer reads)."""
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        return f"{path.name} is missing"
+    try:
+        pq.read_metadata(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a short or garbled file
+        return f"{path.name} is not readable Parquet ({e})"
+    return None
 
 
 def find_shards(root: Path) -> list[Path]:
@@ -227,10 +601,9 @@ def find_shards(root: Path) -> list[Path]:
 def merge_shards(root: Path) -> RunStore:
     """Join the shard folders of ``root`` into one run in ``root`` itself.
 
-    Refuses unless every shard 0..n-1 is present, from the same run, and complete.
+    Refuses unless every shard 0..n-1 is present, from the same run, and
+    complete with every chunk verified; holds ``root``'s writer lock while it writes.
     """
-    import pandas as pd
-
     root = Path(root)
     shards = find_shards(root)
     if not shards:
@@ -247,14 +620,28 @@ def merge_shards(root: Path) -> RunStore:
         raise StoreError(f"{root}: expected shards 0..{count - 1}, missing {missing}; run them, then merge again")
     by_index = dict(sorted(((m["shard"]["index"], s) for m, s in zip(mans, stores, strict=True))))
     for i, s in by_index.items():
-        n_chunks = len(chunk_bounds(len(s.trial_ids()), int(s.manifest()["chunk_size"])))
-        if len(s.done_chunks()) != n_chunks:
-            raise StoreError(f"{s.root}: shard {i} is incomplete ({len(s.done_chunks())}/{n_chunks} chunks); rerun it")
+        integrity = s.integrity()
+        if not integrity.complete:
+            raise StoreError(
+                f"{s.root}: shard {i} is incomplete ({len(integrity.verified)}/{len(integrity.chunks)} chunks "
+                f"verified: {'; '.join(integrity.problems()[:3])}); rerun it (the same `probe run ... --shard "
+                f"{i}/{count}`), then merge again"
+            )
+    from probe.lock import RunLock
+
+    with RunLock(root).hold():
+        return _write_merged(root, mans[0], by_index)
+
+
+def _write_merged(root: Path, first: Mapping[str, Any], by_index: Mapping[int, RunStore]) -> RunStore:
+    import pandas as pd
+
     trials = [t for s in by_index.values() for t in s.trials()]
-    manifest = dict(mans[0])
+    manifest = dict(first)
     manifest["shard"] = None
     manifest["merged_from"] = [s.root.name for s in by_index.values()]
     manifest["n_trials"] = len(trials)
+    manifest["chunk_size"] = max(len(trials), 1)
     if (root / MANIFEST).exists():
         existing = RunStore(root).manifest()
         if existing.get("run_key") != manifest["run_key"]:
@@ -262,16 +649,7 @@ def merge_shards(root: Path) -> RunStore:
     atomic_write_text(root / TRIALS, _trials_text(trials))
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
     merged = RunStore(root)
-    names = sorted({n for s in stores for n in _table_names(s)})
+    names = sorted({n for s in by_index.values() for c in s.integrity().verified for n in c.tables})
     tables = {n: pd.concat([s.load(n) for s in by_index.values()], ignore_index=True) for n in names}
-    merged.write_chunk(0, tables)
-    manifest["chunk_size"] = max(len(trials), 1)
-    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+    merged.write_chunk(0, tables, trials=(0, len(trials)))
     return merged
-
-
-def _table_names(store: RunStore) -> set[str]:
-    names = set()
-    for k in store.done_chunks():
-        names.update(json.loads((store.results_dir / f"chunk-{k:06d}.done").read_text()))
-    return names

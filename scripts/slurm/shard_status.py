@@ -22,7 +22,7 @@ def complete(folder: Path) -> bool:
     except StoreError:
         return False
     n_chunks = len(chunk_bounds(int(man["n_trials"]), int(man["chunk_size"])))
-    return len(store.done_chunks()) == n_chunks
+    return len(store.verified_chunks()) == n_chunks  # a damaged chunk makes the task run (and repair) it
 
 
 if __name__ == "__main__":
