@@ -302,6 +302,39 @@ def _error_code(e: BaseException) -> str:
     return str(getattr(e, "code", "") or "")
 
 
+def server_message(e: BaseException) -> str:
+    """The server's own reason for rejecting a request, from the error body the SDK parsed.
+
+    OpenAI-style servers put it in ``{"error": {"message": ...}}``, FastAPI
+    servers (``transformers serve``) in ``{"detail": ...}``; the SDK's own
+    string ("Error code: 400") is the fallback when the body has neither.
+    """
+    body = getattr(e, "body", None)
+    if isinstance(body, Mapping):
+        err = body.get("error", body)
+        for holder in (err, body):
+            if isinstance(holder, Mapping):
+                for key in ("message", "detail"):
+                    if holder.get(key):
+                        return str(holder[key])
+        if isinstance(err, str) and err:
+            return err
+    elif isinstance(body, str) and body.strip():
+        return body.strip()
+    return str(e)
+
+
+def _request_hint(status: int, message: str, key_env: str | None) -> str:
+    """What to change, from the status and the server's message (a pinned or unknown model: the model name)."""
+    if status == 401:
+        return f"the key was rejected; check ${key_env}" if key_env else "the server wants a key; set --api-key-env"
+    if status == 403:
+        return "this key may not use this model or endpoint"
+    if status == 404 or "model" in message.lower():
+        return "check the model name in --model (openai-compatible:<name>@<url>: <name> is what the server serves)"
+    return "check the request settings (--temperature, --max-new-tokens, --reasoning-effort, --think, --api-extra-body)"
+
+
 def classify(e: BaseException, key_env: str | None) -> TransportError | ProviderRefusal | ApiRequestError:
     """Sort an exception from a client call into retry / refusal / stop.
 
@@ -326,12 +359,9 @@ def classify(e: BaseException, key_env: str | None) -> TransportError | Provider
         code = _error_code(e)
         if status == 400 and code in REFUSAL_CODES:
             return ProviderRefusal(code, str(e))
-        hint = {
-            401: f"the key was rejected; check ${key_env}" if key_env else "the server wants a key; set --api-key-env",
-            403: "this key may not use this model or endpoint",
-            404: "check the model name and the base URL",
-        }.get(status, "check the request settings (--temperature, --reasoning-effort, --think, --api-extra-body)")
-        return ApiRequestError(f"the provider rejected the request ({status}: {str(e)[:300]}); {hint}")
+        message = server_message(e)
+        hint = _request_hint(status, message, key_env)
+        return ApiRequestError(f"the server rejected the request ({status}): {message[:500]}; {hint}")
     if isinstance(e, (ValueError, json.JSONDecodeError)) or "APIResponseValidationError" in names:
         return TransportError("malformed", f"unreadable response: {str(e)[:200]}")
     if any(n in names for n in ("RemoteProtocolError", "ReadError", "WriteError", "NetworkError", "TransportError")):
