@@ -330,7 +330,7 @@ def _request_hint(status: int, message: str, key_env: str | None) -> str:
         return f"the key was rejected; check ${key_env}" if key_env else "the server wants a key; set --api-key-env"
     if status == 403:
         return "this key may not use this model or endpoint"
-    if status == 404 or "model" in message.lower():
+    if status == 404 or any(w in message.lower() for w in ("model", "pinned")):
         return "check the model name in --model (openai-compatible:<name>@<url>: <name> is what the server serves)"
     return "check the request settings (--temperature, --max-new-tokens, --reasoning-effort, --think, --api-extra-body)"
 
@@ -361,7 +361,7 @@ def classify(e: BaseException, key_env: str | None) -> TransportError | Provider
             return ProviderRefusal(code, str(e))
         message = server_message(e)
         hint = _request_hint(status, message, key_env)
-        return ApiRequestError(f"the server rejected the request ({status}): {message[:500]}; {hint}")
+        return ApiRequestError(f"the server rejected the request ({status}): {message[:500].rstrip('.')}; {hint}")
     if isinstance(e, (ValueError, json.JSONDecodeError)) or "APIResponseValidationError" in names:
         return TransportError("malformed", f"unreadable response: {str(e)[:200]}")
     if any(n in names for n in ("RemoteProtocolError", "ReadError", "WriteError", "NetworkError", "TransportError")):
