@@ -14,6 +14,7 @@ EPILOG = """examples:
   probe run yesno --model tiny --out runs/yesno-tiny
   probe analyze runs/yesno-tiny
   probe readout --model tiny --prompt "Is water wet? Answer with Yes or No." --options Yes,No
+  probe serve smol   # then: probe run yesno --model openai-compatible:smol@http://127.0.0.1:8000/v1 --samples 4 --out runs/s
   probe run yesno --model Qwen/Qwen3-8B --out runs/q8 --shard $SLURM_ARRAY_TASK_ID/8   # then: probe merge runs/q8
 """
 
@@ -330,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     from probe import coding, importer
 
     coding.register(sub)
+    from probe import serve
+
+    serve.register(sub)
     importer.register(sub)
     return p
 
