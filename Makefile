@@ -31,6 +31,7 @@ help:
 	@echo "make probe [MODEL=tiny|tiny-hybrid|<hf id>|<path>] [ENGINE=auto|hf|vllm] [RUN=runs/NAME] [ARGS='--think --salts 4']"
 	@echo "make test        fast tests (CI)"
 	@echo "make test-slow   slow tests too"
+	@echo "make test-repeat every test that depends on random draws, REPEAT=20 times (the flake hunt)"
 	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
 	@echo "make test-vllm   the vLLM engine's tests in $(VLLM_VENV) (GPU tests skip without a GPU)"
 	@echo "make check       ruff + mypy"
@@ -58,11 +59,19 @@ probe: $(PROBE_DEPS)
 	$(VENV)/bin/probe run $(EXPERIMENT) --model $(MODEL) --engine $(ENGINE) --out $(RUN) $(ARGS)
 	@echo; cat $(RUN)/report/summary.md
 
+# --durations: the slowest tests are printed on every run, so a slow newcomer is seen when it lands
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PY) -m pytest -q --durations=25 -m "slow or not slow"
+
+# The flake hunt: every test whose outcome depends on random draws (marker `draws`, tests/conftest.py),
+# REPEAT times in one process, stopping at the first failure.
+REPEAT ?= 20
+.PHONY: test-repeat
+test-repeat: $(STAMP)
+	$(PY) -m pytest -q -x -m "draws and not slow" --count=$(REPEAT) --durations=10
 
 .PHONY: test-calibration
 test-calibration: $(STAMP)  # the API engine's sampled frequencies vs logit readouts (about 3 min on 2 CPU cores)

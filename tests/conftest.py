@@ -6,7 +6,9 @@ repeated test runs reuse the models; set ``PROBE_CACHE`` to put it elsewhere.
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,46 @@ def make_trial(user: str, options, *, system: str | None = None, trial_id: str =
     msgs = ((Message("system", system),) if system else ()) + (Message("user", user),)
     options = tuple(options)
     return Trial(trial_id, "test", "item", {}, msgs, options, options, assistant_prefix=prefix)
+
+
+# ------------------------------------------------------------------ tests that depend on random draws
+#: What in a test's source makes its outcome depend on random draws: sampling through an engine or the CLI,
+#: the synthetic subject, a numpy generator, a bootstrap, the fault proxy's schedule, or the live server.
+#: Each such assertion is either deterministic (a seed the code honours: the sim engine, numpy generators,
+#: the Transformers engine's per-(trial, draw) seeds, ``transformers serve`` at concurrency 1, the proxy's
+#: seeded schedule) or bounded from its distribution, with the false-failure rate (<= 1e-6) in a comment.
+DRAW_SOURCES = re.compile(
+    r"\.sample\(|\"--samples\"|samples=[1-9]|SimEngine|SimParams|sim-params|\"sim\"|default_rng|n_boot|"
+    r"bootstrap|FaultProxy|chisquare"
+)
+
+
+def _draws(fn: object, depth: int = 2) -> bool:
+    """Whether ``fn`` or a module-level function it names (``depth`` levels down) draws at random."""
+    try:
+        source = inspect.getsource(fn)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+    if DRAW_SOURCES.search(source):
+        return True
+    module = inspect.getmodule(fn)
+    if depth == 0 or module is None:
+        return False
+    names = getattr(getattr(fn, "__code__", None), "co_names", ())
+    return any(inspect.isfunction(getattr(module, n, None)) and _draws(getattr(module, n), depth - 1) for n in names)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that depends on random draws ``draws``, so ``make test-repeat`` can run them many times.
+
+    A test draws if its own source, a helper it calls, or a fixture it uses (directly) matches
+    :data:`DRAW_SOURCES`, or if it talks to the live server.
+    """
+    for item in items:
+        fn = getattr(item, "function", None)
+        if fn is None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs]
+        if "server" in getattr(item, "fixturenames", ()) or _draws(fn) or any(_draws(f, 1) for f in fixtures):
+            item.add_marker(pytest.mark.draws)

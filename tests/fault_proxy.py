@@ -80,6 +80,11 @@ class FaultProxy:
         """Complete 200 responses handed to the client."""
         self.delivered_usage: Counter[str] = Counter()
         self.upstream_errors: list[str] = []
+        self.in_flight = 0
+        """Requests the proxy is handling now (a killed client's calls may still be on their way upstream)."""
+        self.slowest_forward = 0.0
+        """The longest upstream round trip, in seconds: the margin under the client's timeout."""
+        self._idle = threading.Condition(self._lock)
         """Failures talking to the upstream (answered 502): not part of the schedule, so tests expect none."""
         self._server = _QuietServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -102,6 +107,12 @@ class FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Block until no request is in flight, so counts read afterwards are final; fail after ``timeout`` s."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self.in_flight == 0, timeout=timeout):
+                raise TimeoutError(f"{self.in_flight} requests still in flight after {timeout:.0f} s")
 
     def _draw(self) -> str:
         with self._lock:
@@ -156,6 +167,16 @@ class FaultProxy:
                     self.connection.shutdown(socket.SHUT_RDWR)
 
             def _relay(self) -> None:
+                with proxy._lock:
+                    proxy.in_flight += 1
+                try:
+                    self._relay_one()
+                finally:
+                    with proxy._idle:
+                        proxy.in_flight -= 1
+                        proxy._idle.notify_all()
+
+            def _relay_one(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 kind = proxy._draw() if self.path.startswith(proxy.only_path) else "ok"
                 if kind != "ok":
@@ -171,6 +192,7 @@ class FaultProxy:
                     return self._kill()
                 if kind == "drop":
                     return self._kill()
+                started = time.monotonic()
                 try:
                     status, headers, data = proxy._forward(self.command, self.path, dict(self.headers), body)
                 except OSError as e:
@@ -179,6 +201,7 @@ class FaultProxy:
                     return self._send(502, b'{"error":{"message":"upstream failed"}}')
                 if status == 200 and self.path.startswith(proxy.only_path):
                     with proxy._lock:
+                        proxy.slowest_forward = max(proxy.slowest_forward, time.monotonic() - started)
                         proxy.upstream_ok += 1
                         proxy._count(proxy.upstream_usage, data)
                 if kind == "truncated":

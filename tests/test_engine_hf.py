@@ -169,7 +169,10 @@ def test_sampled_frequencies_match_readout(tiny_engine):
     counts[2] = n - counts[:2].sum()
     p = np.array([math.exp(r.scores[0].logprob), math.exp(r.scores[1].logprob), 1 - r.coverage])
     res = stats.chisquare(counts, p * n)
-    assert res.pvalue > 1e-3, (counts, p * n)
+    # Per-(trial, draw) seeds make these 3,000 draws the same on every run (p = 0.027 here). Were they fresh,
+    # the p-value of a correct sampler would be uniform (the smallest expected count is 61, so the chi-square
+    # law holds): false-failure rate 1e-6. A sampler whose P(Yes) is 5 points off fails it (p = 1e-7).
+    assert res.pvalue > 1e-6, (counts, p * n)
     again = e.sample([trial], n=50, temperature=1.0)
     assert [s.text for s in again] == [s.text for s in samples[:50]]  # per-draw seeding: reproducible
 
