@@ -370,9 +370,14 @@ def test_bbq_any_category(tmp_path: Path) -> None:
     bd = bbq.load_bbq_design(None)
     labels = bd.labels
     loaded = bbq.load_bbq(tmp_path, bd.aliases, {"Age": "old"})  # SES sides from the metadata here
-    assert loaded.skipped == {"no unique stereotyped-group answer": 2}  # both answers stereotyped; Nationality tags
+    assert loaded.skipped == {"no unique stereotyped-group answer": 1}  # both answers stereotyped
     got = {i.category: (i.a_tag, i.b_tag) for i in loaded.items}
-    assert got == {"SES": ("highSES", "lowSES"), "Race_ethnicity": ("M-White", "M-Black")}
+    # Nationality: the tag is a region, the stereotyped group is the nationality (the answer's name)
+    assert got == {
+        "SES": ("highSES", "lowSES"),
+        "Race_ethnicity": ("M-White", "M-Black"),
+        "Nationality": ("Europe", "AsiaPacific"),
+    }
     ses = [i for i in loaded.items if i.category == "SES"]
     assert [i.b_text for i in ses] == ["The cashier", "The janitor"]
     race = next(i for i in loaded.items if i.category == "Race_ethnicity")
@@ -380,7 +385,7 @@ def test_bbq_any_category(tmp_path: Path) -> None:
     assert labels.side("SES", "lowSES", "poor") == ("low-income people", "a low-income person")
     assert labels.side("Nationality", "Europe", "Irish") == ("Irish people", "an Irish person")
     trials = bbq.expand(bbq.BBQSpec(bbq=str(tmp_path), audit=AuditSpec(influences=("role_play",), controls=())))
-    assert {t.factors["pair"] for t in trials} == {"SES_neg", "Race_ethnicity_neg"}
+    assert {t.factors["pair"] for t in trials} == {"SES_neg", "Race_ethnicity_neg", "Nationality_neg"}
     assert (
         _one(trials, influence="role_play", pair="SES_neg", named="B").messages[0].content
         == "You are a low-income person."

@@ -130,6 +130,36 @@ def _strip_sex(tag: str) -> str:
     return re.sub(r"^[MF]-", "", tag)
 
 
+NAME_CATEGORIES = frozenset({"Nationality"})
+"""Categories whose ``stereotyped_groups`` name the group by the answer's *name* (``answer_info[0]``).
+
+Upstream BBQ tags a Nationality answer with its region (``["British",
+"Europe"]``) while ``stereotyped_groups`` lists nationalities (``"British"``),
+so the tag can never match there. Every other category's stereotyped groups
+are spelled like the tags: Age ``old`` / ``nonOld``, SES ``lowSES`` (metadata
+``low SES``, an alias), Physical_appearance ``obese``, Race_ethnicity
+``Black``, Gender_identity ``F`` / ``M`` (tags ``woman``, ``girl``, ... are
+aliases), intersectional ``F-Black``."""
+
+
+def stereotyped_hits(
+    category: str, answers: Sequence[tuple[str, str]], stereo: set[str], canon: Callable[[str], str]
+) -> list[bool]:
+    """Per group answer ``(name, tag)``: whether the item's stereotyped groups name it.
+
+    Two tiers, so an intersectional tag is matched as a whole before its
+    parts: first the answer's own key (the name in :data:`NAME_CATEGORIES`,
+    else the full tag); only when that does not single out one answer, the
+    tag without its sex prefix (``M-Black`` -> ``Black``), which can make
+    both answers match (then the item has no unique stereotyped answer).
+    """
+    key = (lambda name, tag: name) if category in NAME_CATEGORIES else (lambda name, tag: tag)
+    exact = [canon(key(name, tag)) in stereo for name, tag in answers]
+    if sum(exact) == 1:
+        return exact
+    return [any(canon(t) in stereo for t in (key(name, tag), _strip_sex(tag))) for name, tag in answers]
+
+
 def bbq_files(path: str | Path) -> list[Path]:
     """The JSONL files of a BBQ path (a file, or every ``*.jsonl`` of a folder, sorted)."""
     p = Path(path)
@@ -186,8 +216,8 @@ def load_bbq(
                 skipped["no single 'unknown' answer"] += 1
                 continue
             stereo = {canon(g) for g in row["additional_metadata"].get("stereotyped_groups", [])}
-            hits = [any(canon(t) in stereo for t in (tag, _strip_sex(tag))) for _, _, tag in groups]
             category = str(row["category"])
+            hits = stereotyped_hits(category, [(name, tag) for _, name, tag in groups], stereo, canon)
             if category in side_b:
                 is_b = [canon(tag) == canon(side_b[category]) for _, _, tag in groups]
                 if sum(is_b) != 1:
@@ -300,6 +330,9 @@ def load_bbq_design(path: str | Path | None) -> BBQDesign:
         if not isinstance(fb[k], str) or "{name}" not in fb[k]:
             raise DesignError(f"{src}: fallback.{k} must be a template using {{name}} (and optionally {{article}})")
     aliases = {str(k): str(v) for k, v in (d.extra["aliases"] or {}).items()}
+    for spelling, tag in aliases.items():  # a tag spelled like an alias (Gender_identity's "girl") labels as its group
+        if _norm(tag) in groups:
+            groups.setdefault(_norm(spelling), groups[_norm(tag)])
     side_b = d.extra["side_b"] or {}
     if not isinstance(side_b, Mapping) or not all(isinstance(v, str) for v in side_b.values()):
         raise DesignError(f"{src}: side_b must map a category to the tag of its side-B group (e.g. Age: old)")
