@@ -37,9 +37,9 @@ def check_run(root: Path) -> tuple[list[str], bool]:
     lines.append(_lock_line(root))
     if not integrity.complete:
         bad = [c.chunk for c in integrity.chunks if c.status != "verified"]
+        replay = " (API responses are replayed from the journal)" if journal_lines else ""
         lines.append(
-            f"repair: re-run `probe run` with the same arguments; it recomputes chunk(s) {_ranges(bad)} only "
-            "(API responses are replayed from the journal)"
+            f"repair: re-run `probe run` with the same arguments; it recomputes chunk(s) {_ranges(bad)} only{replay}"
         )
     return lines, integrity.complete and journal_ok
 
@@ -76,4 +76,3 @@ def _ranges(ks: list[int]) -> str:
         else:
             out.append(str(k))
     return ", ".join(out)
-

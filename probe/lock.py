@@ -112,6 +112,7 @@ class RunLock:
                 if not wait:
                     raise LockError(self._held_message(holder))
                 log(f"{self.folder}: waiting for the writer that holds it: {_who(holder)}")
+                sys.stdout.flush()  # it blocks next: a log file or a watcher should see the line now
                 self._flock(fd, fcntl.LOCK_EX)
             stale = Holder.parse(_read(fd))
             os.ftruncate(fd, 0)
