@@ -87,6 +87,7 @@ def test_sigkill_then_resume_gives_identical_results(reference_run: Path, tmp_pa
     assert 1 <= done_before < n_chunks
     p = run_cli(*args)
     assert "resuming" in p.stdout
+    assert f"took over a stale lock left by pid {proc.pid}" in p.stdout  # the killed run's lock, named
     opts, per = results(out)
     ref_opts, ref_per = results(reference_run)
     assert per["trial_id"].is_unique and len(per) == len(ref_per)
