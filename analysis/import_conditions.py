@@ -54,6 +54,7 @@ clusters, said so in the report.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -372,7 +373,10 @@ def import_run(path: str | Path, out: str | Path) -> tuple[Any, Parsed]:
     }
     store = RunStore.open(Path(out), manifest, [])
     store.update_manifest({"provenance": provenance})
-    store.write_chunk(0, {TABLE: t.assign(reasoning=t["reasoning"].astype(bool))})
+    table = {TABLE: t.assign(reasoning=t["reasoning"].astype(bool))}
+    # an imported run has no trials: its one chunk spans none (the store's receipts name the span, where they exist)
+    span = {"trials": (0, 0)} if "trials" in inspect.signature(store.write_chunk).parameters else {}
+    store.write_chunk(0, table, **span)
     atomic_write_text(store.root / "ambiguous.csv", ambiguous_frame(parsed.ambiguous).to_csv(index=False))
     return store, parsed
 
