@@ -344,3 +344,55 @@ def test_a_real_full_disk_stops_at_a_chunk_boundary(reference: Path, tmp_path: P
         assert_same_tables(out, reference)
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+# ------------------------------------------------------------ the API journal
+def test_damaged_journal_lines_are_quarantined_and_nothing_is_bought_twice(server, tmp_path: Path, capsys) -> None:
+    """API engine against `transformers serve`: two damaged journal lines and a lost samples table.
+
+    The damaged lines (one garbled, one edited) belong to a committed chunk, so their responses are not
+    lost; the lost table's chunk is rebuilt from the journal. The proxy counts every call the server answers.
+    """
+    from tests.fault_proxy import FaultProxy
+
+    out = tmp_path / "api"
+    with FaultProxy(server.origin, {}) as proxy:
+        args = ["run", "yesno", "--model", f"openai-compatible:tiny@{proxy.url}/v1", "--samples", "2"]
+        args += ["--items", "mine_cart_bridge", "--out", str(out), "--chunk-size", "4", "--quiet", "--no-report"]
+        rc, _, _ = cli(capsys, *args)
+        assert rc == 0 and proxy.delivered_ok == 24  # 12 trials x 2 draws, one call each
+        store = RunStore(out)
+        before = store.load("samples").sort_values(["trial_id", "draw"]).reset_index(drop=True)
+        first_chunk = set(store.trial_ids()[:4])
+        journal = out / "results" / "api-journal.jsonl"
+        lines = journal.read_bytes().splitlines(keepends=True)
+        mine = [i for i, raw in enumerate(lines) if json.loads(raw)["trial_id"] in first_chunk]
+        garbled, edited = mine[0], mine[1]
+        lines[garbled] = lines[garbled][:30] + b"\x00\x00 torn by a bad disk\n"
+        lines[edited] = lines[edited].replace(b'"draw":', b'"draw": ', 1).replace(b'"status":"', b'"status":"x', 1)
+        journal.write_bytes(b"".join(lines))
+        (out / "results" / "chunk-000001.samples.parquet").unlink()
+
+        rc, text, _ = cli(capsys, "check", str(out))
+        assert rc == 1 and "api journal: 22 responses, 2 damaged line(s)" in text
+        assert f"line {garbled + 1}: not valid JSON" in text and "the next `probe run` quarantines it" in text
+        assert "chunk 1 (trials 4-7): damaged, chunk-000001.samples.parquet is missing" in text
+
+        rc, text, err = cli(capsys, *args)
+        assert rc == 0
+        assert (
+            f"api: quarantined 2 damaged line(s) of {journal} into {out / 'results' / 'api-journal.quarantine'}" in err
+        )
+        assert f"line {garbled + 1}: not valid JSON" in err
+        assert f"line {edited + 1}: its checksum does not match its content" in err and "kept the other 22" in err
+        assert "chunk 1 (trials 4-7): damaged, chunk-000001.samples.parquet is missing; recomputing it (paid API " \
+               "responses are replayed from the journal, not bought again)" in text  # fmt: skip
+        assert proxy.delivered_ok == 24  # not one call paid twice
+    after = RunStore(out).load("samples").sort_values(["trial_id", "draw"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(after, before, check_exact=True)
+    assert (out / "results" / "api-journal.quarantine").read_bytes() == lines[garbled] + lines[edited]
+    assert len(journal.read_bytes().splitlines()) == 22
+    stats = RunStore(out).manifest()["engine_stats"]
+    assert stats["duplicates"] == 0 and stats["quarantined_journal_lines"] == 2
+    rc, text, _ = cli(capsys, "check", str(out))
+    assert rc == 0 and "api journal: 22 responses, 0 damaged line(s), 2 quarantined earlier" in text
