@@ -8,6 +8,7 @@ fails because, say, the free-choice instrument was not run).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,8 +244,14 @@ def graded_section(f: Frames, out: Path) -> Section:
     gen = stance.generalizability(inc)
     th_mode = stance.theta(stance.per_form(gt, value="mode")).rename("theta_mode")
     table = inc[["theta", "sigma_repro", "sigma_dir", "sigma_scale", "n_forms"]].join(th_mode)
+    bipolar = None
     if forms["bipolar"].any():
-        table = table.join(stance.bipolar_contrast(forms)[["theta_bipolar", "contrast"]])
+        contrast = stance.bipolar_contrast(forms)
+        table = table.join(contrast[["theta_bipolar", "contrast"]])
+        with contextlib.suppress(ValueError):
+            bipolar = stance.bipolar_summary(contrast)
+    pooled = stance.pooled_incoherence(inc)
+    f.results["pooled_incoherence"] = pooled
     f.results["theta"] = th
     f.results["incoherence"] = inc
     table.index.name = "dilemma"
@@ -269,6 +276,21 @@ def graded_section(f: Frames, out: Path) -> Section:
         if hasattr(gen, "mean_sigma2")
         else f"Generalizability: {gen}",
     ]
+    lines += [
+        "",
+        f"Per-model incoherence (the paper's headline: variances pooled over dilemmas, then sqrt): sigma_repro = "
+        f"{pooled.sigma_repro:.3f} (direction {pooled.sigma_dir:.3f}, scale {pooled.sigma_scale:.3f}, in "
+        f"quadrature); sigma_repeat = {pooled.sigma_repeat:.3f} (within-form replicate noise); sigma_tot = "
+        f"{pooled.sigma_tot:.3f} (sigma_tot^2 = sigma_repro^2 + sigma_repeat^2). Mean of per-item sigma_repro "
+        f"(the estimator of the uncertainty statements; lower by Jensen's inequality): "
+        f"{pooled.mean_item_sigma_repro:.3f}.",
+    ]
+    if bipolar is not None:
+        lines += [
+            "",
+            f"Bipolar contrast theta_bipolar - theta over {bipolar.n_items} dilemmas (measured, never in theta): "
+            f"mean |.| = {bipolar.mean_abs:.3f} (the paper's summary), signed mean = {bipolar.mean:+.3f}.",
+        ]
     if (g["replicate"] > 0).any():
         floor = stance.salt_floor(stance.salt_spread(gt[~gt["bipolar"]], "mean_x", stance.FORM))
         lines += [

@@ -14,7 +14,7 @@ set in every column), and then:
   the outlier items (largest spread of standardized theta across runs) and the
   outlier models (lowest mean r with the others);
 * **deliberation**: for each (reasoning off, reasoning on) pair of one model,
-  paired item-bootstrap differences (on - off) of mean sigma_repro, G, |m| and
+  paired item-bootstrap differences (off - on, the paper's sign) of mean sigma_repro, G, |m| and
   s per channel and of the joint fit (every resample redraws the same items
   for both runs and refits both);
 * **human anchors** from a user CSV (:func:`load_humans`), beside the models,
@@ -338,33 +338,71 @@ def standardized(theta: pd.DataFrame) -> pd.DataFrame:
     return (theta - theta.mean()) / sd.where(sd > 0)
 
 
-def agreement(theta: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def agreement(
+    theta: pd.DataFrame, reference: Sequence[str] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(r matrix, consensus table per item, per-run table) from an item x run table of theta.
 
-    Consensus = mean over runs of the standardized theta; disagreement = SD
-    (ddof 1) across runs of the standardized theta. Per run: mean r with the
-    other runs and r with the consensus of the others (leave-one-out).
+    Consensus = the raw mean of theta over the ``reference`` runs (the
+    paper's "frontier-mean consensus"; None: every run); disagreement = SD
+    (ddof 1) across all runs of theta standardized within each run. Per run:
+    mean r with the other runs, and the consensus alignment ``consensus_r2``
+    = r^2 with the consensus, computed leave-one-out for a reference run (its
+    own theta left out of the consensus it is compared with).
     """
     if theta.shape[1] < 2:
         raise ValueError(f"agreement needs at least two runs with theta, got {theta.shape[1]}")
     if theta.shape[0] < 3:
         raise ValueError(f"agreement needs at least 3 shared items with theta, got {theta.shape[0]}")
+    ref = list(theta.columns) if reference is None else list(reference)
+    unknown = [n for n in ref if n not in theta.columns]
+    if unknown or not ref:
+        raise ValueError(
+            f"consensus reference runs {unknown or ref} are not runs with theta; runs: {list(theta.columns)}"
+        )
     r = theta.corr(method="pearson")
     z = standardized(theta)
-    cons = pd.DataFrame({"consensus": z.mean(axis=1), "disagreement": z.std(axis=1, ddof=1)})
+    cons = pd.DataFrame({"consensus": theta[ref].mean(axis=1), "disagreement": z.std(axis=1, ddof=1)})
     cons = cons.join(theta)
     cons["rank"] = cons["consensus"].rank(ascending=False, method="first").astype(int)
     cons = cons.sort_values("rank")
     rows = {}
     for c in theta.columns:
         others = [o for o in theta.columns if o != c]
-        loo = z[others].mean(axis=1)
-        ok = z[c].notna() & loo.notna()
-        r_loo = float(np.corrcoef(z[c][ok], loo[ok])[0, 1]) if ok.sum() > 2 else float("nan")
-        rows[c] = {"mean_r_with_others": float(r.loc[c, others].mean()), "r_with_consensus_of_others": r_loo}
+        basis = [o for o in ref if o != c]
+        r2 = float("nan")
+        if basis:
+            target = theta[basis].mean(axis=1)
+            ok = theta[c].notna() & target.notna()
+            if ok.sum() > 2 and theta[c][ok].nunique() > 1 and target[ok].nunique() > 1:
+                r2 = float(np.corrcoef(theta[c][ok], target[ok])[0, 1] ** 2)
+        rows[c] = {
+            "mean_r_with_others": float(r.loc[c, others].mean()),
+            "consensus_r2": r2,
+            "in_reference": c in ref,
+        }
     per_run = pd.DataFrame(rows).T
     per_run.index.name = "run"
     return r, cons, per_run
+
+
+def consensus_reference(panel: Panel, runs: dict[str, RunData], have: Sequence[str]) -> tuple[list[str], str]:
+    """The runs the consensus averages over, and the rule that chose them (for the report).
+
+    A panel file's per-run ``consensus: true/false`` decides when any run
+    sets it. Otherwise the paper's definition: the frontier configurations,
+    which the paper measures by sampling, not by logit readout (the
+    open-weight models are read at the logit level and left out); so the
+    sampled-only runs, or every run when none is sampled.
+    """
+    marked = [r for r in panel.runs if r.consensus is not None]
+    if marked:
+        chosen = [r.name for r in panel.runs if r.consensus and r.name in have]
+        return chosen, "the runs marked `consensus: true` in the panel file"
+    sampled = [n for n in have if runs[n].source == "samples"]
+    if sampled:
+        return sampled, "the sampled runs (the paper's frontier configurations; logit-readout runs left out)"
+    return list(have), "every run (no sampled run: the paper's frontier set is empty here)"
 
 
 # ------------------------------------------------------------------ the comparison
@@ -401,6 +439,8 @@ def matching_section(c: Context, out: Path) -> Section:
 
 def models_section(c: Context, out: Path) -> Section:
     """Per run on the shared items: stance, incoherence, G (with CI), decomposition and the logical pull."""
+    from analysis import stance
+
     rows, files = {}, []
     long = []
     for name, d in c.runs.items():
@@ -414,6 +454,15 @@ def models_section(c: Context, out: Path) -> Section:
             th, sg = inc["theta"].to_numpy(float), inc["sigma_repro"].to_numpy(float)
             row.update(n_items=len(inc), mean_theta=float(th.mean()), sd_theta=float(th.std(ddof=1)))
             row["mean_sigma_repro"] = float(sg.mean())
+            with contextlib.suppress(ValueError):
+                pooled = stance.pooled_incoherence(d.inc)
+                row.update(
+                    sigma_repro=pooled.sigma_repro,
+                    sigma_dir=pooled.sigma_dir,
+                    sigma_scale=pooled.sigma_scale,
+                    sigma_repeat=pooled.sigma_repeat,
+                    sigma_tot=pooled.sigma_tot,
+                )
             if len(inc) >= 2:
                 idx = boot_index(len(inc), c.n_boot, c.seed)
                 row["G"] = float(g_of(th, sg))
@@ -422,18 +471,22 @@ def models_section(c: Context, out: Path) -> Section:
         if d.dec is not None:
             for k in ("z", "order", "lexical", "apparent"):
                 row[f"{k}"] = float(d.dec[k].mean())
-        if d.logic is not None and len(d.logic):
-            row["logic"] = float(d.logic.mean())
+        if d.logic is not None and "A/B" in d.logic.index:
+            row["logic_AB"] = float(d.logic["A/B"])
         rows[name] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "run"
     files.append(_csv(table, out / "models.csv"))
     lines = [
         f"Every quantity on the {len(c.shared)} shared dilemmas. theta: mean signed stance over the unipolar graded "
-        "forms; mean_sigma_repro: mean cross-form incoherence (descriptive); G = Var_items(theta) / (Var_items(theta) "
+        "forms; sigma_repro: the per-model incoherence, the paper's headline (per-item variances pooled over "
+        "dilemmas, then sqrt), split into sigma_dir and sigma_scale in quadrature, with sigma_repeat (within-form "
+        "replicate noise) and sigma_tot = sqrt(sigma_repro^2 + sigma_repeat^2); mean_sigma_repro: the mean of "
+        "per-item sigma_repro (lower by Jensen's inequality; descriptive); G = Var_items(theta) / (Var_items(theta) "
         f"+ mean sigma_repro^2) with a {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} resamples, seed "
-        f"{c.seed}); z, order, lexical, apparent: the yes/no verb-flip decomposition, mean over items; logic: the "
-        "logical (verdict) pull of the arbitrary label pairs, mean over pairs.",
+        f"{c.seed}); z, order, lexical, apparent: the yes/no verb-flip decomposition, mean over items; logic_AB: "
+        "the logical (verdict-attached) pull with the fully arbitrary A/B labels, on which the paper rests "
+        "identification (every pair: the battery report's label map).",
         "",
         *md_table(table, "{:+.3f}", index=True),
     ]
@@ -510,7 +563,8 @@ def fits_section(c: Context, out: Path) -> Section:
 
 def agreement_section(c: Context, out: Path) -> Section:
     theta = c.theta_table().dropna()
-    r, cons, per_run = agreement(theta)
+    reference, rule = consensus_reference(c.panel, c.runs, list(theta.columns))
+    r, cons, per_run = agreement(theta, reference)
     r2 = r**2
     r2.index.name = "run"
     cons.index.name = "item_id"
@@ -530,15 +584,16 @@ def agreement_section(c: Context, out: Path) -> Section:
         "",
         *md_table(r2, "{:.3f}", index=True),
         "",
-        "Consensus ordering: the mean over runs of theta standardized within each run (z-score across items), so a "
-        "model that compresses or shifts its scale weighs the same as the others; rank 1 = most cost-benefit. "
-        "Disagreement: the SD across runs of the standardized theta (`consensus.csv` has every item).",
+        f"Consensus ordering: the raw mean theta over the reference runs ({', '.join(reference)}: {rule}), as "
+        "the paper's frontier-mean consensus; rank 1 = most cost-benefit. Disagreement: the SD across all runs of "
+        "theta standardized within each run (`consensus.csv` has every item).",
         "",
         "Outlier items (largest disagreement):",
         "",
         *md_table(top[["rank", "consensus", "disagreement"]], "{:+.3f}", index=True),
         "",
-        "Outlier models (lowest mean r with the other runs first; r with the consensus of the others):",
+        "Outlier models (lowest mean r with the other runs first); consensus_r2: the consensus-alignment r^2 "
+        "(leave-one-out for a reference run):",
         "",
         *md_table(worst, "{:+.3f}", index=True),
     ]
@@ -560,7 +615,11 @@ def _boot_fit(th: np.ndarray, pp: np.ndarray, pm: np.ndarray, idx: np.ndarray, x
 
 
 def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
-    """Paired on - off differences with percentile bootstrap CIs over items (one resampling for every row).
+    """Paired off - on differences (the paper's sign: "off minus on") with bootstrap CIs over items.
+
+    Column ``off_minus_on``: positive when reasoning lowers the quantity
+    (e.g. a smaller |m| or sigma_repro with reasoning on). One resampling of
+    items serves every row.
 
     Rows: ``sigma_repro`` (mean over items), ``G``, per channel fitted in
     both runs ``|m|``, ``m`` and ``s`` (both runs refitted on each resample),
@@ -580,7 +639,8 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
         raise ValueError(f"needs at least 3 items with theta in both runs, got {len(items)}")
     rows = []
 
-    def add(q: str, ch: str, v_off: float, v_on: float, d_boot: np.ndarray, n: int) -> None:
+    def add(q: str, ch: str, v_off: float, v_on: float, on_minus_off: np.ndarray, n: int) -> None:
+        d_boot = -on_minus_off  # reported off - on, as the paper writes it
         lo, hi = percentile_ci(d_boot)
         rows.append(
             {
@@ -588,7 +648,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
                 "channel": ch,
                 "off": v_off,
                 "on": v_on,
-                "diff": v_on - v_off,
+                "off_minus_on": v_off - v_on,
                 "lo": lo,
                 "hi": hi,
                 # a CI that only misses 0 by optimizer round-off (a planted-zero m) does not count
@@ -656,7 +716,7 @@ def deliberation_section(c: Context, out: Path) -> Section:
     pairs = c.panel.reasoning_pairs()
     if not pairs:
         return Section(
-            "Deliberation: reasoning on - off",
+            "Deliberation: reasoning off - on",
             [
                 "No model has both a reasoning-off and a reasoning-on run in this panel (give `model:` and "
                 "`reasoning:` in a panel file to pair runs)."
@@ -674,13 +734,15 @@ def deliberation_section(c: Context, out: Path) -> Section:
     files = []
     if tables:
         table = pd.concat(tables, ignore_index=True)
-        cols = ["model", "off_run", "on_run", "quantity", "channel", "off", "on", "diff", "lo", "hi", "excludes_0"]
+        cols = ["model", "off_run", "on_run", "quantity", "channel", "off", "on", "off_minus_on", "lo", "hi"]
+        cols.append("excludes_0")
         table = table[[*cols, "n_items", "n_boot_ok"]]
         files = [_csv(table, out / "deliberation.csv", index=False), _deliberation_figure(table, out)]
         show = table.drop(columns=["off_run", "on_run", "n_boot_ok"]).copy()
         show["excludes_0"] = show["excludes_0"].map({True: "yes", False: "no"})
         lines = [
-            "Per model, reasoning on minus off on the items both runs hold: mean sigma_repro (incoherence), G, "
+            "Per model, reasoning off minus on (the paper's sign; positive = smaller with reasoning on) on the "
+            "items both runs hold: mean sigma_repro (incoherence), G, "
             "per channel abs_m = |m|, m and s, and the joint fit per label family (s: channel joint:<family>; abs_m "
             f"and m: joint:<family>:<channel>). CIs: {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} "
             f"resamples, seed {c.seed}); each resample draws the same items for both runs and refits (s, m) in both, "
@@ -691,13 +753,15 @@ def deliberation_section(c: Context, out: Path) -> Section:
             *md_table(show, "{:+.3f}"),
             *(["", *lines] if lines else []),
         ]
-    return Section("Deliberation: reasoning on - off", lines, files)
+    return Section("Deliberation: reasoning off - on", lines, files)
 
 
 # ------------------------------------------------------------------ humans
-HUMAN_VS = {"rating": "theta", "p_cbr": "z"}
-"""Which model quantity a human measure is compared with: ratings with theta (both graded stances on [-1, 1]),
-choice rates with the story stance z = mean(2 P(CBR) - 1) of the forced binary (both choice rates)."""
+HUMAN_VS: dict[str, tuple[str, ...]] = {"rating": ("theta",), "p_cbr": ("theta", "z")}
+"""Which model quantities a human measure is compared with. The paper's anchor (Fig. 1a, "r^2 of per-item
+theta ... frontier-human") sets the human choice rate, as 2 P - 1, beside the model's graded theta: first row.
+A choice rate is also shown against the forced-binary story stance z = mean(2 P(CBR) - 1) (both choice
+rates), as a second, labelled row; a rating is compared with theta."""
 
 
 def humans_section(c: Context, out: Path) -> Section:
@@ -713,24 +777,24 @@ def humans_section(c: Context, out: Path) -> Section:
     rows, by_item = [], per_item.add_prefix("humans_")
     for name, d in c.runs.items():
         for measure in per_item.columns:
-            quantity = HUMAN_VS[measure]
-            model = d.theta if quantity == "theta" else (None if d.dec is None else d.dec["z"])
-            row: dict[str, Any] = {"run": name, "human": measure, "model": quantity}
-            if model is None:
-                rows.append({**row, "note": f"run has no {quantity}"})
-                continue
-            by_item[f"{name} ({quantity})"] = model.reindex(by_item.index)
-            try:
-                from analysis.stance import pearson_ci
+            for quantity in HUMAN_VS[measure]:
+                model = d.theta if quantity == "theta" else (None if d.dec is None else d.dec["z"])
+                row: dict[str, Any] = {"run": name, "human": measure, "model": quantity}
+                if model is None:
+                    rows.append({**row, "note": f"run has no {quantity}"})
+                    continue
+                by_item[f"{name} ({quantity})"] = model.reindex(by_item.index)
+                try:
+                    from analysis.stance import pearson_ci
 
-                r = pearson_ci(model, per_item[measure], n_boot=c.n_boot, seed=c.seed)
-                row.update(r=r.r, r_lo=r.lo, r_hi=r.hi)
-            except ValueError as e:
-                row["note"] = str(e)
-            mad, lo, hi, n = mad_ci(model, per_item[measure], n_boot=c.n_boot, seed=c.seed)
-            rows.append({**row, "mean_abs_diff": mad, "mad_lo": lo, "mad_hi": hi, "n_items": n})
+                    r = pearson_ci(model, per_item[measure], n_boot=c.n_boot, seed=c.seed)
+                    row.update(r=r.r, r_lo=r.lo, r_hi=r.hi, r2=r.r**2)
+                except ValueError as e:
+                    row["note"] = str(e)
+                mad, lo, hi, n = mad_ci(model, per_item[measure], n_boot=c.n_boot, seed=c.seed)
+                rows.append({**row, "mean_abs_diff": mad, "mad_lo": lo, "mad_hi": hi, "n_items": n})
     table = pd.DataFrame(rows)
-    for col in ("r", "r_lo", "r_hi", "mean_abs_diff", "mad_lo", "mad_hi", "n_items", "note"):
+    for col in ("r", "r_lo", "r_hi", "r2", "mean_abs_diff", "mad_lo", "mad_hi", "n_items", "note"):
         if col not in table.columns:
             table[col] = np.nan if col != "note" else ""
     table["note"] = table["note"].fillna("")
@@ -743,7 +807,9 @@ def humans_section(c: Context, out: Path) -> Section:
     lines = [
         f"Human table `{c.panel.humans}`: {h['item_id'].nunique()} of the shared dilemmas; human values on the "
         "stance axis [-1, 1] (p_cbr as 2 p - 1; rating as 2 (rating - lo) / (hi - lo) - 1), averaged over frames. "
-        "Ratings are compared with the model's theta, choice rates with its forced-binary story stance z. "
+        "Both are compared with the model's graded theta, as the paper anchors its stance axis (Fig. 1a: human "
+        "2P - 1 beside theta; r^2 of per-item theta); choice rates also with the forced-binary story stance z "
+        "(row model = z). "
         f"r: Pearson with a {LEVEL:.0%} percentile bootstrap over items; mean |diff| with the same bootstrap.",
         "",
         *md_table(table, "{:+.3f}"),
@@ -1078,14 +1144,14 @@ def _deliberation_figure(table: pd.DataFrame, out: Path) -> Path:
     for ax, m in zip(axes, models, strict=True):
         t = table[table["model"] == m]
         y = np.arange(len(t))
-        err = np.vstack([t["diff"] - t["lo"], t["hi"] - t["diff"]]).clip(min=0)
-        ax.errorbar(t["diff"], y, xerr=err, fmt="o", color="#4c72b0")
+        err = np.vstack([t["off_minus_on"] - t["lo"], t["hi"] - t["off_minus_on"]]).clip(min=0)
+        ax.errorbar(t["off_minus_on"], y, xerr=err, fmt="o", color="#4c72b0")
         ax.set_yticks(y, list(t["label"]), fontsize=7)
         ax.invert_yaxis()
         ax.axvline(0, color="black", lw=0.7)
         ax.set_title(str(m), fontsize=9)
-        ax.set_xlabel("on - off (95% CI)", fontsize=8)
-    return _save(plt, fig, out / "fig_deliberation.png", "Deliberation effects: reasoning on minus off")
+        ax.set_xlabel("off - on (95% CI)", fontsize=8)
+    return _save(plt, fig, out / "fig_deliberation.png", "Deliberation effects: reasoning off minus on")
 
 
 def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, c: Context, path: Path) -> Path:
@@ -1207,7 +1273,7 @@ def yesno_agreement_section(c: Context, out: Path) -> Section:
     r2 = (r**2).rename_axis("run")
     files = [_csv(r2, out / "agreement_r2.csv"), _csv(cons.rename_axis("item_id"), out / "consensus.csv")]
     lines = [
-        f"Pearson r^2 of the story stance z between runs ({len(z)} dilemmas); consensus = mean standardized z:",
+        f"Pearson r^2 of the story stance z between runs ({len(z)} dilemmas); consensus = the mean z over the runs:",
         "",
         *md_table(r2, "{:.3f}", index=True),
         "",

@@ -143,21 +143,58 @@ def per_form(trials: pd.DataFrame, value: Value = "mean", replicates: Replicates
     return out.reset_index()
 
 
+def pole_balanced_mean(forms: pd.DataFrame) -> pd.Series:
+    """Per item: the mean over the rated poles of each pole's mean ``x``: ``a_action_mean - a_complement_mean``.
+
+    The paper's theta is ``mean a_action - mean a_complement``; with
+    ``x = 2a - 1`` on the CBR pole and ``1 - 2a`` on the other, that is the
+    mean of the two poles' mean x. When forms drop out (a sampled form with
+    no usable answer) each pole keeps weight one half, so a pole that lost
+    forms is not outweighed by the other (a plain mean of x over the
+    surviving forms would be). Reading taken where the paper's formula is
+    undefined: an item with one pole entirely missing gets that pole's mean.
+    Without a ``pole`` column every form counts as one pole.
+    """
+    if "pole" not in forms.columns:
+        return forms.groupby("item_id")["x"].mean()
+    return forms.groupby(["item_id", "pole"])["x"].mean().groupby(level="item_id").mean()
+
+
 def theta(forms: pd.DataFrame) -> pd.Series:
-    """theta per item: the mean of ``x_f`` over the unipolar forms."""
+    """theta per item on the unipolar forms: ``mean a_action - mean a_complement`` (:func:`pole_balanced_mean`)."""
     uni = forms[~forms["bipolar"]]
     if uni.empty:
         raise ValueError("no unipolar graded forms (0-10, 0-100); theta is defined on the unipolar scales only")
-    return uni.groupby("item_id")["x"].mean().rename("theta")
+    return pole_balanced_mean(uni).rename("theta")
 
 
 def bipolar_contrast(forms: pd.DataFrame) -> pd.DataFrame:
     """Per item: theta (unipolar), theta_bipolar (the same estimator on the bipolar forms), contrast = their difference."""
     th = theta(forms)
-    bi = forms[forms["bipolar"]].groupby("item_id")["x"].mean().rename("theta_bipolar")
+    bi = pole_balanced_mean(forms[forms["bipolar"]]).rename("theta_bipolar")
     out = pd.concat([th, bi], axis=1)
     out["contrast"] = out["theta_bipolar"] - out["theta"]
     return out
+
+
+@dataclass(frozen=True)
+class BipolarSummary:
+    """The measured bipolar contrast over items: the signed mean and the paper's mean |theta_bipolar - theta|."""
+
+    mean: float
+    mean_abs: float
+    n_items: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def bipolar_summary(contrast: pd.DataFrame) -> BipolarSummary:
+    """Signed mean and mean |.| of the ``contrast`` column of :func:`bipolar_contrast` (items with both)."""
+    c = contrast["contrast"].dropna()
+    if c.empty:
+        raise ValueError("no item has both unipolar and bipolar forms; the bipolar contrast needs both")
+    return BipolarSummary(mean=float(c.mean()), mean_abs=float(c.abs().mean()), n_items=len(c))
 
 
 # ----------------------------------------------------------- incoherence
@@ -190,8 +227,9 @@ def incoherence(forms: pd.DataFrame, *, include_bipolar: bool = False, by: str =
     ``sigma_dir`` (the between-``by`` share, anchor direction by default),
     ``sigma_scale`` (the within-direction share: scale, wording, pole),
     ``sigma_quad = sqrt(sigma_dir^2 + sigma_scale^2)`` (equal to sigma_repro
-    unless a share was floored at zero) and ``sigma_raw`` (sqrt of
-    ``var_forms``, uncorrected). Forms without a sampling variance are left
+    unless a share was floored at zero), ``sigma_raw`` (sqrt of
+    ``var_forms``, uncorrected) and the two shares before the floor,
+    ``var_dir`` and ``var_scale`` (for :func:`pooled_incoherence`). Forms without a sampling variance are left
     out of its mean. ``include_bipolar`` adds the bipolar forms (the paper's
     robustness check); theta stays unipolar.
     """
@@ -216,10 +254,72 @@ def incoherence(forms: pd.DataFrame, *, include_bipolar: bool = False, by: str =
             "sigma_scale": sig_scale,
             "sigma_quad": np.sqrt(sig_dir**2 + sig_scale**2),
             "sigma_raw": np.sqrt(var_forms),
+            "var_dir": between,
+            "var_scale": within,
         }
     out = pd.DataFrame.from_dict(rows, orient="index")
     out.index.name = "item_id"
     return out
+
+
+@dataclass(frozen=True)
+class PooledIncoherence:
+    """The per-model aggregate incoherence (the paper's headline and Fig. 1b): variances pooled over items, then sqrt.
+
+    The mean of per-item sigma_repro is lower by Jensen's inequality
+    (per-item 0.05, 0.10, 0.30: mean 0.15, pooled 0.185); both are reported.
+    """
+
+    sigma_repro: float
+    """sqrt(max(0, pooled Var_forms - pooled Var_samp))."""
+    sigma_dir: float
+    """sqrt(max(0, pooled between-direction share))."""
+    sigma_scale: float
+    """sqrt(max(0, pooled within-direction share: scale, wording, pole))."""
+    sigma_repeat: float
+    """sqrt(pooled Var_samp): the within-form (replicate) noise of one form's value."""
+    sigma_tot: float
+    """sqrt(sigma_repro^2 + sigma_repeat^2)."""
+    mean_item_sigma_repro: float
+    """The mean of per-item sigma_repro (the estimator of the uncertainty statements)."""
+    n_items: int
+    n_forms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pooled_incoherence(inc: pd.DataFrame) -> PooledIncoherence:
+    """Pool the per-item variance decomposition of :func:`incoherence` across items.
+
+    Each item's ``var_forms``, ``var_samp`` and shares are weighted by its
+    degrees of freedom ``n_forms - 1`` (a pooled variance: with equal form
+    counts, the plain mean over items), then floored at zero and square-rooted.
+    The pooled shares add exactly to the pooled ``Var_forms - Var_samp``.
+    """
+    df = inc.dropna(subset=["var_forms"])
+    df = df[df["n_forms"] > 1]
+    if df.empty:
+        raise ValueError("pooled incoherence needs at least one item with two or more forms")
+    w = (df["n_forms"] - 1).to_numpy(float)
+
+    def pool(col: str) -> float:
+        return float(np.sum(w * df[col].to_numpy(float)) / w.sum())
+
+    var_samp = pool("var_samp")
+    var_repro = pool("var_forms") - var_samp
+    sigma_repro = float(np.sqrt(max(0.0, var_repro)))
+    sigma_repeat = float(np.sqrt(max(0.0, var_samp)))
+    return PooledIncoherence(
+        sigma_repro=sigma_repro,
+        sigma_dir=float(np.sqrt(max(0.0, pool("var_dir")))),
+        sigma_scale=float(np.sqrt(max(0.0, pool("var_scale")))),
+        sigma_repeat=sigma_repeat,
+        sigma_tot=float(np.hypot(sigma_repro, sigma_repeat)),
+        mean_item_sigma_repro=float(df["sigma_repro"].mean()),
+        n_items=len(df),
+        n_forms=int(df["n_forms"].sum()),
+    )
 
 
 @dataclass(frozen=True)

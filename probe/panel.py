@@ -15,6 +15,7 @@ reasoning flag read from each manifest) or from a panel file::
         name: Qwen3-8B           # optional; default: the model from the manifest
         model: Qwen3-8B          # optional; groups reasoning off/on of one model
         reasoning: false         # optional; default: the run's think setting
+        consensus: false         # optional; battery: in the consensus reference set (default: sampled runs)
       - run: runs/q8-on
         name: Qwen3-8B think
         model: Qwen3-8B
@@ -30,7 +31,7 @@ itself matches items across runs (:func:`shared_items`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ class PanelRun:
     reasoning: bool
     """Whether the model reasoned before answering (think mode)."""
     experiment: str
+    consensus: bool | None = None
+    """Whether the run belongs to the consensus reference set (None: the comparison's default rule)."""
 
     def store(self) -> RunStore:
         return RunStore(self.path)
@@ -137,12 +140,16 @@ def run_reasoning(man: Mapping[str, Any]) -> bool:
     return bool(man.get("engine", {}).get("settings", {}).get("think", False))
 
 
-def _entry(path: Path, name: str | None, model: str | None, reasoning: bool | None) -> PanelRun:
+def _entry(
+    path: Path, name: str | None, model: str | None, reasoning: bool | None, consensus: bool | None = None
+) -> PanelRun:
     man = _manifest(path)
     mod = model or run_model(man)
     think = run_reasoning(man) if reasoning is None else bool(reasoning)
     shown = name or (mod + (" think" if think else ""))
-    return PanelRun(path=path, name=shown, model=mod, reasoning=think, experiment=str(man.get("experiment")))
+    return PanelRun(
+        path=path, name=shown, model=mod, reasoning=think, experiment=str(man.get("experiment")), consensus=consensus
+    )
 
 
 def _unique_names(runs: Sequence[PanelRun], explicit: Sequence[bool]) -> tuple[PanelRun, ...]:
@@ -153,7 +160,7 @@ def _unique_names(runs: Sequence[PanelRun], explicit: Sequence[bool]) -> tuple[P
     out = []
     for r, given in zip(runs, explicit, strict=True):
         if counts[r.name] > 1 and not given:
-            r = PanelRun(r.path, f"{r.name} [{r.path.name}]", r.model, r.reasoning, r.experiment)
+            r = replace(r, name=f"{r.name} [{r.path.name}]")
         out.append(r)
     seen: set[str] = set()
     for r in out:
@@ -193,7 +200,7 @@ def load_panel(path: str | Path) -> Panel:
     doc = yaml.safe_load(p.read_text())
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list) or not doc["runs"]:
         raise PanelError(f"{p}: a panel file needs a non-empty `runs:` list (see `probe compare --help`)")
-    known = {"run", "name", "model", "reasoning"}
+    known = {"run", "name", "model", "reasoning", "consensus"}
     runs, explicit = [], []
     for i, rec in enumerate(doc["runs"]):
         if isinstance(rec, str):
@@ -203,10 +210,11 @@ def load_panel(path: str | Path) -> Panel:
         bad = set(rec) - known
         if bad:
             raise PanelError(f"{p}: runs[{i}] has unknown field(s) {sorted(bad)}; allowed: {sorted(known)}")
-        if "reasoning" in rec and not isinstance(rec["reasoning"], bool):
-            raise PanelError(f"{p}: runs[{i}].reasoning must be true or false, got {rec['reasoning']!r}")
+        for flag in ("reasoning", "consensus"):
+            if flag in rec and not isinstance(rec[flag], bool):
+                raise PanelError(f"{p}: runs[{i}].{flag} must be true or false, got {rec[flag]!r}")
         run_path = (p.parent / str(rec["run"])).resolve()
-        runs.append(_entry(run_path, rec.get("name"), rec.get("model"), rec.get("reasoning")))
+        runs.append(_entry(run_path, rec.get("name"), rec.get("model"), rec.get("reasoning"), rec.get("consensus")))
         explicit.append("name" in rec)
     extra = {k: v for k, v in doc.items() if k not in ("runs", "humans", "attributes")}
     if extra:

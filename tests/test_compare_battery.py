@@ -85,8 +85,22 @@ def test_g_and_agreement_by_hand():
     r, cons, per_run = agreement(t)
     assert r.loc["a", "c"] == pytest.approx(stats.pearsonr(t["a"], t["c"]).statistic)
     z = (t - t.mean()) / t.std(ddof=1)
-    assert cons.loc["w", "consensus"] == pytest.approx(z.loc["w"].mean())
+    assert cons.loc["w", "consensus"] == pytest.approx(t.loc["w"].mean())  # raw mean theta (the paper's)
     assert cons.loc["w", "disagreement"] == pytest.approx(z.loc["w"].std(ddof=1))
+    # consensus alignment: r^2 with the mean of the other reference runs (leave-one-out)
+    assert per_run.loc["c", "consensus_r2"] == pytest.approx(
+        stats.pearsonr(t["c"], (t["a"] + t["b"]) / 2).statistic ** 2
+    )
+    # a reference set: consensus over a and b only; c (not in it) is aligned with that whole consensus
+    _, cons_ab, per_ab = agreement(t, ["a", "b"])
+    assert cons_ab.loc["x", "consensus"] == pytest.approx((t.loc["x", "a"] + t.loc["x", "b"]) / 2)
+    assert per_ab.loc["c", "consensus_r2"] == pytest.approx(
+        stats.pearsonr(t["c"], (t["a"] + t["b"]) / 2).statistic ** 2
+    )
+    assert per_ab.loc["a", "consensus_r2"] == pytest.approx(1.0)  # b = 2a + 1: perfectly aligned
+    assert list(per_ab["in_reference"]) == [True, True, False]
+    with pytest.raises(ValueError, match="reference runs"):
+        agreement(t, ["nope"])
     assert per_run.loc["c", "mean_r_with_others"] == pytest.approx((r.loc["c", "a"] + r.loc["c", "b"]) / 2)
     assert per_run["mean_r_with_others"].idxmin() == "c"  # the outlier model
     assert list(cons["rank"]) == sorted(cons["rank"])
@@ -113,13 +127,15 @@ def test_r2_matrix_matches_the_planted_theta_correlations(report: Path):
 def test_deliberation_recovers_the_planted_change(report: Path):
     d = pd.read_csv(report / "deliberation.csv").fillna({"channel": ""})
     row = d[(d["quantity"] == "abs_m") & (d["channel"] == "order")].iloc[0]
-    assert row["lo"] <= -0.10 <= row["hi"]  # planted |m_order|: 0.15 -> 0.05
-    assert row["hi"] < 0  # excludes 0
+    # off - on, the paper's sign (issue 18): planted |m_order| 0.15 -> 0.05 gives +0.10
+    assert row["lo"] <= 0.10 <= row["hi"]
+    assert row["off_minus_on"] == pytest.approx(row["off"] - row["on"])
+    assert row["lo"] > 0  # excludes 0
     inc = d[d["quantity"] == "sigma_repro"].iloc[0]
-    assert inc["diff"] < 0 and inc["hi"] < 0  # planted sigma_form 0.12 -> 0.04: less incoherent
+    assert inc["off_minus_on"] > 0 and inc["lo"] > 0  # planted sigma_form 0.12 -> 0.04: less incoherent
     assert inc["off"] == pytest.approx(0.12, abs=0.03) and inc["on"] == pytest.approx(0.04, abs=0.02)
     g = d[d["quantity"] == "G"].iloc[0]
-    assert g["diff"] > 0
+    assert g["off_minus_on"] < 0  # G rises with reasoning on
     lex = d[(d["quantity"] == "abs_m") & (d["channel"] == "lexical")].iloc[0]
     assert lex["lo"] <= 0 <= lex["hi"]  # unchanged m_word
     assert set(d["model"]) == {"A"}
@@ -204,8 +220,16 @@ def test_human_choice_rates_with_frames(runs: Path, tmp_path: Path):
     )
     out = tmp_path / "out"
     compare_battery(load_panel(panel), out, n_boot=300)
-    agree = pd.read_csv(out / "humans_agreement.csv").set_index("run")
-    assert agree.loc["A", "model"] == "z" and agree.loc["A", "r"] > 0.95
+    agree = pd.read_csv(out / "humans_agreement.csv").set_index(["run", "model"])
+    # the paper's anchor: human 2 P - 1 against the graded theta (issue 18), and z beside it
+    theta_a = np.array([SimParams(**A).item_theta(i) for i in ITEMS])
+    human = np.array(
+        [(2 * r["p_cbr"] - 1 + 2 * rr["p_cbr"] - 1) / 2 for r, rr in zip(rows[::2], rows[1::2], strict=True)]
+    )
+    assert agree.loc[("A", "theta"), "human"] == "p_cbr"
+    assert agree.loc[("A", "theta"), "r"] == pytest.approx(stats.pearsonr(theta_a, human).statistic, abs=0.01)
+    assert agree.loc[("A", "theta"), "r2"] == pytest.approx(agree.loc[("A", "theta"), "r"] ** 2)
+    assert agree.loc[("A", "z"), "r"] > 0.95
     assert (out / "humans_framing.csv").exists()
     assert "Framing shift of the human sample" in (out / "summary.md").read_text()
 
@@ -319,15 +343,42 @@ def test_joint_fit_shows_no_change_of_s_where_only_m_order_changed(report: Path)
     assert joint_s["lo"] <= 0 <= joint_s["hi"] and not joint_s["excludes_0"]
     assert joint_s["off"] == pytest.approx(0.3, rel=0.03) and joint_s["on"] == pytest.approx(0.3, rel=0.03)
     m_order = d.loc[("abs_m", "joint:yesno:order")]
-    assert m_order["lo"] <= -0.10 <= m_order["hi"] and m_order["hi"] < 0
+    assert m_order["lo"] <= 0.10 <= m_order["hi"] and m_order["lo"] > 0  # off - on
     lexical = d.loc[("abs_m", "joint:yesno:lexical")]
     assert lexical["lo"] <= 0 <= lexical["hi"]  # unchanged m_word
     assert d.loc[("s", "lexical"), "excludes_0"]  # the per-channel artefact the joint fit removes
     arb = d.loc[("s", "joint:arbitrary")]  # A/B: order, logic and label fitted together
-    assert arb["lo"] <= 0 <= arb["hi"] and d.loc[("abs_m", "joint:arbitrary:order"), "hi"] < 0
+    assert arb["lo"] <= 0 <= arb["hi"] and d.loc[("abs_m", "joint:arbitrary:order"), "lo"] > 0
     joint = pd.read_csv(report / "fit_joint.csv").set_index(["run", "family", "channel"])
     assert joint.loc[("A", "yesno", "order"), "m"] == pytest.approx(0.15, abs=0.01)
     assert joint.loc[("A", "arbitrary", "label"), "m"] == pytest.approx(0.05, abs=0.01)
     assert joint.loc[("B", "yesno", "lexical"), "m"] == pytest.approx(0.1, abs=0.01)
     summary = (report / "summary.md").read_text()
     assert "Joint fit per run and label family" in summary and "joint:yesno:order" in summary
+
+
+def test_consensus_reference_set_from_the_panel_file_or_the_papers_default(runs: Path, tmp_path: Path):
+    """Issue 18, point 5: the panel file marks the reference runs; by default the sampled (frontier) runs."""
+    from analysis.compare_battery import consensus_reference
+
+    lines = [
+        "runs:",
+        f"  - {{run: {runs / 'A'}, name: A, consensus: true}}",
+        f"  - {{run: {runs / 'B'}, name: B, consensus: true}}",
+        f"  - {{run: {runs / 'C'}, name: C, consensus: false}}",
+    ]
+    (tmp_path / "p.yaml").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    compare_battery(load_panel(tmp_path / "p.yaml"), out, n_boot=100)
+    cons = pd.read_csv(out / "consensus.csv", index_col=0)
+    assert np.allclose(cons["consensus"], (cons["A"] + cons["B"]) / 2, atol=1e-6)
+    models = pd.read_csv(out / "agreement_models.csv", index_col=0)
+    r2_c = stats.pearsonr(cons["C"], (cons["A"] + cons["B"]) / 2).statistic ** 2
+    assert models.loc["C", "consensus_r2"] == pytest.approx(r2_c, abs=1e-5)
+    assert "marked `consensus: true`" in (out / "summary.md").read_text()
+    # no marks: the paper's frontier set is the sampled runs; these are all logit readouts, so every run
+    panel = load_panel(write_panel(tmp_path / "q.yaml", [(str(runs / n), n, n, False) for n in ("A", "B")]))
+    fake = {n: type("R", (), {"source": src})() for n, src in (("A", "readout"), ("B", "samples"))}
+    assert consensus_reference(panel, fake, ["A", "B"])[0] == ["B"]  # type: ignore[arg-type]
+    fake["B"].source = "readout"
+    assert consensus_reference(panel, fake, ["A", "B"])[0] == ["A", "B"]  # type: ignore[arg-type]

@@ -320,3 +320,79 @@ def test_on_the_real_battery_expansion():
     th = stance.theta(forms)
     assert th["mine_cart_bridge"] == pytest.approx(0.6, abs=1e-9)
     assert th["freight_yard_switch"] == pytest.approx(-0.4, abs=1e-9)
+
+
+# ------------------------------------------------------- issue 18: paper definitions
+def test_theta_with_a_missing_form_weighs_the_two_poles_equally():
+    # action forms x = 0.6, 0.4 (a = 0.8, 0.7); one complement form left, x = 0.0 (a = 0.5):
+    # the paper's theta = mean a_action - mean a_complement = 0.75 - 0.5 = 0.25, not the mean of x (1/3)
+    f = _forms([("a", "ascending", 0.6, 0.0), ("a", "descending", 0.4, 0.0), ("a", "ascending", 0.0, 0.0)])
+    f.loc[2, "pole"] = "complement"
+    assert stance.theta(f)["a"] == pytest.approx(0.25)
+    assert stance.theta(f)["a"] != pytest.approx(f["x"].mean())
+    # balanced forms: the same as the plain mean of x
+    full = pd.concat([f, f.iloc[[2]].assign(wording="w9")], ignore_index=True)
+    assert stance.theta(full)["a"] == pytest.approx(full["x"].mean())
+
+
+def test_pooled_incoherence_is_the_paper_headline_not_the_mean_of_per_item_sigma():
+    # the issue's example: per-item sigma 0.05, 0.10, 0.30 with equal form counts -> mean 0.15, pooled 0.185
+    sig = np.array([0.05, 0.10, 0.30])
+    inc = pd.DataFrame(
+        {
+            "var_forms": sig**2,
+            "var_samp": 0.0,
+            "n_forms": 4,
+            "sigma_repro": sig,
+            "var_dir": sig**2 / 2,
+            "var_scale": sig**2 / 2,
+        },
+        index=["x", "y", "z"],
+    )
+    pooled = stance.pooled_incoherence(inc)
+    assert pooled.mean_item_sigma_repro == pytest.approx(0.15)
+    assert pooled.sigma_repro == pytest.approx(math.sqrt(np.mean(sig**2)))
+    assert round(pooled.sigma_repro, 3) == 0.185
+    assert pooled.sigma_repeat == 0.0 and pooled.sigma_tot == pytest.approx(pooled.sigma_repro)
+
+
+def test_pooled_split_repeat_and_total_by_hand():
+    # HAND: item a Var_forms 0.2/3, noise 0.01, dir^2 0.05, scale^2 0.02/3; item b Var_forms 0.02/3, noise 0,
+    # equal direction means (dir^2 = 0), scale^2 = 0.02/3. Four forms each: pooled = plain means.
+    p = stance.pooled_incoherence(stance.incoherence(HAND))
+    var_repro = (0.2 / 3 + 0.02 / 3) / 2 - 0.005
+    assert p.sigma_repro == pytest.approx(math.sqrt(var_repro))
+    assert p.sigma_dir == pytest.approx(math.sqrt(0.025))
+    assert p.sigma_scale == pytest.approx(math.sqrt(0.02 / 3))
+    assert p.sigma_dir**2 + p.sigma_scale**2 == pytest.approx(var_repro)  # the shares add in quadrature
+    assert p.sigma_repeat == pytest.approx(math.sqrt(0.005))
+    assert p.sigma_tot**2 == pytest.approx(var_repro + 0.005)
+    assert (p.n_items, p.n_forms) == (2, 8)
+
+
+def test_bipolar_contrast_reports_the_signed_mean_and_the_mean_absolute_value():
+    c = pd.DataFrame({"contrast": [0.1, -0.3, np.nan]}, index=["a", "b", "c"])
+    b = stance.bipolar_summary(c)
+    assert (b.mean, b.mean_abs, b.n_items) == (pytest.approx(-0.1), pytest.approx(0.2), 2)
+
+
+def test_sim_repeat_noise_and_pooled_incoherence_recovered():
+    """Planted per-form scatter 0.1 and per-context (salt) noise 0.05 come back as pooled sigma_repro and sigma_repeat.
+
+    24 items x 12 unipolar forms x 4 salted replicates (readouts): the pooled
+    variances average 24 x 11 form deviations and 24 x 12 x 3 replicate
+    deviations; their relative SEs (~sqrt(2/df)) are ~9% and ~5%, so the
+    20% and 15% tolerances are > 2 SE in sigma units (sqrt halves the
+    relative error) plus the small planted-vs-realized gap; the sim is
+    deterministic (hashed draws), so the figures are fixed.
+    """
+    p = SimParams(seed=6, sigma_form=0.1, sigma_salt=0.05)
+    trials = bc.graded(ITEMS[:24], scales=("0-10", "0-100"), salts=4)
+    opts, per = bc.frames_readout(trials, SimEngine(p).readout(trials))
+    forms = stance.per_form(stance.graded_trials(opts, per, "readout"))
+    pooled = stance.pooled_incoherence(stance.incoherence(forms))
+    assert pooled.sigma_repeat == pytest.approx(0.05, rel=0.15)
+    # the unsalted form value carries its own context draw too, so the between-form spread beyond the
+    # repeat noise is the planted scatter
+    assert pooled.sigma_repro == pytest.approx(0.1, rel=0.2)
+    assert pooled.sigma_tot == pytest.approx(math.hypot(0.1, 0.05), rel=0.2)
