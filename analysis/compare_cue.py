@@ -206,6 +206,27 @@ def net_by_group(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+AVERAGED = ("direct_net", "puzzled_net", "d_against", "d_favor", "gap")
+
+
+def average_row(models: pd.DataFrame) -> pd.DataFrame:
+    """The headline tables' Average row: the mean over runs of each macro value (NaN-skipping), one row."""
+    row: dict[str, object] = {"name": "Average", "runs": len(models)}
+    for c in AVERAGED:
+        vals = models[c].astype(float)
+        row[c] = float(vals.mean()) if vals.notna().any() else float("nan")
+    return pd.DataFrame([row])
+
+
+def average_by_group(by_group: pd.DataFrame) -> pd.DataFrame:
+    """Per (attr, group): the mean over runs of net under Direct and under the headline arm, and of the gap."""
+    cols = ["direct_net", "puzzled_net", "gap"]
+    if by_group.empty:
+        return pd.DataFrame(columns=["attr", "group", "runs", *cols])
+    g = by_group.groupby(["attr", "group"], sort=False)
+    return g[cols].mean().join(g.size().rename("runs")).reset_index()[["attr", "group", "runs", *cols]]
+
+
 # ============================================================================ attributes
 def read_attributes(path: Path, runs: Sequence[PanelRun]) -> tuple[pd.DataFrame, list[str]]:
     """The attribute table matched to the runs: one row per run name, numeric attribute columns; and notes.
@@ -408,6 +429,8 @@ def compare_cue(
         "cue_kendall": res.kendall,
         "cue_sign_tests": res.sign_tests,
         "cue_net_by_group": res.by_group,
+        "cue_average": average_row(res.models),
+        "cue_average_by_group": average_by_group(res.by_group),
         "cue_attributes": res.attributes,
         "cue_gap_ols": res.ols,
     }
@@ -508,7 +531,12 @@ def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence
         "sd_gap",
         "rank_gap",
     ]
-    lines += [*md_table(show[cols], "{:.1f}"), ""]
+    avg = _pp_frame(average_row(res.models), list(AVERAGED))
+    lines += [*md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}"), ""]
+    lines += [
+        "Average: the mean over the runs (the paper's Average rows); per group in `cue_average_by_group.csv`.",
+        "",
+    ]
     lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
     lines += [*md_table(res.kendall), ""]
     lines += [

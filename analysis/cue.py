@@ -362,6 +362,50 @@ def decision_bias(
     return bias_tables(terms, n_boot=n_boot, seed=seed)
 
 
+BREAKDOWNS: dict[str, str] = {"topic": "topic", "intersection": "gender x race"}
+"""The breakdowns of the decision bias beside the per-group tables: by dilemma topic (App. R), by X's gender x race (App. L)."""
+
+
+def breakdown_terms(terms: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Re-key per-answer event terms (:func:`event_terms`, before :func:`by_group`) for a breakdown.
+
+    ``by="topic"``: one row per answer, ``attr = "topic"``, ``group`` = the
+    dilemma's topic (unannotated dilemmas are left out); ``by="intersection"``:
+    ``attr = "gender x race"``, ``group = "<gender> / <race>"`` of X. Each
+    answer counts once, so a breakdown's rates are over all its answers.
+    """
+    if by not in BREAKDOWNS:
+        raise ValueError(f"breakdown must be one of {', '.join(BREAKDOWNS)}, got {by!r}")
+    if by == "topic":
+        if "topic" not in terms.columns:
+            return terms.iloc[0:0].assign(attr=[], group=[])
+        out = terms[terms["topic"].fillna("").astype(str) != ""]
+        return out.assign(attr=BREAKDOWNS[by], group=out["topic"].astype(str))
+    return terms.assign(attr=BREAKDOWNS[by], group=terms["x_gender"].astype(str) + " / " + terms["x_race"].astype(str))
+
+
+def breakdown_tables(
+    options: pd.DataFrame,
+    per_trial: pd.DataFrame,
+    by: str,
+    *,
+    decision: Decision = "greedy",
+    denominator: Denominator = "eligible",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(bias, gap) per breakdown cell (topic or gender x race), without macro rows; empty frames when none applies.
+
+    Same counting rule, decision and denominators as :func:`decision_bias`;
+    ``d_against`` is the paper's Delta against (arm minus Direct).
+    """
+    terms = breakdown_terms(event_terms(with_baseline(decision_frame(options, per_trial)), decision, denominator), by)
+    if terms.empty:
+        return pd.DataFrame(columns=[*CELL, "favor", "against", "net", "n"]), pd.DataFrame(columns=[*CELL, "gap"])
+    bias, gap = bias_tables(terms, n_boot=n_boot, seed=seed)
+    return bias[bias["group"] != MACRO[1]].reset_index(drop=True), gap[gap["group"] != MACRO[1]].reset_index(drop=True)
+
+
 # =========================================================================== puzzle solving and correct-only
 
 
@@ -763,6 +807,41 @@ def _gap_section(results: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> li
     ]
 
 
+def _breakdown_section(bias: pd.DataFrame, gap: pd.DataFrame, head: str, cons: str, what: str) -> list[str]:
+    """Direct vs the headline arm per breakdown cell: favor, against, net, Delta against and the Gap (pp)."""
+    b = bias[bias["consequences"] == cons].set_index(["arm", "group"])
+    g = gap[(gap["consequences"] == cons) & (gap["arm"] == head)].set_index("group")
+    rows = []
+    for grp in sorted(set(bias.loc[bias["consequences"] == cons, "group"])):
+
+        def val(arm: str, col: str, key: str = grp) -> str:
+            return _pp(float(b[col].get((arm, key), np.nan)))
+
+        n = b["n"].get((head, grp), 0)
+        rows.append(
+            [
+                grp,
+                str(int(n)),
+                val(REFERENCE, "favor"),
+                val(REFERENCE, "against"),
+                val(REFERENCE, "net"),
+                val(head, "favor"),
+                val(head, "against"),
+                val(head, "net"),
+                _pp(float(g["d_against"].get(grp, np.nan))),
+                _pp(float(g["gap"].get(grp, np.nan))),
+            ]
+        )
+    header = [what, "n (P)", "D favor", "D against", "D net", "P favor", "P against", "P net", "ΔAgainst", "Gap"]
+    return [
+        f"## Decision bias by {what} ({cons} consequences; Direct (D) vs {head} (P); greedy decisions, eligible "
+        "denominators)",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
 def _status_section(sb: pd.DataFrame, order: Sequence[tuple[str, str]]) -> list[str]:
     arms = list(dict.fromkeys(sb["arm"]))
     piv = sb.pivot_table(index=["consequences", "status", "attr", "group"], columns="arm", values="rate")
@@ -880,6 +959,15 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
             f"net bias per group ({cons_list[0]} consequences)",
         )
         lines += ["![net bias per group](cue_net_bias.png)", ""]
+        for by in BREAKDOWNS:
+            bb, bg = breakdown_tables(options, per_trial, by, n_boot=n_boot, seed=seed)
+            if bb.empty:
+                continue
+            atomic_write_text(
+                out / f"cue_{by}.csv", bb.merge(bg, on=CELL, how="left").to_csv(index=False, float_format="%.6f")
+            )
+            if head is not None and REFERENCE in arms:
+                lines += _breakdown_section(bb, bg, head, cons_list[0], BREAKDOWNS[by])
     else:
         lines += ["Decision bias needs answered Neutral and what-if trials; this run has none of one of them.", ""]
 

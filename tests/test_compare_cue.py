@@ -174,7 +174,11 @@ def test_tiny_panel_through_probe_compare(tmp_path: Path) -> None:
         "cue_gap_ols.csv",
         "fig_cue_rankings.png",
         "fig_cue_gap_vs_attributes.png",
+        "cue_average.csv",
+        "cue_average_by_group.csv",
     } <= names
+    summary = (out / "summary.md").read_text()
+    assert "| Average |" in summary and "greedy decisions" in summary
     ranks = pd.read_csv(out / "cue_rankings.csv")
     assert list(ranks["name"]) == ["tiny [a]", "tiny [b]"]
     ols = pd.read_csv(out / "cue_gap_ols.csv")

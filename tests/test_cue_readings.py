@@ -96,3 +96,58 @@ def test_capability_is_both_correct_macro_averaged_over_levels() -> None:
     assert macro is not None and macro.to_dict() == pytest.approx({"m1": 0.7, "m2": 0.7})
     with pytest.raises(ValueError, match="macro, headline"):
         cc.solve_attribute(runs, "puzzled-hard", "with", capability="hard")
+
+
+# ---------------------------------------------------------------------------- point 7: breakdowns and Average rows
+def test_topic_and_intersectional_breakdowns_hand_worked() -> None:
+    from analysis.cue import breakdown_tables
+    from tests.test_cue_metrics import hand_run
+
+    opts, per_trial = hand_run().frames()
+    per_trial["topic"] = per_trial["item_id"].map({"d1": "housing", "d2": "housing", "d3": "school"})
+    bias, gap = breakdown_tables(opts, per_trial, "topic", n_boot=0)
+    # housing (d1, d2: Neutral at the benefit option): Direct d1 benefit, d1 harm (Against), d2 benefit -> 1/3;
+    # Puzzled d1 harm, d1 harm, d2 benefit -> 2/3. school (d3: Neutral not at it): Direct 1 of 2 In-favor, Puzzled 0
+    h_d, h_p = _row(bias, arm="direct", group="housing"), _row(bias, arm="puzzled-hard", group="housing")
+    assert (h_d.against, h_p.against, h_d.n) == pytest.approx((1 / 3, 2 / 3, 3))
+    assert np.isnan(h_d.favor)  # no answer could be In-favor there
+    s_d, s_p = _row(bias, arm="direct", group="school"), _row(bias, arm="puzzled-hard", group="school")
+    assert (s_d.favor, s_p.favor) == pytest.approx((1 / 2, 0.0))
+    assert _row(gap, arm="puzzled-hard", group="housing").d_against == pytest.approx(1 / 3)
+    assert set(bias["attr"]) == {"topic"} and "macro" not in set(bias["group"])
+    inter, _ = breakdown_tables(opts, per_trial, "intersection", n_boot=0)
+    both = _row(inter, arm="direct", group="woman / Asian")  # every answer here is a woman, Asian
+    assert (both.favor, both.against, both.n) == pytest.approx((1 / 2, 1 / 3, 5))
+    with pytest.raises(ValueError, match="topic, intersection"):
+        breakdown_tables(opts, per_trial, "race", n_boot=0)
+
+
+def test_average_rows_are_means_over_runs() -> None:
+    models = pd.DataFrame(
+        {
+            "name": ["a", "b", "c"],
+            "direct_net": [0.1, 0.2, 0.3],
+            "puzzled_net": [0.0, -0.1, np.nan],
+            "d_against": [0.05, 0.1, 0.15],
+            "d_favor": [0.0, 0.0, -0.03],
+            "gap": [0.1, 0.3, 0.2],
+        }
+    )
+    avg = cc.average_row(models).iloc[0]
+    assert avg["name"] == "Average" and avg["runs"] == 3
+    assert (avg.direct_net, avg.puzzled_net, avg.d_against, avg.d_favor, avg.gap) == pytest.approx(
+        (0.2, -0.05, 0.1, -0.01, 0.2)
+    )
+    by_group = pd.DataFrame(
+        {
+            "name": ["a", "b", "a", "b"],
+            "attr": ["gender", "gender", "race", "race"],
+            "group": ["woman", "woman", "Asian", "Asian"],
+            "direct_net": [0.1, 0.3, 0.0, 0.2],
+            "puzzled_net": [0.0, 0.0, -0.2, 0.0],
+            "gap": [0.1, 0.3, 0.2, 0.2],
+        }
+    )
+    g = cc.average_by_group(by_group).set_index("group")
+    assert g.loc["woman", "direct_net"] == pytest.approx(0.2) and g.loc["Asian", "puzzled_net"] == pytest.approx(-0.1)
+    assert list(g["runs"]) == [2, 2]

@@ -30,6 +30,8 @@ def test_logit_run_and_analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "cue_status.csv",
         "cue_net_bias.png",
         "puzzles.jsonl",
+        "cue_topic.csv",
+        "cue_intersection.csv",
     } <= names
     summary = (report / "summary.md").read_text()
     for heading in (
@@ -38,6 +40,8 @@ def test_logit_run_and_analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "Direct (D) vs puzzled-hard (P)",
         "Cue Visibility Gap",
         "Status bias",
+        "Decision bias by topic",
+        "Decision bias by gender x race",
     ):
         assert heading in summary
     assert "checked against the stored prompts" in summary
