@@ -41,6 +41,8 @@ def test_brute_force_grid_and_profile_interval() -> None:
 
 
 def test_recovers_the_sampling_temperature_in_simulation() -> None:
+    # Deterministic: every logit and count comes from default_rng(0), so the false-failure rate is 0. (At a
+    # fresh seed the 95% interval would miss tau about one run in 20, three temperatures at a time.)
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 1.5, size=(40, 4))
     logprobs = logits - special.logsumexp(logits, axis=1, keepdims=True)
