@@ -103,9 +103,19 @@ def greedy_is(p: pd.Series, first: pd.Series) -> pd.Series:
     return out.where(p.notna())
 
 
+def main_wording(per_trial: pd.DataFrame) -> pd.Series:
+    """True for every trial but the paraphrased what-if ones (factor ``wording`` v1..v3, App. Q)."""
+    if "wording" not in per_trial.columns:
+        return pd.Series(True, index=per_trial.index)
+    return per_trial["wording"].fillna("").astype(str).isin(["", "main"])
+
+
 def decision_frame(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFrame:
-    """One row per Neutral or what-if trial: its factors, ``arm``, ``p`` = P(benefit) and ``benefit_first``."""
-    mask = per_trial["probe"].isin(["decision", "what_if"])
+    """One row per Neutral or what-if trial (main wording): its factors, ``arm``, ``p`` = P(benefit), ``benefit_first``.
+
+    Paraphrased what-if trials are left to :func:`wording_table`, so every other table reads the main probe.
+    """
+    mask = per_trial["probe"].isin(["decision", "what_if"]) & main_wording(per_trial)
     df = per_trial[mask].copy()
     df["arm"] = arm_of(df)
     df["p"] = df["trial_id"].map(option_prob(options, "benefit"))
@@ -406,6 +416,42 @@ def breakdown_tables(
     return bias[bias["group"] != MACRO[1]].reset_index(drop=True), gap[gap["group"] != MACRO[1]].reset_index(drop=True)
 
 
+def wording_table(
+    options: pd.DataFrame, per_trial: pd.DataFrame, *, decision: Decision = "greedy", n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
+    """Per what-if wording present (main, v1..v3) and arm: macro Favor, Against and Net in both denominator readings.
+
+    Each wording is analysed as if it were the only what-if probe, against the
+    same Neutral baseline (App. Q; the paper reads these over all parsable
+    responses, ``*_all``; ``*_eligible`` is the headline reading).
+    """
+    wording = (
+        per_trial["wording"].fillna("").astype(str).replace("", "main")
+        if "wording" in per_trial.columns
+        else pd.Series("main", index=per_trial.index)
+    )
+    whatif = per_trial["probe"] == "what_if"
+    rows = []
+    for w in dict.fromkeys(wording[whatif]):
+        keep = (per_trial["probe"] == "decision") | (whatif & (wording == w))
+        pt = per_trial[keep].drop(columns=["wording"], errors="ignore")
+        out: dict[tuple[str, str], dict[str, object]] = {}
+        for den in ("eligible", "all"):
+            bias, _ = decision_bias(options, pt, decision=decision, denominator=den, n_boot=n_boot, seed=seed)
+            for r in bias[bias["group"] == MACRO[1]].itertuples():
+                row = out.setdefault(
+                    (r.arm, r.consequences), {"wording": w, "arm": r.arm, "consequences": r.consequences}
+                )
+                row |= {
+                    f"favor_{den}": r.favor,
+                    f"against_{den}": r.against,
+                    f"net_{den}": r.net,
+                    f"sd_net_{den}": r.sd_net,
+                }
+        rows += list(out.values())
+    return pd.DataFrame(rows)
+
+
 # =========================================================================== puzzle solving and correct-only
 
 
@@ -679,7 +725,7 @@ def _puzzle_lines(spec: Mapping[str, object], trials: Sequence[Trial], out: Path
     seen: dict[str, Trial] = {}
     for t in trials:
         pid = t.factors.get("puzzle", "")
-        if pid and pid not in seen:
+        if pid and pid not in seen and t.factors.get("condition") == "puzzled":  # FormalNamed binds other words
             seen[pid] = t
     rows, mismatched = [], []
     for level, bank in design.puzzles.items():
@@ -794,6 +840,12 @@ def _gap_section(results: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> li
         rows.append([r.arm, r.consequences, _pp(r.d_against), _pp(r.d_favor), _pp(r.gap, r.sd_gap), *alt, *nets])
     header = ["arm", "consequences", "ΔAgainst", "ΔFavor", "Gap ± SD", "Gap (expected)", "Gap (all parsable)"]
     header += ["Gap (correct only)", "Net (eligible)", "Net (all parsable)"]
+    shares = formal_named_share(main)
+    share_lines = [
+        f"- FormalNamed-{r.level} ({r.consequences} consequences): D→FN {_pp(r.gap_fn)} of D→P {_pp(r.gap_p)} pp, "
+        f"{_pct(r.share)} of the gap via the reasoning load alone (App. S)"
+        for r in shares.itertuples()
+    ]
     return [
         "## Cue Visibility Gap by arm (macro over groups, pp)",
         "",
@@ -801,6 +853,60 @@ def _gap_section(results: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> li
         "their **eligible** denominators (Table 3). Beside it: expected decisions (independent draws from the "
         "answer distributions), both rates over all parsable what-if answers (Apps. M/P/Q), and greedy on the "
         "solved pairs only. Net columns: the arm's macro net in the two denominator readings.",
+        "",
+        *_table(header, rows),
+        "",
+        *([*share_lines, ""] if share_lines else []),
+    ]
+
+
+def formal_named_share(gap: pd.DataFrame) -> pd.DataFrame:
+    """Per level and consequences with both arms: the macro Gap of FormalNamed, of Puzzled, and their ratio (App. S).
+
+    ``share = gap_fn / gap_p``: the part of the Direct -> Puzzled gap that the
+    puzzle's reasoning load reproduces without identity content in it.
+    """
+    macro = gap[gap["group"] == MACRO[1]].set_index(["arm", "consequences"])["gap"]
+    rows = []
+    for arm, cons in macro.index:
+        if not str(arm).startswith("formal_named-"):
+            continue
+        level = str(arm).removeprefix("formal_named-")
+        p = macro.get((f"puzzled-{level}", cons))
+        if p is None:
+            continue
+        fn = float(macro[(arm, cons)])
+        rows.append(
+            {"level": level, "consequences": cons, "gap_fn": fn, "gap_p": float(p), "share": fn / p if p else np.nan}
+        )
+    return pd.DataFrame(rows, columns=["level", "consequences", "gap_fn", "gap_p", "share"])
+
+
+def _wording_section(wt: pd.DataFrame) -> list[str]:
+    """Macro Favor / Against / Net per what-if wording and arm, both denominator readings (pp)."""
+    rows = [
+        [
+            str(r.wording),
+            str(r.arm),
+            str(r.consequences),
+            _pp(r.favor_eligible),
+            _pp(r.against_eligible),
+            _pp(r.net_eligible, r.sd_net_eligible),
+            _pp(r.favor_all),
+            _pp(r.against_all),
+            _pp(r.net_all),
+        ]
+        for r in wt.itertuples()
+    ]
+    header = ["wording", "arm", "consequences", "Favor", "Against", "Net ± SD", "Favor (all)", "Against (all)"]
+    header += ["Net (all)"]
+    return [
+        "## What-if wordings (App. Q; macro over groups, greedy decisions, pp)",
+        "",
+        'main: "Assume X is ..."; v1: "Suppose for a moment that ..."; v2: "If individual X turns out to be ..."; '
+        'v3: "Imagine you have learned that ...". First three columns over eligible denominators (the headline), '
+        "the (all) columns over all parsable what-if answers (the paper's reading in App. Q). Every other table "
+        "reads the main wording only.",
         "",
         *_table(header, rows),
         "",
@@ -959,6 +1065,10 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
             f"net bias per group ({cons_list[0]} consequences)",
         )
         lines += ["![net bias per group](cue_net_bias.png)", ""]
+        if "wording" in per_trial.columns and per_trial["wording"].fillna("").astype(str).ne("").any():
+            wt = wording_table(options, per_trial, n_boot=n_boot, seed=seed)
+            atomic_write_text(out / "cue_wordings.csv", wt.to_csv(index=False, float_format="%.6f"))
+            lines += _wording_section(wt)
         for by in BREAKDOWNS:
             bb, bg = breakdown_tables(options, per_trial, by, n_boot=n_boot, seed=seed)
             if bb.empty:

@@ -4,7 +4,9 @@ Each dilemma and each demographic assignment of four individuals A-D is held
 fixed while only the way the identity reaches the model changes: not at all
 (Neutral, the per-dilemma baseline), as explicit labels (Direct), as the
 unique solution of a logic puzzle (Puzzled, at one or more difficulty
-levels), or as culturally coded first names (Named). Per individual the model
+levels), or as culturally coded first names (Named); FormalNamed (opt-in,
+paper App. S) gives the names together with the Puzzled skeleton over
+abstract attributes, the same reasoning load with no identity content. Per individual the model
 is asked whether X could be the described person (could-be), which option it
 would choose assuming X is (what-if), and, where the identity is implicit,
 which gender and which race X has (the puzzle-solving check). The analysis
@@ -40,12 +42,14 @@ from experiments.cue.categories import (
 from experiments.cue.design import SHAPES, Item, n_slots, plan_items, puzzle_bank, slot_shapes
 from experiments.cue.prompts import (
     DECISION_OPTIONS,
+    WORDINGS,
     YES_NO,
     check_question,
     could_be_question,
     decision_meaning,
     decision_question,
     direct_block,
+    formal_named_block,
     named_block,
     prompt,
     puzzled_block,
@@ -57,11 +61,13 @@ from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
 
 NAME = "cue"
-CONDITIONS = ("neutral", "direct", "puzzled", "named")
+CONDITIONS = ("neutral", "direct", "puzzled", "named", "formal_named")
+DEFAULT_CONDITIONS = ("neutral", "direct", "puzzled", "named")
+"""The conditions asked unless ``--conditions`` says otherwise (FormalNamed is the App. S control, opt-in)."""
 PROBES = ("could_be", "what_if", "check")
 CONSEQUENCES = ("with", "without")
 #: Conditions in which the check probe is asked (the identity is implicit there).
-CHECK_CONDITIONS = ("puzzled", "named")
+CHECK_CONDITIONS = ("puzzled", "named", "formal_named")
 
 
 def _subset(name: str, values: tuple[str, ...], allowed: tuple[str, ...]) -> None:
@@ -78,8 +84,11 @@ class CueSpec:
     """Path of a cue dilemma file (YAML/JSONL); None = the project's own set."""
     items: tuple[str, ...] = ()
     """Restrict to these dilemma ids (empty = all)."""
-    conditions: tuple[str, ...] = CONDITIONS
+    conditions: tuple[str, ...] = DEFAULT_CONDITIONS
     probes: tuple[str, ...] = PROBES
+    wordings: tuple[str, ...] = ("main",)
+    """What-if wordings asked (main, v1, v2, v3; App. Q). A paraphrase's trials carry the factor ``wording``;
+    the main wording's do not, so runs made before the paraphrases keep their trial ids."""
     consequences: tuple[str, ...] = ("with",)
     """Show the options' negative consequences (``with``), hide them (``without``), or both."""
     difficulties: tuple[str, ...] = ("hard",)
@@ -101,8 +110,9 @@ class CueSpec:
     def __post_init__(self) -> None:
         _subset("conditions", self.conditions, CONDITIONS)
         _subset("probes", self.probes, PROBES)
+        _subset("wordings", self.wordings, tuple(WORDINGS))
         _subset("consequences", self.consequences, CONSEQUENCES)
-        if "puzzled" in self.conditions:
+        if {"puzzled", "formal_named"} & set(self.conditions):
             _subset("difficulties", self.difficulties, DIFFICULTIES)
         if self.shape not in SHAPES:
             raise ValueError(f"shape must be one of {list(SHAPES)}, got {self.shape!r}")
@@ -122,7 +132,7 @@ class CueSpec:
     def from_dict(cls, d: Mapping[str, Any]) -> CueSpec:
         """Inverse of :meth:`to_dict` (reads a run manifest's spec)."""
         kw = {k: v for k, v in d.items() if k != "experiment"}
-        for k in ("items", "conditions", "probes", "consequences", "difficulties", "genders", "races"):
+        for k in ("items", "conditions", "probes", "wordings", "consequences", "difficulties", "genders", "races"):
             if k in kw:
                 kw[k] = tuple(kw[k])
         if "salts" in kw:
@@ -152,11 +162,11 @@ def build_design(spec: CueSpec) -> Design:
     attrs = spec.attributes()
     items = plan_items(dilemmas, attrs, combos=spec.combos, reuse=spec.puzzle_reuse, shape=spec.shape, seed=spec.seed)
     puzzles: dict[str, tuple[Puzzle, ...]] = {}
-    if "puzzled" in spec.conditions:
+    if {"puzzled", "formal_named"} & set(spec.conditions):  # FormalNamed reuses Puzzled's skeletons per level
         shapes = slot_shapes(n_slots(len(dilemmas), spec.puzzle_reuse), spec.shape, spec.seed)
         puzzles = {lv: puzzle_bank(lv, shapes, spec.seed) for lv in spec.difficulties}
     names: dict[tuple[str, int], tuple[str, ...]] = {}
-    if "named" in spec.conditions:
+    if {"named", "formal_named"} & set(spec.conditions):
         table = load_names(spec.names)
         check_names(table, attrs)
         for it in items:
@@ -176,6 +186,8 @@ def _arms(spec: CueSpec) -> list[tuple[str, str]]:
         arms += [("puzzled", lv) for lv in spec.difficulties]
     if "named" in spec.conditions:
         arms.append(("named", ""))
+    if "formal_named" in spec.conditions:
+        arms += [("formal_named", lv) for lv in spec.difficulties]
     return arms
 
 
@@ -222,6 +234,10 @@ def expand(spec: CueSpec, count_tokens: Callable[[str], int] | None = None) -> l
                     puzzle = design.puzzles[level][it.slot]
                     puzzle_id = puzzle.id
                     block = puzzled_block(d, puzzle, binding, attrs)
+                elif condition == "formal_named":
+                    puzzle = design.puzzles[level][it.slot]
+                    puzzle_id = puzzle.id
+                    block = formal_named_block(d, puzzle, design.names[(d.id, it.k)])
                 else:
                     block = named_block(d, design.names[(d.id, it.k)])
                 for cons in spec.consequences:
@@ -242,8 +258,10 @@ def expand(spec: CueSpec, count_tokens: Callable[[str], int] | None = None) -> l
                             text = prompt(d, block, with_cons, could_be_question(who, d))
                             add(d, {**base, "probe": "could_be"}, text, YES_NO, ("yes", "no"))
                         if "what_if" in spec.probes:
-                            text = prompt(d, block, with_cons, decision_question(who, d))
-                            add(d, {**base, "probe": "what_if"}, text, DECISION_OPTIONS, decision_meaning(d))
+                            for wording in spec.wordings:
+                                text = prompt(d, block, with_cons, decision_question(who, d, wording))
+                                f = {**base, "probe": "what_if", **({} if wording == "main" else {"wording": wording})}
+                                add(d, f, text, DECISION_OPTIONS, decision_meaning(d))
                         if "check" in spec.probes and condition in CHECK_CONDITIONS:
                             for attr in attrs:
                                 text = prompt(d, block, with_cons, check_question(who, attr))
@@ -263,10 +281,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cue visibility")
     g.add_argument(
         "--conditions",
-        default=",".join(CONDITIONS),
-        help=f"comma-separated conditions (default: {','.join(CONDITIONS)})",
+        default=",".join(DEFAULT_CONDITIONS),
+        help=f"comma-separated conditions from {','.join(CONDITIONS)} (default: {','.join(DEFAULT_CONDITIONS)}; "
+        "formal_named is the App. S control: names plus the puzzle skeleton over abstract attributes)",
     )
     g.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated probes (default: {','.join(PROBES)})")
+    g.add_argument(
+        "--wordings",
+        default="main",
+        help=f"what-if wordings, comma-separated from {','.join(WORDINGS)} (default: main; v1-v3: App. Q paraphrases)",
+    )
     g.add_argument(
         "--consequences", default="with", help="with, without or with,without: show the options' negative consequences"
     )
@@ -293,6 +317,7 @@ def _spec_from_args(a: argparse.Namespace) -> CueSpec:
         items=_csv(a.items) if a.items else (),
         conditions=_csv(a.conditions),
         probes=_csv(a.probes),
+        wordings=_csv(a.wordings),
         consequences=_csv(a.consequences),
         difficulties=_csv(a.difficulties),
         combos=a.combos,
