@@ -437,6 +437,8 @@ class ApiEngine:
             self._journal = Journal(results / JOURNAL)
             if (results / BATCHES).exists() or self.settings.batch:
                 self._batch_log = AppendLog(results / BATCHES)
+                if self._batch_log.quarantined:
+                    self._log(quarantine_message(results / BATCHES, self._batch_log.quarantined, None))
             self._store_root = root
             prior = _read_json(results / STATS)
             self._prior_unrecovered = Counter({str(k): int(v) for k, v in prior.get("unrecovered", {}).items()})

@@ -29,10 +29,12 @@ The same append-only file discipline keeps the batch-interface state
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -136,12 +138,20 @@ def quarantined_count(path: Path | None) -> int:
     return q.read_bytes().count(b"\n") if q is not None and q.exists() else 0
 
 
-def quarantine_message(path: Path, damaged: tuple[DamagedLine, ...], kept: int) -> str:
-    """The line the API engine prints when it quarantined damaged journal lines."""
-    return (
+def quarantine_message(path: Path, damaged: tuple[DamagedLine, ...], kept: int | None) -> str:
+    """The line the API engine prints when it quarantined damaged lines (``kept``: responses left; None: a batch log)."""
+    head = (
         f"api: quarantined {len(damaged)} damaged line(s) of {path} into {quarantine_path(path)} "
-        f"({'; '.join(d.describe() for d in damaged)}); kept the other {kept} responses. A committed chunk "
-        "already holds its responses; a response lost here is bought again only if its chunk is recomputed"
+        f"({'; '.join(d.describe() for d in damaged)})"
+    )
+    if kept is None:
+        return (
+            head
+            + "; kept the other records (the requests of a batch whose record was lost are sent again, and that batch may still be billed)"
+        )
+    return head + (
+        f"; kept the other {kept} responses. A committed chunk already holds its responses; a response lost "
+        "here is bought again only if its chunk is recomputed"
     )
 
 
@@ -215,11 +225,23 @@ class AppendLog:
         """Write one record as one checksummed line, durably (fsync) before returning."""
         data = encode_line(record)
         with self._lock:
-            written = os.write(self._fd, data)
-            if written != len(data):  # pragma: no cover - a full disk
-                raise OSError(f"short write to {self.path} ({written} of {len(data)} bytes); is the disk full?")
-            if self.fsync:
-                os.fsync(self._fd)
+            try:
+                written = os.write(self._fd, data)
+                if written != len(data):  # a full disk mid-line: the torn line is quarantined on reopen
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+                if self.fsync:
+                    os.fsync(self._fd)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                from probe.store import StoreError, human_bytes
+
+                free = shutil.disk_usage(self.path.parent).free
+                raise StoreError(
+                    f"no space left in {self.path.parent} to journal a record of {len(data)} bytes (the file "
+                    f"system has {human_bytes(free)} free), so it is lost; free space, then re-run the same command: "
+                    "every record journaled before it is kept"
+                ) from e
 
     def close(self) -> None:
         with self._lock:

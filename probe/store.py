@@ -419,11 +419,13 @@ class RunStore:
         trials as chunk 0) has one chunk; a run with no trials has chunk 0 only
         when a marker was written for it (an imported table).
         """
-        n = self.n_trials()
-        size = int(self.manifest().get("chunk_size") or max(n, 1))
+        man = self.manifest()
+        n = man["n_trials"] if isinstance(man.get("n_trials"), int) else self.n_trials()
+        size = int(man.get("chunk_size") or max(n, 1))
         return chunk_bounds(n, size) or ([(0, 0)] if self.marker(0).exists() else [])
 
     def n_trials(self) -> int:
+        """Lines in trials.jsonl (the manifest's ``n_trials`` says the same for runs the runner wrote)."""
         try:
             with open(self.root / TRIALS, "rb") as f:
                 return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
@@ -433,8 +435,9 @@ class RunStore:
     def integrity(self) -> Integrity:
         """Every expected chunk, verified against its receipt (files re-hashed unless unchanged since)."""
         key = str(self.manifest().get("run_key", ""))
-        states = tuple(self._chunk_state(k, b, key) for k, b in enumerate(self.bounds()))
-        return Integrity(self.root, self.n_trials(), states)
+        bounds = self.bounds()
+        states = tuple(self._chunk_state(k, b, key) for k, b in enumerate(bounds))
+        return Integrity(self.root, bounds[-1][1] if bounds else 0, states)
 
     def verified_chunks(self) -> set[int]:
         return {c.chunk for c in self.integrity().verified}

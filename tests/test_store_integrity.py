@@ -396,3 +396,42 @@ def test_damaged_journal_lines_are_quarantined_and_nothing_is_bought_twice(serve
     assert stats["duplicates"] == 0 and stats["quarantined_journal_lines"] == 2
     rc, text, _ = cli(capsys, "check", str(out))
     assert rc == 0 and "api journal: 22 responses, 0 damaged line(s), 2 quarantined earlier" in text
+
+
+def test_append_log_quarantines_damaged_lines_and_keeps_old_unchecksummed_ones(tmp_path: Path) -> None:
+    from engines.api_journal import AppendLog, quarantine_path
+
+    path = tmp_path / "log.jsonl"
+    log = AppendLog(path)
+    log.append({"n": 1})
+    log.append({"n": 2})
+    log.close()
+    good = path.read_bytes().splitlines(keepends=True)
+    assert all(b'"line_sha256":' in line for line in good)
+    legacy = b'{"n": 0}\n'  # written before lines had checksums: taken as it is
+    edited = good[1].replace(b'"n":2', b'"n":3')
+    path.write_bytes(legacy + good[0] + b"{not json\n" + edited)
+    log = AppendLog(path)
+    assert [(d.line, d.reason.split(" (")[0]) for d in log.quarantined] == [
+        (3, "not valid JSON"),
+        (4, "its checksum does not match its content"),
+    ]
+    assert [r["n"] for r in log.read()] == [0, 1] and log.corrupt_lines == 0
+    assert quarantine_path(path).read_bytes() == b"{not json\n" + edited
+    assert path.read_bytes() == legacy + good[0]
+    log.close()
+
+
+def test_a_full_disk_under_the_journal_names_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engines import api_journal
+
+    log = api_journal.AppendLog(tmp_path / "j.jsonl")
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(api_journal.os, "write", full)
+    with pytest.raises(StoreError, match=f"no space left in {tmp_path} to journal a record of"):
+        log.append({"n": 1})
+    monkeypatch.undo()
+    log.close()
