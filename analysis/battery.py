@@ -103,9 +103,27 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     dec = decompose(cells)
     f.results["z"] = dec["z"]
     f.results["verbflip"] = dec
-    table = _with_mean(cells.join(dec))
+    from analysis.yesno import form_decomposition, i3_incoherence, parity_split, story_mean_ci, trial_variance
+
+    yn = f.instrument("binary")
+    yn = yn[yn["labels"] == "Yes/No"].assign(cbr_verb=lambda d: d["verb"])
+    forms = form_decomposition(yn, p_cbr(f.options), trial_variance(f.options))
+    spread = i3_incoherence(forms[forms.index.get_level_values("item_id").isin(dec.index)])
+    order_of_forms = [x for x in f.manifest["spec"].get("forms") or sorted(set(yn["form"])) if x in set(yn["form"])]
+    if not order_of_forms:
+        order_of_forms = sorted(set(yn["form"]))
+    files = []
+    if len(order_of_forms) >= 2:
+        with contextlib.suppress(ValueError):
+            split = parity_split(yn[yn["item_id"].isin(dec.index)], p_cbr(f.options), order_of_forms)
+            split.index.name = "dilemma"
+            atomic_write_text(out / "binary_form_parity.csv", split.to_csv(float_format="%.6f"))
+            files.append(out / "binary_form_parity.csv")
+    table = _with_mean(cells.join(dec).join(spread.drop(columns="n_forms")))
     table.index.name = "dilemma"
     atomic_write_text(out / "binary_verbflip.csv", table.to_csv(float_format="%.6f"))
+    ci = story_mean_ci(dec[["z", "lexical", "order", "apparent"]], n_boot=2000, seed=0)
+    f.results["verbflip_ci"] = ci
     fig = plots.grouped_bars(
         _with_mean(dec[["order", "lexical", "apparent"]]),
         ["order", "lexical", "apparent"],
@@ -115,16 +133,21 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     )
     identity = float((dec["apparent"] - dec["order"] - dec["lexical"]).abs().max())
     n_forms = b["form"].nunique()
-    short = table[["z", "lexical", "order", "apparent"]]
+    short = table[["z", "lexical", "order", "apparent", "sigma_z", "sigma_lexical", "sigma_order"]]
+    ci_line = "; ".join(f"{q} {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]" for q, r in ci.iterrows())
     lines = [
         f"{len(dec)} dilemmas x {n_forms} forms x approve/oppose x yes-first/no-first. "
         "lexical = pull toward the word yes (negative: toward no); order = pull toward the first-printed option "
         "(negative: toward the last); apparent = what one 'yes or no' question shows. "
-        f"Identity apparent = order + lexical holds to {identity:.1e}.",
+        f"Identity apparent = order + lexical holds to {identity:.1e}. sigma_<q>: the sampling-corrected spread of "
+        "the per-form value across the wording forms (Fig. 3's error bars, descriptive); the two form-parity "
+        "subsets (even / odd forms in corpus order) are in `binary_form_parity.csv`.",
         "",
         md_table(short),
+        "",
+        f"Story-averaged, 95% percentile bootstrap over dilemmas (2000 resamples, seed 0): {ci_line}.",
     ]
-    return Section("Forced binary, yes/no verb flip (I-3)", lines, [out / "binary_verbflip.csv", fig])
+    return Section("Forced binary, yes/no verb flip (I-3)", lines, [out / "binary_verbflip.csv", fig, *files])
 
 
 def labelmap_section(f: Frames, out: Path) -> Section:

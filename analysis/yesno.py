@@ -177,3 +177,93 @@ def story_mean_ci(values: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0, le
         lo, hi = np.quantile(x[idx].mean(axis=1), [alpha, 1 - alpha])
         rows[col] = {"mean": float(x.mean()), "lo": float(lo), "hi": float(hi), "n": len(x)}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+# ------------------------------------------------ I-3 incoherence across forms
+def trial_variance(options: pd.DataFrame) -> pd.Series:
+    """The sampling variance of each trial's P(CBR): 0 for a readout, ``p (1 - p) / (n - 1)`` for n parsed draws.
+
+    A readout is the distribution itself (nothing sampled); a sampled trial's
+    frequency of CBR among ``n_ok`` parsed draws has the unbiased variance of
+    its Bernoulli draws over n (NaN with fewer than two draws).
+    """
+    pc = p_cbr(options)
+    if "n_ok" not in options.columns:
+        return pd.Series(0.0, index=pc.index, name="var_p")
+    n = options.groupby("trial_id")["n_ok"].first().reindex(pc.index).astype(float)
+    return (pc * (1 - pc) / (n - 1).where(n > 1)).rename("var_p")
+
+
+def form_decomposition(
+    per_trial: pd.DataFrame, pcbr: pd.Series, var_p: pd.Series | None = None, forms: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Per (item, form): z, lexical, order, apparent of that form alone, and their sampling variance ``var_samp``.
+
+    The value is the unsalted replicate's (as theta's per-form value); each
+    cell's sampling variance is the variance over its replicates (ddof 1)
+    when the run has several, else the trial's own ``var_p`` (0 for a
+    readout). z, lexical and order are each a sum of the four cells with
+    weights +-1/4 (z on the 2 P - 1 axis), so all three have ``var_samp =
+    sum of the cell variances / 4``; apparent (= bias_yf) has the two
+    yes-first cells' variances. ``per_trial`` needs ``form``, ``cbr_verb``,
+    ``order``, ``replicate``. Forms missing a usable cell are left out.
+    ``forms`` restricts to these forms.
+    """
+    df = per_trial.join(pcbr, on="trial_id")
+    if forms is not None:
+        df = df[df["form"].isin(list(forms))]
+    keys = ["item_id", "form", "cbr_verb", "order"]
+    base = df[df["replicate"] == 0].groupby(keys)["p_cbr"].mean()
+    rep_var = df.groupby(keys)["p_cbr"].var(ddof=1)
+    n_rep = df.groupby(keys)["p_cbr"].count()
+    own = (
+        df[df["replicate"] == 0].join(var_p.rename("var_p"), on="trial_id").groupby(keys)["var_p"].mean()
+        if var_p is not None
+        else pd.Series(0.0, index=base.index)
+    )
+    var_cell = rep_var.where(n_rep > 1, own.reindex(rep_var.index))
+    cells = base.unstack(["cbr_verb", "order"]).reindex(columns=pd.MultiIndex.from_tuples(CELLS)).dropna()
+    var = var_cell.unstack(["cbr_verb", "order"]).reindex(columns=pd.MultiIndex.from_tuples(CELLS))
+    var = var.reindex(cells.index)
+    cells.columns = [f"p_cbr_{v}_{o}" for v, o in CELLS]
+    out = decompose(cells)
+    out["var_samp"] = var.sum(axis=1, min_count=4) / 4
+    out["var_samp_apparent"] = var[[("approve", "yes_first"), ("oppose", "yes_first")]].sum(axis=1, min_count=2)
+    return out
+
+
+def i3_incoherence(forms: pd.DataFrame, quantities: Sequence[str] = ("z", "lexical", "order")) -> pd.DataFrame:
+    """Per item, for each I-3 quantity: ``sigma_<q> = sqrt(max(0, Var_forms(q_f) - mean Var_samp))`` (Fig. 3's bars).
+
+    The same Gauge R&R correction as I-1's sigma_repro (:func:`analysis.stance.incoherence`)
+    on the per-form values of :func:`form_decomposition`; ``n_forms`` counts
+    them. Forms without a sampling variance are left out of its mean.
+    """
+    rows = {}
+    for item, df in forms.groupby(level="item_id", sort=True):
+        noise = float(df["var_samp"].mean()) if df["var_samp"].notna().any() else 0.0
+        row: dict[str, float] = {"n_forms": float(len(df))}
+        for q in quantities:
+            v = float(np.var(df[q].to_numpy(float), ddof=1)) if len(df) > 1 else float("nan")
+            row[f"sigma_{q}"] = float(np.sqrt(max(0.0, v - noise))) if np.isfinite(v) else float("nan")
+        rows[item] = row
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "item_id"
+    return out
+
+
+def parity_split(per_trial: pd.DataFrame, pcbr: pd.Series, forms: Sequence[str]) -> pd.DataFrame:
+    """Per item: lexical, order and z on the even- and odd-numbered forms (the two form-parity subsets of Fig. 3).
+
+    ``forms`` in their design order (the corpus order); form k goes to the
+    ``even`` subset when k is even. Columns ``<q>_even``, ``<q>_odd``; an item
+    whose subset lacks a usable cell has NaN there.
+    """
+    if len(forms) < 2:
+        raise ValueError(f"the form-parity split needs at least two forms, got {list(forms)}")
+    out = []
+    for parity, subset in (("even", forms[0::2]), ("odd", forms[1::2])):
+        df = per_trial[per_trial["form"].isin(list(subset))]
+        cells = cell_table(df, pcbr)
+        out.append(decompose(cells)[["z", "lexical", "order"]].add_suffix(f"_{parity}"))
+    return pd.concat(out, axis=1)
