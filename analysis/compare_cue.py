@@ -22,7 +22,9 @@
    both-correct (joint) check accuracy macro-averaged over the Puzzled
    difficulty levels present (mean over levels of the per-level mean over
    (item, individual) pairs), with consequences when the runs have them
-   (``capability="headline"``: the headline arm alone). Per attribute an OLS ``gap ~ attribute``
+   (``capability="headline"``: the headline arm alone). Identity comes from
+   the JSON of the could-be replies when a run has them (the paper's reading),
+   else from the check probe. Per attribute an OLS ``gap ~ attribute``
    (statsmodels; slope, 95% CI, R^2, n) and, with two or more attributes and
    enough models, the joint fit. A panel of a few models is badly
    underpowered; the report says so.
@@ -83,8 +85,16 @@ def run_tables(
     pt = per_trial[per_trial["item_id"].isin(keep)]
     opts = options[options["trial_id"].isin(set(pt["trial_id"]))]
     bias, gap = cue.decision_bias(opts, pt, decision=decision, n_boot=n_boot, seed=seed)
-    checks = cue.check_frame(opts, pt)
+    checks, _ = cue.identity_checks(open_store(run), opts, pt, _labels(run))  # JSON replies when the run has them
+    checks = checks[checks["item_id"].isin(keep)]
     return CueRun(run, bias, gap, cue.solve_rates(checks) if not checks.empty else None)
+
+
+def _labels(run: PanelRun) -> dict[str, tuple[str, ...]]:
+    from experiments.cue import CueSpec
+
+    spec = CueSpec.from_dict(open_store(run).manifest()["spec"])
+    return {a.name: a.labels for a in spec.attributes()}
 
 
 def headline_arm(runs: Sequence[CueRun]) -> str:

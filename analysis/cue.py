@@ -55,6 +55,7 @@ Every function here is pure and takes tidy frames.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -481,6 +482,96 @@ def check_frame(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+IDENTITY_SOURCES = ("json", "check")
+"""Where identity recovery is read: the JSON of the could-be reply (the paper's, the default when the run has
+``could_be_json``), or the separate check probe."""
+
+
+def parse_identity(text: str, labels: Mapping[str, Sequence[str]]) -> dict[str, str] | None:
+    """The first JSON object in ``text``, reduced to ``{attr: label}`` for the attributes in ``labels``.
+
+    Keys and values match case-insensitively (``"Gender": "WOMAN"`` reads as
+    gender = woman); a value outside the labels reads as no answer for that
+    attribute (key absent). None when no JSON object parses.
+    """
+    for m in re.finditer(r"\{[^{}]*\}", text or ""):
+        try:
+            doc = json.loads(m.group(0))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        keys = {str(k).strip().lower(): v for k, v in doc.items()}
+        out = {}
+        for attr, allowed in labels.items():
+            value = str(keys.get(attr, "")).strip().lower()
+            hit = next((lab for lab in allowed if lab.lower() == value), None)
+            if hit is not None:
+                out[attr] = hit
+        return out
+    return None
+
+
+def json_check_frame(
+    generations: pd.DataFrame, meta: pd.DataFrame, labels: Mapping[str, Sequence[str]]
+) -> pd.DataFrame:
+    """Identity recovery from the JSON of the could-be replies, in the shape of :func:`check_frame`.
+
+    One row per (could_be_json trial, attribute) of the first draw (the greedy
+    reply): ``truth``, ``answer`` (NaN when the reply has no parsable JSON or no
+    valid label for the attribute: an abstention), ``correct``; ``p_true`` is
+    NaN (a generated reply has no probability). :func:`solved_pairs`,
+    :func:`solve_rates` and :func:`correct_only_keep` take it as they take the
+    check probe's frame.
+    """
+    cols = [*PAIR, "trial_id", "attr", "truth", "answer", "correct", "p_true", "parsable"]
+    if generations.empty or "probe" not in meta.columns:
+        return pd.DataFrame(columns=cols)
+    jt = meta[meta["probe"] == "could_be_json"].copy()
+    if jt.empty:
+        return pd.DataFrame(columns=cols)
+    jt["arm"] = arm_of(jt)
+    first = generations.sort_values(["trial_id", "draw"]).drop_duplicates("trial_id").set_index("trial_id")["text"]
+    rows = []
+    for r in jt.itertuples():
+        parsed = parse_identity(str(first.get(r.trial_id, "")), labels)
+        for attr in labels:
+            truth = getattr(r, f"x_{attr}")
+            answer = parsed.get(attr) if parsed is not None else None
+            rows.append(
+                {
+                    **{k: getattr(r, k) for k in PAIR},
+                    "trial_id": r.trial_id,
+                    "attr": attr,
+                    "truth": truth,
+                    "answer": answer,
+                    "correct": float(answer == truth) if answer is not None else np.nan,
+                    "p_true": np.nan,
+                    "parsable": parsed is not None,
+                }
+            )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def identity_checks(
+    store: RunStore,
+    options: pd.DataFrame,
+    per_trial: pd.DataFrame,
+    labels: Mapping[str, Sequence[str]],
+    source: str = "json",
+) -> tuple[pd.DataFrame, str]:
+    """(identity-recovery frame, its source): the JSON replies when ``source="json"`` and the run has them, else the check probe."""
+    from analysis.frames import trial_meta
+
+    if source not in IDENTITY_SOURCES:
+        raise ValueError(f"identity source must be one of {', '.join(IDENTITY_SOURCES)}, got {source!r}")
+    if source == "json":
+        frame = json_check_frame(store.load("generations"), trial_meta(store), labels)
+        if not frame.empty:
+            return frame, "json"
+    return check_frame(options, per_trial), "check"
+
+
 def solved_pairs(checks: pd.DataFrame) -> pd.DataFrame:
     """Per (item, combination, arm, consequences, individual, replicate): correct per attribute and ``joint``.
 
@@ -754,7 +845,7 @@ def _cell(frame: pd.DataFrame, key: tuple[str, str, str], col: str, sd: bool = T
     return _pp(float(r[col]), float(r[f"sd_{col}"]) if sd else None)
 
 
-def _solve_section(sr: pd.DataFrame) -> list[str]:
+def _solve_section(sr: pd.DataFrame, source: str = "check", alternative: bool = False) -> list[str]:
     rows = [
         [
             r.arm,
@@ -780,7 +871,14 @@ def _solve_section(sr: pd.DataFrame) -> list[str]:
         "mean P(true race)",
         "answered",
     ]
-    return ["## Identity recovery (check probe; greedy answer = truth)", "", *_table(header, rows), ""]
+    what = (
+        "from the JSON of the could-be reply, the paper's reading; answered = parsable JSON with a valid label"
+        if source == "json"
+        else "check probe; greedy answer = truth"
+    )
+    title = f"## Identity recovery ({what})" + (" (alternative)" if alternative else "")
+    note = ["Used for the correct-only tables." if not alternative else "Not used for the correct-only tables.", ""]
+    return [title, "", *_table(header, rows), "", *note]
 
 
 def _bias_section(
@@ -1004,11 +1102,16 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
     lines = _header(store, spec, per_trial, source)
     lines += [*_puzzle_lines(man["spec"], store.trials(), out), ""]
 
-    checks = check_frame(options, per_trial)
+    checks, id_source = identity_checks(store, options, per_trial, labels)
     if not checks.empty:
-        sr = solve_rates(checks)
+        sr = solve_rates(checks).assign(source=id_source)
+        lines += _solve_section(sr, id_source)
+        probe_checks = check_frame(options, per_trial) if id_source == "json" else checks.iloc[0:0]
+        if not probe_checks.empty:  # the alternative reading beside the paper's
+            alt = solve_rates(probe_checks).assign(source="check")
+            lines += _solve_section(alt, "check", alternative=True)
+            sr = pd.concat([sr, alt], ignore_index=True)
         atomic_write_text(out / "cue_solve.csv", sr.to_csv(index=False, float_format="%.6f"))
-        lines += _solve_section(sr)
 
     answered = per_trial["coverage"] > 0  # a sampled trial with no parsed answer is an abstention
     neutral_ok = (per_trial["condition"] == "neutral") & answered

@@ -45,6 +45,7 @@ from experiments.cue.prompts import (
     WORDINGS,
     YES_NO,
     check_question,
+    could_be_json_question,
     could_be_question,
     decision_meaning,
     decision_question,
@@ -64,7 +65,9 @@ NAME = "cue"
 CONDITIONS = ("neutral", "direct", "puzzled", "named", "formal_named")
 DEFAULT_CONDITIONS = ("neutral", "direct", "puzzled", "named")
 """The conditions asked unless ``--conditions`` says otherwise (FormalNamed is the App. S control, opt-in)."""
-PROBES = ("could_be", "what_if", "check")
+PROBES = ("could_be", "what_if", "check", "could_be_json")
+DEFAULT_PROBES = ("could_be", "what_if", "check")
+"""Probes asked unless ``--probes`` says otherwise; ``could_be_json`` is generated text (no slot readout), opt-in."""
 CONSEQUENCES = ("with", "without")
 #: Conditions in which the check probe is asked (the identity is implicit there).
 CHECK_CONDITIONS = ("puzzled", "named", "formal_named")
@@ -85,7 +88,7 @@ class CueSpec:
     items: tuple[str, ...] = ()
     """Restrict to these dilemma ids (empty = all)."""
     conditions: tuple[str, ...] = DEFAULT_CONDITIONS
-    probes: tuple[str, ...] = PROBES
+    probes: tuple[str, ...] = DEFAULT_PROBES
     wordings: tuple[str, ...] = ("main",)
     """What-if wordings asked (main, v1, v2, v3; App. Q). A paraphrase's trials carry the factor ``wording``;
     the main wording's do not, so runs made before the paraphrases keep their trial ids."""
@@ -257,6 +260,9 @@ def expand(spec: CueSpec, count_tokens: Callable[[str], int] | None = None) -> l
                         if "could_be" in spec.probes:
                             text = prompt(d, block, with_cons, could_be_question(who, d))
                             add(d, {**base, "probe": "could_be"}, text, YES_NO, ("yes", "no"))
+                        if "could_be_json" in spec.probes and condition in CHECK_CONDITIONS:
+                            text = prompt(d, block, with_cons, could_be_json_question(who, d, attrs))
+                            add(d, {**base, "probe": "could_be_json"}, text, YES_NO, ("yes", "no"))
                         if "what_if" in spec.probes:
                             for wording in spec.wordings:
                                 text = prompt(d, block, with_cons, decision_question(who, d, wording))
@@ -285,7 +291,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated conditions from {','.join(CONDITIONS)} (default: {','.join(DEFAULT_CONDITIONS)}; "
         "formal_named is the App. S control: names plus the puzzle skeleton over abstract attributes)",
     )
-    g.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated probes (default: {','.join(PROBES)})")
+    g.add_argument(
+        "--probes",
+        default=",".join(DEFAULT_PROBES),
+        help=f"comma-separated probes from {','.join(PROBES)} (default: {','.join(DEFAULT_PROBES)}; could_be_json is "
+        "generated: the could-be answer and X's identity as JSON in one reply, the paper's form)",
+    )
     g.add_argument(
         "--wordings",
         default="main",
@@ -339,6 +350,7 @@ EXPERIMENTS = (
         spec_from_args=_spec_from_args,
         expand=expand,
         report=lazy("analysis.cue:cue_report"),
+        generative=lambda t: t.factors.get("probe") == "could_be_json",
         compare=lazy("analysis.compare_cue:compare_cue"),
     ),
 )
