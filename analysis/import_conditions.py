@@ -359,6 +359,7 @@ def import_run(path: str | Path, out: str | Path) -> tuple[Any, Parsed]:
         "benchmarks": sorted(set(t["benchmark"])),
     }
     models = sorted(set(t["model"]))
+    modes = sorted(set(map(bool, t["reasoning"])))
     manifest = {
         "experiment": EXPERIMENT,
         "run_key": run_key(identity),
@@ -368,7 +369,10 @@ def import_run(path: str | Path, out: str | Path) -> tuple[Any, Parsed]:
         "provenance": provenance,
         "engine": {
             "engine": "imported",
-            "settings": {"model": models[0] if len(models) == 1 else f"{len(models)} models (imported)"},
+            "settings": {
+                "model": models[0] if len(models) == 1 else f"{len(models)} models (imported)",
+                **({"think": modes[0]} if len(modes) == 1 else {}),  # the panel's reasoning flag, when one mode
+            },
         },
     }
     store = RunStore.open(Path(out), manifest, [])

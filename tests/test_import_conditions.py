@@ -151,7 +151,15 @@ def native_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     for model, scale, think in (("m1", 1.0, False), ("m2", 0.5, False), ("m1", 1.3, True)):
         out = root / f"{model}-{think}"
         engine = PlantedInfluence(model, {k: v * scale for k, v in SHIFTS.items()}, {"gender": 0.3, "age": -0.8}, think)
-        run("influence-triage", SPEC, engine, out, plan=Plan(readout=False, samples=15), progress=False, log=lambda s: None)
+        run(
+            "influence-triage",
+            SPEC,
+            engine,
+            out,
+            plan=Plan(readout=False, samples=15),
+            progress=False,
+            log=lambda s: None,
+        )
         paths.append(out)
     return paths
 
@@ -199,3 +207,24 @@ def test_round_trip_panel_gives_the_same_fits_and_tables(native_runs: list[Path]
         assert g.beta == pytest.approx(f.beta, rel=1e-6) and g.r2_marginal == pytest.approx(f.r2_marginal, abs=1e-8)
     t1, t2 = native.tables["by_model"], back.tables["by_model"]
     np.testing.assert_allclose(t2["|steer|"].to_numpy(), t1["|steer|"].to_numpy(), rtol=1e-12)
+
+
+def test_an_imported_run_joins_a_native_panel_through_probe_compare(native_runs: list[Path], tmp_path: Path) -> None:
+    csv = tmp_path / "m1-think.csv"
+    ic.export_conditions(native_runs[2], csv)  # m1 with reasoning on, brought back as an imported run
+    assert main(["import", str(csv), "--out", str(tmp_path / "imp"), "--no-report"]) == 0
+    out = tmp_path / "cmp"
+    args = ["compare", str(native_runs[0]), str(native_runs[1]), str(tmp_path / "imp"), "--out", str(out)]
+    assert main([*args, "--asym-model", "nested", "--n-boot", "20", "--quiet"]) == 0
+    cond = pd.read_csv(out / "conditions.csv")
+    assert len(cond) == 12 and set(cond["source"]) == {"samples", "imported"}
+    native = inf.analyze(RunStore(native_runs[2]), "triage", n_boot=2).conditions
+    back = cond[cond["source"] == "imported"]
+    np.testing.assert_allclose(back["s_B"].to_numpy(), native["s_B"].to_numpy(), rtol=5e-6)  # the CSV keeps 6 digits
+    assert set(back["think"]) == {True}
+    fits = pd.read_csv(out / "asym_regression.csv")
+    assert fits["structure"].iloc[0] == "nested" and set(fits["structure"]) == {"crossed", "nested"}
+    summary = (out / "summary.md").read_text()
+    assert "Imported runs" in summary and "Headline structure: **nested**" in summary
+    assert main(["compare", str(native_runs[0]), str(tmp_path / "imp"), "--out", str(tmp_path / "c2"),
+                 "--decision", "greedy", "--quiet"]) == 2  # fmt: skip
