@@ -147,6 +147,19 @@ def verbflip_section(f: Frames, out: Path) -> Section:
         "",
         f"Story-averaged, 95% percentile bootstrap over dilemmas (2000 resamples, seed 0): {ci_line}.",
     ]
+    if f.source == "samples":
+        from analysis.yesno import resampling_diagnostics
+
+        with contextlib.suppress(ValueError):
+            rs = resampling_diagnostics(yn, f.options)
+            f.results["resampling"] = rs
+            lines += [
+                "",
+                f"Resampling: {rs.unanimous:.0%} of {rs.n_cells} cells (item x form x verb x order) unanimous across "
+                f"their draws; between-form variance {rs.between_within:.1f}x the within-form (one-draw) variance "
+                f"({rs.between_within_orders:.1f}x with print order inside the form); {rs.opposite_majority:.0%} of "
+                f"{rs.n_items} dilemmas have two equivalent forms with opposite majority verdicts.",
+            ]
     return Section("Forced binary, yes/no verb flip (I-3)", lines, [out / "binary_verbflip.csv", fig, *files])
 
 

@@ -267,3 +267,68 @@ def parity_split(per_trial: pd.DataFrame, pcbr: pd.Series, forms: Sequence[str])
         cells = cell_table(df, pcbr)
         out.append(decompose(cells)[["z", "lexical", "order"]].add_suffix(f"_{parity}"))
     return pd.concat(out, axis=1)
+
+
+# ---------------------------------------------------- I-3 resampling diagnostics
+@dataclass(frozen=True)
+class Resampling:
+    """How much repetition of one form shows, against the spread across forms (paper 003, Methods / SI S3).
+
+    Readings taken: a *cell* is one trial (item x form x verb x printed
+    order) with its sampled draws; *logically equivalent forms* are the
+    forms of one (item, verb, order).
+    """
+
+    unanimous: float
+    """Share of cells with >= 2 parsed draws whose draws all agree."""
+    n_cells: int
+    between_within: float
+    """Mean over (item, verb, order) of Var_forms(P(CBR)) (ddof 1) / mean replicate variance of one draw."""
+    between_within_orders: float
+    """The same with print order inside the form: Var over (form, order) within (item, verb)."""
+    opposite_majority: float
+    """Share of items with two equivalent forms whose majority verdicts (P(CBR) > or < 1/2) are opposite."""
+    n_items: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def resampling_diagnostics(per_trial: pd.DataFrame, options: pd.DataFrame) -> Resampling:
+    """Unanimity, the between/within variance ratio and the opposite-majority share of a sampled run.
+
+    ``per_trial`` needs ``item_id``, ``form``, ``cbr_verb``, ``order``,
+    ``replicate``; ``options`` the sampled frequencies with ``n_ok``
+    (:func:`analysis.frames.count_samples`). The within-form variance is the
+    unbiased variance of one draw, ``n p (1 - p) / (n - 1)``, averaged over
+    cells with >= 2 parsed draws.
+    """
+    if "n_ok" not in options.columns:
+        raise ValueError("resampling diagnostics need sampled answers (options with n_ok); this run has readouts")
+    pc = p_cbr(options)
+    n = options.groupby("trial_id")["n_ok"].first()
+    df = per_trial[per_trial["replicate"] == 0].join(pc, on="trial_id").join(n.rename("n"), on="trial_id")
+    df = df.dropna(subset=["p_cbr"])
+    multi = df[df["n"] >= 2]
+    if multi.empty:
+        raise ValueError("resampling diagnostics need trials with at least two parsed draws (--samples 2 or more)")
+    unanimous = float(((multi["p_cbr"] == 0) | (multi["p_cbr"] == 1)).mean())
+    within = float((multi["n"] * multi["p_cbr"] * (1 - multi["p_cbr"]) / (multi["n"] - 1)).mean())
+    between = float(df.groupby(["item_id", "cbr_verb", "order"])["p_cbr"].var(ddof=1).mean())
+    between_orders = float(df.groupby(["item_id", "cbr_verb"])["p_cbr"].var(ddof=1).mean())
+    majority = np.sign(df["p_cbr"] - 0.5)
+    opposite = (
+        df.assign(m=majority)
+        .groupby(["item_id", "cbr_verb", "order"])["m"]
+        .agg(lambda m: bool((m > 0).any() and (m < 0).any()))
+        .groupby(level="item_id")
+        .any()
+    )
+    return Resampling(
+        unanimous=unanimous,
+        n_cells=len(multi),
+        between_within=between / within if within > 0 else float("inf"),
+        between_within_orders=between_orders / within if within > 0 else float("inf"),
+        opposite_majority=float(opposite.mean()),
+        n_items=int(opposite.size),
+    )

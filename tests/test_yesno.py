@@ -469,3 +469,29 @@ def test_i3_sampling_correction_removes_pure_sampling_spread_on_the_sim() -> Non
     excess = g["z"].var(ddof=1) - g["var_samp"].mean()
     assert abs(float(excess.mean())) < 0.012
     assert float(g["z"].std(ddof=1).mean()) > 0.05  # the raw spread is not zero
+
+
+def test_resampling_diagnostics_by_hand() -> None:
+    from analysis.yesno import resampling_diagnostics
+
+    # one item, two forms, the four verb x order cells; 4 parsed draws each. Form f1 unanimous everywhere
+    # (P(CBR) 1, 1, 0, 0); f2 P(CBR) 0.75, 0.25, 0.0, 0.0
+    p = _one_item({("approve", "yes_first"): 1.0, ("approve", "no_first"): 1.0,
+                   ("oppose", "yes_first"): 0.0, ("oppose", "no_first"): 0.0}, forms=("f1",))  # fmt: skip
+    p.update(_one_item({("approve", "yes_first"): 0.75, ("approve", "no_first"): 0.25,
+                        ("oppose", "yes_first"): 0.0, ("oppose", "no_first"): 0.0}, forms=("f2",)))  # fmt: skip
+    opts, per_trial = _frames(p)
+    opts["n_ok"] = 4
+    r = resampling_diagnostics(with_cbr_verb(per_trial, opts), opts)
+    assert r.unanimous == pytest.approx(6 / 8) and r.n_cells == 8
+    # within: one draw's unbiased variance 4 p (1 - p) / 3 = 0.25 for p = 0.75 or 0.25, else 0: mean 0.5 / 8
+    within = 2 * 0.25 / 8
+    # between, per (verb, order): Var of (1, 0.75) = Var of (1, 0.25)... (0.25^2 / 2, 0.75^2 / 2, 0, 0): mean
+    between = (0.25**2 / 2 + 0.75**2 / 2) / 4
+    assert r.between_within == pytest.approx(between / within)
+    # with order inside the form: per verb, Var of (1, 1, 0.75, 0.25) and of (0, 0, 0, 0)
+    assert r.between_within_orders == pytest.approx(np.var([1, 1, 0.75, 0.25], ddof=1) / 2 / within)
+    # (approve, no_first): f1 majority CBR (1.0), f2 majority anti (0.25): opposite
+    assert r.opposite_majority == 1.0 and r.n_items == 1
+    with pytest.raises(ValueError, match="sampled answers"):
+        resampling_diagnostics(with_cbr_verb(per_trial, opts), opts.drop(columns="n_ok"))
