@@ -21,10 +21,15 @@
    one-run report's scheme and seed) reweights both runs at once and the
    difference is taken replicate by replicate. A cue is *amplified* when the
    CI of the change of mean |s| lies above 0, *dampened* when below.
-4. **|Asym| on |baseline bias|**, main cues, per benchmark and pooled, by
-   :func:`fit_asym`: statsmodels MixedLM (REML) with crossed random intercepts
-   as variance components of a single group, and the marginal R^2 of
-   Nakagawa & Schielzeth.
+4. **|Asym| on |baseline bias|**, main cues, per benchmark and pooled (with
+   benchmark offsets), by :func:`fit_asym`: statsmodels MixedLM (REML) with
+   crossed random intercepts (the paper's text) and with factor and influence
+   nested in model x reasoning (the paper's code), the marginal R^2 of
+   Nakagawa & Schielzeth, the share of the |bias| term alone, and every
+   optimizer attempt and warning (``asym_model`` picks the headline).
+
+Imported runs (``probe import``) join a panel with their condition tables as
+they are: no item matching and no reasoning change for them.
 """
 
 from __future__ import annotations
