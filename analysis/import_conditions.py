@@ -139,7 +139,7 @@ def count_candidates(freq: str, n_min: int, n_max: int) -> list[tuple[int, int]]
     if not 0 <= f <= 1:
         raise ValueError(f"a frequency must lie in [0, 1], got {freq}")
     tol = Fraction(1, 2 * 10 ** decimals(freq))
-    out = []
+    out: list[tuple[int, int]] = []
     for n in range(n_min, n_max + 1):
         lo = max(0, math.ceil((f - tol) * n))
         hi = min(n, math.floor((f + tol) * n))
