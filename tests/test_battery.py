@@ -1,4 +1,9 @@
-"""The battery's instruments, judges and report on the tiny model."""
+"""The battery's instruments, judges and report on the tiny model.
+
+Random draws: the tiny model's sampled answers use the Transformers engine's per-(trial, draw) seeds and the
+sim subject its SimParams seed; both are honoured across processes (tests/test_determinism.py), so every
+assertion here is deterministic, false-failure rate 0.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The synthetic subject: planted response model by hand, engine contract, determinism, CLI, and a real run."""
+"""The synthetic subject: planted response model by hand, engine contract, determinism, CLI, and a real run.
+
+Random draws: every subject, draw and bootstrap here is seeded (SimParams(seed=...) and SimEngine(seed=...)),
+and tests/test_determinism.py checks that the seeds are honoured across processes; so every assertion here is
+deterministic, false-failure rate 0. Thresholds were set at these seeds; the frequency checks say what they
+would cost at fresh seeds.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 from scipy.special import expit
 
 import tests.battery_contract as bc
@@ -16,6 +23,9 @@ from engines.base import LogitEngine
 from engines.sim import REFUSAL_TEXT, SimEngine, SimParams, SimParamsError, count_tokens, from_args, graded_logits
 from probe.parse import parse_answer
 from probe.salts import SaltSpec, make_salt
+
+Z_1E6 = float(stats.norm.isf(0.5e-6))
+"""A two-sided band of this many standard errors fails a fresh, correct sampler with probability 1e-6 (4.89)."""
 
 
 def _binary_trial(verb, order, pair="Yes/No", mapping="canonical", item="i"):
@@ -137,13 +147,15 @@ def test_refusals_and_noncommittal_choices_are_data():
     t = _binary_trial("approve", "yes_first")
     s = e.sample([t], 2000, 1.0)
     share = np.mean([x.status == "refusal" for x in s])
-    assert share == pytest.approx(0.2, abs=4 * math.sqrt(0.16 / 2000))
+    # deterministic (seeds 2 and 4); at fresh seeds, Z_1E6 standard errors each side fail with probability 1e-6
+    assert share == pytest.approx(0.2, abs=Z_1E6 * math.sqrt(0.2 * 0.8 / 2000))
     assert parse_answer(REFUSAL_TEXT, t.options).status == "refusal"
     [c, _] = bc.choice(["i"], framings=("choose",))
     cs = e.sample([c], 2000, 1.0)
     verdicts = pd.Series([rule_verdict(c, x.text) for x in cs])
     # NONCOMMIT = refused (0.2) or, if not, non-committal (0.8 * 0.3)
-    assert (verdicts == "NONCOMMIT").mean() == pytest.approx(0.2 + 0.8 * 0.3, abs=0.04)
+    p_nc = 0.2 + 0.8 * 0.3
+    assert (verdicts == "NONCOMMIT").mean() == pytest.approx(p_nc, abs=Z_1E6 * math.sqrt(p_nc * (1 - p_nc) / 2000))
     committed = [x for x, v in zip(cs, verdicts, strict=True) if v != "NONCOMMIT"]
     assert all(x.status == "ok" and x.option in c.options for x in committed)
 
