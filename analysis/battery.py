@@ -329,10 +329,13 @@ def graded_section(f: Frames, out: Path) -> Section:
         ]
     if (g["replicate"] > 0).any():
         floor = stance.salt_floor(stance.salt_spread(gt[~gt["bipolar"]], "mean_x", stance.FORM))
+        inv = stance.salt_invariance(gt)
         lines += [
             "",
             f"Salt floor: within-form SD under salts {floor.within_sd_mean:.4f} (median {floor.within_sd_median:.4f}) "
-            f"vs between-form SD {floor.between_sd_mean:.4f} (ratio {floor.ratio:.3f}; {floor.n_forms} forms).",
+            f"vs between-form SD {floor.between_sd_mean:.4f} (ratio {floor.ratio:.3f}; {floor.n_forms} forms). "
+            f"{inv.invariant:.0%} of {inv.n_forms} forms keep the same most likely rating under every salt; salted "
+            f"theta vs unsalted: r = {inv.r_theta:.3f} ({inv.n_items} dilemmas).",
         ]
     return Section("Graded stance (I-1)", lines, [out / "graded_theta.csv", fig])
 

@@ -404,6 +404,53 @@ def salt_floor(spread: pd.DataFrame) -> SaltFloor:
     )
 
 
+@dataclass(frozen=True)
+class SaltInvariance:
+    """What salting does to the graded forms (paper 003: "69% of forms exactly invariant", "r = 0.993")."""
+
+    invariant: float
+    """Share of (item, form) whose most likely rating (the mode stance) is the same in every replicate."""
+    n_forms: int
+    r_theta: float
+    """Pearson r over items of theta from the salted replicates (pooled) against the unsalted theta."""
+    n_items: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def salt_invariance(trials: pd.DataFrame) -> SaltInvariance:
+    """Salt diagnostics of :func:`graded_trials` rows with salted replicates (unipolar forms).
+
+    Reading taken: "exactly invariant" is read on the mode stance (the greedy
+    answer of a logit readout); a mean stance moves by round-off under any
+    salt. Salted theta: per form the mean over the salted replicates (1..R-1),
+    then :func:`theta`; unsalted theta: replicate 0.
+    """
+    uni = trials[~trials["bipolar"]] if "bipolar" in trials.columns else trials
+    if not (uni["replicate"] > 0).any():
+        raise ValueError("salt diagnostics need salted replicates: run with --salts 2 or more")
+    keys = ["item_id", *FORM]
+    g = uni.dropna(subset=["mode_x"]).groupby(keys)
+    n_rep = g["mode_x"].size()
+    invariant = (g["mode_x"].nunique() == 1)[n_rep > 1]
+    salted = uni[uni["replicate"] > 0]
+    unsalted = uni[uni["replicate"] == 0]
+
+    def theta_of(df: pd.DataFrame) -> pd.Series:
+        forms = df.dropna(subset=["mean_x"]).groupby(keys)["mean_x"].mean().rename("x").reset_index()
+        return theta(forms.assign(bipolar=False))
+
+    both = pd.concat([theta_of(salted).rename("s"), theta_of(unsalted).rename("u")], axis=1).dropna()
+    ok = len(both) > 2 and both["s"].nunique() > 1 and both["u"].nunique() > 1
+    return SaltInvariance(
+        invariant=float(invariant.mean()),
+        n_forms=int(invariant.size),
+        r_theta=float(np.corrcoef(both["s"], both["u"])[0, 1]) if ok else float("nan"),
+        n_items=len(both),
+    )
+
+
 # ------------------------------------------------------- convergent validity
 @dataclass(frozen=True)
 class Correlation:

@@ -414,8 +414,17 @@ def test_salt_invariance_by_hand():
         for k, values in enumerate(forms):
             for rep, v in enumerate(values):
                 rows.append(
-                    {"item_id": item, "replicate": rep, "scale": "0-10", "wording": f"w{k}", "anchor": "ascending",
-                     "pole": "action", "bipolar": False, "mode_x": v, "mean_x": v}  # fmt: skip
+                    {
+                        "item_id": item,
+                        "replicate": rep,
+                        "scale": "0-10",
+                        "wording": f"w{k}",
+                        "anchor": "ascending",
+                        "pole": "action",
+                        "bipolar": False,
+                        "mode_x": v,
+                        "mean_x": v,
+                    }
                 )
     inv = stance.salt_invariance(pd.DataFrame(rows))
     assert inv.invariant == pytest.approx(4 / 6) and inv.n_forms == 6
