@@ -514,8 +514,10 @@ class RunStore:
             },
         )
         marker_text = receipt.to_text()
-        need = sum(len(b) for b in blobs.values()) + len(marker_text.encode())
         self.results_dir.mkdir(parents=True, exist_ok=True)
+        block = max(os.statvfs(self.results_dir).f_frsize, 1)  # files take whole blocks
+        sizes = [*(len(b) for b in blobs.values()), len(marker_text.encode())]
+        need = sum(-(-n // block) * block for n in sizes)
         free = shutil.disk_usage(self.results_dir).free
         if free < need:
             raise StoreError(self._full_message(k, need, free))
@@ -538,7 +540,7 @@ class RunStore:
 
     def _full_message(self, k: int, need: int, free: int) -> str:
         return (
-            f"no space left for chunk {k} in {self.results_dir}: it needs {human_bytes(need)} ({need} bytes), the "
+            f"no space left for chunk {k} in {self.results_dir}: it needs {human_bytes(need)} ({need} bytes on disk), the "
             f"file system has {human_bytes(free)} free. Nothing of chunk {k} was committed; free space (or move the "
             "run folder to a bigger disk), then re-run the same command: committed chunks are kept and it resumes here"
         )
