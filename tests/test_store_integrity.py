@@ -299,7 +299,8 @@ def test_disk_full_mid_chunk_commits_nothing_of_it(
     rc, _, err = cli(capsys, *run_args(out))
     assert rc == 2
     assert (
-        f"no space left for chunk 1 in {out / 'results'}: it needs " in err and " bytes on disk), the file system has " in err
+        f"no space left for chunk 1 in {out / 'results'}: it needs " in err
+        and " bytes on disk), the file system has " in err
     )
     assert "Nothing of chunk 1 was committed" in err and "re-run the same command" in err
     assert sorted(p.name for p in (out / "results").iterdir() if p.name.startswith("chunk-000001")) == []
