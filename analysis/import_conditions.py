@@ -308,10 +308,13 @@ def parse_rows(frame: pd.DataFrame) -> Parsed:
             rows.append({**rec, **counts, "line": line})
     table = pd.DataFrame(rows, columns=[*KEYS, *OPTIONAL, "n0", "k0", "nA", "kA", "nB", "kB", "line"])
     key = [*KEYS, *OPTIONAL]
-    dup = table[table.duplicated(key, keep="first")]
-    for r in dup.itertuples():
-        first = int(table.loc[(table[key] == pd.Series(r._asdict())[key]).all(axis=1), "line"].iloc[0])
-        problems.append(Problem(int(r.line), "factor", f"repeats the condition of line {first}; one row per condition"))
+    first_line: dict[tuple[Any, ...], int] = {}
+    for cond, line in zip(table[key].itertuples(index=False, name=None), table["line"], strict=True):
+        if cond in first_line:
+            msg = f"repeats the condition of line {first_line[cond]}; one row per condition"
+            problems.append(Problem(int(line), "factor", msg))
+        else:
+            first_line[cond] = int(line)
     return Parsed(table, tuple(ambiguous), tuple(sorted(problems, key=lambda p: p.line)))
 
 
