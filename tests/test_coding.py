@@ -353,6 +353,7 @@ def test_api_judge_codes_followup_answers(server, think_run: Path, tmp_path: Pat
     args += ["--max-new-tokens", "6"]
     assert main(args) == 0
     code = ["code", str(sampled), "--task", "followup", "--judge", model, "--samples", "3", "--max-new-tokens", "8"]
+    code += ["--concurrency", "1"]  # the server honours each call's seed only when calls do not overlap
     assert main(code) == 0
     meta = json.loads((sampled / "coding" / "followup.json").read_text())
     assert meta["judge"]["identity"]["mode"] == "sample" and meta["judge"]["identity"]["n"] == 3

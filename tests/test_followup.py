@@ -273,7 +273,9 @@ def test_followup_through_the_api_engine(server, tmp_path: Path, capsys: pytest.
 
     model = f"openai-compatible:tiny@{server.url}"
     src, fu = tmp_path / "src", tmp_path / "fu"
-    base = ["--model", model, "--quiet", "--max-new-tokens", "8"]
+    # --concurrency 1: transformers serve honours each call's seed only when calls do not overlap
+    # (docs/testing.md), so the source answers, and with them the cells the follow-up samples from, repeat
+    base = ["--model", model, "--quiet", "--max-new-tokens", "8", "--concurrency", "1"]
     args = ["run", "influence-triage", "--out", str(src), *base, "--factors", "age", "--sizes", "1", "--no-report"]
     rc = main([*args, "--influences", "emotional", "--samples", "4", "--controls", "none"])
     assert rc == 0, capsys.readouterr().err
