@@ -134,6 +134,18 @@ def test_damaged_chunk_is_refused_reported_and_recomputed(
     assert rc == 0 and "3 verified, 0 damaged, 0 missing; trials: 24 of 24 verified" in out
 
 
+def test_a_damaged_sampled_chunk_is_drawn_again_identically(tmp_path: Path, capsys) -> None:
+    """Sampled answers (Transformers engine, seeded per trial and draw) are recomputed to the same draws."""
+    out = tmp_path / "sampled"
+    args = run_args(out, "--samples", "2", "--no-readout", "--max-new-tokens", "4")
+    assert main(args) == 0
+    want = RunStore(out).load("samples")
+    os.truncate(out / "results" / "chunk-000002.samples.parquet", 64)
+    rc, text, _ = cli(capsys, *args)
+    assert rc == 0 and "chunk 2 (trials 16-23): damaged, chunk-000002.samples.parquet is 64 bytes" in text
+    pd.testing.assert_frame_equal(RunStore(out).load("samples"), want, check_exact=True)
+
+
 def test_analysis_refuses_an_incomplete_store_unless_partial_is_asked(
     copy: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
