@@ -1165,7 +1165,7 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
             cons_list[0],
             [*order, MACRO],
             out / "cue_net_bias.png",
-            f"net bias per group ({cons_list[0]} consequences)",
+            f"net bias per group ({cons_list[0]} consequences; greedy decisions, eligible denominators)",
         )
         lines += ["![net bias per group](cue_net_bias.png)", ""]
         if "wording" in per_trial.columns and per_trial["wording"].fillna("").astype(str).ne("").any():

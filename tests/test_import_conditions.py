@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import norm
 
 from analysis import compare_influence as ci
 from analysis import import_conditions as ic
@@ -135,6 +136,10 @@ def test_documented_example_imports_and_analyzes(tmp_path: Path, capsys: pytest.
     assert row["s_A"] == pytest.approx(lo(50 - 14, 50) - lo(50 - 27, 50))
     var = sum(1 / (k + 0.5) + 1 / (50 - k + 0.5) for k in (14, 32)) + 4 * (1 / 27.5 + 1 / 23.5)
     assert row["asym_var"] == pytest.approx(var)
+    var2 = var - 2 * (1 / 27.5 + 1 / 23.5)  # the baseline counted twice
+    assert row["p_asym_2x"] == pytest.approx(2 * norm.sf(abs(row["asym"]) / np.sqrt(var2)))
+    assert row["p_asym"] == pytest.approx(2 * norm.sf(abs(row["asym"]) / np.sqrt(var)))
+    assert "counted four times (correct: `p_asym`)" in summary
     fits = pd.read_csv(out / "report" / "asym_regression.csv")
     assert set(fits["structure"]) == {"crossed", "nested"}
 
