@@ -54,7 +54,6 @@ clusters, said so in the report.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -381,9 +380,7 @@ def import_run(path: str | Path, out: str | Path) -> tuple[Any, Parsed]:
     store = RunStore.open(Path(out), manifest, [])
     store.update_manifest({"provenance": provenance})
     table = {TABLE: t.assign(reasoning=t["reasoning"].astype(bool))}
-    # an imported run has no trials: its one chunk spans none (the store's receipts name the span, where they exist)
-    span = {"trials": (0, 0)} if "trials" in inspect.signature(store.write_chunk).parameters else {}
-    store.write_chunk(0, table, **span)
+    store.write_chunk(0, table, trials=(0, 0))  # an imported run has no trials: its one chunk spans none
     atomic_write_text(store.root / "ambiguous.csv", ambiguous_frame(parsed.ambiguous).to_csv(index=False))
     return store, parsed
 
