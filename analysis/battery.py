@@ -242,23 +242,31 @@ def choice_section(f: Frames, out: Path) -> Section:
     j = f.judgments
     if j.empty:
         return Section("Free choice (I-2)", ["Not in this run (instrument choice, or no judge)."], [])
-    meta = f.meta[f.meta["instrument"] == "choice"].set_index("trial_id")[["item_id", "framing", "order"]]
+    from analysis import stance
+    from analysis.yesno import story_mean_ci
+
+    cols = ["item_id", "framing", "order", "replicate"]
+    meta = f.meta[f.meta["instrument"] == "choice"].set_index("trial_id")[cols]
     d = j.join(meta, on="trial_id")
     per_item = d.groupby("item_id")[["p_pro", "p_anti", "p_noncommit"]].mean()
     per_item["stance"] = per_item["p_pro"] - per_item["p_anti"]
-    per_form = d.groupby(["item_id", "framing", "order"])[["p_pro", "p_anti"]].mean()
-    spread = (per_form["p_pro"] - per_form["p_anti"]).groupby("item_id").std(ddof=1)
-    per_item["sd_across_forms"] = spread
+    inc = stance.choice_incoherence(stance.choice_forms(d.reset_index(drop=True)))
+    per_item = per_item.join(inc[["sigma_repro", "sigma_raw", "order"]])
     f.results["choice"] = per_item["stance"]
+    order_ci = story_mean_ci(per_item[["order"]], n_boot=2000, seed=0).loc["order"]
     per_item.index.name = "dilemma"
     atomic_write_text(out / "choice_by_item.csv", per_item.to_csv(float_format="%.6f"))
     judge = ", ".join(sorted(set(j["judge"])))
     lines = [
         f"Verdicts by judge `{judge}` over {len(j)} replies ({d['framing'].nunique()} framings x 2 print orders per "
-        "dilemma); stance = P(PRO) - P(ANTI); sd_across_forms is descriptive. Transcripts: the run's "
-        "`generations` table.",
+        "dilemma); stance = P(PRO) - P(ANTI); sigma_repro = its spread across the forms corrected for sampling "
+        "(as I-1's; sigma_raw uncorrected; descriptive); order = pull toward the first-printed course (negative: "
+        "toward the last). Transcripts: the run's `generations` table.",
         "",
         md_table(_with_mean(per_item)),
+        "",
+        f"I-2 order bias, story-averaged: {order_ci['mean']:+.3f} [{order_ci['lo']:+.3f}, {order_ci['hi']:+.3f}] "
+        "(95% percentile bootstrap over dilemmas, 2000 resamples, seed 0).",
     ]
     return Section("Free choice (I-2)", lines, [out / "choice_by_item.csv"])
 
@@ -485,25 +493,30 @@ def calibration_section(f: Frames, out: Path) -> Section:
 
 
 def validity_section(f: Frames, out: Path) -> Section:
-    """Convergent validity: I-2 choice stance and I-3 story stance against theta (Pearson r, bootstrap CI)."""
+    """Convergent validity: I-2 and I-3 stances against theta, I-2 against the binary stance z (Pearson r, CI)."""
     from analysis.stance import correlation_blocker, pearson_ci
 
     th = f.results.get("theta")
     if th is None:
         return Section("Convergent validity", ["Needs the graded instrument (theta)."], [])
     lines, rows = [], {}
-    for name, series in (("I-2 choice stance", f.results.get("choice")), ("I-3 story stance z", f.results.get("z"))):
-        if series is None:
-            lines.append(f"- {name}: not in this run.")
+    pairs = (
+        ("I-2 choice stance", f.results.get("choice"), "theta", th),
+        ("I-3 story stance z", f.results.get("z"), "theta", th),
+        ("I-2 choice stance", f.results.get("choice"), "the symmetrised binary stance z", f.results.get("z")),
+    )
+    for name, series, other_name, other in pairs:
+        if series is None or other is None:
+            lines.append(f"- {name} vs {other_name}: not in this run.")
             continue
-        why = correlation_blocker(series, th, (name, "theta"))
+        why = correlation_blocker(series, other, (name, other_name))
         if why:
-            lines.append(f"- {name} vs theta: no correlation reported: {why}.")
+            lines.append(f"- {name} vs {other_name}: no correlation reported: {why}.")
             continue
-        c = pearson_ci(series, th, n_boot=2000, seed=0)
-        rows[name] = {"r": c.r, "lo": c.lo, "hi": c.hi, "n": c.n}
+        c = pearson_ci(series, other, n_boot=2000, seed=0)
+        rows[name if other_name == "theta" else f"{name} vs z"] = {"r": c.r, "lo": c.lo, "hi": c.hi, "n": c.n}
         lines.append(
-            f"- {name} vs theta: r = {c.r:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] (95% bootstrap over items, n = {c.n})"
+            f"- {name} vs {other_name}: r = {c.r:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] (95% bootstrap over items, n = {c.n})"
         )
     files = []
     if rows:

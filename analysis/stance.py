@@ -540,3 +540,63 @@ def choice_stance(judgments: pd.DataFrame) -> pd.Series:
         raise ValueError(f"judgments lack the columns {sorted(need)}; join item_id onto the judgments table")
     d = judgments["p_pro"] - judgments["p_anti"]
     return d.groupby(judgments["item_id"]).mean().rename("choice_stance")
+
+
+# ------------------------------------------------------------- I-2 free choice
+def choice_forms(judged: pd.DataFrame) -> pd.DataFrame:
+    """Per (item, framing, order): the I-2 stance of the form and its sampling variance ``var_samp``.
+
+    ``judged`` has one row per judged reply: ``item_id``, ``framing``,
+    ``order`` (``cbr_first``/``anti_first``), ``replicate``, ``trial_id``,
+    ``p_pro``, ``p_anti``. A trial's value is the mean of ``p_pro - p_anti``
+    over its replies, with ``var_mean`` = their unbiased variance over n
+    (NaN with one reply). As for I-1 (:func:`per_form`, unsalted policy): the
+    form's value is replicate 0's, and its ``var_samp`` the variance over
+    salt replicates when there are several, else the trial's ``var_mean``.
+    """
+    need = {"item_id", "framing", "order", "replicate", "trial_id", "p_pro", "p_anti"} - set(judged.columns)
+    if need:
+        raise ValueError(f"judged replies lack the columns {sorted(need)}; join the trial factors onto the judgments")
+    d = judged.assign(v=judged["p_pro"] - judged["p_anti"])
+    g = d.groupby(["item_id", "framing", "order", "replicate", "trial_id"], sort=True)["v"]
+    per_trial = pd.DataFrame({"v": g.mean(), "var_mean": g.var(ddof=1) / g.count()}).reset_index()
+    keys = ["item_id", "framing", "order"]
+    f = per_trial.groupby(keys)
+    n_rep = f["v"].size()
+    zero = per_trial[per_trial["replicate"] == 0].groupby(keys)[["v", "var_mean"]].first().reindex(n_rep.index)
+    var_samp = f["v"].var(ddof=1).where(n_rep > 1, zero["var_mean"])
+    return pd.DataFrame({"x": zero["v"], "var_samp": var_samp, "n_rep": n_rep}).reset_index()
+
+
+def choice_incoherence(forms: pd.DataFrame) -> pd.DataFrame:
+    """Per item: the I-2 ``stance``, its sampling-corrected spread ``sigma_repro`` and the ``order`` bias.
+
+    ``stance`` = mean of the form values; ``sigma_repro`` = ``sqrt(max(0,
+    Var_forms - mean Var_samp))`` as for I-1 (forms without a sampling
+    variance left out of the mean, 0 when none has one, e.g. one greedy reply
+    per form); ``order`` = ``(stance_cbr_first - stance_anti_first) / 2`` =
+    mean over the two print orders of P(first-printed course) - P(second),
+    the pull toward the first-printed course (negative: toward the last).
+    """
+    rows = {}
+    for item, df in forms.dropna(subset=["x"]).groupby("item_id", sort=True):
+        x = df["x"].to_numpy(float)
+        vs = df["var_samp"].to_numpy(float)
+        noise = float(np.nanmean(vs)) if np.isfinite(vs).any() else 0.0
+        var_forms = float(np.var(x, ddof=1)) if len(x) > 1 else float("nan")
+        by_order = df.groupby("order")["x"].mean()
+        order = (
+            (by_order["cbr_first"] - by_order["anti_first"]) / 2
+            if {"cbr_first", "anti_first"} <= set(by_order.index)
+            else float("nan")
+        )
+        rows[item] = {
+            "stance": float(x.mean()),
+            "sigma_repro": float(np.sqrt(max(0.0, var_forms - noise))) if np.isfinite(var_forms) else float("nan"),
+            "sigma_raw": float(np.sqrt(var_forms)) if np.isfinite(var_forms) else float("nan"),
+            "order": float(order),
+            "n_forms": len(x),
+        }
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "item_id"
+    return out

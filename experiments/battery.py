@@ -252,7 +252,7 @@ def _cells(spec: BatterySpec, corpus: Mapping[str, Any]) -> list[tuple[dict[str,
 
                 def choice(d: Dilemma, fr: str = framing, o: str = order) -> Any:
                     text, printed = choice_question(d, corpus, fr, o)
-                    return text, printed, ("cbr", "anti")
+                    return text, printed, ("cbr", "anti") if o == "cbr_first" else ("anti", "cbr")
 
                 cells.append((f, choice))
     if "binary" in spec.instruments:

@@ -160,3 +160,14 @@ def test_sim_battery_report_recovers_planted_parameters(tmp_path: Path):
         "fig_label_gradient.png",
     ):
         assert (out / "report" / fig).stat().st_size > 1000, fig
+
+
+def test_choice_meanings_follow_the_printed_order():
+    """The trial contract: options in print order, each with its meaning (issue 18: anti_first said cbr first)."""
+    from experiments.battery import anti_text, cbr_text
+
+    for t in expand(BatterySpec(items=(ACTION.id, COMPLEMENT.id), instruments=("choice",))):
+        d = D[t.item_id]
+        by_meaning = dict(zip(t.meaning, t.options, strict=True))
+        assert by_meaning == {"cbr": cbr_text(d), "anti": anti_text(d)}, t.factors
+        assert t.meaning[0] == ("cbr" if t.factors["order"] == "cbr_first" else "anti")

@@ -446,3 +446,44 @@ def test_salt_invariance_on_the_sim():
     opts, per = bc.frames_readout(trials, noisy.readout(trials))
     inv = stance.salt_invariance(stance.graded_trials(opts, per, "readout"))
     assert inv.invariant < 1.0 and 0.9 < inv.r_theta < 1.0
+
+
+def test_choice_forms_incoherence_and_order_bias_by_hand():
+    # item a, two framings x two orders, 2 replies per form (replicate 0). Values p_pro - p_anti per reply:
+    # f1 cbr_first (1, 1) -> 1, var 0; f1 anti_first (1, -1) -> 0, var_mean = 2 / 2 = 1;
+    # f2 cbr_first (1, 0) -> 0.5, var_mean = 0.5 / 2; f2 anti_first (-1, -1) -> -1, var 0
+    replies = {("f1", "cbr_first"): [(1, 0), (1, 0)], ("f1", "anti_first"): [(1, 0), (0, 1)],
+               ("f2", "cbr_first"): [(1, 0), (0, 0)], ("f2", "anti_first"): [(0, 1), (0, 1)]}  # fmt: skip
+    rows = [
+        {"item_id": "a", "framing": fr, "order": o, "replicate": 0, "trial_id": f"{fr}{o}", "p_pro": p, "p_anti": q}
+        for (fr, o), rs in replies.items()
+        for p, q in rs
+    ]
+    forms = stance.choice_forms(pd.DataFrame(rows))
+    assert forms.set_index(["framing", "order"])["x"].to_dict() == pytest.approx(
+        {("f1", "anti_first"): 0.0, ("f1", "cbr_first"): 1.0, ("f2", "anti_first"): -1.0, ("f2", "cbr_first"): 0.5}
+    )
+    inc = stance.choice_incoherence(forms).loc["a"]
+    x = np.array([1.0, 0.0, 0.5, -1.0])
+    noise = (0 + 1 + 0.25 + 0) / 4
+    assert inc["stance"] == pytest.approx(x.mean())
+    assert inc["sigma_repro"] == pytest.approx(math.sqrt(np.var(x, ddof=1) - noise))
+    # order: stance with CBR first (1 + 0.5) / 2 minus with ANTI first (0 - 1) / 2, halved
+    assert inc["order"] == pytest.approx((0.75 - (-0.5)) / 2)
+    with pytest.raises(ValueError, match="lack the columns"):
+        stance.choice_forms(pd.DataFrame(rows).drop(columns="framing"))
+
+
+def test_choice_order_bias_recovered_on_the_sim():
+    """Planted m_choice_order shows as the I-2 order bias with its sign; readout-free, greedy: no sampling noise."""
+    from probe.judge import RuleJudge
+
+    trials = bc.choice(ITEMS[:12], framings=("choose", "what_would"))
+    e = SimEngine(SimParams(seed=5, s_choice=0.3, m_choice_order=-0.3))
+    samples = e.sample(trials, 1, 0.0)
+    j = RuleJudge().judge(trials, samples)
+    meta = pd.DataFrame([{"trial_id": t.trial_id, "item_id": t.item_id, "replicate": t.replicate, **t.factors}
+                         for t in trials])  # fmt: skip
+    inc = stance.choice_incoherence(stance.choice_forms(j.merge(meta, on="trial_id")))
+    assert float(inc["order"].mean()) < -0.1  # toward the last-printed course
+    assert inc["sigma_repro"].notna().all()
