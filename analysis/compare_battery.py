@@ -386,6 +386,59 @@ def agreement(
     return r, cons, per_run
 
 
+def mean_r2_summary(
+    theta: pd.DataFrame, reference: Sequence[str], human: pd.Series | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The mean-r^2 summaries of paper 003's Table S2: (per run, per group).
+
+    Per run: ``mean_r2_reference`` = mean r^2 of its theta with each reference
+    run other than itself, and ``r2_human`` = r^2 with the human anchor
+    (items both hold). Per group: ``reference-reference`` = the mean over
+    distinct pairs of reference runs, ``reference-human`` = the mean over
+    reference runs of r^2 with the humans, ``other-reference`` and
+    ``other-human`` the same for the runs outside the set (NaN when empty).
+    """
+    r2 = theta.corr(method="pearson") ** 2
+    ref = [n for n in reference if n in theta.columns]
+    rows = {}
+    for c in theta.columns:
+        others = [o for o in ref if o != c]
+        rows[c] = {
+            "mean_r2_reference": float(r2.loc[c, others].mean()) if others else float("nan"),
+            "r2_human": _r2(theta[c], human) if human is not None else float("nan"),
+        }
+    per_run = pd.DataFrame.from_dict(rows, orient="index")
+    per_run.index.name = "run"
+    pairs = [(a, b) for k, a in enumerate(ref) for b in ref[k + 1 :]]
+    rest = [c for c in theta.columns if c not in ref]
+
+    def mean(values: list[float]) -> float:
+        return float(np.nanmean(values)) if values and np.isfinite(values).any() else float("nan")
+
+    groups = pd.DataFrame(
+        {
+            "mean_r2": [
+                mean([float(r2.loc[a, b]) for a, b in pairs]),
+                mean([float(per_run.loc[c, "r2_human"]) for c in ref]),
+                mean([float(per_run.loc[c, "mean_r2_reference"]) for c in rest]),
+                mean([float(per_run.loc[c, "r2_human"]) for c in rest]),
+            ],
+            "n": [len(pairs), len(ref), len(rest), len(rest)],
+        },
+        index=pd.Index(["reference-reference", "reference-human", "other-reference", "other-human"], name="group"),
+    )
+    return per_run, groups
+
+
+def _r2(a: pd.Series, b: pd.Series | None) -> float:
+    if b is None:
+        return float("nan")
+    df = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
+    if len(df) < 3 or df["a"].nunique() < 2 or df["b"].nunique() < 2:
+        return float("nan")
+    return float(np.corrcoef(df["a"], df["b"])[0, 1] ** 2)
+
+
 def consensus_reference(panel: Panel, runs: dict[str, RunData], have: Sequence[str]) -> tuple[list[str], str]:
     """The runs the consensus averages over, and the rule that chose them (for the report).
 
@@ -576,6 +629,12 @@ def agreement_section(c: Context, out: Path) -> Section:
         _heatmap(r2, out / "fig_agreement_r2.png"),
     ]
     c.results["consensus"] = cons["consensus"]
+    human = None
+    if c.humans is not None and len(c.humans):
+        per_measure = c.humans.groupby(["item_id", "measure"])["value"].mean().unstack("measure")
+        human = per_measure["p_cbr"] if "p_cbr" in per_measure.columns else per_measure.iloc[:, 0]
+    s2_runs, s2_groups = mean_r2_summary(theta, reference, human)
+    files += [_csv(s2_runs, out / "agreement_r2_by_run.csv"), _csv(s2_groups, out / "agreement_r2_summary.csv")]
     top = cons.sort_values("disagreement", ascending=False).head(N_OUTLIERS)
     worst = per_run.sort_values("mean_r_with_others")
     lines = [
@@ -596,6 +655,12 @@ def agreement_section(c: Context, out: Path) -> Section:
         "(leave-one-out for a reference run):",
         "",
         *md_table(worst, "{:+.3f}", index=True),
+        "",
+        "Mean r^2 summaries (the paper's Table S2; descriptive, no CI): mean pairwise r^2 of per-item theta within "
+        "the reference set and with the human anchor (human 2P - 1 where given, else the rating), and the same for "
+        "the runs outside the set; per run in `agreement_r2_by_run.csv`:",
+        "",
+        *md_table(s2_groups, "{:.3f}", index=True),
     ]
     return Section("Agreement of the item ordering across runs", lines, files)
 

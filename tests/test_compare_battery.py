@@ -389,3 +389,28 @@ def test_consensus_reference_set_from_the_panel_file_or_the_papers_default(runs:
     assert consensus_reference(panel, fake, ["A", "B"])[0] == ["B"]  # type: ignore[arg-type]
     fake["B"].source = "readout"
     assert consensus_reference(panel, fake, ["A", "B"])[0] == ["A", "B"]  # type: ignore[arg-type]
+
+
+def test_mean_r2_summaries_by_hand():
+    """Table S2 (issue 18): mean pairwise r^2 within the reference set, with the humans, and for the other runs."""
+    from analysis.compare_battery import mean_r2_summary
+
+    t = pd.DataFrame(
+        {"a": [0.5, -0.2, 0.1, 0.7], "b": [0.4, 0.0, 0.2, 0.5], "c": [0.1, 0.3, -0.5, 0.0], "d": [0, 1, 0, 1.0]},
+        index=list("wxyz"),
+    )
+    human = pd.Series([0.6, -0.1, 0.0, 0.9], index=list("wxyz"))
+    r2 = t.corr() ** 2
+    hr = {c: stats.pearsonr(t[c], human).statistic ** 2 for c in t.columns}
+    per_run, groups = mean_r2_summary(t, ["a", "b", "c"], human)
+    assert per_run.loc["a", "mean_r2_reference"] == pytest.approx((r2.loc["a", "b"] + r2.loc["a", "c"]) / 2)
+    assert per_run.loc["d", "mean_r2_reference"] == pytest.approx(r2.loc["d", ["a", "b", "c"]].mean())
+    assert per_run.loc["c", "r2_human"] == pytest.approx(hr["c"])
+    pairs = [r2.loc["a", "b"], r2.loc["a", "c"], r2.loc["b", "c"]]
+    assert groups.loc["reference-reference", "mean_r2"] == pytest.approx(np.mean(pairs))
+    assert groups.loc["reference-human", "mean_r2"] == pytest.approx(np.mean([hr["a"], hr["b"], hr["c"]]))
+    assert groups.loc["other-reference", "mean_r2"] == pytest.approx(per_run.loc["d", "mean_r2_reference"])
+    assert groups.loc["other-human", "mean_r2"] == pytest.approx(hr["d"])
+    assert groups["n"].tolist() == [3, 3, 1, 1]
+    _, no_humans = mean_r2_summary(t, ["a", "b"])
+    assert np.isnan(no_humans.loc["reference-human", "mean_r2"])
