@@ -80,6 +80,8 @@ class FaultProxy:
         """Complete 200 responses handed to the client."""
         self.delivered_usage: Counter[str] = Counter()
         self.upstream_errors: list[str] = []
+        self.client_gone = 0
+        """Requests whose body never arrived whole (the client was killed while sending): not forwarded."""
         self.in_flight = 0
         """Requests the proxy is handling now (a killed client's calls may still be on their way upstream)."""
         self.slowest_forward = 0.0
@@ -177,7 +179,14 @@ class FaultProxy:
                         proxy._idle.notify_all()
 
             def _relay_one(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                size = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(size)
+                if len(body) < size:
+                    # the client died mid-request (a killed run): forwarding the stub under the full
+                    # Content-Length would leave the server waiting for bytes that never come
+                    with proxy._lock:
+                        proxy.client_gone += 1
+                    return self._kill()
                 kind = proxy._draw() if self.path.startswith(proxy.only_path) else "ok"
                 if kind != "ok":
                     with proxy._lock:

@@ -167,6 +167,7 @@ def test_killed_run_resumes_without_repeating_a_call(server: Server, tmp_path: P
         # below belongs to the first session only (waiting on the proxy's own count, not on a timer)
         proxy.wait_idle(timeout=120)
         delivered_first = proxy.delivered_ok
+        print(f"killed with {len(before)} journaled; {proxy.client_gone} requests cut off mid-send")
         assert _cli(*args) == 0
         delivered_total = proxy.delivered_ok
         assert proxy.upstream_errors == []
