@@ -164,7 +164,7 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path):
 
 
 def test_help_on_every_verb():
-    for verb in ("run", "readout", "merge", "analyze", "tiny"):
+    for verb in ("run", "readout", "merge", "analyze", "check", "tiny"):
         p = run_cli(verb, "--help")
         assert "usage: probe " + verb in p.stdout
 
