@@ -382,11 +382,20 @@ def fit_section(f: Frames, out: Path) -> Section:
         "Joint least-squares fit of p+ = sigmoid((theta + m)/s) and p- = sigmoid((theta - m)/s) per channel, theta "
         "from I-1; 95% percentile bootstrap over dilemmas (2000 resamples, seed 0). m > 0 pulls toward the channel's + "
         "side (order: the first-printed option; lexical: yes). clip_limited: saturated or degenerate fit, read only "
-        "the m-ranking. unidentified: the items cannot separate s from m, read neither.",
+        "the m-ranking. unidentified: the items cannot separate s from m, read neither. logic and label are "
+        f"measured on {', '.join(fit.IDENTIFYING_PAIRS)} alone, as the paper rests identification on it (every "
+        "pair: the label map).",
         "",
         md_table(show, fmt="{:+.3f}"),
         *_unidentified_lines({str(ch): str(why) for ch, why in fits["unidentified"].items()}),
     ]
+    arbitrary = set(bt.loc[bt["family"] == "arbitrary", "labels"])
+    if arbitrary and not arbitrary & set(fit.IDENTIFYING_PAIRS):
+        lines += [
+            "",
+            f"No logic / label fit: the run's arbitrary pairs ({', '.join(sorted(arbitrary))}) do not include "
+            f"{', '.join(fit.IDENTIFYING_PAIRS)}; add it with --label-pairs.",
+        ]
     joint = fit.fit_joints(th, bt, n_boot=2000, seed=0)
     if len(joint):
         atomic_write_text(out / "fit_joint.csv", joint.to_csv(index=False, float_format="%.6f"))
