@@ -1,8 +1,10 @@
-"""Exit 0 if a shard folder holds a complete shard (every chunk committed), 1 otherwise.
+"""Exit 0 if a shard folder holds a complete shard (every chunk committed and verified), 1 otherwise.
 
 The array task checks this before starting ``probe run``, so a resubmitted
 array skips finished shards without loading the model (loading a 30B model
-takes minutes; checking a folder takes milliseconds).
+takes minutes; checking a folder re-hashes its tables against their receipts,
+about a second per GB). A shard with a damaged chunk counts as unfinished, so
+the task runs and repairs it.
 """
 
 from __future__ import annotations
