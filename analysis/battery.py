@@ -187,15 +187,20 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     th = f.results.get("theta")
     if th is not None:
         bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
-        m_label = {}
+        m_label, clipped = {}, []
         for pair in by_pair.index:
             try:
                 pf = fit.fit_pair(th, bt, str(pair), n_boot=0)
             except ValueError:
                 continue
-            if "label" in pf.channels:
-                m_label[pair] = pf.m[pf.channels.index("label")]
+            if "label" not in pf.channels:
+                continue
+            if pf.clip_limited:  # saturated or at a bound: its m is not a pull in theta units
+                clipped.append(str(pair))
+                continue
+            m_label[pair] = pf.m[pf.channels.index("label")]
         by_pair["m_label"] = pd.Series(m_label, dtype=float)
+        f.results["m_label_clipped"] = clipped
     f.results["label_gradient"] = by_pair
     by_pair.index.name = "label pair"
     atomic_write_text(out / "binary_labelmap.csv", pulls.to_csv(float_format="%.6f"))
@@ -228,6 +233,13 @@ def labelmap_section(f: Frames, out: Path) -> Section:
         "",
         f"Lexicality contrast (mean |label pull| on word pairs minus non-lexical pairs): {contrast:+.3f} (descriptive).",
     ]
+    clipped = f.results.get("m_label_clipped") or []
+    if clipped:
+        lines += [
+            "",
+            f"m_label not shown for {', '.join(clipped)}: the per-pair fit is clip-limited (saturated, or s or m at "
+            "a bound), so its m is not a pull in theta units.",
+        ]
     if not_crossed:
         lines += [
             "",
