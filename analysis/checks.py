@@ -15,6 +15,7 @@ start of a reply, while its mass sits on ``Yes`` and ``No``.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,18 +34,24 @@ Token = tuple[str, float]
 # --------------------------------------------------------------------------- coverage
 
 
-def casing_fixes(options: Sequence[str], top_other: Iterable[Token]) -> dict[str, str]:
+def casing_fixes(
+    options: Sequence[str], top_other: Iterable[Token], option_mass: Mapping[str, float] | None = None
+) -> dict[str, str]:
     """Options that the model writes in another casing among its most likely non-option tokens.
 
     Returns ``{option: the model's spelling}`` (``{"yes": "Yes"}``), the most
-    likely spelling first wins. Leading spaces of tokens are ignored.
+    likely spelling first wins. Leading spaces of tokens are ignored. With
+    ``option_mass`` (each option's unnormalized probability), a spelling counts
+    only where it holds more mass than the option itself.
     """
     fixes: dict[str, str] = {}
     lowered = {o.lower(): o for o in options}
-    for token, _ in top_other:
+    for token, p in top_other:
         word = token.strip()
         opt = lowered.get(word.lower())
-        if opt is not None and word != opt and opt not in fixes and word not in options:
+        if opt is None or word == opt or opt in fixes or word in options:
+            continue
+        if option_mass is None or p > option_mass.get(opt, 0.0):
             fixes[opt] = word
     return fixes
 
@@ -53,13 +60,20 @@ def _tokens(top_other: Iterable[Token], k: int = 5) -> str:
     return ", ".join(f"{t!r} {p:.4f}" for t, p in list(top_other)[:k])
 
 
-def coverage_warning(coverage: float, options: Sequence[str], top_other: Sequence[Token], *, sep: str = ",") -> str:
+def coverage_warning(
+    coverage: float,
+    options: Sequence[str],
+    top_other: Sequence[Token],
+    option_mass: Mapping[str, float] | None = None,
+    *,
+    sep: str = ",",
+) -> str:
     """The warning ``probe readout`` prints for one prompt ("" when the options hold the answer).
 
     Names the mass on the options, the non-option tokens that hold the rest,
     and a casing mismatch with the ``--options`` that fixes it.
     """
-    fixes = casing_fixes(options, top_other)
+    fixes = casing_fixes(options, top_other, option_mass)
     if coverage >= LOW_COVERAGE and not fixes:
         return ""
     parts = [
@@ -116,17 +130,32 @@ class RunCoverage:
         return " ".join(lines)
 
 
-def run_coverage(readout_trials: pd.DataFrame, options: Mapping[str, Sequence[str]], k: int = 5) -> RunCoverage:
-    """:class:`RunCoverage` of a run's ``readout_trials`` table; ``options`` maps trial id -> printed options."""
+def run_coverage(
+    readout_trials: pd.DataFrame,
+    options: Mapping[str, Sequence[str]],
+    readout_options: pd.DataFrame | None = None,
+    k: int = 5,
+) -> RunCoverage:
+    """:class:`RunCoverage` of a run's ``readout_trials`` table; ``options`` maps trial id -> printed options.
+
+    With the ``readout_options`` table (unnormalized ``logprob`` per option), a casing mismatch counts only
+    where the model's spelling holds more mass than the option.
+    """
     if readout_trials.empty:
         return RunCoverage(0, float("nan"), 0, (), ())
+    mass: dict[str, dict[str, float]] = {}
+    if readout_options is not None and not readout_options.empty:
+        for tid, opt, lp in zip(
+            readout_options["trial_id"], readout_options["option"], readout_options["logprob"], strict=True
+        ):
+            mass.setdefault(tid, {})[opt] = math.exp(lp)
     off: Counter[str] = Counter()
     casing: Counter[tuple[str, str]] = Counter()
     for tid, cell in zip(readout_trials["trial_id"], readout_trials["top_other"], strict=True):
         top = _top_other(cell)
         for t, p in top:
             off[t] += p
-        for o, w in casing_fixes(options.get(tid, ()), top).items():
+        for o, w in casing_fixes(options.get(tid, ()), top, mass.get(tid) if mass else None).items():
             casing[(o, w)] += 1
     n = len(readout_trials)
     cov = readout_trials["coverage"].astype(float)
@@ -221,6 +250,7 @@ def checks_section(
     samples: pd.DataFrame,
     generations: pd.DataFrame,
     options: Mapping[str, Sequence[str]],
+    readout_options: pd.DataFrame | None = None,
 ) -> tuple[list[str], dict[str, pd.DataFrame]]:
     """The Markdown lines of the report's "What the numbers rest on" section, and its CSV tables by file stem."""
     lines = ["## What the numbers rest on", "", system_prompt_line(manifest)]
@@ -229,7 +259,7 @@ def checks_section(
         per = readout_trials.merge(meta, on="trial_id", how="left")
         by_inst, by_item = coverage_tables(per)
         tables["coverage_by_instrument"], tables["coverage_by_item"] = by_inst, by_item
-        cov = run_coverage(readout_trials, options)
+        cov = run_coverage(readout_trials, options, readout_options)
         lines += [
             f"- answer-slot coverage (option mass before normalization): mean {cov.mean:.3f}, "
             f"{cov.n_low} of {cov.n_trials} readouts below {LOW_COVERAGE:g}; per item: `coverage_by_item.csv`",
@@ -246,12 +276,13 @@ def checks_section(
             lines += [f"- {cov.warning().removeprefix('warning: ')}", ""]
     plan = manifest.get("plan", {})
     cap = manifest.get("engine", {}).get("settings", {}).get("max_new_tokens")
-    for name, replies in (("sampled answers", samples), ("generated replies", generations)):
+    reply_cap = manifest.get("spec", {}).get("choice_tokens", cap)  # an experiment's own cap of free replies
+    for name, replies, limit in (("sampled answers", samples, cap), ("generated replies", generations, reply_cap)):
         trunc = truncation_table(replies, meta)
         if len(trunc):
             tables[f"truncated_{name.split()[0]}"] = trunc
             lines.append(
-                f"- {name} that hit the token cap{f' ({cap} tokens)' if cap else ''}: "
+                f"- {name} that hit the token cap{f' ({limit} tokens)' if limit else ''}: "
                 + ", ".join(f"{g} {int(r['truncated'])} of {int(r['replies'])}" for g, r in trunc.iterrows())
                 + ("; a cut-off reply may never state its answer" if trunc["truncated"].any() else "")
             )

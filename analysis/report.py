@@ -130,6 +130,7 @@ def append_checks(store: RunStore, out: Path) -> list[Path]:
         store.load("samples"),
         store.load("generations"),
         {t.trial_id: t.options for t in trials},
+        store.load("readout_options"),
     )
     summary = out / "summary.md"
     head = summary.read_text().rstrip("\n") + "\n\n" if summary.exists() else ""

@@ -38,7 +38,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -673,7 +673,13 @@ class ApiEngine:
 
     # ----------------------------------------------------------- sample
     def sample(
-        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+        self,
+        trials: Sequence[Trial],
+        n: int,
+        temperature: float,
+        progress: ProgressFn | None = None,
+        *,
+        max_new_tokens: int | None = None,
     ) -> list[Sample]:
         """``n`` answers per trial at ``temperature``, one call each, trial-major, in input order.
 
@@ -687,6 +693,13 @@ class ApiEngine:
             raise ValueError(f"n must be >= 1, got {n}")
         if not (temperature >= 0 and math.isfinite(temperature)):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        if max_new_tokens is not None and max_new_tokens != self.settings.max_new_tokens:
+            saved = self.settings  # every request of this call is built from the settings: cap them for its length
+            self.settings = replace(saved, max_new_tokens=max_new_tokens)
+            try:
+                return self.sample(trials, n, temperature, progress)
+            finally:
+                self.settings = saved
         if self._client is None:
             self.load()
         temperature = float(temperature)

@@ -28,9 +28,19 @@ class Engine(Protocol):
         ...
 
     def sample(
-        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+        self,
+        trials: Sequence[Trial],
+        n: int,
+        temperature: float,
+        progress: ProgressFn | None = None,
+        *,
+        max_new_tokens: int | None = None,
     ) -> list[Sample]:
-        """``n`` sampled answers per trial at ``temperature``, trial-major, in input order."""
+        """``n`` sampled answers per trial at ``temperature``, trial-major, in input order.
+
+        ``max_new_tokens`` caps the reply for this call (an experiment's free-text replies need more room than a
+        one-word answer); ``None`` keeps the engine's ``--max-new-tokens``.
+        """
         ...
 
     def describe(self) -> dict[str, Any]:

@@ -862,7 +862,13 @@ class HFEngine:
         return out
 
     def sample(
-        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+        self,
+        trials: Sequence[Trial],
+        n: int,
+        temperature: float,
+        progress: ProgressFn | None = None,
+        *,
+        max_new_tokens: int | None = None,
     ) -> list[Sample]:
         """``n`` raw samples per trial at ``temperature`` (no top-k/top-p), parsed; trial-major order.
 
@@ -878,7 +884,7 @@ class HFEngine:
         base = {t.trial_id: self.render(t) for t in trials}
         prompts = [base[t.trial_id] for t, _ in rows]
         seeds = [_seed_for(s.seed, t.trial_id, d) for t, d in rows]
-        budget = s.max_new_tokens + (s.think_budget if s.think else 0)
+        budget = (max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
         stops = self._stop_ids()
         gens = self._decode(prompts, budget, stops, temperature, seeds, progress)
         out = []

@@ -441,7 +441,13 @@ class SimEngine:
 
     # -------------------------------------------------------------- sampling
     def sample(
-        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+        self,
+        trials: Sequence[Trial],
+        n: int,
+        temperature: float,
+        progress: ProgressFn | None = None,
+        *,
+        max_new_tokens: int | None = None,
     ) -> list[Sample]:
         """``n`` answers per trial drawn from softmax(z / (temperature * T)) (argmax at 0), parsed; trial-major.
 

@@ -721,7 +721,13 @@ class VLLMEngine:
 
     # -------------------------------------------------------------- sampling
     def sample(
-        self, trials: Sequence[Trial], n: int, temperature: float, progress: ProgressFn | None = None
+        self,
+        trials: Sequence[Trial],
+        n: int,
+        temperature: float,
+        progress: ProgressFn | None = None,
+        *,
+        max_new_tokens: int | None = None,
     ) -> list[Sample]:
         """``n`` raw samples per trial at ``temperature`` (no top-k/top-p/min-p, no penalties), parsed; trial-major.
 
@@ -736,7 +742,7 @@ class VLLMEngine:
         if not trials:
             return []
         if self.settings.data_parallel_size > 1:
-            out = self._replicas().call("sample", list(trials), n, temperature)
+            out = self._replicas().call("sample", list(trials), n, temperature, max_new_tokens)
             if progress:
                 progress(len(trials) * n)
             return out
@@ -745,7 +751,7 @@ class VLLMEngine:
         base = {t.trial_id: self.render(t) for t in trials}
         prompts = [base[t.trial_id] for t, _ in rows]
         stops = self._stops()
-        budget = s.max_new_tokens + (s.think_budget if s.think else 0)
+        budget = (max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
         params = [sample_params(temperature, _seed_for(s.seed, t.trial_id, d), budget, stops) for t, d in rows]
         outs = self._generate(prompts, params)
         samples = []
@@ -884,8 +890,8 @@ def _dp_worker(settings: VLLMSettings, path: str, env: dict[str, str], conn: Any
             elif verb == "readout":
                 conn.send(("ok", engine.readout(args[0])))
             elif verb == "sample":
-                trials, n, temperature = args
-                conn.send(("ok", engine.sample(trials, n, temperature)))
+                trials, n, temperature, cap = args
+                conn.send(("ok", engine.sample(trials, n, temperature, max_new_tokens=cap)))
             else:
                 conn.send(("error", f"unknown verb {verb!r}"))
         except Exception as e:  # reported to the parent, which raises it

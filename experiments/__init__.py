@@ -42,6 +42,8 @@ class Experiment:
     """Write the report files of a finished run into the given folder; return their paths."""
     generative: Callable[[Trial], bool] | None = None
     """Trials for which the runner generates text (and judges it) instead of reading the slot."""
+    reply_tokens: Callable[[Any], int] | None = None
+    """``reply_tokens(spec)``: the token cap of the generated trials' replies (None: the engine's --max-new-tokens)."""
     judge_options: Callable[[argparse.Namespace], Any] | None = None
     """Build the judge for generated trials from the CLI arguments (None: no judging)."""
     compare: Callable[..., list[Path]] | None = None

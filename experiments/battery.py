@@ -103,6 +103,11 @@ def _pick(kind: str, asked: tuple[str, ...], known: Mapping[str, Any]) -> tuple[
     return asked
 
 
+CHOICE_TOKENS = 256
+"""Default token cap of a free-choice reply ("explain briefly, then state your choice"). The 32 tokens of
+``--max-new-tokens`` cut every reply of SmolLM2-135M-Instruct (``smol``) off before its choice."""
+
+
 @dataclass(frozen=True)
 class BatterySpec:
     """What the battery asks (serialized into the run manifest). Empty tuples mean "all"."""
@@ -120,9 +125,13 @@ class BatterySpec:
     label_forms: tuple[str, ...] = ("acceptable",)
     """Forms the label map is asked with."""
     framings: tuple[str, ...] = ()
+    choice_tokens: int = CHOICE_TOKENS
+    """Token cap of a free-choice reply ("explain briefly, then state your choice")."""
     salts: SaltSpec = field(default_factory=SaltSpec)
 
     def __post_init__(self) -> None:
+        if self.choice_tokens < 1:
+            raise ValueError(f"--choice-tokens must be >= 1, got {self.choice_tokens}")
         bad = [i for i in self.instruments if i not in INSTRUMENTS]
         if bad or not self.instruments:
             raise ValueError(f"unknown instruments {bad or '(none)'}; choose from {list(INSTRUMENTS)}")
@@ -335,6 +344,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--label-forms", default=None, help="forms the label map is asked with (default: acceptable)")
     g.add_argument("--framings", default=None, help="free-choice framings")
     g.add_argument(
+        "--choice-tokens",
+        type=int,
+        default=CHOICE_TOKENS,
+        help=f"token cap of a free-choice reply (default: {CHOICE_TOKENS}; --max-new-tokens caps sampled answers)",
+    )
+    g.add_argument(
         "--judge",
         default="rule",
         help="free-choice verdicts: 'rule' (which course the reply names; default), or a logit model spec "
@@ -359,6 +374,7 @@ def _spec_from_args(a: argparse.Namespace) -> BatterySpec:
         items=_csv(a.items),
         instruments=_csv(a.instruments) or INSTRUMENTS,
         label_forms=_csv(a.label_forms) or ("acceptable",),
+        choice_tokens=a.choice_tokens,
         salts=salts_from_args(a),
         **kw,
     )
@@ -379,6 +395,7 @@ EXPERIMENTS = (
         expand=expand,
         report=lazy("analysis.battery:battery_report"),
         generative=is_choice,
+        reply_tokens=lambda spec: spec.choice_tokens,
         judge_options=_judge,
         compare=lazy("analysis.compare_battery:compare_battery"),
     ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -66,7 +67,8 @@ def _warn_coverage(store: Any) -> None:
     per = store.load("readout_trials")
     if per.empty:
         return
-    warning = run_coverage(per, {t.trial_id: t.options for t in store.trials()}).warning()
+    options = {t.trial_id: t.options for t in store.trials()}
+    warning = run_coverage(per, options, store.load("readout_options")).warning()
     if warning:
         print(warning, file=sys.stderr)
 
@@ -86,7 +88,8 @@ def cmd_readout(a: argparse.Namespace) -> int:
     r = engine.load().readout([trial])[0]
     from analysis.checks import coverage_warning
 
-    warning = coverage_warning(r.coverage, options, r.top_other, sep=a.sep)
+    mass = {s.option: math.exp(s.logprob) for s in r.scores}
+    warning = coverage_warning(r.coverage, options, r.top_other, mass, sep=a.sep)
     if a.json:
         doc = {
             "model": a.model,
