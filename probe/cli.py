@@ -23,19 +23,13 @@ EPILOG = """examples:
 def cmd_run(a: argparse.Namespace) -> int:
     from engines import make_engine
     from experiments import get_experiment
-    from probe.runner import Plan, run
+    from probe.runner import run
     from probe.store import Shard
 
     exp = get_experiment(a.experiment)
     spec = exp.spec_from_args(a)
     shard = Shard.parse(a.shard) if a.shard else None
-    only = []
-    for pair in a.sample_only or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--sample-only needs FACTOR=VALUE (e.g. instrument=binary), got {pair!r}")
-        only.append((key, value))
-    plan = Plan(readout=not a.no_readout, samples=a.samples, temperature=a.temperature, sample_only=tuple(only))
+    plan = plan_from_args(a)
     engine = make_engine(a)
     judge = exp.judge_options(a) if exp.judge_options else None
     store = run(
@@ -58,6 +52,19 @@ def cmd_run(a: argparse.Namespace) -> int:
         paths = write_report(store.root)
         print(f"report: {paths[0].parent}")
     return 0
+
+
+def plan_from_args(a: argparse.Namespace) -> Any:
+    """The :class:`~probe.runner.Plan` (what to collect) that ``probe run`` arguments ask for."""
+    from probe.runner import Plan
+
+    only = []
+    for pair in a.sample_only or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--sample-only needs FACTOR=VALUE (e.g. instrument=binary), got {pair!r}")
+        only.append((key, value))
+    return Plan(readout=not a.no_readout, samples=a.samples, temperature=a.temperature, sample_only=tuple(only))
 
 
 def _warn_coverage(store: Any) -> None:

@@ -613,6 +613,13 @@ def merge_shards(root: Path) -> RunStore:
     shards = find_shards(root)
     if not shards:
         raise StoreError(f"{root} has no shard-i-of-n folders to merge (runs made with --shard write them)")
+    counts = sorted({int(p.name.rsplit("-of-", 1)[1]) for p in shards if p.name.rsplit("-of-", 1)[1].isdigit()})
+    if len(counts) > 1:
+        raise StoreError(
+            f"{root} holds shards of {len(counts)} different splits (N = {', '.join(map(str, counts))}: "
+            f"{', '.join(p.name for p in shards)}); refusing to mix them. Keep the folders of one N (delete "
+            "the others, or move them to their own folder) and merge again"
+        )
     stores = [RunStore(p) for p in shards]
     mans = [s.manifest() for s in stores]
     keys = {m["run_key"] for m in mans}
