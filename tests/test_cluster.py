@@ -130,27 +130,59 @@ def test_submit_makes_one_array_task_per_model_and_shard_then_a_dependent_merge(
         f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\nif grep -q dependency <<<"$*"; then echo 8; else echo "7;clusterA"; fi\n'
     )
     (fake / "sbatch").chmod(0o755)
-    env = slurm_env(tmp_path, PATH=f"{fake}:{os.environ['PATH']}", SBATCH_ARGS="--partition=gpu")
+
+    def submit(**extra: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        calls.unlink(missing_ok=True)
+        env = slurm_env(tmp_path, PATH=f"{fake}:{os.environ['PATH']}", SBATCH_ARGS="--partition=gpu", **extra)
+        args = ["yesno", "runs/c", "3", "Qwen/Qwen3-30B-A3B,vllm:/m/nemo", "--think"]
+        p = subprocess.run(
+            ["bash", str(SLURM / "submit.sh"), *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+        )
+        return p, calls.read_text().splitlines() if calls.exists() else []
+
+    p, (array, merge) = submit()
+    assert p.returncode == 0, p.stderr
+    gpu = "--gres=gpu:1 --cpus-per-task=8 --mem=64G --time=04:00:00"  # the documented defaults (resources.sh)
+    assert array == (
+        f"--parsable {gpu} --partition=gpu --output=logs/probe-%A_%a.out --array=0-5 "
+        f"{SLURM}/array.sbatch yesno runs/c 3 Qwen/Qwen3-30B-A3B,vllm:/m/nemo --think"
+    )
+    assert merge == (
+        "--parsable --cpus-per-task=4 --mem=16G --time=01:00:00 --partition=gpu --output=logs/probe-merge-%j.out "
+        f"--dependency=afterok:7 --kill-on-invalid-dep=yes {SLURM}/merge.sbatch runs/c Qwen/Qwen3-30B-A3B,vllm:/m/nemo"
+    )
+    assert "array job 7 (tasks 0-5: 2 model(s) x 3 shards), merge job 8" in p.stdout
+    assert (tmp_path / "logs").is_dir()  # Slurm does not create the --output folder
+
+    # each job's resources are overridden alone (a GPU for the tasks never reaches the merge job)
+    p, (array, merge) = submit(
+        PROBE_ARRAY_RESOURCES="--gres=gpu:2 --mem=8G", PROBE_MERGE_RESOURCES="", PROBE_LOG_DIR="l2"
+    )
+    assert p.returncode == 0, p.stderr
+    assert array.startswith("--parsable --gres=gpu:2 --mem=8G --partition=gpu --output=l2/probe-%A_%a.out --array")
+    assert merge.startswith("--parsable --partition=gpu --output=l2/probe-merge-%j.out --dependency=afterok:7")
+    assert (tmp_path / "l2").is_dir()
+
+
+def test_submit_explains_a_refused_sbatch(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(
+        '#!/usr/bin/env bash\necho "sbatch: error: Invalid generic resource (gres) specification" >&2\nexit 1\n'
+    )
+    (fake / "sbatch").chmod(0o755)
+    env = slurm_env(tmp_path, PATH=f"{fake}:{os.environ['PATH']}")
     p = subprocess.run(
-        ["bash", str(SLURM / "submit.sh"), "yesno", "runs/c", "3", "Qwen/Qwen3-30B-A3B,vllm:/m/nemo", "--think"],
+        ["bash", str(SLURM / "submit.sh"), "yesno", "runs/c", "2", "tiny"],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
         timeout=60,
     )
-    assert p.returncode == 0, p.stderr
-    array, merge = calls.read_text().splitlines()
-    assert (
-        array
-        == f"--parsable --partition=gpu --array=0-5 {SLURM}/array.sbatch yesno runs/c 3 Qwen/Qwen3-30B-A3B,vllm:/m/nemo --think"
-    )
-    assert (
-        merge
-        == f"--parsable --partition=gpu --dependency=afterok:7 --kill-on-invalid-dep=yes {SLURM}/merge.sbatch runs/c Qwen/Qwen3-30B-A3B,vllm:/m/nemo"
-    )
-    assert "array job 7 (tasks 0-5: 2 model(s) x 3 shards), merge job 8" in p.stdout
-    assert (tmp_path / "logs").is_dir()  # Slurm does not create the --output folder
+    assert p.returncode == 1
+    assert "sbatch refused the array job" in p.stderr and "--gres=gpu:1" in p.stderr
+    assert 'PROBE_ARRAY_RESOURCES="--cpus-per-task=4 --mem=16G"' in p.stderr  # the CPU recipe
 
 
 def test_array_task_logic_with_a_fake_probe(engine, tmp_path):
@@ -166,11 +198,12 @@ def test_array_task_logic_with_a_fake_probe(engine, tmp_path):
     fake = tmp_path / "probe"
     fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\n')
     fake.chmod(0o755)
-    args = ["yesno", str(out), "2", "tiny,vllm:/models/nemo/", "--engine", "vllm", "--think"]
+    same = ["--items", ",".join(ITEMS), "--forms", ",".join(FORMS), "--batch-size", "1", "--chunk-size", str(CHUNK)]
+    args = ["yesno", str(out), "2", "tiny,vllm:/models/nemo/", *same]
 
-    def task(t: str | None) -> subprocess.CompletedProcess[str]:
-        extra = {"PROBE_BIN": str(fake)} | ({"SLURM_ARRAY_TASK_ID": t} if t is not None else {})
-        return bash("array.sbatch", *args, env=slurm_env(tmp_path, **extra))
+    def task(t: str | None, *extra_args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        extra = {"PROBE_BIN": str(fake)} | ({"SLURM_ARRAY_TASK_ID": t} if t is not None else {}) | extra_env
+        return bash("array.sbatch", *args, *extra_args, env=slurm_env(tmp_path, **extra))
 
     assert "SLURM_ARRAY_TASK_ID" in task(None).stderr
     skipped = task("0")
@@ -181,14 +214,66 @@ def test_array_task_logic_with_a_fake_probe(engine, tmp_path):
     beyond = task("4")
     assert beyond.returncode == 2 and "no model 2 in 'tiny,vllm:/models/nemo/'" in beyond.stderr
     assert calls.read_text().splitlines() == [
-        f"run yesno --model tiny --out {out}/tiny --shard 1/2 --quiet --engine vllm --think",
-        f"run yesno --model vllm:/models/nemo/ --out {out}/nemo --shard 0/2 --quiet --engine vllm --think",
-        f"run yesno --model vllm:/models/nemo/ --out {out}/nemo --shard 1/2 --quiet --engine vllm --think",
+        f"run yesno --model tiny --out {out}/tiny --shard 1/2 --quiet {' '.join(same)}",
+        f"run yesno --model vllm:/models/nemo/ --out {out}/nemo --shard 0/2 --quiet {' '.join(same)}",
+        f"run yesno --model vllm:/models/nemo/ --out {out}/nemo --shard 1/2 --quiet {' '.join(same)}",
     ]
     calls.unlink()
+
+    # a changed option is refused by the complete shard and the incomplete one alike, before probe starts
+    for t in ("0", "1"):
+        changed = task(t, "--system", "Be brief.")
+        assert changed.returncode == 2, changed.stdout
+        assert "system_prompt: stored None, requested 'Be brief.'" in changed.stderr
+        assert "refused" in changed.stderr and "nothing was run" in changed.stderr
+    # a status check that cannot run is a failure, not "incomplete"
+    broken = task("0", PROBE_PYTHON=str(tmp_path / "no-python"))
+    assert broken.returncode == 2 and "the shard status check failed (exit 127" in broken.stderr
+    assert not calls.exists()
+
     merged = bash("merge.sbatch", str(out), "tiny,vllm:/models/nemo/", env=slurm_env(tmp_path, PROBE_BIN=str(fake)))
     assert merged.returncode == 0, merged.stderr
     assert calls.read_text().splitlines() == [f"merge {out}/tiny", f"merge {out}/nemo"]
+
+
+def test_a_changed_n_is_refused_by_the_task_and_by_the_merge(engine, tmp_path):
+    from probe.runner import run
+    from probe.store import StoreError
+
+    out = tmp_path / "cluster"
+    for i in range(2):
+        run("yesno", spec(), engine, out / "tiny", shard=Shard(i, 2), chunk_size=CHUNK, progress=False, log=print)
+    args = ["yesno", str(out), "3", "tiny", "--items", ",".join(ITEMS), "--forms", ",".join(FORMS)]
+    fake = tmp_path / "probe"
+    fake.write_text("#!/usr/bin/env bash\nexit 99\n")
+    fake.chmod(0o755)
+    p = bash("array.sbatch", *args, env=slurm_env(tmp_path, SLURM_ARRAY_TASK_ID="0", PROBE_BIN=str(fake)))
+    assert p.returncode == 2
+    assert "split into a different number of shards (shard-0-of-2, shard-1-of-2)" in p.stderr
+    assert "asks for N=3" in p.stderr
+    assert not (out / "tiny" / "shard-0-of-3").exists()
+    run("yesno", spec(), engine, out / "tiny", shard=Shard(0, 3), chunk_size=CHUNK, progress=False, log=print)
+    with pytest.raises(StoreError, match=r"shards of 2 different splits \(N = 2, 3: shard-0-of-2, shard-0-of-3"):
+        merge_shards(out / "tiny")
+
+
+def test_a_failed_task_says_env_sh_made_the_hub_offline(tmp_path):
+    fake = tmp_path / "probe"
+    fake.write_text("#!/usr/bin/env bash\necho 'cannot load model' >&2\nexit 2\n")
+    fake.chmod(0o755)
+    env = slurm_env(tmp_path, SLURM_ARRAY_TASK_ID="0", PROBE_BIN=str(fake))
+    env.pop("HF_HUB_OFFLINE", None)
+    p = bash("array.sbatch", "yesno", str(tmp_path / "o"), "1", "someorg/missing", env=env)
+    assert p.returncode == 2
+    assert "env.sh set HF_HUB_OFFLINE=1" in p.stderr and "hf download" in p.stderr
+    env["HF_HUB_OFFLINE"] = "1"  # the user's own choice: no hint about env.sh
+    p = bash("array.sbatch", "yesno", str(tmp_path / "o"), "1", "someorg/missing", env=env)
+    assert p.returncode == 2 and "env.sh set" not in p.stderr
+
+
+def test_logs_are_not_tracked_by_git():
+    p = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "logs/probe-7_0.out"], timeout=30)
+    assert p.returncode == 0, "logs/ (the Slurm job logs) should be in .gitignore"
 
 
 @pytest.mark.slow
