@@ -149,12 +149,12 @@ def run_coverage(
             readout_options["trial_id"], readout_options["option"], readout_options["logprob"], strict=True
         ):
             mass.setdefault(tid, {})[opt] = math.exp(lp)
-    off: Counter[str] = Counter()
+    off: dict[str, float] = {}
     casing: Counter[tuple[str, str]] = Counter()
     for tid, cell in zip(readout_trials["trial_id"], readout_trials["top_other"], strict=True):
         top = _top_other(cell)
         for t, p in top:
-            off[t] += p
+            off[t] = off.get(t, 0.0) + p
         for o, w in casing_fixes(options.get(tid, ()), top, mass.get(tid) if mass else None).items():
             casing[(o, w)] += 1
     n = len(readout_trials)
@@ -163,7 +163,7 @@ def run_coverage(
         n_trials=n,
         mean=float(cov.mean()),
         n_low=int((cov < LOW_COVERAGE).sum()),
-        off_tokens=tuple((t, m / n) for t, m in off.most_common(k)),
+        off_tokens=tuple((t, m / n) for t, m in sorted(off.items(), key=lambda kv: -kv[1])[:k]),
         casing=tuple((o, w, c) for (o, w), c in casing.most_common()),
     )
 

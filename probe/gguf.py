@@ -294,7 +294,7 @@ def _write_folder(gguf_path: Path, out: Path) -> None:
         raise ModelError(f"Transformers could not load {gguf_path} ({str(e).splitlines()[0]})") from e
     # Transformers marks a GGUF-loaded model as quantized and refuses to save it; its weights are plain
     # float32 tensors by now, so dropping the marks saves exactly what was loaded.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     gen = model.generation_config
