@@ -81,7 +81,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default="tiny",
-        help="tiny, tiny-hybrid, a local model folder, a Hugging Face id, sim, vllm:<model>, "
+        help="tiny, tiny-hybrid, smol (SmolLM2-135M-Instruct), a local model folder, a .gguf file, a Hugging Face id, "
+        "sim, vllm:<model>, "
         "openai:<model>, anthropic:<model> or openai-compatible:<name>@<url> (default: tiny)",
     )
     g.add_argument("--engine", default="auto", help="auto (from --model), " + ", ".join(ENGINE_MODULES))

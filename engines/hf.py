@@ -378,7 +378,7 @@ class HFEngine:
         except (OSError, ValueError) as e:
             raise ModelError(
                 f"cannot load model {s.model!r} ({ref.path}): {str(e).splitlines()[0]}. "
-                "Pass a built-in name (tiny, tiny-hybrid), a local model folder, or a Hugging Face id "
+                "Pass a built-in name (tiny, tiny-hybrid, smol), a local model folder, a .gguf file, or a Hugging Face id "
                 "that is in the local cache or downloadable from here."
             ) from e
         self._model.eval()
