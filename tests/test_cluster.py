@@ -127,7 +127,7 @@ def test_submit_makes_one_array_task_per_model_and_shard_then_a_dependent_merge(
     fake.mkdir()
     calls = tmp_path / "sbatch.calls"
     (fake / "sbatch").write_text(
-        f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\nif grep -q dependency <<<"$*"; then echo 8; else echo "7;clusterA"; fi\n'
+        f'#!/usr/bin/env bash\ncase "$1" in --test-only) exit 0;; esac\nprintf "%s\\n" "$*" >> {calls}\nif grep -q dependency <<<"$*"; then echo 8; else echo "7;clusterA"; fi\n'
     )
     (fake / "sbatch").chmod(0o755)
 

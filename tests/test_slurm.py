@@ -261,11 +261,24 @@ def test_a_changed_n_is_refused_by_every_task(cluster, workflow):
     assert not list(w.run_dir.glob("shard-*-of-3"))
 
 
-def test_the_default_gpu_request_on_a_cpu_cluster_is_explained(cluster, tmp_path):
+def test_a_request_no_node_can_meet_is_refused_at_submission_and_explained(cluster, tmp_path):
     p = cluster.run(str(SLURM / "submit.sh"), "yesno", "runs/c", "1", "tiny", cwd=tmp_path)
     assert p.returncode == 1
     assert "Invalid generic resource" in p.stderr  # Slurm's own message, then what to do
     assert "sbatch refused the array job" in p.stderr and 'PROBE_ARRAY_RESOURCES="--cpus-per-task=4' in p.stderr
+    # more CPUs than any node has: refused at submission (sbatch --test-only), not left pending forever
+    p = cluster.run(
+        str(SLURM / "submit.sh"),
+        "yesno",
+        "runs/c",
+        "1",
+        "tiny",
+        cwd=tmp_path,
+        PROBE_ARRAY_RESOURCES="--cpus-per-task=64",
+    )
+    assert p.returncode == 1 and "Requested node configuration is not available" in p.stderr, p.stderr
+    assert "It asked for: --cpus-per-task=64" in p.stderr
+    assert cluster.run("squeue", "-h", "-n", "probe", "-t", "PENDING").stdout.strip() == ""  # nothing was queued
 
 
 def test_a_by_hand_submission_works_from_any_folder_without_logs(cluster, tmp_path):

@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
 export PYTHONUNBUFFERED=1
 # The probe command and its Python: the project's venv, found from this file, so any submit folder works.
-probe_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+probe_root=$(cd -P "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)  # -P: through a symlinked scripts folder
 PROBE_BIN=${PROBE_BIN:-$probe_root/.venv/bin/probe}
 PROBE_PYTHON=${PROBE_PYTHON:-$probe_root/.venv/bin/python}
 

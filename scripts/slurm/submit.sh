@@ -37,7 +37,17 @@ submit_failed() {  # submit_failed WHICH RESOURCES: explain a refused sbatch, th
   exit 1
 }
 
+preflight() {  # preflight WHICH RESOURCES SBATCH-ARGS...: a request no node can ever meet would pend forever
+  local out
+  out=$(sbatch --test-only "${@:3}" 2>&1) || { printf '%s\n' "$out" >&2; submit_failed "$1" "$2"; }
+}
+
 # shellcheck disable=SC2086  # the resource variables and SBATCH_ARGS are lists of flags
+preflight array "$PROBE_ARRAY_RESOURCES" $PROBE_ARRAY_RESOURCES ${SBATCH_ARGS:-} --array="0-$last" \
+  "$here/array.sbatch" "$experiment" "$out" "$n" "$models" "$@"
+# shellcheck disable=SC2086
+preflight merge "$PROBE_MERGE_RESOURCES" $PROBE_MERGE_RESOURCES ${SBATCH_ARGS:-} "$here/merge.sbatch" "$out" "$models"
+# shellcheck disable=SC2086
 array=$(sbatch --parsable $PROBE_ARRAY_RESOURCES ${SBATCH_ARGS:-} --output="$array_log" --array="0-$last" \
   "$here/array.sbatch" "$experiment" "$out" "$n" "$models" "$@") || submit_failed array "$PROBE_ARRAY_RESOURCES"
 array=${array%%;*}  # --parsable prints "jobid[;cluster]"
