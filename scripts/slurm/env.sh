@@ -12,7 +12,9 @@ export TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-$HF_HUB_OFFLINE}
 export VLLM_WORKER_MULTIPROC_METHOD=${VLLM_WORKER_MULTIPROC_METHOD:-spawn}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 # torch would start a thread per core of the node, also on the cores other jobs were given
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
+fi
 export PYTHONUNBUFFERED=1
 # The probe command and its Python: the project's venv, found from this file, so any submit folder works.
 probe_root=$(cd -P "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)  # -P: through a symlinked scripts folder
