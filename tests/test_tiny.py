@@ -195,7 +195,7 @@ def test_chat_template_matches_qwen3(tokenizer: Any) -> None:
 @pytest.mark.parametrize("name", tiny.TINY_NAMES)
 def test_models_load_and_give_finite_logits(name: str, models: dict[str, Any], tokenizer: Any) -> None:
     model = models[name]
-    expected = {"tiny": "Qwen3MoeForCausalLM", "tiny-hybrid": "NemotronHForCausalLM"}[name]
+    expected = {"tiny": "Qwen3MoeForCausalLM"}.get(name, "NemotronHForCausalLM")
     assert type(model).__name__ == expected
     assert next(model.parameters()).dtype == torch.float32
     batch = tokenizer("Is it raining? Answer with Yes or No.", return_tensors="pt")
@@ -208,6 +208,18 @@ def test_models_load_and_give_finite_logits(name: str, models: dict[str, Any], t
 def test_hybrid_mixes_layer_kinds(models: dict[str, Any]) -> None:
     kinds = set(models["tiny-hybrid"].config.layers_block_type)
     assert {"linear_attention", "full_attention", "moe"} <= kinds
+
+
+def test_dense_hybrid_has_no_moe_layer(models: dict[str, Any]) -> None:
+    """vLLM's CPU build runs no Nemotron-H MoE layer, so the hybrid it runs must have none."""
+    kinds = set(models["tiny-hybrid-dense"].config.layers_block_type)
+    assert {"linear_attention", "full_attention"} <= kinds and "moe" not in kinds, kinds
+
+
+@pytest.mark.parametrize("name", tiny.TINY_NAMES)
+def test_attention_heads_fit_vllm_cpu(name: str, models: dict[str, Any]) -> None:
+    """vLLM's CPU attention supports head sizes 32 to 512 (``Unsupported CPU attention configuration`` otherwise)."""
+    assert 32 <= models[name].config.head_dim <= 512
 
 
 @pytest.mark.parametrize("name", tiny.TINY_NAMES)
