@@ -77,7 +77,7 @@ def identity_differences(stored: Mapping[str, Any], requested: Mapping[str, Any]
         if key in ("experiment", "spec", "plan", "engine", "judge", *_FROM_THE_MODEL) or key not in settings:
             continue
         if value != settings[key]:
-            diffs.append(f"{key}: stored {value!r}, requested {settings[key]!r}")
+            diffs.extend(_describe(key, value, settings[key]))
     judge_stored, judge_asked = stored.get("judge"), requested.get("judge")
     if isinstance(judge_stored, dict) and isinstance(judge_asked, dict):
         for key, value in judge_asked.items():
