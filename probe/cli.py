@@ -352,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engines.base import MissingExtra
     from engines.render import OptionError
+    from engines.vllm import VLLMStartError
     from experiments.dilemmas import DilemmaError
     from probe.models import ModelError
     from probe.panel import PanelError
@@ -360,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (
+        VLLMStartError,
         ModelError,
         StoreError,
         PanelError,

