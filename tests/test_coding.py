@@ -5,6 +5,7 @@ and an API judge against a real `transformers serve`."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -213,14 +214,18 @@ def test_code_run_resumes_and_matches_an_uninterrupted_run(think_run: Path, tiny
     assert not list((run / "coding").glob(".compliance-*"))  # the parts are gone once the file is whole
 
 
-def test_probe_code_end_to_end_and_analyze(think_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["code", str(think_run), "--task", "compliance", "--judge", "tiny", "--overwrite"]) == 0
-    assert main(["code", str(think_run), "--task", "rationale", "--judge", "tiny", "--limit", "20"]) == 0
+def test_probe_code_end_to_end_and_analyze(think_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Codes a private copy of the module's run: a coding already in the shared folder would read "already coded"."""
+    run = tmp_path / "think"
+    shutil.copytree(think_run, run)
+    shutil.rmtree(run / "coding", ignore_errors=True)
+    assert main(["code", str(run), "--task", "compliance", "--judge", "tiny", "--overwrite"]) == 0
+    assert main(["code", str(run), "--task", "rationale", "--judge", "tiny", "--limit", "20"]) == 0
     out = capsys.readouterr().out
     assert "coded 32 texts (compliance) with logit:tiny" in out and "skipped 8 no_cue" in out
     assert "coded 20 texts (rationale)" in out
-    comp = pd.read_parquet(think_run / "coding" / "compliance.parquet")
-    meta = json.loads((think_run / "coding" / "compliance.json").read_text())
+    comp = pd.read_parquet(run / "coding" / "compliance.parquet")
+    meta = json.loads((run / "coding" / "compliance.json").read_text())
     codes = [c.id for c in coding.load_taxonomy("compliance").codes]
     assert list(comp.columns[:3]) == ["trial_id", "draw", "label"]
     assert [c for c in comp.columns if c.startswith("p_")] == [f"p_{c}" for c in codes]
@@ -233,30 +238,28 @@ def test_probe_code_end_to_end_and_analyze(think_run: Path, capsys: pytest.Captu
         "not_coded_by_limit": 0, "by_origin": {"readout": 32},
     }  # fmt: skip
     assert meta["taxonomy"]["codes"] == codes and len(meta["taxonomy"]["sha256"]) == 64
-    trials = {t.trial_id: t for t in RunStore(think_run).trials()}
-    reasoning = RunStore(think_run).load("readout_trials").set_index("trial_id")["reasoning"]
+    trials = {t.trial_id: t for t in RunStore(run).trials()}
+    reasoning = RunStore(run).load("readout_trials").set_index("trial_id")["reasoning"]
     for row in comp.itertuples():  # every prompt holds its trace, and the cue of its trial
         assert reasoning[row.trial_id].strip() in row.judge_prompt
         assert trials[row.trial_id].factors["influence"] in row.judge_prompt
     survey = comp[comp["judge_prompt"].str.contains('"survey"')]
     assert survey["judge_prompt"].str.contains("In a recent survey, people preferred").all()
     # a second identical command does nothing; another judge's coding is kept unless --overwrite
-    assert main(["code", str(think_run), "--task", "compliance", "--judge", "tiny"]) == 0
+    assert main(["code", str(run), "--task", "compliance", "--judge", "tiny"]) == 0
     assert "already coded" in capsys.readouterr().out
-    assert (
-        main(["code", str(think_run), "--task", "compliance", "--judge", "tiny", "--samples", "2", "--limit", "2"]) == 2
-    )
+    assert main(["code", str(run), "--task", "compliance", "--judge", "tiny", "--samples", "2", "--limit", "2"]) == 2
     assert "pass --overwrite" in capsys.readouterr().err
-    assert main(["analyze", str(think_run)]) == 0
-    summary = (think_run / "report" / "summary.md").read_text()
+    assert main(["analyze", str(run)]) == 0
+    summary = (run / "report" / "summary.md").read_text()
     assert "## Coded reasoning traces: compliance" in summary and "## Coded reasoning traces: rationale" in summary
-    report = {p.name for p in (think_run / "report").iterdir()}
+    report = {p.name for p in (run / "report").iterdir()}
     assert {
         "coded_compliance_vs_effect.csv", "coded_compliance_by_label.csv", "coded_rationale_by_arm.csv",
         "coded_rationale_by_condition.csv", "coded_backfire_patterns.csv", "fig_coded_rationale.png",
         "fig_coded_compliance_effect.png",
     } <= report  # fmt: skip
-    by_label = pd.read_csv(think_run / "report" / "coded_compliance_by_label.csv")
+    by_label = pd.read_csv(run / "report" / "coded_compliance_by_label.csv")
     assert by_label["traces"].sum() == 32
 
 
@@ -331,7 +334,6 @@ def test_judge_agreement_on_the_tiny_judge(capsys: pytest.CaptureFixture[str], t
 # ------------------------------------------------------------------ API judge against transformers serve
 def test_api_judge_codes_followup_answers(server, think_run: Path, tmp_path: Path, capsys) -> None:
     """A sampled run's answers coded as follow-up answers by an API judge (3 draws each at T = 1)."""
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(think_run, run)
