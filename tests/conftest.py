@@ -77,28 +77,34 @@ DRAW_SOURCES = re.compile(
     r"\.sample\(|\"--samples\"|samples=[1-9]|SimEngine|SimParams|sim-params|\"sim\"|default_rng|n_boot|"
     r"bootstrap|FaultProxy|chisquare"
 )
+SAMPLE_SOURCES = re.compile(r"\.sample\(|\"--samples\"|samples=[1-9]|FaultProxy|chisquare")
+"""The narrower set: the test samples answers through an engine (or the fault proxy's schedule)."""
 
 
-def _draws(fn: object, depth: int = 2) -> bool:
-    """Whether ``fn`` or a module-level function it names (``depth`` levels down) draws at random."""
+def _matches(fn: object, pattern: re.Pattern[str], depth: int = 2) -> bool:
+    """Whether ``fn`` or a module-level function it names (``depth`` levels down) matches ``pattern``."""
     try:
         source = inspect.getsource(fn)  # type: ignore[arg-type]
     except (OSError, TypeError):
         return False
-    if DRAW_SOURCES.search(source):
+    if pattern.search(source):
         return True
     module = inspect.getmodule(fn)
     if depth == 0 or module is None:
         return False
     names = getattr(getattr(fn, "__code__", None), "co_names", ())
-    return any(inspect.isfunction(getattr(module, n, None)) and _draws(getattr(module, n), depth - 1) for n in names)
+    return any(
+        inspect.isfunction(getattr(module, n, None)) and _matches(getattr(module, n), pattern, depth - 1)
+        for n in names
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that depends on random draws ``draws``, so ``make test-repeat`` can run them many times.
+    """Mark the tests that depend on random draws ``draws``, and those that sample answers ``samples``.
 
-    A test draws if its own source, a helper it calls, or a fixture it uses (directly) matches
-    :data:`DRAW_SOURCES`, or if it talks to the live server.
+    A test matches if its own source, a helper it calls, or a fixture it uses (directly) matches the
+    pattern (:data:`DRAW_SOURCES`, :data:`SAMPLE_SOURCES`), or if it talks to the live server.
+    ``make test-repeat`` runs the ``samples`` tests many times (``REPEAT_MARK=draws`` widens it).
     """
     for item in items:
         fn = getattr(item, "function", None)
@@ -106,5 +112,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         info = getattr(item, "_fixtureinfo", None)
         fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs]
-        if "server" in getattr(item, "fixturenames", ()) or _draws(fn) or any(_draws(f, 1) for f in fixtures):
-            item.add_marker(pytest.mark.draws)
+        live = "server" in getattr(item, "fixturenames", ())
+        for mark, pattern in (("draws", DRAW_SOURCES), ("samples", SAMPLE_SOURCES)):
+            if live or _matches(fn, pattern) or any(_matches(f, pattern, 1) for f in fixtures):
+                item.add_marker(getattr(pytest.mark, mark))
