@@ -39,7 +39,7 @@ from typing import Any
 from probe.models import GGUF_MARKER, ModelError
 
 #: Bump whenever the conversion changes its output.
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 #: Written last into a finished conversion; a folder without it is never trusted.
 MARKER = GGUF_MARKER
 #: Plain sampling: the raw softmax at the request's temperature, nothing truncated.
@@ -288,8 +288,12 @@ def _write_folder(gguf_path: Path, out: Path) -> None:
     folder, name = str(gguf_path.parent), gguf_path.name
     transformers.logging.disable_progress_bar()  # probe shows its own progress, as the hf engine does
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        # local_files_only: the file is here, and the tokenizer config records the flag, so it must not depend on
+        # whether HF_HUB_OFFLINE happens to be set (the converted files would differ by machine)
+        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32, local_files_only=True
+        )
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"Transformers could not load {gguf_path} ({str(e).splitlines()[0]})") from e
     # Transformers marks a GGUF-loaded model as quantized and refuses to save it; its weights are plain
