@@ -103,9 +103,12 @@ def _pick(kind: str, asked: tuple[str, ...], known: Mapping[str, Any]) -> tuple[
     return asked
 
 
-CHOICE_TOKENS = 256
-"""Default token cap of a free-choice reply ("explain briefly, then state your choice"). The 32 tokens of
-``--max-new-tokens`` cut every reply of SmolLM2-135M-Instruct (``smol``) off before its choice."""
+CHOICE_TOKENS = 512
+"""Default token cap of a free-choice reply ("explain briefly, then state your choice"). Measured on
+SmolLM2-135M-Instruct (``smol``), greedy, the "choose" framing, 12 dilemmas, cap 320: replies ran 189 to 320
+tokens and 4 of 12 were still going at 320; the 32 tokens of ``--max-new-tokens`` cut all of them off before
+their choice (24 of 24 in a battery run). Models that answer briefly stop long before the cap (the tiny model
+after 2 tokens), so the cap costs only where a model needs it."""
 
 
 @dataclass(frozen=True)
