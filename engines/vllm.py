@@ -92,7 +92,8 @@ class VLLMSettings:
     model: str
     """A built-in tiny model name, a local folder, or a Hugging Face id (without the ``vllm:`` scheme)."""
     dtype: str = "auto"
-    """Weights and activation dtype: auto (vLLM's choice: bfloat16 for float32 checkpoints), float32, bfloat16, float16."""
+    """Weights and activation dtype: auto, float32, bfloat16, float16. auto is the Transformers engine's rule:
+    float32 on CPU (so readouts equal ``--model tiny``'s), vLLM's choice on a GPU (bfloat16 for float32 checkpoints)."""
     tensor_parallel_size: int = 1
     """GPUs one model replica is split over."""
     data_parallel_size: int = 1
@@ -295,7 +296,7 @@ def llm_kwargs(
     kw: dict[str, Any] = {
         "model": path,
         "tokenizer": path,
-        "dtype": s.dtype,
+        "dtype": "float32" if s.dtype == "auto" and device == "cpu" else s.dtype,
         "tensor_parallel_size": s.tensor_parallel_size,
         **memory_kwargs(s, device, os.environ if env is None else env),
         "enable_prefix_caching": s.enable_prefix_caching,

@@ -578,6 +578,15 @@ def test_memory_defaults_start_on_cpu_and_gpu_alike():
     assert memory_kwargs(k, "cuda", {}) == {"kv_cache_memory_bytes": GIB // 2}
 
 
+def test_auto_dtype_is_the_transformers_engines_rule():
+    """float32 on CPU (vLLM's own auto would pick bfloat16 there: readouts 2e-3 off the Transformers engine's)."""
+    from engines.vllm import VLLMSettings, llm_kwargs
+
+    assert llm_kwargs(VLLMSettings(model="tiny"), "/m", "cpu", {})["dtype"] == "float32"
+    assert llm_kwargs(VLLMSettings(model="tiny"), "/m", "cuda", {})["dtype"] == "auto"
+    assert llm_kwargs(VLLMSettings(model="tiny", dtype="bfloat16"), "/m", "cpu", {})["dtype"] == "bfloat16"
+
+
 def test_a_cpu_memory_request_that_cannot_fit_names_the_flag():
     from engines.vllm import GIB, check_cpu_memory
 
