@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -92,10 +91,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
     sys.stdout.flush()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     env.setdefault("HF_HUB_OFFLINE", "1")  # the folder is local: never look the name up on a hub
-    try:
-        return subprocess.run(cmd, cwd=root, env=env, check=False).returncode
-    except KeyboardInterrupt:
-        return 130
+    # Become the server (exec, not a child process), so that a signal to `probe serve` (Ctrl-C, kill, a test's
+    # terminate) reaches the server itself and never leaves it running on its own.
+    os.chdir(root)
+    os.execve(cmd[0], cmd, env)
+    return 0  # pragma: no cover - execve does not return
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

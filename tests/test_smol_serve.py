@@ -136,3 +136,5 @@ def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+    with pytest.raises(OSError):  # probe serve became the server: stopping it stopped the server, none is left
+        urllib.request.urlopen(f"{url}/models", timeout=2)
