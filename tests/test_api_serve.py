@@ -75,17 +75,18 @@ def test_yesno_through_the_api_engine_and_analyze(server: Server, tmp_path: Path
     samples = store.load("samples")
     assert len(samples) == 96 and not samples.duplicated(["trial_id", "draw"]).any()
     # The draws are fixed by their seeds (95 of 96 parse, on every run). Should a build change them, the
-    # floor is the 1e-6 quantile of Binomial(96, p) with p the lowest readout coverage of these trials
-    # (0.948): a conservative model of the parse rate, which measured 0.98 over 1,200 draws of the
-    # Transformers engine on the same trials. False-failure rate <= 1e-6; the floor is 78 of 96.
+    # floor is the 1e-6 quantile of Binomial(96, p) with p the lowest readout coverage of these trials: a
+    # conservative model of the parse rate (the parser also takes spellings the readout counts as off the
+    # options). With the head-32 tiny model p = 0.598 and the floor is 34 of 96. False-failure rate <= 1e-6.
     trials = {t.trial_id: t for t in store.trials()}
     readouts = tiny_engine.readout(list(trials.values()))
     floor = binom.ppf(1e-6, len(samples), min(r.coverage for r in readouts))
     n_ok = int((samples["status"] == "ok").sum())
+    print(f"parsed {n_ok} of {len(samples)}; floor {floor:.0f}")
     assert n_ok >= floor, (n_ok, floor)
     assert samples["option"].dropna().isin(["Yes", "No"]).all()
     # replicates are real draws: were they independent draws from the readout, all 12 trials would be
-    # unanimous with this probability (about 1e-15), so the assertion's false-failure rate is below 1e-6
+    # unanimous with this probability (6e-39 with the head-32 tiny), so the assertion's false-failure rate is below 1e-6
     assert _unanimous_chance(readouts) < 1e-6
     assert samples.groupby("trial_id")["option"].nunique().max() == 2
     # the server renders the very prompt the Transformers engine reads the slot after
@@ -212,7 +213,9 @@ def test_sampled_frequencies_recover_the_readout_temperature(server: Server, tin
     samples = eng.load().sample(trials, 250, tau)
     counts = Counter((s.trial_id, s.option) for s in samples if s.status == "ok")
     # a draw parses about as often as the readout puts mass on the digits (see the yes/no test above): the
-    # floor is Binomial(1500, lowest coverage)'s 1e-6 quantile (false-failure rate <= 1e-6)
+    # floor is Binomial(1500, lowest coverage)'s 1e-6 quantile (false-failure rate <= 1e-6). The head-32 tiny
+    # model puts little mass on the digits of one prompt, so the floor is 1 (711 and 740 of 1500 parse): here
+    # it only guards against no parse at all; the interval checks below carry the test.
     floor = binom.ppf(1e-6, len(samples), min(r.coverage for r in readouts))
     print(f"parsed {sum(counts.values())} of {len(samples)}; floor {floor:.0f}")
     assert sum(counts.values()) >= floor
@@ -232,7 +235,7 @@ def test_sampled_frequencies_recover_the_readout_temperature(server: Server, tin
     )
     print(f"1 - 1e-6 interval [{wide.lo:.3f}, {wide.hi:.3f}]")
     assert wide.lo <= tau <= wide.hi
-    # ... and it pins T down: measured [0.738, 1.572] at tau = 1 and [0.401, 0.614] at 0.5 (ratios 2.1, 1.5).
+    # ... and it pins T down: measured [0.849, 1.685] at tau = 1 and [0.399, 0.657] at 0.5 (ratios 2.0, 1.6).
     # Its width depends on the number of draws and the logits, hardly on which draws came, so this bound
     # has no false failures to speak of; a fit that had lost the temperature (a flat likelihood) fails it.
     assert wide.hi / wide.lo < 3
