@@ -17,16 +17,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.test_store import run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 ITEM = "mine_cart_bridge"
 
 
 def _probe(args: list[str], hash_seed: int) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": str(hash_seed)}
-    done = subprocess.run(
-        [sys.executable, "-m", "probe.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_cli(*args, env={"PYTHONHASHSEED": str(hash_seed)})
 
 
 def _tables(run: Path) -> dict[str, pd.DataFrame]:

@@ -29,8 +29,9 @@ def probe_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "probe.cli", *args]
 
 
-def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``probe ARGS`` in a fresh process (``env`` adds variables, e.g. PYTHONHASHSEED); fails with its stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     p = subprocess.run(probe_cmd(*args), capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if check and p.returncode != 0:
         raise AssertionError(f"probe {' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
