@@ -680,8 +680,13 @@ class ApiEngine:
         progress: ProgressFn | None = None,
         *,
         max_new_tokens: int | None = None,
+        stop_at_answer: bool = False,
     ) -> list[Sample]:
         """``n`` answers per trial at ``temperature``, one call each, trial-major, in input order.
+
+        ``stop_at_answer``: forced answers are parsed up to their answer end
+        (:func:`probe.parse.answer_end`), as every engine parses them; the
+        journal keeps the reply whole and its plain parse.
 
         Pairs already in the journal are answered from it; the rest are
         called (or batched) and journaled as they arrive. Raises (after
@@ -697,7 +702,7 @@ class ApiEngine:
             saved = self.settings  # every request of this call is built from the settings: cap them for its length
             self.settings = replace(saved, max_new_tokens=max_new_tokens)
             try:
-                return self.sample(trials, n, temperature, progress)
+                return self.sample(trials, n, temperature, progress, stop_at_answer=stop_at_answer)
             finally:
                 self.settings = saved
         if self._client is None:
@@ -715,7 +720,7 @@ class ApiEngine:
                     self._call(todo, temperature, prog)
         finally:
             self._write_stats()
-        return [self._sample_of(t, d, temperature) for t, d in pairs]
+        return [self._sample_of(t, d, temperature, stop_at_answer) for t, d in pairs]
 
     def _call(self, todo: list[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
         """Batch what may be batched (single-turn trials, with --batch-api); call the rest directly."""
@@ -728,16 +733,22 @@ class ApiEngine:
         if todo:
             self._run_online(todo, temperature, prog)
 
-    def _sample_of(self, t: Trial, d: int, temperature: float) -> Sample:
+    def _sample_of(self, t: Trial, d: int, temperature: float, forced: bool = False) -> Sample:
         rec = self._journal.get((t.trial_id, d, temperature))
         if rec is None:  # pragma: no cover - sample() raises before this can happen
             raise RuntimeError(f"no response recorded for trial {t.trial_id} draw {d}")
+        status, option = rec.status, rec.option
+        if forced:
+            plain = parse_answer(rec.text, t.options)
+            if (plain.status, plain.option) == (status, option):  # the text decided, not a provider refusal flag
+                parsed = parse_answer(rec.text, t.options, forced=True)
+                status, option = parsed.status, parsed.option
         return Sample(
             trial_id=t.trial_id,
             replicate=d,
             text=rec.text,
-            option=rec.option,
-            status=rec.status,  # type: ignore[arg-type]
+            option=option,
+            status=status,  # type: ignore[arg-type]
             prompt_tokens=rec.usage.input_tokens,
             completion_tokens=rec.usage.output_tokens,
             reasoning=rec.reasoning,

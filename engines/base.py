@@ -35,11 +35,15 @@ class Engine(Protocol):
         progress: ProgressFn | None = None,
         *,
         max_new_tokens: int | None = None,
+        stop_at_answer: bool = False,
     ) -> list[Sample]:
         """``n`` sampled answers per trial at ``temperature``, trial-major, in input order.
 
         ``max_new_tokens`` caps the reply for this call (an experiment's free-text replies need more room than a
-        one-word answer); ``None`` keeps the engine's ``--max-new-tokens``.
+        one-word answer); ``None`` keeps the engine's ``--max-new-tokens``. ``stop_at_answer``: the trials ask
+        for one of their options, so each reply is parsed up to where its answer ends
+        (:func:`probe.parse.answer_end`), and an engine that can may stop generating there; free-text replies
+        (False) are parsed whole.
         """
         ...
 

@@ -57,12 +57,14 @@ from engines.render import (
     stop_ids,
     think_end_id,
 )
+from engines.sampling import RowSampler, gather_tree_cache, reserve_cache
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
-from probe.parse import parsed_sample
+from probe.parse import answer_scan, parsed_sample, split_reasoning
 from probe.types import OptionScore, Readout, Sample, Trial
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 READOUT_PATHS = ("auto", "tree", "branch", "plain")
+SAMPLE_PATHS = ("auto", "tree", "shared", "plain")
 
 
 @dataclass(frozen=True)
@@ -100,19 +102,42 @@ class HFSettings:
     tree_tokens: int = 1024
     """Most tokens in one packed tree (its attention mask is tree_tokens x tree_tokens); one longer prompt gets
     a tree of its own."""
+    sample_path: str = "auto"
+    """How draws share their prompt (speed only: every path draws the same tokens from the same seeds, up to
+    float rounding): tree (the batch's prompts packed as one token tree, its cache copied to every draw;
+    attention-only models), shared (each prompt once, its cache copied to every draw; any model), plain (every
+    draw prefills its prompt; the reference), auto (tree where possible, else shared)."""
+    sample_rows: int = 64
+    """Most draws decoded together."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.readout_path not in READOUT_PATHS:
             raise ValueError(f"readout_path must be one of {READOUT_PATHS}, got {self.readout_path!r}")
-        for name in ("batch_size", "max_batch_tokens", "think_budget", "max_new_tokens", "tree_tokens"):
+        if self.sample_path not in SAMPLE_PATHS:
+            raise ValueError(f"sample_path must be one of {SAMPLE_PATHS}, got {self.sample_path!r}")
+        for name in ("batch_size", "max_batch_tokens", "think_budget", "max_new_tokens", "tree_tokens", "sample_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_other < 0:
             raise ValueError(f"top_other must be >= 0, got {self.top_other}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """One draw to make: draw ``draw`` of trial number ``trial``, its prompt ids, seed and (answer stop) options."""
+
+    trial: int
+    draw: int
+    prompt: tuple[int, ...]
+    seed: int
+    options: tuple[str, ...] | None
+    """The options, when the draw stops once its answer is over; None: it runs to a stop token or the budget."""
+    prefix: str = ""
+    """The assistant prefix the parser puts back in front of the reply (outside think mode)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +163,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hf-tree-tokens", type=int, default=1024, help="most tokens in one packed prompt tree (default: 1024)"
     )
+    g.add_argument(
+        "--hf-sample-path",
+        default="auto",
+        choices=list(SAMPLE_PATHS),
+        help="how draws share their prompt: tree, shared, plain or auto (default: auto; docs/speed.md)",
+    )
+    g.add_argument("--hf-sample-rows", type=int, default=64, help="most draws decoded together (default: 64)")
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
@@ -156,6 +188,8 @@ def from_args(model: str, a: argparse.Namespace) -> HFEngine:
             trust_remote_code=a.trust_remote_code,
             readout_path=getattr(a, "hf_readout_path", "auto"),
             tree_tokens=getattr(a, "hf_tree_tokens", 1024),
+            sample_path=getattr(a, "hf_sample_path", "auto"),
+            sample_rows=getattr(a, "hf_sample_rows", 64),
         )
     )
 
@@ -276,6 +310,25 @@ def tree_mask(tree: TokenTree, device: Any = None) -> Any:
     oi, oj = owner[:, None], owner[None, :]
     di, dj = depth[:, None], depth[None, :]
     return ((oi == oj) & (dj <= di)) | ((oj < oi) & (dj < agree[oj, oi]))
+
+
+def tree_paths(tree: TokenTree) -> list[list[int]]:
+    """For each input sequence of a packed tree, the nodes of its tokens in order (root first).
+
+    A sorted distinct sequence shares its first ``shared[k]`` nodes with the
+    one before it and adds the rest, which are consecutive in node order.
+    """
+    paths: list[list[int]] = []
+    start = 0
+    for k, n in enumerate(tree.shared):
+        prev = paths[k - 1][:n] if k else []
+        added = 0
+        while start + added < len(tree.owner) and tree.owner[start + added] == k:
+            added += 1
+        paths.append(prev + list(range(start, start + added)))
+        start += added
+    by_end = {p[-1]: p for p in paths}
+    return [by_end[e] for e in tree.ends]
 
 
 def prefix_groups(seqs: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
@@ -536,8 +589,12 @@ class HFEngine:
         new_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return torch.log_softmax(out.logits[:, -1, :].float(), dim=-1), new_cache
 
-    def _forward_tree(self, tree: TokenTree, keep: Sequence[int]) -> Any:
-        """float32 log-probs at the nodes ``keep`` of a packed token tree, in one forward pass without a cache."""
+    def _forward_tree(self, tree: TokenTree, keep: Sequence[int], *, use_cache: bool = False) -> Any:
+        """float32 log-probs at the nodes ``keep`` of a packed token tree, in one forward pass.
+
+        With ``use_cache`` it returns ``(log-probs, cache)``: the cache holds every node's keys and values (one
+        row, in node order), which :func:`engines.sampling.gather_tree_cache` turns into one row per prompt.
+        """
         torch = require("torch", "hf")
         dev = self.device
         # an additive float mask: eager attention adds it to the scores, and SDPA takes it without converting
@@ -548,10 +605,13 @@ class HFEngine:
             input_ids=torch.tensor([tree.tokens], device=dev),
             attention_mask=mask,
             position_ids=torch.tensor([tree.depth], device=dev),
-            use_cache=False,
+            use_cache=use_cache,
             logits_to_keep=torch.tensor(keep, device=dev),
         )
-        return torch.log_softmax(out.logits[0].float(), dim=-1)
+        lp = torch.log_softmax(out.logits[0].float(), dim=-1)
+        if not use_cache:
+            return lp
+        return lp, getattr(out, "cache", None) or getattr(out, "past_key_values", None)
 
     def readout_path(self) -> str:
         """The readout path this engine takes on this model (``settings.readout_path`` with auto resolved).
@@ -861,6 +921,20 @@ class HFEngine:
                     progress(len(batch))
         return out
 
+    def sample_path(self) -> str:
+        """The sampling path this engine takes (``settings.sample_path`` with auto resolved: tree where the model
+        allows it, else shared)."""
+        want = self.settings.sample_path
+        if want in ("auto", "tree"):
+            why = self._tree_unsupported()
+            if why and want == "tree":
+                raise ValueError(
+                    f"sample_path='tree' cannot run on model {self.settings.model!r}: {why}; "
+                    "use sample_path='shared' or 'plain' (or auto, which picks one)"
+                )
+            want = "tree" if not why else "shared"
+        return want
+
     def sample(
         self,
         trials: Sequence[Trial],
@@ -869,28 +943,164 @@ class HFEngine:
         progress: ProgressFn | None = None,
         *,
         max_new_tokens: int | None = None,
+        stop_at_answer: bool = False,
     ) -> list[Sample]:
         """``n`` raw samples per trial at ``temperature`` (no top-k/top-p), parsed; trial-major order.
 
-        ``Sample.replicate`` is the draw index 0..n-1. In think mode the model
-        reasons and answers freely, so an assistant prefix is not forced.
+        ``Sample.replicate`` is the draw index 0..n-1; draw d of a trial is
+        drawn from its own generator seeded by (seed, trial id, d), so it does
+        not depend on the batch, the path or the other trials. In think mode
+        the model reasons and answers freely, so an assistant prefix is not
+        forced. ``stop_at_answer`` (forced-answer trials): replies are parsed
+        up to their answer end (:func:`probe.parse.answer_end`), and outside
+        think mode a draw stops there (:func:`probe.parse.answer_scan`), which
+        changes no parse; free-text replies get their whole budget.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not (temperature >= 0 and math.isfinite(temperature)):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        torch = require("torch", "hf")
         s = self.settings
-        rows = [(t, d) for t in trials for d in range(n)]
-        base = {t.trial_id: self.render(t) for t in trials}
-        prompts = [base[t.trial_id] for t, _ in rows]
-        seeds = [_seed_for(s.seed, t.trial_id, d) for t, d in rows]
         budget = (max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
         stops = self._stop_ids()
-        gens = self._decode(prompts, budget, stops, temperature, seeds, progress)
+        answer_stop = stop_at_answer and not s.think
+        base = {t.trial_id: self.render(t) for t in trials}
+        rows = [
+            _Draw(
+                k,
+                d,
+                base[t.trial_id],
+                _seed_for(s.seed, t.trial_id, d),
+                tuple(t.options) if answer_stop else None,
+                t.assistant_prefix,
+            )
+            for k, t in enumerate(trials)
+            for d in range(n)
+        ]
+        gens: list[list[int]] = [[] for _ in rows]
+        path = self.sample_path()
+        with torch.inference_mode():
+            for batch, lp, cache, mask in self._sample_prefills(rows, n, path, budget):
+                drawn = self._draw_rows([rows[r] for r in batch], lp, cache, mask, budget, stops, temperature)
+                for r, gen in zip(batch, drawn, strict=True):
+                    gens[r] = gen
+                if progress:
+                    progress(len(batch))
         out = []
-        for (t, d), p, gen in zip(rows, prompts, gens, strict=True):
+        for row, gen in zip(rows, gens, strict=True):
+            t = trials[row.trial]
             body = [g for g in gen if g not in stops]
             text = self.tokenizer.decode(body, skip_special_tokens=False)
             cut = len(gen) >= budget and gen[-1] not in stops  # ran out of tokens, not ended by the model
-            out.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think, token_ids=body, truncated=cut))
+            out.append(
+                parsed_sample(
+                    t,
+                    row.draw,
+                    text,
+                    len(row.prompt),
+                    len(gen),
+                    think=s.think,
+                    token_ids=body,
+                    truncated=cut,
+                    stop_at_answer=stop_at_answer,
+                )
+            )
         return out
+
+    def _sample_prefills(self, rows: Sequence[_Draw], n: int, path: str, budget: int) -> Any:
+        """Yield ``(row indices, last log-probs, cache, mask)`` per decoding batch, the prompts already computed.
+
+        tree: a batch's distinct prompts are packed as one token tree (each
+        shared prefix once) and its cache is gathered into one row per draw.
+        shared: each distinct prompt once (left-padded), its cache row repeated
+        per draw. plain: every draw's prompt on its own row.
+        """
+        torch = require("torch", "hf")
+        s = self.settings
+        if path == "plain":
+            for batch in length_batches([len(r.prompt) for r in rows], s.sample_rows, s.max_batch_tokens):
+                ids, mask = self._pad_left([rows[i].prompt for i in batch])
+                lp, cache = self._forward(ids, mask, None)
+                yield batch, lp, reserve_cache(cache, budget), mask
+            return
+        # rows are trial-major, n per trial: row k * n + d is draw d of trial k
+        prompts = [rows[k * n].prompt for k in range(len(rows) // n)]
+        order = sorted(range(len(prompts)), key=lambda k: (prompts[k], k))  # shared prefixes adjacent
+        per = max(1, s.sample_rows // n)
+        if path == "tree":
+            sorted_ids = [prompts[k] for k in order]
+            cuts = token_rows(
+                [len(p) for p in sorted_ids], shared_prefix_lengths(sorted_ids), [0] * len(order), s.tree_tokens, per
+            )
+            chunks = [[order[j] for j in cut] for cut in cuts]
+        else:
+            chunks = length_batches([len(p) for p in prompts], per, s.max_batch_tokens)
+        for chunk in chunks:
+            batch = [k * n + d for k in chunk for d in range(n)]
+            if path == "tree":
+                tree = pack_tree([prompts[k] for k in chunk])
+                ends = sorted(set(tree.ends))
+                lp, cache = self._forward_tree(tree, ends, use_cache=True)
+                at = {node: r for r, node in enumerate(ends)}
+                lp = lp[[at[e] for e in tree.ends]].repeat_interleave(n, dim=0)
+                cache, mask = gather_tree_cache(cache, tree_paths(tree), n, budget, self.model.config)
+            else:
+                ids, mask = self._pad_left([prompts[k] for k in chunk])
+                lp, cache = self._forward(ids, mask, None)
+                idx = torch.arange(len(chunk), device=mask.device).repeat_interleave(n)
+                cache.reorder_cache(idx)
+                lp, mask = lp[idx], mask[idx]
+                cache = reserve_cache(cache, budget)
+            yield batch, lp, cache, mask
+
+    def _draw_rows(
+        self,
+        rows: Sequence[_Draw],
+        lp: Any,
+        cache: Any,
+        mask: Any,
+        budget: int,
+        stops: set[int],
+        temperature: float,
+    ) -> list[list[int]]:
+        """Decode every row until it stops (a stop token, its answer over, or ``budget`` tokens).
+
+        Finished rows are dropped from the cache once they are an eighth of
+        it, so the batch shrinks as draws end; a dropped row changes nothing
+        for the others (their generators and cache rows are their own).
+        """
+        torch = require("torch", "hf")
+        sampler = RowSampler([r.seed for r in rows], temperature)
+        gens: list[list[int]] = [[] for _ in rows]
+        live = list(range(len(rows)))  # the row of each cache row
+        done = [False] * len(rows)
+        watch = [r.options is not None for r in rows]
+        for step in range(budget):
+            nxt = sampler.draw(lp)
+            toks = nxt.tolist()
+            for j, i in enumerate(live):
+                if done[i]:
+                    continue
+                gens[i].append(toks[j])
+                if toks[j] in stops or step == budget - 1:
+                    done[i] = True
+                elif watch[i]:
+                    opts = rows[i].options
+                    assert opts is not None
+                    text = rows[i].prefix + self.tokenizer.decode(gens[i], skip_special_tokens=False)
+                    end, still = answer_scan(split_reasoning(text)[1], opts)
+                    done[i] = end is not None
+                    watch[i] = still
+            keep = [j for j, i in enumerate(live) if not done[i]]
+            if not keep:
+                break
+            if 8 * (len(live) - len(keep)) >= len(live):
+                idx = torch.tensor(keep, device=mask.device)
+                cache.reorder_cache(idx)
+                mask, nxt = mask[idx], nxt[idx]
+                sampler.keep(keep)
+                live = [live[j] for j in keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            lp, cache = self._forward(nxt[:, None], mask, cache)
+        return gens

@@ -448,8 +448,11 @@ class SimEngine:
         progress: ProgressFn | None = None,
         *,
         max_new_tokens: int | None = None,
+        stop_at_answer: bool = False,
     ) -> list[Sample]:
         """``n`` answers per trial drawn from softmax(z / (temperature * T)) (argmax at 0), parsed; trial-major.
+
+        ``stop_at_answer`` changes nothing here: a sim reply is its answer and nothing after it.
 
         Each draw uses three uniforms hashed from (seed, trial, draw) (refusal,
         non-commitment, option), always all three, so changing a rate does not

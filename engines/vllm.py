@@ -958,12 +958,16 @@ class VLLMEngine:
         progress: ProgressFn | None = None,
         *,
         max_new_tokens: int | None = None,
+        stop_at_answer: bool = False,
     ) -> list[Sample]:
         """``n`` raw samples per trial at ``temperature`` (no top-k/top-p/min-p, no penalties), parsed; trial-major.
 
         Each (trial, draw) is its own request with its own seed, so a draw does
         not depend on what else was in the batch. In think mode the model
         reasons and answers freely, so an assistant prefix is not forced.
+        ``stop_at_answer``: forced answers are parsed up to their answer end
+        (:func:`probe.parse.answer_end`), as every engine parses them; vLLM
+        still generates the whole reply.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -972,7 +976,7 @@ class VLLMEngine:
         if not trials:
             return []
         if self.settings.data_parallel_size > 1:
-            out = self._replicas().call("sample", list(trials), n, temperature, max_new_tokens)
+            out = self._replicas().call("sample", list(trials), n, temperature, max_new_tokens, stop_at_answer)
             if progress:
                 progress(len(trials) * n)
             return out
@@ -990,7 +994,19 @@ class VLLMEngine:
             body = [g for g in gen if g not in stops]
             text = self.tokenizer.decode(body, skip_special_tokens=False)
             cut = res.outputs[0].finish_reason == "length"  # hit the token cap, not ended by the model
-            samples.append(parsed_sample(t, d, text, len(p), len(gen), think=s.think, token_ids=body, truncated=cut))
+            samples.append(
+                parsed_sample(
+                    t,
+                    d,
+                    text,
+                    len(p),
+                    len(gen),
+                    think=s.think,
+                    token_ids=body,
+                    truncated=cut,
+                    stop_at_answer=stop_at_answer,
+                )
+            )
         if progress:
             progress(len(rows))
         return samples
@@ -1157,8 +1173,8 @@ def _dp_worker(settings: VLLMSettings, path: str, env: dict[str, str], conn: Any
             elif verb == "readout":
                 conn.send(("ok", engine.readout(args[0])))
             elif verb == "sample":
-                trials, n, temperature, cap = args
-                conn.send(("ok", engine.sample(trials, n, temperature, max_new_tokens=cap)))
+                trials, n, temperature, cap, answer = args
+                conn.send(("ok", engine.sample(trials, n, temperature, max_new_tokens=cap, stop_at_answer=answer)))
             else:
                 conn.send(("error", f"unknown verb {verb!r}"))
         except Exception as e:  # reported to the parent, which raises it

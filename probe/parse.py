@@ -13,6 +13,15 @@ order of the rules matters and is the documented contract:
 5. everything else is ``invalid``.
 
 Refusals and invalid answers are data: callers must never retry them away.
+
+**Forced answers end at the answer.** A trial that asks for one of its
+options (a readout trial sampled with ``stop_at_answer``; ``forced=True``
+here) is answered by the answer's first sentence or line when that is exactly
+one option: "No. The man..." answers *No*. :func:`answer_end` finds that
+point; the rules above then parse the answer up to it. This is what the answer-slot readout reads
+too (the first tokens of the reply), and it is what lets an engine stop a draw
+there: nothing generated after that point can change the parse. Free-text
+replies (generated trials, judged) are always parsed whole.
 """
 
 from __future__ import annotations
@@ -81,9 +90,57 @@ def _standalone(text: str, options: Sequence[str], fold: bool) -> set[str]:
     return found
 
 
-def parse_answer(text: str, options: Sequence[str]) -> Parsed:
-    """Parse a sampled reply into one of ``options`` (see the module docstring)."""
+_END = re.compile(r"\n|[.!?,;](?=\s)")
+"""An end-of-answer mark: a line break, or sentence punctuation followed by white space."""
+
+
+def _key(text: str, fold: bool) -> str:
+    return text.casefold() if fold else text
+
+
+def answer_scan(reply: str, options: Sequence[str]) -> tuple[int | None, bool]:
+    """``(end, open)`` of a reply, possibly still being generated, to a forced-answer trial.
+
+    ``end``: where the answer ends (just after the first end-of-answer mark
+    whose sentence is exactly one option, markup and punctuation stripped as
+    in rule 1), or None. ``open``: no end yet, but more text could still make
+    one (the reply so far is the start of an option). Once ``end`` is set or
+    ``open`` is False, no continuation of the reply changes either. A mark
+    inside a longer option ("wait, then act" after "wait,") keeps the
+    answer open.
+    """
+    fold = _fold(options)
+    body = reply.lstrip()
+    start = len(reply) - len(body)
+    keys = [_key(o, fold) for o in options]
+    for m in _END.finditer(body):
+        head = body[: m.end()]
+        lead = _key(head.lstrip(_STRIP), fold)
+        longer = [k for k in keys if k.startswith(lead) and k != lead]
+        hit = _match(head, options, fold)
+        if hit is not None and not longer:
+            return start + m.end(), False
+        if not longer:
+            return None, False  # the first sentence is no option and no start of one
+    lead = _key(body.strip(_STRIP), fold)
+    return None, any(k.startswith(lead) for k in keys)
+
+
+def answer_end(reply: str, options: Sequence[str]) -> int | None:
+    """Where the answer of a finished reply to a forced-answer trial ends (None: parse the reply whole)."""
+    return answer_scan(reply, options)[0]
+
+
+def parse_answer(text: str, options: Sequence[str], *, forced: bool = False) -> Parsed:
+    """Parse a sampled reply into one of ``options`` (see the module docstring).
+
+    ``forced``: the trial asks for one of its options, so the answer (the reply
+    after any think block) is parsed only up to :func:`answer_end`.
+    """
     _, answer = split_reasoning(text)
+    if forced:
+        end = answer_end(answer, options)
+        answer = answer if end is None else answer[:end]
     fold = _fold(options)
     if (hit := _match(answer, options, fold)) is not None:
         return Parsed(hit, "ok", "exact")
@@ -112,6 +169,7 @@ def parsed_sample(
     think: bool,
     token_ids: Sequence[int] = (),
     truncated: bool = False,
+    stop_at_answer: bool = False,
 ) -> Sample:
     """A :class:`Sample` from a decoded reply (shared by every local engine).
 
@@ -119,11 +177,12 @@ def parsed_sample(
     reply, because the model saw it and the stated-format rule may need it
     (``Answer: Yes``). ``token_ids`` are the generated ids the text was decoded
     from (stop tokens excluded); the prefix is not among them. ``truncated``: the reply hit the token cap.
+    ``stop_at_answer``: a forced answer, parsed up to :func:`answer_end`; ``text`` keeps everything generated.
     """
     if trial.assistant_prefix and not think:
         text = trial.assistant_prefix + text
     reasoning, _ = split_reasoning(text)
-    parsed = parse_answer(text, trial.options)
+    parsed = parse_answer(text, trial.options, forced=stop_at_answer)
     return Sample(
         trial_id=trial.trial_id,
         replicate=draw,

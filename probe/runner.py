@@ -6,11 +6,12 @@ both; every chunk commits its tables together (see :mod:`probe.store`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -262,6 +263,7 @@ def _run_locked(
         return int(plan.readout) + (plan.samples if plan.samples_for(t) else 0)
 
     started, n_new, tokens = time.perf_counter(), 0, dict.fromkeys(TOKEN_COUNTS, 0)
+    rates = _Rates()
     with tqdm(
         total=sum(calls(t) for t in trials),
         initial=sum(calls(t) for k, (lo, hi) in enumerate(bounds) if k in done for t in trials[lo:hi]),
@@ -275,10 +277,16 @@ def _run_locked(
             generated = [t for t in trials[lo:hi] if is_generative(t)]
             tables: dict[str, pd.DataFrame] = {}
             if plan.readout and chunk:
-                tables.update(readout_tables(engine.readout(chunk, progress=bar.update)))
+                with rates.timing("readouts", len(chunk), bar):
+                    tables.update(readout_tables(engine.readout(chunk, progress=bar.update)))
             to_sample = [t for t in chunk if plan.samples_for(t)]
             if plan.samples and to_sample:
-                samples = engine.sample(to_sample, plan.samples, plan.temperature, progress=bar.update)
+                # readout trials ask for one of their options: each reply is parsed up to where its answer
+                # ends, and an engine that can stops the draw there (probe.parse.answer_end)
+                with rates.timing("draws", len(to_sample) * plan.samples, bar):
+                    samples = engine.sample(
+                        to_sample, plan.samples, plan.temperature, progress=bar.update, stop_at_answer=True
+                    )
                 tables["samples"] = sample_table(samples)
             if generated:  # free text: greedy unless sampling was asked for, then judged
                 n, temp = (plan.samples, plan.temperature) if plan.samples else (1, 0.0)
@@ -291,7 +299,7 @@ def _run_locked(
             store.write_chunk(k, tables)
             n_new += hi - lo
             tokens = {name: tokens[name] + n for name, n in table_tokens(tables).items()}
-    entry = throughput(n_new, time.perf_counter() - started, tokens, peak_gpu_memory())
+    entry = throughput(n_new, time.perf_counter() - started, tokens, peak_gpu_memory()) | rates.entry()
     store.update_manifest({"throughput": entry})
     log(throughput_line(entry))
     _record_engine_stats(store, engine)
@@ -357,13 +365,47 @@ def throughput(n_trials: int, seconds: float, tokens: dict[str, int], peak_bytes
     }
 
 
+class _Rates:
+    """Seconds and counts of readouts and of draws in this invocation, shown on the progress bar as they go."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def timing(self, what: str, count: int, bar: Any) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+        self.counts[what] = self.counts.get(what, 0) + count
+        bar.set_postfix_str(self.postfix(), refresh=False)
+
+    def rate(self, what: str) -> float | None:
+        sec = self.seconds.get(what, 0.0)
+        return self.counts[what] / sec if sec > 0 else None
+
+    def postfix(self) -> str:
+        return ", ".join(f"{self.rate(w):.1f} {w}/s" for w in ("readouts", "draws") if self.rate(w) is not None)
+
+    def entry(self) -> dict[str, Any]:
+        """``readouts``, ``readout_seconds``, ``readouts_per_s`` and the same for ``draws`` (sampled replies)."""
+        out: dict[str, Any] = {}
+        for what, sec in (("readouts", "readout_seconds"), ("draws", "draw_seconds")):
+            out[what] = self.counts.get(what, 0)
+            out[sec] = round(self.seconds.get(what, 0.0), 3)
+            out[f"{what}_per_s"] = self.rate(what) if what in self.counts else None
+        return out
+
+
 def throughput_line(entry: dict[str, Any]) -> str:
     def fmt(x: float | None, unit: str) -> str:
         return "n/a" if x is None else f"{x:,.1f} {unit}"
 
     mem = entry["peak_gpu_memory_bytes"]
     gpu = f", peak GPU memory {mem / 2**30:.2f} GiB" if mem is not None else ""
+    rates = [f"{entry[w]} {w} at {fmt(entry[f'{w}_per_s'], w + '/s')}" for w in ("readouts", "draws") if entry.get(w)]
+    split = f" ({'; '.join(rates)})" if rates else ""
     return (
         f"throughput: {entry['trials']} trials in {entry['seconds']:.1f} s, {fmt(entry['trials_per_s'], 'trials/s')}, "
-        f"{fmt(entry['tokens_per_s'], 'tokens/s')}{gpu}"
+        f"{fmt(entry['tokens_per_s'], 'tokens/s')}{split}{gpu}"
     )

@@ -197,3 +197,58 @@ def test_symbol_labels_ambiguous() -> None:
 )
 def test_refusal_other_phrasings(text: str) -> None:
     _check(text, YN, None, "refusal", "refusal")
+
+
+# ---------------------------------------------------------------- forced answers end at the answer
+
+
+@pytest.mark.parametrize(
+    ("reply", "end", "still_open"),
+    [
+        ("", None, True),
+        ("N", None, True),  # may still become "No"
+        ("No", None, True),  # a mark may still follow
+        ("No.", None, True),  # "." is a mark only once white space follows
+        ("No. The man", 3, False),
+        ("**No**, because", 7, False),
+        ("No\n\nBecause", 3, False),
+        ("  Yes!\nmore", 6, False),
+        ("Nope, never", None, False),  # the first sentence is no option and no start of one
+        ("The answer is No. Really", None, False),
+        ("Yes and no", None, False),
+    ],
+)
+def test_answer_scan(reply: str, end, still_open: bool) -> None:
+    from probe.parse import answer_scan
+
+    assert answer_scan(reply, YN) == (end, still_open)
+
+
+def test_answer_scan_longer_options_and_numbers() -> None:
+    from probe.parse import answer_scan
+
+    course = ["wait", "wait, then act"]
+    assert answer_scan("wait, then", course) == (None, True)  # the comma is inside the longer option
+    assert answer_scan("wait, then act. Because", course) == (15, False)
+    assert answer_scan("I do. Sure", ["I do", "I do not"]) == (5, False)
+    assert answer_scan("I do not. Sure", ["I do", "I do not"]) == (9, False)
+    scale = [str(v) for v in range(11)]
+    assert answer_scan("7.5 out of 10", scale) == (None, False)  # "7.5" is no option: parsed whole
+    assert answer_scan("7. It is", scale) == (2, False)
+    assert answer_scan("1", scale) == (None, True)  # may become 10
+
+
+@pytest.mark.parametrize(
+    ("text", "option", "status"),
+    [
+        ("No. But yes, on reflection.", "No", "ok"),  # whole: both labels -> invalid
+        ("Yes. No. Yes.", "Yes", "ok"),  # whole: invalid (rule 5)
+        ("<think>No. Let me see.</think>Yes. Because", "Yes", "ok"),  # the cut is in the answer, not the reasoning
+        ("The answer is no, and yes.", None, "invalid"),  # no leading option: parsed whole
+    ],
+)
+def test_forced_parse_reads_the_answer_up_to_its_end(text: str, option, status) -> None:
+    got = parse_answer(text, YN, forced=True)
+    assert (got.option, got.status) == (option, status)
+    if "But" in text or text.startswith("Yes. No"):
+        assert parse_answer(text, YN).status == "invalid"  # the unforced rules read the whole reply

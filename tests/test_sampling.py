@@ -1,0 +1,197 @@
+"""Fast sampling (engines/sampling.py and HFEngine.sample): the same draws whatever the batch and path.
+
+What must not change when sampling gets faster: raw draws from the model's
+distribution, one generator per (trial, draw), stored generated ids, and
+parses. Every path (tree, shared, plain) and every batch size must draw the
+same tokens from the same seeds; float rounding in kernels of different
+shapes could in principle move a draw that falls within ~1e-6 of a CDF step,
+so equality is asserted on trained-tiny prompts where it was measured to hold
+(it is deterministic: the seeds are fixed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tests.conftest import make_trial
+
+YESNO = "Is it acceptable to break a promise to save a life? Answer Yes or No."
+LETTERS = "Which is better, A or B? Answer with A or B."
+
+
+def _engine(base, **kw):
+    from engines.hf import HFEngine
+
+    settings = base.settings.__class__(model=base.settings.model, **kw)
+    return HFEngine(settings, model=base.model, tokenizer=base.tokenizer).load()
+
+
+def _trials():
+    users = [YESNO, LETTERS, YESNO.replace("promise", "rule"), "Pick one: A or B?", YESNO + " Be brief."]
+    opts = [["Yes", "No"], ["A", "B"], ["Yes", "No"], ["A", "B"], ["Yes", "No"]]
+    return [make_trial(u, o, trial_id=f"t{i}") for i, (u, o) in enumerate(zip(users, opts, strict=True))]
+
+
+# ------------------------------------------------------------------ RowSampler
+
+
+def test_row_sampler_matches_the_distribution_and_its_seeds():
+    """Inverse-CDF draws over a 5-token vocabulary against the exact probabilities (chi-square)."""
+    import torch
+
+    from engines.sampling import RowSampler
+
+    p = np.array([0.5, 0.25, 0.15, 0.1, 0.0])
+    lp = torch.log(torch.tensor(p, dtype=torch.float32)).expand(20000, -1).clone()
+    drawn = RowSampler(range(20000), 1.0).draw(lp).numpy()
+    counts = np.bincount(drawn, minlength=5)
+    assert counts[4] == 0  # a token of probability 0 is never drawn
+    res = stats.chisquare(counts[:4], p[:4] * 20000)
+    # Seeds 0..19999 are fixed, so this is deterministic (p printed); for fresh seeds the p-value of a correct
+    # sampler is uniform, so the bar p > 1e-6 has false-failure rate 1e-6. A 1-point error in P(token 0) gives
+    # chi-square ~ 8 per 1e4 draws, p ~ 0.05 at this n: the test catches gross errors (wrong CDF, off-by-one).
+    print(f"\nRowSampler 20000 draws {counts.tolist()}, p = {res.pvalue:.3g}")
+    assert res.pvalue > 1e-6
+    # temperature: T = 0.5 squares and renormalizes the probabilities
+    hot = RowSampler(range(20000), 0.5).draw(lp).numpy()
+    q = p[:4] ** 2 / (p[:4] ** 2).sum()
+    assert stats.chisquare(np.bincount(hot, minlength=5)[:4], q * 20000).pvalue > 1e-6
+
+
+def test_row_sampler_rows_are_independent_and_greedy_is_argmax():
+    import torch
+
+    from engines.sampling import RowSampler
+
+    lp = torch.log_softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(1)), -1)
+    seeds = [11, 12, 13, 14, 15, 16]
+    whole = RowSampler(seeds, 1.0)
+    part = RowSampler([seeds[1], seeds[4]], 1.0)
+    for _ in range(5):  # five steps: each row's draws depend on its own seed only, whoever else is drawn
+        a, b = whole.draw(lp), part.draw(lp[[1, 4]])
+        assert a[[1, 4]].tolist() == b.tolist()
+    dropped = RowSampler(seeds, 1.0)
+    dropped.draw(lp)
+    dropped.keep([4])
+    kept = RowSampler([seeds[4]], 1.0)
+    kept.draw(lp[[4]])
+    assert dropped.draw(lp[[4]]).tolist() == kept.draw(lp[[4]]).tolist()
+    assert RowSampler(seeds, 0.0).draw(lp).tolist() == lp.argmax(-1).tolist()
+
+
+# ------------------------------------------------------------------ caches
+
+
+def test_tree_paths_spell_every_sequence():
+    from engines.hf import pack_tree, tree_paths
+
+    seqs = [(1, 2, 3, 4), (1, 2, 5), (1, 2, 3, 4), (7,), (1, 2, 3, 9, 9), (1, 2)]
+    tree = pack_tree(seqs)
+    paths = tree_paths(tree)
+    for s, path in zip(seqs, paths, strict=True):
+        assert tuple(tree.tokens[i] for i in path) == s
+        assert [tree.depth[i] for i in path] == list(range(len(s)))
+    assert paths[0] == paths[2]  # duplicates share their nodes
+
+
+def test_reserved_cache_decodes_like_the_dynamic_cache(engine):
+    """Greedy decoding on a reserved cache gives the dynamic cache's log-probs (within 1e-5) at every step."""
+    import torch
+
+    from engines.sampling import reserve_cache
+
+    ids, mask = engine._pad_left([engine.render(t) for t in _trials()[:3]])
+    with torch.inference_mode():
+        lp_a, a = engine._forward(ids, mask, None)
+        lp_b, b = engine._forward(ids, mask, None)
+        b = reserve_cache(b, 3)  # 3 of room: the 4th and 5th steps grow the buffers
+        for _ in range(5):
+            nxt = lp_a.argmax(-1)[:, None]
+            assert torch.equal(nxt, lp_b.argmax(-1)[:, None])
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            lp_a, a = engine._forward(nxt, mask, a)
+            lp_b, b = engine._forward(nxt, mask, b)
+            assert (lp_a - lp_b).abs().max().item() < 1e-5
+
+
+# ------------------------------------------------------------------ the engine
+
+
+def _draws(samples):
+    return [(s.trial_id, s.replicate, s.token_ids, s.text) for s in samples]
+
+
+def test_same_draws_on_every_path_and_batch_size(tiny_engine):
+    """tree, shared and plain, at 1, 3 and 16 rows per batch, alone or with other trials: the same draws."""
+    trials = _trials()
+    ref = _draws(_engine(tiny_engine, sample_path="plain", sample_rows=16).sample(trials, 4, 1.0))
+    for path in ("tree", "shared", "plain"):
+        for rows in (1, 3, 16):
+            got = _draws(_engine(tiny_engine, sample_path=path, sample_rows=rows).sample(trials, 4, 1.0))
+            assert got == ref, (path, rows)
+    alone = _draws(_engine(tiny_engine, sample_path="tree").sample([trials[2]], 4, 1.0))
+    assert alone == [d for d in ref if d[0] == "t2"]  # with or without other trials in the batch
+    assert len({d[3] for d in ref}) > 4  # the draws differ: they are draws
+
+
+def test_hybrid_paths_draw_the_same(engine):
+    """The Mamba hybrid (no tree path) copies its cache per draw: the same draws as one prefill per draw."""
+    if engine.settings.model != "tiny-hybrid":
+        pytest.skip("the hybrid only")
+    trials = _trials()[:3]
+    with pytest.raises(ValueError, match="sample_path='tree' cannot run"):
+        _engine(engine, sample_path="tree").sample(trials, 2, 1.0)
+    assert _engine(engine).sample_path() == "shared"
+    shared = _draws(_engine(engine, sample_path="shared", sample_rows=5).sample(trials, 3, 1.0))
+    plain = _draws(_engine(engine, sample_path="plain", sample_rows=2).sample(trials, 3, 1.0))
+    assert shared == plain
+
+
+def test_answer_stop_cuts_draws_without_changing_a_parse(smol_engine):
+    """A forced-answer draw stops once its answer is over: its ids are the start of the full draw, and it
+    parses as the full draw does (the full reply cut at its answer end). On SmolLM2, which often goes on
+    after "No." (the trained tiny model stops by itself)."""
+    from experiments.battery import BatterySpec, expand
+    from probe.parse import answer_end, parse_answer
+
+    trials = [t for t in expand(BatterySpec()) if t.factors.get("instrument") == "binary"][:3]
+    e = _engine(smol_engine, max_new_tokens=16)
+    full = e.sample(trials, 4, 1.0)
+    cut = e.sample(trials, 4, 1.0, stop_at_answer=True)
+    shorter = 0
+    for f, c in zip(full, cut, strict=True):
+        assert f.token_ids[: len(c.token_ids)] == c.token_ids
+        opts = next(t.options for t in trials if t.trial_id == f.trial_id)
+        end = answer_end(f.text, opts)
+        whole = parse_answer(f.text if end is None else f.text[:end], opts)
+        assert (c.option, c.status) == (whole.option, whole.status)
+        shorter += len(c.token_ids) < len(f.token_ids)
+    print(f"\nanswer stop: {shorter} of {len(cut)} draws cut short")
+    assert shorter > 0  # the seeds are fixed: this count is the same on every run
+
+
+def test_think_mode_ignores_answer_stop(tiny_engine):
+    e = _engine(tiny_engine, think=True, think_budget=8, max_new_tokens=4)
+    trials = _trials()[:2]
+    assert _draws(e.sample(trials, 2, 1.0, stop_at_answer=True)) == _draws(e.sample(trials, 2, 1.0))
+
+
+def test_sample_settings_fail_clearly():
+    from engines.hf import HFSettings
+
+    with pytest.raises(ValueError, match="sample_path"):
+        HFSettings(model="tiny", sample_path="fast")
+    with pytest.raises(ValueError, match="sample_rows"):
+        HFSettings(model="tiny", sample_rows=0)
+
+
+def test_temperature_zero_is_greedy_on_every_path(tiny_engine):
+    trials = _trials()[:3]
+    texts = {
+        path: [s.text for s in _engine(tiny_engine, sample_path=path).sample(trials, 2, 0.0)]
+        for path in ("tree", "shared", "plain")
+    }
+    assert texts["tree"] == texts["shared"] == texts["plain"]
+    assert texts["tree"][0] == texts["tree"][1]
