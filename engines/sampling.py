@@ -112,33 +112,41 @@ def reserve_cache(cache: Any, reserve: int) -> Any:
 
 
 def gather_tree_cache(
-    cache: Any, paths: Sequence[Sequence[int]], repeats: int, reserve: int, config: Any
+    caches: Sequence[Any], paths: Sequence[Sequence[Sequence[int]]], repeats: int, reserve: int, config: Any
 ) -> tuple[Any, Any]:
-    """One left-padded cache row per path (the tree nodes of one prompt, root first), each repeated ``repeats`` times.
+    """One left-padded cache row per path, each repeated ``repeats`` times, from the caches of packed token trees.
 
-    ``cache`` holds the keys and values of a packed token tree (batch size 1,
-    one column per node). Returns a new ``DynamicCache`` of
-    :class:`ReservedLayer` layers with room for ``reserve`` more tokens, and
-    the matching ``(rows, width)`` attention mask (0 on the left padding).
-    The padding columns hold node 0's keys; the mask hides them.
+    ``caches[t]`` holds the keys and values of tree t (batch size 1, one
+    column per node); ``paths[t]`` lists, per prompt of that tree, its nodes
+    root first. Rows come out tree by tree, prompt by prompt. Returns a new
+    ``DynamicCache`` of :class:`ReservedLayer` layers with room for
+    ``reserve`` more tokens, and the matching ``(rows, width)`` attention mask
+    (0 on the left padding, whose columns hold some node's keys, hidden by
+    the mask).
     """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
     layer_cls = reserved_layer_class()
-    dev = cache.layers[0].keys.device
-    width = max(len(p) for p in paths)
-    index = torch.zeros((len(paths), width), dtype=torch.long)
-    mask = torch.zeros((len(paths), width), dtype=torch.long)
-    for r, p in enumerate(paths):
+    dev = caches[0].layers[0].keys.device
+    offsets = [0]
+    for c in caches[:-1]:
+        offsets.append(offsets[-1] + c.layers[0].keys.shape[-2])
+    flat_paths = [[off + i for i in p] for off, ps in zip(offsets, paths, strict=True) for p in ps]
+    width = max(len(p) for p in flat_paths)
+    index = torch.zeros((len(flat_paths), width), dtype=torch.long)
+    mask = torch.zeros((len(flat_paths), width), dtype=torch.long)
+    for r, p in enumerate(flat_paths):
         index[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[r, width - len(p) :] = 1
     index = index.repeat_interleave(repeats, dim=0).to(dev)
     mask = mask.repeat_interleave(repeats, dim=0).to(dev)
     flat = index.reshape(-1)
     out = transformers.DynamicCache(config=config)
-    for i, layer in enumerate(cache.layers):
-        k = layer.keys[0].index_select(1, flat)  # (heads, rows * width, dim)
-        v = layer.values[0].index_select(1, flat)
+    for i in range(len(caches[0].layers)):
+        keys = [c.layers[i].keys[0] for c in caches]  # (heads, nodes, dim) per tree
+        values = [c.layers[i].values[0] for c in caches]
+        k = (keys[0] if len(keys) == 1 else torch.cat(keys, 1)).index_select(1, flat)
+        v = (values[0] if len(values) == 1 else torch.cat(values, 1)).index_select(1, flat)
         heads = k.shape[0]
         k = k.reshape(heads, len(index), width, -1).transpose(0, 1)
         v = v.reshape(heads, len(index), width, -1).transpose(0, 1)

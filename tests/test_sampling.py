@@ -131,6 +131,8 @@ def test_same_draws_on_every_path_and_batch_size(tiny_engine):
         for rows in (1, 3, 16):
             got = _draws(_engine(tiny_engine, sample_path=path, sample_rows=rows).sample(trials, 4, 1.0))
             assert got == ref, (path, rows)
+    # small trees: several trees (each its own forward) gathered into one decoding batch
+    assert _draws(_engine(tiny_engine, sample_path="tree", tree_tokens=50).sample(trials, 4, 1.0)) == ref
     alone = _draws(_engine(tiny_engine, sample_path="tree").sample([trials[2]], 4, 1.0))
     assert alone == [d for d in ref if d[0] == "t2"]  # with or without other trials in the batch
     assert len({d[3] for d in ref}) > 4  # the draws differ: they are draws
