@@ -588,8 +588,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.sizes = parse_sizes(a.batch_sizes or (QUICK_BATCH_SIZES if a.quick else BATCH_SIZES))
     except ValueError as e:
         p.error(str(e))
-    a.repeats = a.repeats or (1 if a.quick else 2)
-    a.sample_trials = a.sample_trials or (8 if a.quick else 32)
+    a.repeats = a.repeats if a.repeats is not None else 1 if a.quick else 2
+    a.sample_trials = a.sample_trials if a.sample_trials is not None else 8 if a.quick else 32
     for flag in ("repeats", "sample_trials", "draws", "max_new_tokens", "threads"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
@@ -619,6 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": _commit(),
+        "engine_files": _blobs(("engines/hf.py", "engines/sampling.py", "engines/vllm.py", "probe/parse.py")),
         "models": {"bench": model, "smol": smol},
         "parameters": {
             "threads": a.threads,
@@ -640,6 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print(
         f"commit {report['commit']}; bench model {model}; smol {smol}\n"
+        f"engine files (git blob ids): {', '.join(f'{k} {v[:10]}' for k, v in report['engine_files'].items())}\n"
         f"torch threads per peer: {a.threads} (torch.set_num_threads and OMP_NUM_THREADS in every child; vLLM's "
         f"CPU thread binding off); batch sizes swept {a.sizes}; {a.repeats} timed run(s) per peer at its best size, "
         f"the fastest counts\nvLLM: {vllm_info if ok_vllm else 'not run: ' + vllm_info}"
@@ -709,6 +711,13 @@ def _commit() -> str | None:
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     return (done.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")) or None
+
+
+def _blobs(paths: Sequence[str]) -> dict[str, str]:
+    """Git blob ids of the engine files as they are in the working tree (they may hold uncommitted work)."""
+    there = [p for p in paths if (ROOT / p).exists()]
+    done = subprocess.run(["git", "hash-object", *there], cwd=ROOT, capture_output=True, text=True, check=False)
+    return dict(zip(there, done.stdout.split(), strict=False))
 
 
 def _version(module: str) -> str | None:

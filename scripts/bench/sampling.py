@@ -207,7 +207,9 @@ def measure(
         draws = sampler.run(trials, n, max_new)
     seconds = time.perf_counter() - start
     _, peak = rss_mib()
-    probe_engine = make_sampler("probe", model, tok, model_path, 1, seed)
+    # the prompt ids each peer sampled from: an engine's own render (today's engine renders with its own code),
+    # probe's render for the generate() baseline, which is given exactly those
+    renderer = sampler if isinstance(sampler, EngineSampler) else sampler.engine
     return {
         "peer": peer,
         "trials": len(trials),
@@ -216,7 +218,7 @@ def measure(
         "threads": torch.get_num_threads(),
         "batch_size": batch_size,
         "note": sampler.note,
-        "prompt_ids": [list(probe_engine.render(t)) for t in trials],
+        "prompt_ids": [list(renderer.render(t)) for t in trials],
         "options": [list(t.options) for t in trials],
         "draws": [{"trial": i, "tokens": g, "text": text} for i, g, text in draws],
         "runs": [
