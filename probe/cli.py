@@ -221,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
             "--sample-only",
             action="append",
             metavar="FACTOR=VALUE",
-            help="sample only trials with this factor value (repeatable), e.g. instrument=binary",
+            help=(
+                "sample only trials with this factor value (repeatable), e.g. instrument=binary; the free-text "
+                "trials it leaves out get one greedy reply"
+            ),
         )
         g = e.add_argument_group("execution")
         g.add_argument(

@@ -259,7 +259,7 @@ def _run_locked(
     def calls(t: Trial) -> int:
         """Progress units of one trial: its readout, its samples, or its generated replies."""
         if is_generative(t):
-            return max(1, plan.samples)
+            return plan.samples if plan.samples and plan.samples_for(t) else 1
         return int(plan.readout) + (plan.samples if plan.samples_for(t) else 0)
 
     started, n_new, tokens = time.perf_counter(), 0, dict.fromkeys(TOKEN_COUNTS, 0)
@@ -288,10 +288,15 @@ def _run_locked(
                         to_sample, plan.samples, plan.temperature, progress=bar.update, stop_at_answer=True
                     )
                 tables["samples"] = sample_table(samples)
-            if generated:  # free text: greedy unless sampling was asked for, then judged
-                n, temp = (plan.samples, plan.temperature) if plan.samples else (1, 0.0)
+            if generated:  # free text: greedy unless sampling was asked for (and --sample-only selects it), judged
                 cap = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
-                texts = engine.sample(generated, n, temp, progress=None, **cap)
+                drawn = [t for t in generated if plan.samples and plan.samples_for(t)]
+                greedy = [t for t in generated if not (plan.samples and plan.samples_for(t))]
+                by_trial: dict[str, list[Sample]] = {}
+                for part, n, temp in ((drawn, plan.samples, plan.temperature), (greedy, 1, 0.0)):
+                    for smp in engine.sample(part, n, temp, progress=None, **cap) if part else []:
+                        by_trial.setdefault(smp.trial_id, []).append(smp)
+                texts = [smp for t in generated for smp in by_trial[t.trial_id]]
                 tables["generations"] = sample_table(texts)
                 if judge is not None:
                     tables["judgments"] = judge.judge(generated, texts)

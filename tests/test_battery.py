@@ -171,3 +171,25 @@ def test_choice_meanings_follow_the_printed_order():
         by_meaning = dict(zip(t.meaning, t.options, strict=True))
         assert by_meaning == {"cbr": cbr_text(d), "anti": anti_text(d)}, t.factors
         assert t.meaning[0] == ("cbr" if t.factors["order"] == "cbr_first" else "anti")
+
+
+def test_sample_only_leaves_other_free_text_trials_one_greedy_reply(tmp_path: Path):
+    """--sample-only instrument=binary samples the binary trials only: a free-choice trial gets one greedy
+    reply (it used to get --samples draws of up to 512 tokens each, which dominated the run)."""
+    from probe.store import RunStore
+    from tests.test_store import run_cli
+
+    items = f"{ACTION.id},{COMPLEMENT.id}"
+    only = tmp_path / "only"
+    run_cli("run", "battery", "--model", "sim", "--out", str(only), "--items", items, "--samples", "3",
+            "--sample-only", "instrument=binary", "--quiet", "--no-report")  # fmt: skip
+    store = RunStore(only)
+    gens, samples = store.load("generations"), store.load("samples")
+    assert len(gens) == gens["trial_id"].nunique() > 0 and set(gens["draw"]) == {0}
+    trials = {t.trial_id: t for t in store.trials()}
+    assert {trials[i].factors["instrument"] for i in samples["trial_id"]} == {"binary"}
+    assert samples.groupby("trial_id").size().eq(3).all()
+    every = tmp_path / "every"
+    run_cli("run", "battery", "--model", "sim", "--out", str(every), "--items", items, "--samples", "3", "--quiet",
+            "--no-report")  # fmt: skip
+    assert RunStore(every).load("generations").groupby("trial_id").size().eq(3).all()
