@@ -565,7 +565,7 @@ class HFEngine:
         end_id = self._think_end_id()
         budget = self.settings.think_budget
         stops = self._stop_ids()
-        gens = self._decode(base, budget, stops | {end_id}, 0.0, None, progress=None)
+        gens = self._greedy(base, budget, stops | {end_id})
         out = []
         for t, ids, o, gen in zip(trials, base, opts, gens, strict=True):
             r = close_reasoning(self.tokenizer, t, ids, gen, end_id=end_id, stops=stops, budget=budget)
@@ -889,20 +889,11 @@ class HFEngine:
         )
 
     # -------------------------------------------------------------- sampling
-    def _decode(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new: int,
-        stops: set[int],
-        temperature: float,
-        seeds: Sequence[int] | None,
-        progress: ProgressFn | None,
-    ) -> list[list[int]]:
-        """Batched decoding with a KV cache: greedy at temperature 0, else raw sampling.
+    def _greedy(self, prompts: Sequence[Sequence[int]], max_new: int, stops: set[int]) -> list[list[int]]:
+        """Greedy decoding of whole length buckets with a KV cache (the reasoning of think mode).
 
-        Each row samples from its own generator seeded by (seed, trial, draw),
-        so a sample does not depend on what else was in the batch: a resumed
-        run redraws exactly what an uninterrupted one would have.
+        Every row of a bucket stays in it to the end, so a row's logits never
+        depend on when its neighbours stopped.
         """
         torch = require("torch", "hf")
         s = self.settings
@@ -911,18 +902,9 @@ class HFEngine:
             for batch in length_batches([len(p) for p in prompts], s.batch_size, s.max_batch_tokens):
                 ids, mask = self._pad_left([prompts[i] for i in batch])
                 lp, cache = self._forward(ids, mask, None)
-                gens = (
-                    [torch.Generator(device=lp.device).manual_seed(seeds[i]) for i in batch]
-                    if temperature > 0 and seeds is not None
-                    else None
-                )
                 done = [False] * len(batch)
                 for step in range(max_new):
-                    if gens is None:
-                        nxt = lp.argmax(-1)
-                    else:
-                        probs = torch.softmax(lp / temperature, dim=-1)
-                        nxt = torch.stack([torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(gens)])
+                    nxt = lp.argmax(-1)
                     toks = nxt.tolist()
                     for r, i in enumerate(batch):
                         if not done[r]:
@@ -932,8 +914,6 @@ class HFEngine:
                         break
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                     lp, cache = self._forward(nxt[:, None], mask, cache)
-                if progress:
-                    progress(len(batch))
         return out
 
     def sample_path(self) -> str:

@@ -165,11 +165,11 @@ class RowSampler:
     be dropped (:meth:`keep`) without changing what the others draw.
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float, device: Any = None) -> None:
+    def __init__(self, seeds: Sequence[int], temperature: float) -> None:
         torch = require("torch", "hf")
         self.temperature = temperature
+        # CPU generators whatever the model's device: the same seed gives the same uniforms on every machine
         self._gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds] if temperature > 0 else []
-        self._device = device
 
     def draw(self, logprobs: Any) -> Any:
         """One token id per row (a 1-D long tensor) from float32 log-probabilities ``(rows, vocab)``."""

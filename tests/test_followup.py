@@ -51,8 +51,6 @@ def _spec(store: RunStore, **kw) -> FollowupSpec:
 
 # ========================================================================= second turn
 def test_kept_answer_is_token_by_token_what_the_model_generated(sampled_source: RunStore, tiny_engine) -> None:
-    from engines.hf import _seed_for
-
     tok = tiny_engine.tokenizer
     trials = expand(_spec(sampled_source, select=ALL, per_cell=50))
     assert trials and all(t.factors["first_ids"] == "generated" for t in trials)
@@ -60,7 +58,6 @@ def test_kept_answer_is_token_by_token_what_the_model_generated(sampled_source: 
     samples = sampled_source.load("samples").set_index(["trial_id", "draw"])
     question = load_wordings().question("paper", ("A", "B"))
     assert question.startswith("Set aside the A/B format for a moment and answer in a sentence or two:")
-    stops = tiny_engine._stop_ids()
     for t in trials:
         src = source[t.factors["source_trial"]]
         draw = int(t.factors["source_draw"])
@@ -70,8 +67,8 @@ def test_kept_answer_is_token_by_token_what_the_model_generated(sampled_source: 
         assert kept.reply_ids == stored and kept.content == samples.loc[(src.trial_id, draw), "text"]
         # the model's own generation, redrawn from its (seed, trial, draw) generator: the same ids
         prompt = tiny_engine.render(src)
-        again = tiny_engine._decode([prompt], 3 + len(stored), stops, 1.0, [_seed_for(0, src.trial_id, draw)], None)
-        assert tuple(g for g in again[0] if g not in stops)[: len(stored)] == stored
+        again = tiny_engine.sample([src], draw + 1, 1.0, max_new_tokens=3 + len(stored))[draw]
+        assert again.token_ids[: len(stored)] == stored
         # the follow-up prompt: exactly the source prompt, then exactly those ids, then the template's next turn
         parts = kept_parts(tok, t, len(src.messages), think=False)
         ids = tiny_engine.render(t)
