@@ -72,7 +72,16 @@ class _Planted:
             out.append(Readout(t.trial_id, scores, 1.0, best, (), 0, 0))
         return out
 
-    def sample(self, trials: Sequence[Trial], n: int, temperature: float, progress: Any = None) -> list[Sample]:
+    def sample(
+        self,
+        trials: Sequence[Trial],
+        n: int,
+        temperature: float,
+        progress: Any = None,
+        *,
+        max_new_tokens: int | None = None,
+        stop_at_answer: bool = False,
+    ) -> list[Sample]:
         out = []
         for t in trials:
             key = f"{self.model}|{self.think}|{t.trial_id}".encode()
