@@ -638,17 +638,25 @@ class HFEngine:
         (docs/speed.md); on a CPU the tokens it saves are the time it saves.
         """
         if self._resolved_path is None:
-            want = self.settings.readout_path
-            if want in ("auto", "tree"):
-                why = self._tree_unsupported()
-                if why and want == "tree":
-                    raise ValueError(
-                        f"readout_path='tree' cannot run on model {self.settings.model!r}: {why}; "
-                        "use readout_path='branch' or 'plain' (or auto, which picks one)"
-                    )
-                want = "tree" if not why else ("branch" if self.device.type == "cpu" else "plain")
-            self._resolved_path = want
+            fallback = "branch" if self.device.type == "cpu" else "plain"
+            self._resolved_path = self._tree_where_possible("readout_path", fallback, ("branch", "plain"))
         return self._resolved_path
+
+    def _tree_where_possible(self, setting: str, fallback: str, others: tuple[str, str]) -> str:
+        """``settings.<setting>`` with auto resolved: tree where the model allows it, else ``fallback``.
+
+        Asking for tree on a model that cannot take it is an error naming the reason and the other paths.
+        """
+        want = getattr(self.settings, setting)
+        if want not in ("auto", "tree"):
+            return str(want)
+        why = self._tree_unsupported()
+        if why and want == "tree":
+            raise ValueError(
+                f"{setting}='tree' cannot run on model {self.settings.model!r}: {why}; "
+                f"use {setting}='{others[0]}' or '{others[1]}' (or auto, which picks one)"
+            )
+        return "tree" if not why else fallback
 
     def _tree_unsupported(self) -> str | None:
         """Why one tree-masked forward would not compute what separate forwards compute (None if it would).
@@ -919,16 +927,7 @@ class HFEngine:
     def sample_path(self) -> str:
         """The sampling path this engine takes (``settings.sample_path`` with auto resolved: tree where the model
         allows it, else shared)."""
-        want = self.settings.sample_path
-        if want in ("auto", "tree"):
-            why = self._tree_unsupported()
-            if why and want == "tree":
-                raise ValueError(
-                    f"sample_path='tree' cannot run on model {self.settings.model!r}: {why}; "
-                    "use sample_path='shared' or 'plain' (or auto, which picks one)"
-                )
-            want = "tree" if not why else "shared"
-        return want
+        return self._tree_where_possible("sample_path", "shared", ("shared", "plain"))
 
     def sample(
         self,
