@@ -4,6 +4,10 @@ A logit engine implements ``readout``; every engine implements ``sample``.
 Nothing else is required beyond ``load``, ``describe`` and ``identity`` (for
 the run manifest). Engines import their heavy libraries lazily so that a
 CPU-only or API-only install works.
+
+Optional: ``reply_rows``, the free-text reply rows (trials x draws) the runner
+may gather across chunks into one ``sample`` call (absent or 0: each chunk's
+replies alone; see :func:`probe.runner.plan_replies`).
 """
 
 from __future__ import annotations

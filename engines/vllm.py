@@ -59,6 +59,9 @@ CPU_KV_CACHE_GIB = 2.0
 says otherwise (on CPU vLLM's ``gpu_memory_utilization`` is a fraction of all RAM, and its 0.9 is refused on any
 machine that is using its memory)."""
 GIB = 1 << 30
+REPLY_ROWS = 1024
+"""Free-text reply rows (trials x draws) the runner gathers across chunks into one ``sample`` call on vLLM
+(:attr:`VLLMEngine.reply_rows`); a fixed number, not a setting: vLLM batches them itself, so it changes no value."""
 
 
 class VLLMReadoutError(RuntimeError):
@@ -683,6 +686,15 @@ class VLLMEngine:
             return cfg.eos_token_id
         except (OSError, ValueError):
             return None
+
+    @property
+    def reply_rows(self) -> int:
+        """Free-text reply rows the runner sends in one ``sample`` call, gathered across chunks
+        (:func:`probe.runner.plan_replies`): large, because vLLM schedules its own batches (``max_num_seqs``
+        requests a step, and on CPU :meth:`_generate_seeded` splits them into step-sized batches), so a longer
+        list only fills its steps better; what it costs is the replies held in memory until their chunk is
+        written (:data:`REPLY_ROWS`)."""
+        return REPLY_ROWS
 
     @property
     def tokenizer(self) -> Any:

@@ -2,6 +2,15 @@
 
 A run reads answer slots (logit engines), draws samples (any engine), or
 both; every chunk commits its tables together (see :mod:`probe.store`).
+
+Free-text replies (the experiment's ``generative`` trials) are decoded ahead
+of their chunk: the chunk that first needs replies decodes its own generative
+trials together with those of the following chunks still to do, whole chunks
+at a time, up to the engine's ``reply_rows`` (see :func:`plan_replies`), and
+the replies of the later chunks wait in memory until their chunk is written.
+Each chunk still commits exactly its own tables. A crash loses at most one
+chunk's tables plus the replies computed ahead, which a resume decodes again:
+they are deterministic (greedy, or seeded per (trial, draw)).
 """
 
 from __future__ import annotations
@@ -262,6 +271,19 @@ def _run_locked(
             return plan.samples if plan.samples and plan.samples_for(t) else 1
         return int(plan.readout) + (plan.samples if plan.samples_for(t) else 0)
 
+    def drawn(t: Trial) -> bool:
+        """A generative trial that gets plan.samples draws at plan.temperature (else one greedy reply)."""
+        return bool(plan.samples) and plan.samples_for(t)
+
+    def reply_count(t: Trial) -> int:
+        return plan.samples if drawn(t) else 1
+
+    reply_rows = int(getattr(engine, "reply_rows", 0) or 0)  # 0 / absent: each chunk decodes its own replies
+    cap = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
+    generative = {k: [t for t in trials[slice(*bounds[k])] if is_generative(t)] for k in todo}
+    ahead: dict[str, list[Sample]] = {}  # replies decoded but not yet written, by trial id (a crash loses them)
+    decoded: set[int] = set()  # chunks whose replies have been decoded in this invocation
+
     started, n_new, tokens = time.perf_counter(), 0, dict.fromkeys(TOKEN_COUNTS, 0)
     rates = _Rates()
     with tqdm(
@@ -271,10 +293,10 @@ def _run_locked(
         unit="call",
         disable=not progress,
     ) as bar:
-        for k in todo:
+        for i, k in enumerate(todo):
             lo, hi = bounds[k]
             chunk = [t for t in trials[lo:hi] if not is_generative(t)]
-            generated = [t for t in trials[lo:hi] if is_generative(t)]
+            generated = generative[k]
             tables: dict[str, pd.DataFrame] = {}
             if plan.readout and chunk:
                 with rates.timing("readouts", len(chunk), bar):
@@ -289,18 +311,23 @@ def _run_locked(
                     )
                 tables["samples"] = sample_table(samples)
             if generated:  # free text: greedy unless sampling was asked for (and --sample-only selects it), judged
-                cap = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
-                drawn = [t for t in generated if plan.samples and plan.samples_for(t)]
-                greedy = [t for t in generated if not (plan.samples and plan.samples_for(t))]
-                by_trial: dict[str, list[Sample]] = {}
-                for part, n, temp in ((drawn, plan.samples, plan.temperature), (greedy, 1, 0.0)):
-                    for smp in engine.sample(part, n, temp, progress=None, **cap) if part else []:
-                        by_trial.setdefault(smp.trial_id, []).append(smp)
-                texts = [smp for t in generated for smp in by_trial[t.trial_id]]
+                if k not in decoded:
+                    group = todo[i : i + plan_replies([generative[j] for j in todo[i:]], reply_count, reply_rows)]
+                    decoded.update(group)
+                    batch = [t for j in group for t in generative[j]]
+                    for part, n, temp in (
+                        ([t for t in batch if drawn(t)], plan.samples, plan.temperature),
+                        ([t for t in batch if not drawn(t)], 1, 0.0),
+                    ):
+                        for smp in engine.sample(part, n, temp, progress=None, **cap) if part else []:
+                            ahead.setdefault(smp.trial_id, []).append(smp)
+                    # the bar advances for generated trials here, when their replies are decoded (the chunks
+                    # decoded ahead are not counted again when they are written)
+                    bar.update(sum(calls(t) for t in batch))
+                texts = [smp for t in generated for smp in ahead.pop(t.trial_id)]
                 tables["generations"] = sample_table(texts)
                 if judge is not None:
                     tables["judgments"] = judge.judge(generated, texts)
-                bar.update(sum(calls(t) for t in generated))
             store.write_chunk(k, tables)
             n_new += hi - lo
             tokens = {name: tokens[name] + n for name, n in table_tokens(tables).items()}
@@ -309,6 +336,21 @@ def _run_locked(
     log(throughput_line(entry))
     _record_engine_stats(store, engine)
     return store
+
+
+def plan_replies(chunks: Sequence[Sequence[Trial]], rows: Callable[[Trial], int], budget: int) -> int:
+    """How many of ``chunks`` (the current chunk's generative trials first, then those of the following chunks
+    still to do, in order) are decoded together: whole chunks while their reply rows (``rows(trial)`` each) stay
+    within ``budget``, and always the first, even when it alone exceeds it (``budget`` 0: the first alone)."""
+    if not chunks:
+        return 0
+    taken, total = 1, sum(rows(t) for t in chunks[0])
+    for c in chunks[1:]:
+        total += sum(rows(t) for t in c)
+        if total > budget:
+            break
+        taken += 1
+    return taken
 
 
 def _replay_note(engine: Any) -> str:

@@ -338,3 +338,148 @@ def test_planted_per_pair_label_pulls_are_what_the_gradient_reports():
         assert got["logic"] == pytest.approx(p.m_logic, abs=1e-6)
     word, nonlex = abs(by_pair.loc["Ja/Nein", "label_pull"]), by_pair.loc[["A/B", "1/2"], "label_pull"].abs().mean()
     assert contrast == pytest.approx(word - nonlex, abs=1e-12)
+
+
+# ------------------------------------------- free-text replies decoded ahead
+_AHEAD_ITEMS = ("mine_cart_bridge", "freight_yard_switch", "flooded_mine_door", "brake_failure")
+_AHEAD_CHUNK = 33
+"""Each item is 66 trials with its 6 free-choice trials at 24-29: chunks 0, 2, 4, 6 hold 6 each, 1, 3, 5, 7 none."""
+
+
+class _ReplyCounting:
+    """The sim with a set reply batch (0: off), recording every ``sample`` call on free-choice trials as
+    (n, temperature, trial ids, keywords); ``fail_readout``: raise on the readout of a trial with that index."""
+
+    def __init__(self, reply_rows: int, fail_readout: int | None = None) -> None:
+        self.inner = SimEngine(SimParams(seed=5, s_choice=0.2, noncommit=0.2, refusal=0.1))
+        self.name = self.inner.name
+        self.reply_rows = reply_rows
+        self.fail_readout = fail_readout
+        self.calls: list[tuple[int, float, list[str], dict]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def readout(self, trials, progress=None):
+        if self.fail_readout is not None and any(t.trial_id == self.fail_readout for t in trials):
+            raise RuntimeError("killed mid-run")
+        return self.inner.readout(trials, progress)
+
+    def sample(self, trials, n, temperature, progress=None, **kw):
+        from experiments.battery import is_choice
+
+        if any(is_choice(t) for t in trials):
+            assert all(is_choice(t) for t in trials)
+            self.calls.append((n, temperature, [t.trial_id for t in trials], kw))
+        return self.inner.sample(trials, n, temperature, progress, **kw)
+
+
+def _ahead_run(engine, out):
+    from experiments.battery import REDUCED, BatterySpec
+    from probe.judge import RuleJudge
+    from probe.runner import Plan, run
+
+    spec = BatterySpec(**REDUCED, items=_AHEAD_ITEMS)
+    plan = Plan(samples=3, temperature=0.8, sample_only=(("order", "cbr_first"),))  # 3 drawn + 3 greedy per chunk
+    return run("battery", spec, engine, out, plan=plan, judge=RuleJudge(), chunk_size=_AHEAD_CHUNK, progress=False,
+               log=lambda m: None)  # fmt: skip
+
+
+def _chunk_frames(store) -> dict[str, pd.DataFrame]:
+    return {p.name: pd.read_parquet(p) for p in sorted(store.results_dir.glob("chunk-*.parquet"))}
+
+
+def _assert_same_chunks(a, b) -> None:
+    fa, fb = _chunk_frames(a), _chunk_frames(b)
+    assert list(fa) == list(fb)
+    for name in fa:
+        pd.testing.assert_frame_equal(fa[name], fb[name], check_exact=True, obj=name)
+
+
+def _groups(engine, store) -> list[tuple[int, float, list[int]]]:
+    """Each recorded call as (n, temperature, the chunks of its trials)."""
+    index = {t.trial_id: i for i, t in enumerate(store.trials())}
+    return [(n, temp, sorted({index[i] // _AHEAD_CHUNK for i in ids})) for n, temp, ids, _ in engine.calls]
+
+
+def test_replies_decoded_ahead_write_the_same_chunks_in_fewer_calls(tmp_path):
+    """Look-ahead (reply rows 30: two 12-row chunks fit, a third does not) writes every chunk's tables exactly as
+    each chunk alone (reply rows 0) does, in whole-chunk groups; a batch below one chunk still decodes the chunk."""
+    off, ahead, small = _ReplyCounting(0), _ReplyCounting(30), _ReplyCounting(5)
+    ref = _ahead_run(off, tmp_path / "off")
+    got = _ahead_run(ahead, tmp_path / "ahead")
+    below = _ahead_run(small, tmp_path / "small")
+    tables = {name.split(".")[1] for name in _chunk_frames(ref)}
+    assert tables == {"generations", "judgments", "readout_trials", "readout_options"}
+    assert {n for n, _, _, _ in off.calls} == {3, 1}
+    _assert_same_chunks(ref, got)
+    _assert_same_chunks(ref, below)
+    per_chunk = [(n, t, [k]) for k in (0, 2, 4, 6) for n, t in ((3, 0.8), (1, 0.0))]
+    assert _groups(off, ref) == _groups(small, below) == per_chunk
+    assert _groups(ahead, got) == [(n, t, ks) for ks in ([0, 2], [4, 6]) for n, t in ((3, 0.8), (1, 0.0))]
+    assert all(kw == {"max_new_tokens": off.calls[0][3]["max_new_tokens"]} for *_, kw in ahead.calls + off.calls)
+    gens = got.load("generations")
+    assert len(gens) == 4 * (3 * 3 + 3) and gens.groupby("trial_id").size().isin([1, 3]).all()
+
+
+def test_a_run_killed_with_replies_decoded_ahead_resumes_to_the_same_tables(tmp_path):
+    """Killed at chunk 1's readout, after chunk 0 was written with the replies of chunks 0 and 2 decoded: the
+    resume decodes chunk 2's replies again and ends with the tables of an uninterrupted run."""
+    ref = _ahead_run(_ReplyCounting(0), tmp_path / "ref")
+    first_of_chunk_1 = ref.trials()[_AHEAD_CHUNK].trial_id
+    killed = _ReplyCounting(30, fail_readout=first_of_chunk_1)
+    with pytest.raises(RuntimeError, match="killed mid-run"):
+        _ahead_run(killed, tmp_path / "run")
+    assert [ks for _, _, ks in _groups(killed, ref)] == [[0, 2], [0, 2]]
+    from probe.store import RunStore
+
+    assert {c.chunk for c in RunStore(tmp_path / "run").integrity().verified} == {0}
+    again = _ReplyCounting(30)
+    store = _ahead_run(again, tmp_path / "run")
+    assert [ks for _, _, ks in _groups(again, store)] == [[2, 4], [2, 4], [6], [6]]
+    _assert_same_chunks(ref, store)
+
+
+def test_the_progress_bar_counts_replies_decoded_ahead_once(tmp_path, monkeypatch):
+    """The bar advances for replies when they are decoded: it ends at its total, on a full run and on a resume."""
+    import tqdm.auto
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, initial, **kw):
+            self.total, self.n = total, initial
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n=1):
+            self.n += n
+
+        def set_postfix_str(self, *a, **kw):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    ref = _ahead_run(_ReplyCounting(30), tmp_path / "ref")
+    with pytest.raises(RuntimeError):
+        _ahead_run(_ReplyCounting(30, fail_readout=ref.trials()[_AHEAD_CHUNK].trial_id), tmp_path / "run")
+    _ahead_run(_ReplyCounting(30), tmp_path / "run")
+    assert bars[0].n == bars[0].total and bars[2].n == bars[2].total and bars[1].n < bars[1].total
+
+
+def test_plan_replies_takes_whole_chunks_within_the_batch():
+    from probe.runner import plan_replies
+
+    chunks = [["a"] * 4, [], ["b"] * 3, ["c"] * 5]
+    one = lambda t: 1  # noqa: E731
+    assert plan_replies(chunks, one, 0) == 1
+    assert plan_replies(chunks, one, 3) == 1  # the first chunk alone is over the batch: still taken, alone
+    assert plan_replies(chunks, one, 4) == 2  # a chunk without replies adds none
+    assert plan_replies(chunks, one, 7) == 3
+    assert plan_replies(chunks, one, 11) == 3
+    assert plan_replies(chunks, one, 12) == 4
+    assert plan_replies([], one, 12) == 0
