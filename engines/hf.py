@@ -39,10 +39,11 @@ Design notes (why it is shaped like this):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -57,7 +58,14 @@ from engines.render import (
     stop_ids,
     think_end_id,
 )
-from engines.sampling import RowSampler, gather_tree_cache, reserve_cache
+from engines.sampling import (
+    GROUPED_ATTENTION,
+    RowSampler,
+    gather_tree_cache,
+    group_cache,
+    register_grouped_attention,
+    reserve_cache,
+)
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
 from probe.parse import answer_scan, parsed_sample, split_reasoning
 from probe.types import OptionScore, Readout, Sample, Trial
@@ -107,9 +115,16 @@ class HFSettings:
     float rounding): tree (the batch's prompts packed as one token tree, its cache copied to every draw;
     attention-only models), shared (each prompt once, its cache copied to every draw; any model), plain (every
     draw prefills its prompt; the reference), auto (tree where possible, else shared)."""
-    sample_rows: int = 128
-    """Most draws decoded together (their KV cache holds rows x (prompt + reply) tokens; on a CPU a step over
-    128 rows computed a token in about half the time of one over 16)."""
+    sample_rows: int = 512
+    """Most draws decoded together (on 2 CPU cores 512 rows drew 29% faster than 128, and 128 about twice as fast
+    per draw as 16; docs/speed.md). The batch's KV cache is also bounded by ``sample_cache_tokens``."""
+    sample_cache_tokens: int = 131072
+    """Most KV-cache tokens one decoding batch holds, reply room included (grouped draws hold their prompt once).
+    Memory: tokens x layers x 2 x kv-heads x head-dim x bytes, about 6 GB at the default on SmolLM2-135M in
+    float32 and 13 GB on Qwen3-30B-A3B in bfloat16."""
+    group_draws: bool = True
+    """Draws of one prompt keep its keys once and attend to them together (speed only: the same attention up to
+    float rounding; tree and shared paths, n > 1, sdpa or eager attention). False: one cache row per draw."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -118,7 +133,15 @@ class HFSettings:
             raise ValueError(f"readout_path must be one of {READOUT_PATHS}, got {self.readout_path!r}")
         if self.sample_path not in SAMPLE_PATHS:
             raise ValueError(f"sample_path must be one of {SAMPLE_PATHS}, got {self.sample_path!r}")
-        for name in ("batch_size", "max_batch_tokens", "think_budget", "max_new_tokens", "tree_tokens", "sample_rows"):
+        for name in (
+            "batch_size",
+            "max_batch_tokens",
+            "think_budget",
+            "max_new_tokens",
+            "tree_tokens",
+            "sample_rows",
+            "sample_cache_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_other < 0:
@@ -170,7 +193,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(SAMPLE_PATHS),
         help="how draws share their prompt: tree, shared, plain or auto (default: auto; docs/speed.md)",
     )
-    g.add_argument("--hf-sample-rows", type=int, default=128, help="most draws decoded together (default: 128)")
+    g.add_argument("--hf-sample-rows", type=int, default=512, help="most draws decoded together (default: 512)")
+    g.add_argument(
+        "--hf-sample-cache-tokens",
+        type=int,
+        default=131072,
+        help="most KV-cache tokens of one decoding batch, reply room included (default: 131072; bounds memory)",
+    )
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
@@ -190,7 +219,8 @@ def from_args(model: str, a: argparse.Namespace) -> HFEngine:
             readout_path=getattr(a, "hf_readout_path", "auto"),
             tree_tokens=getattr(a, "hf_tree_tokens", 1024),
             sample_path=getattr(a, "hf_sample_path", "auto"),
-            sample_rows=getattr(a, "hf_sample_rows", 128),
+            sample_rows=getattr(a, "hf_sample_rows", 512),
+            sample_cache_tokens=getattr(a, "hf_sample_cache_tokens", 131072),
         )
     )
 
@@ -201,6 +231,18 @@ _IDENTITY_SETTINGS = ("model", "think", "think_budget", "system_prompt", "revisi
 
 def _seed_for(seed: int, trial_id: str, draw: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
+
+
+def balanced(count: int, most: int) -> int:
+    """The batch size that cuts ``count`` items into as few batches of at most ``most`` as possible, evenly.
+
+    132 items at most 128 a batch: 66 (two batches of 66, not 128 and a 4-row tail that costs as many
+    decoding steps as the full batch).
+    """
+    if count <= 0:
+        return max(1, most)
+    batches = -(-count // most)
+    return -(-count // batches)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[list[int]]:
@@ -924,6 +966,12 @@ class HFEngine:
                     lp, cache = self._forward(nxt[:, None], mask, cache)
         return out
 
+    @property
+    def reply_rows(self) -> int:
+        """How many free-text reply rows the runner should hand over at once (``settings.sample_rows``; the engine
+        cuts them into batches that also respect ``sample_cache_tokens``)."""
+        return self.settings.sample_rows
+
     def sample_path(self) -> str:
         """The sampling path this engine takes (``settings.sample_path`` with auto resolved: tree where the model
         allows it, else shared)."""
@@ -976,7 +1024,8 @@ class HFEngine:
         path = self.sample_path()
         with torch.inference_mode():
             for batch, lp, cache, mask in self._sample_prefills(rows, n, path, budget):
-                drawn = self._draw_rows([rows[r] for r in batch], lp, cache, mask, budget, stops, temperature)
+                with self._grouped_attention(cache):
+                    drawn = self._draw_rows([rows[r] for r in batch], lp, cache, mask, budget, stops, temperature)
                 for r, gen in zip(batch, drawn, strict=True):
                     gens[r] = gen
                 if progress:
@@ -1012,29 +1061,39 @@ class HFEngine:
         """
         torch = require("torch", "hf")
         s = self.settings
+        if not rows:
+            return
         if path == "plain":
-            for batch in length_batches([len(r.prompt) for r in rows], s.sample_rows, s.max_batch_tokens):
+            longest = max(len(r.prompt) for r in rows)
+            most = balanced(len(rows), max(1, min(s.sample_rows, s.sample_cache_tokens // (longest + budget))))
+            for batch in length_batches([len(r.prompt) for r in rows], most, s.max_batch_tokens):
                 ids, mask = self._pad_left([rows[i].prompt for i in batch])
                 lp, cache = self._forward(ids, mask, None)
                 yield batch, lp, reserve_cache(cache, budget), mask
             return
         # rows are trial-major, n per trial: row k * n + d is draw d of trial k
         prompts = [rows[k * n].prompt for k in range(len(rows) // n)]
-        per = max(1, s.sample_rows // n)
+        share = self._groups_draws(n)
+        longest = max(len(p) for p in prompts)
+        held = longest + n * budget if share else n * (longest + budget)  # cache tokens of one trial's draws
+        per = balanced(len(prompts), max(1, min(s.sample_rows // n, s.sample_cache_tokens // held)))
         if path == "shared":
             for chunk in length_batches([len(p) for p in prompts], per, s.max_batch_tokens):
                 ids, mask = self._pad_left([prompts[k] for k in chunk])
                 lp, cache = self._forward(ids, mask, None)
                 idx = torch.arange(len(chunk), device=mask.device).repeat_interleave(n)
-                cache.reorder_cache(idx)
-                yield [k * n + d for k in chunk for d in range(n)], lp[idx], reserve_cache(cache, budget), mask[idx]
+                grouped = group_cache(cache, mask, n, budget) if share else None
+                if grouped is None:
+                    cache.reorder_cache(idx)
+                    grouped = reserve_cache(cache, budget)
+                yield [k * n + d for k in chunk for d in range(n)], lp[idx], grouped, mask[idx]
             return
         order = sorted(range(len(prompts)), key=lambda k: (prompts[k], k))  # shared prefixes adjacent
         sorted_ids = [prompts[k] for k in order]
         trees = token_rows(
             [len(p) for p in sorted_ids], shared_prefix_lengths(sorted_ids), [0] * len(order), s.tree_tokens, per
         )
-        for group in _fill(trees, per):  # several trees per decoding batch, up to sample_rows draws
+        for group in _fill(trees, per):  # several trees per decoding batch, up to per trials
             chunk = [order[j] for tree_rows in group for j in tree_rows]
             lps, caches, paths = [], [], []
             for tree_rows in group:
@@ -1045,8 +1104,30 @@ class HFEngine:
                 lps.append(lp[[at[e] for e in tree.ends]])
                 caches.append(cache)
                 paths.append(tree_paths(tree))
-            merged, mask = gather_tree_cache(caches, paths, n, budget, self.model.config)
+            merged, mask = gather_tree_cache(caches, paths, n, budget, self.model.config, grouped=share)
             yield [k * n + d for k in chunk for d in range(n)], torch.cat(lps).repeat_interleave(n, dim=0), merged, mask
+
+    def _groups_draws(self, n: int) -> bool:
+        """Whether the n draws of a prompt share its cache rows (:func:`engines.sampling.group_cache`)."""
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        return self.settings.group_draws and n > 1 and impl in ("sdpa", "eager")
+
+    @contextlib.contextmanager
+    def _grouped_attention(self, cache: Any) -> Iterator[None]:
+        """While decoding a grouped cache, the model's attention layers run :func:`engines.sampling.grouped_attention`."""
+        from engines.sampling import shared_prompt_layer_class
+
+        config = self.model.config
+        if not any(isinstance(layer, shared_prompt_layer_class()) for layer in cache.layers):
+            yield
+            return
+        register_grouped_attention()
+        before = config._attn_implementation
+        config._attn_implementation = GROUPED_ATTENTION
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
 
     def _draw_rows(
         self,

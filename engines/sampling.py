@@ -19,6 +19,7 @@ No torch at import time: the engine imports this module lazily.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,7 +113,13 @@ def reserve_cache(cache: Any, reserve: int) -> Any:
 
 
 def gather_tree_cache(
-    caches: Sequence[Any], paths: Sequence[Sequence[Sequence[int]]], repeats: int, reserve: int, config: Any
+    caches: Sequence[Any],
+    paths: Sequence[Sequence[Sequence[int]]],
+    repeats: int,
+    reserve: int,
+    config: Any,
+    *,
+    grouped: bool = False,
 ) -> tuple[Any, Any]:
     """One left-padded cache row per path, each repeated ``repeats`` times, from the caches of packed token trees.
 
@@ -122,7 +129,9 @@ def gather_tree_cache(
     ``DynamicCache`` of :class:`ReservedLayer` layers with room for
     ``reserve`` more tokens, and the matching ``(rows, width)`` attention mask
     (0 on the left padding, whose columns hold some node's keys, hidden by
-    the mask).
+    the mask). ``grouped``: the layers are :class:`SharedPromptLayer` s
+    holding each path once for its ``repeats`` draws (the mask still has one
+    row per draw, for the positions).
     """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
@@ -138,10 +147,12 @@ def gather_tree_cache(
     for r, p in enumerate(flat_paths):
         index[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[r, width - len(p) :] = 1
-    index = index.repeat_interleave(repeats, dim=0).to(dev)
+    groups = _Groups(mask.to(dev), repeats, len(caches[0].layers)) if grouped else None
+    index = (index if grouped else index.repeat_interleave(repeats, dim=0)).to(dev)
     mask = mask.repeat_interleave(repeats, dim=0).to(dev)
     flat = index.reshape(-1)
     out = transformers.DynamicCache(config=config)
+    shared_cls = shared_prompt_layer_class() if grouped else None
     for i in range(len(caches[0].layers)):
         keys = [c.layers[i].keys[0] for c in caches]  # (heads, nodes, dim) per tree
         values = [c.layers[i].values[0] for c in caches]
@@ -150,7 +161,7 @@ def gather_tree_cache(
         heads = k.shape[0]
         k = k.reshape(heads, len(index), width, -1).transpose(0, 1)
         v = v.reshape(heads, len(index), width, -1).transpose(0, 1)
-        out.layers[i] = layer_cls(k, v, reserve)
+        out.layers[i] = shared_cls(k, v, groups, reserve, i) if shared_cls else layer_cls(k, v, reserve)
     return out, mask
 
 
@@ -187,3 +198,217 @@ class RowSampler:
         """Keep only these rows (in this order)."""
         if self._gens:
             self._gens = [self._gens[r] for r in rows]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Grouped attention: the draws of one prompt read its cached keys once per step.
+#
+# A decoding batch holds n draws of each prompt. With one cache row per draw, every step reads each prompt's keys and
+# values n times, and on a CPU that read (memory-bound) was a third of a 128-row step. A SharedPromptLayer keeps each
+# prompt's keys once, followed by its draws' reply columns, and the attention below asks the n draws' queries of a prompt
+# together: one (n * heads-per-kv-head) x (prompt + replies) attention per prompt and key head, with a mask that shows
+# each draw the prompt (not its padding) and its own reply. The softmax runs over exactly the keys a per-draw cache row
+# holds, so the result is the same attention up to float rounding.
+
+GROUPED_ATTENTION = "probe_grouped"
+"""The attention implementation name the engine sets on the model while it decodes grouped draws."""
+
+_pending = threading.local()
+
+
+class _Groups:
+    """What the layers of one grouped cache share: which prompt and draw slot each live row is, and the step masks."""
+
+    def __init__(self, prompt_mask: Any, n: int, n_layers: int) -> None:
+        torch = require("torch", "hf")
+        self.prompt_mask = prompt_mask.bool()  # (prompts, width): False on the left padding
+        self.n = n
+        self.n_layers = n_layers
+        rows = torch.arange(prompt_mask.shape[0] * n, device=prompt_mask.device)
+        self.group, self.slot = rows // n, rows % n
+        self._masks: dict[tuple[int, Any], Any] = {}
+        self._applying: Any = None
+        self._left = 0
+        self._keep: Any = None
+
+    def select(self, idx: Any) -> Any:
+        """Keep the live rows ``idx`` (called by every layer with the same index); the prompts still drawn, or None."""
+        torch = require("torch", "hf")
+        if self._applying is None:
+            idx = idx.to(self.group.device)
+            group, slot = self.group[idx], self.slot[idx]
+            used = torch.unique(group)  # sorted
+            self._keep = None
+            if len(used) < self.prompt_mask.shape[0]:
+                self._keep = used
+                self.prompt_mask = self.prompt_mask[used]
+                group = torch.searchsorted(used, group)
+            self.group, self.slot = group, slot
+            self._masks.clear()
+            self._applying, self._left = idx, self.n_layers
+        self._left -= 1
+        keep = self._keep
+        if self._left == 0:
+            self._applying = None
+        return keep
+
+    def mask(self, steps: int, dtype: Any, heads_per_kv: int) -> Any:
+        """The additive mask ``(prompts, 1, n * heads_per_kv, width + steps * n)`` of the grouped queries."""
+        key = (steps, dtype)
+        if key not in self._masks:
+            torch = require("torch", "hf")
+            n, dev = self.n, self.prompt_mask.device
+            q_slot = torch.arange(n * heads_per_kv, device=dev) // heads_per_kv
+            own = (torch.arange(steps * n, device=dev) % n)[None, :] == q_slot[:, None]  # reply column of my draw
+            prompts, width = self.prompt_mask.shape
+            seen = torch.cat(
+                [self.prompt_mask[:, None, :].expand(prompts, n * heads_per_kv, width), own.expand(prompts, -1, -1)], -1
+            )
+            add = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
+            self._masks = {key: add[:, None]}
+        return self._masks[key]
+
+
+def shared_prompt_layer_class() -> type:
+    """:class:`SharedPromptLayer`, defined on first use (it subclasses Transformers' ``DynamicLayer``)."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = _define_shared()
+    return _SHARED
+
+
+_SHARED: type | None = None
+
+
+def _define_shared() -> type:
+    torch = require("torch", "hf")
+    cache_utils = require("transformers.cache_utils", "hf")
+
+    class SharedPromptLayer(cache_utils.DynamicLayer):  # type: ignore[misc, name-defined]
+        """One attention layer's cache of ``n`` draws per prompt: each prompt's keys once, then its draws' replies.
+
+        Columns ``[0, width)`` hold the prompt (left-padded), and step t of
+        draw slot s is column ``width + t * n + s``, so the filled columns are
+        always a prefix and ``keys`` / ``values`` are views of it, one row per
+        prompt. Rows are live draws; :meth:`reorder_cache` keeps some of them
+        (a prompt whose draws have all ended leaves the buffers).
+        """
+
+        def __init__(self, keys: Any, values: Any, groups: _Groups, reserve: int, layer_idx: int) -> None:
+            super().__init__()
+            prompts, heads, width, dim = keys.shape
+            n = groups.n
+            # zeros, not empty: a column not yet written is masked, but NaN garbage would survive the mask
+            self._k = keys.new_zeros((prompts, heads, width + n * reserve, dim))
+            self._v = values.new_zeros((prompts, heads, width + n * reserve, values.shape[-1]))
+            self._k[:, :, :width] = keys
+            self._v[:, :, :width] = values
+            self.groups, self.width, self.steps, self.layer_idx = groups, width, 0, layer_idx
+            self.device = keys.device
+            self.is_initialized = True
+            self._views()
+
+        def _views(self) -> None:
+            end = self.width + self.steps * self.groups.n
+            self.keys = self._k[:, :, :end]
+            self.values = self._v[:, :, :end]
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if key_states.shape[-2] != 1:
+                raise RuntimeError("a SharedPromptLayer decodes one token per step")
+            g = self.groups
+            col = self.width + self.steps * g.n
+            if col + g.n > self._k.shape[-2]:  # past the reserve: grow (amortized doubling)
+                grow = max(g.n, self._k.shape[-2] - self.width)
+                self._k = torch.cat([self._k, self._k.new_zeros((*self._k.shape[:2], grow, self._k.shape[-1]))], 2)
+                self._v = torch.cat([self._v, self._v.new_zeros((*self._v.shape[:2], grow, self._v.shape[-1]))], 2)
+            self._k[g.group, :, col + g.slot] = key_states[:, :, 0]
+            self._v[g.group, :, col + g.slot] = value_states[:, :, 0]
+            self.steps += 1
+            self._views()
+            _pending.layer = self
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.width + self.steps  # what one draw's own cache row would hold
+
+        def reorder_cache(self, beam_idx: Any) -> None:
+            keep = self.groups.select(beam_idx)
+            if keep is not None:
+                self._k = self._k.index_select(0, keep.to(self._k.device))
+                self._v = self._v.index_select(0, keep.to(self._v.device))
+                self._views()
+
+        def batch_select_indices(self, indices: Any) -> None:
+            self.reorder_cache(indices)
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            raise NotImplementedError("a SharedPromptLayer is never repeated (its draws are its rows already)")
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("a SharedPromptLayer is never cropped (probe's sampler does not need it)")
+
+    return SharedPromptLayer
+
+
+def group_cache(cache: Any, prompt_mask: Any, n: int, reserve: int) -> Any:
+    """Turn a cache of one row per prompt into one of ``n`` draws per prompt, grouped (see :class:`SharedPromptLayer`).
+
+    Plain attention layers become SharedPromptLayers; every other layer (a
+    recurrent state, or a placeholder) gets its rows repeated ``n`` times.
+    Returns None, leaving ``cache`` as it was, when some attention layer is of
+    another kind (a sliding window, say): the caller then repeats rows instead.
+    """
+    torch = require("torch", "hf")
+    cache_utils = require("transformers.cache_utils", "hf")
+    attention = [i for i, layer in enumerate(cache.layers) if isinstance(layer, cache_utils.DynamicLayer)]
+    if not attention or any(type(cache.layers[i]) is not cache_utils.DynamicLayer for i in attention):
+        return None
+    groups = _Groups(prompt_mask, n, len(attention))
+    cls = shared_prompt_layer_class()
+    idx = torch.arange(prompt_mask.shape[0], device=prompt_mask.device).repeat_interleave(n)
+    for i, layer in enumerate(cache.layers):
+        if i in attention:
+            cache.layers[i] = cls(layer.keys, layer.values, groups, reserve, i)
+        else:
+            layer.reorder_cache(idx)
+    return cache
+
+
+def grouped_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, **kwargs: Any
+) -> tuple[Any, None]:
+    """The attention of a layer whose cache is a :class:`SharedPromptLayer` (registered as ``GROUPED_ATTENTION``).
+
+    ``query`` is ``(live draws, heads, 1, dim)``; ``key`` / ``value`` are the
+    layer's prompt-grouped views. Returns ``(live draws, 1, heads, dim)``, as
+    Transformers' attention functions do.
+    """
+    torch = require("torch", "hf")
+    layer = getattr(_pending, "layer", None)
+    _pending.layer = None
+    if layer is None or layer.layer_idx != getattr(module, "layer_idx", layer.layer_idx):
+        raise RuntimeError(
+            f"grouped attention reached layer {getattr(module, 'layer_idx', '?')} without its SharedPromptLayer; "
+            "sample with HFSettings(group_draws=False) for this model"
+        )
+    g = layer.groups
+    rows, heads, q_len, dim = query.shape
+    if q_len != 1:
+        raise RuntimeError("grouped attention decodes one token per step")
+    kv_heads = key.shape[1]
+    per = heads // kv_heads
+    prompts = key.shape[0]
+    grouped = query.new_zeros((prompts, g.n, kv_heads, per, dim))
+    grouped[g.group, g.slot] = query.reshape(rows, kv_heads, per, dim)
+    grouped = grouped.permute(0, 2, 1, 3, 4).reshape(prompts, kv_heads, g.n * per, dim)
+    mask = g.mask(layer.steps, query.dtype, per)
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
+    out = out.reshape(prompts, kv_heads, g.n, per, value.shape[-1]).permute(0, 2, 1, 3, 4)[g.group, g.slot]
+    return out.reshape(rows, 1, heads, value.shape[-1]), None
+
+
+def register_grouped_attention() -> None:
+    """Make ``GROUPED_ATTENTION`` a known Transformers attention implementation (idempotent)."""
+    modeling_utils = require("transformers.modeling_utils", "hf")
+    modeling_utils.AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)

@@ -116,6 +116,47 @@ def test_reserved_cache_decodes_like_the_dynamic_cache(engine):
             assert (lp_a - lp_b).abs().max().item() < 1e-5
 
 
+def test_grouped_attention_matches_a_cache_row_per_draw(engine):
+    """Draws of one prompt sharing its keys (SharedPromptLayer + grouped attention) give the log-probs of one
+    cache row per draw, within 1e-5, at every step: through padding, rows leaving (one prompt entirely), and
+    steps past the reserve."""
+    import torch
+
+    from engines.sampling import group_cache, reserve_cache, shared_prompt_layer_class
+
+    n = 3
+    ids, mask = engine._pad_left([engine.render(t) for t in _trials()[:3]])  # three prompts, left-padded
+    with torch.inference_mode():
+        lp, per_row = engine._forward(ids, mask, None)
+        _, grouped = engine._forward(ids, mask, None)
+        idx = torch.arange(3).repeat_interleave(n)
+        per_row.reorder_cache(idx)
+        per_row = reserve_cache(per_row, 2)
+        grouped = group_cache(grouped, mask, n, 2)
+        assert grouped is not None and any(isinstance(x, shared_prompt_layer_class()) for x in grouped.layers)
+        lp_a, lp_b, mask = lp[idx], lp[idx], mask[idx]
+        for step in range(6):  # 2 of room: steps 3 to 6 grow the buffers
+            nxt = torch.multinomial(lp_a.exp(), 1, generator=torch.Generator().manual_seed(step))
+            if step == 3:  # drop draw 1 of prompt 0 and every draw of prompt 1
+                keep = torch.tensor([0, 2, 6, 7, 8])
+                per_row.reorder_cache(keep)
+                grouped.reorder_cache(keep)
+                nxt, mask = nxt[keep], mask[keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            lp_a, per_row = engine._forward(nxt, mask, per_row)
+            with engine._grouped_attention(grouped):
+                lp_b, grouped = engine._forward(nxt, mask, grouped)
+            assert (lp_a - lp_b).abs().max().item() < 1e-5, step
+    assert engine.model.config._attn_implementation == "sdpa"  # restored after every step
+
+
+def test_balanced_batches():
+    from engines.hf import balanced
+
+    assert [balanced(c, 128) for c in (1, 100, 128, 129, 132, 256, 257)] == [1, 100, 128, 65, 66, 128, 86]
+    assert balanced(0, 16) == 16 and balanced(5, 1) == 1
+
+
 # ------------------------------------------------------------------ the engine
 
 
@@ -129,8 +170,9 @@ def test_same_draws_on_every_path_and_batch_size(tiny_engine):
     ref = _draws(_engine(tiny_engine, sample_path="plain", sample_rows=16).sample(trials, 4, 1.0))
     for path in ("tree", "shared", "plain"):
         for rows in (1, 3, 16):
-            got = _draws(_engine(tiny_engine, sample_path=path, sample_rows=rows).sample(trials, 4, 1.0))
-            assert got == ref, (path, rows)
+            for group in (True, False):  # draws of a prompt sharing its keys (grouped attention), or a row each
+                e = _engine(tiny_engine, sample_path=path, sample_rows=rows, group_draws=group)
+                assert _draws(e.sample(trials, 4, 1.0)) == ref, (path, rows, group)
     # small trees: several trees (each its own forward) gathered into one decoding batch
     assert _draws(_engine(tiny_engine, sample_path="tree", tree_tokens=50).sample(trials, 4, 1.0)) == ref
     alone = _draws(_engine(tiny_engine, sample_path="tree").sample([trials[2]], 4, 1.0))
@@ -148,7 +190,8 @@ def test_hybrid_paths_draw_the_same(engine):
     assert _engine(engine).sample_path() == "shared"
     shared = _draws(_engine(engine, sample_path="shared", sample_rows=5).sample(trials, 3, 1.0))
     plain = _draws(_engine(engine, sample_path="plain", sample_rows=2).sample(trials, 3, 1.0))
-    assert shared == plain
+    rows = _draws(_engine(engine, sample_path="shared", sample_rows=5, group_draws=False).sample(trials, 3, 1.0))
+    assert shared == plain == rows
 
 
 def test_answer_stop_cuts_draws_without_changing_a_parse(smol_engine):
