@@ -226,6 +226,8 @@ class _Groups:
         self.n_layers = n_layers
         rows = torch.arange(prompt_mask.shape[0] * n, device=prompt_mask.device)
         self.group, self.slot = rows // n, rows % n
+        self.full = True
+        """Every draw of every prompt still live, in (prompt, slot) order: rows map to columns by a reshape."""
         self._masks: dict[tuple[int, Any], Any] = {}
         self._applying: Any = None
         self._left = 0
@@ -244,6 +246,10 @@ class _Groups:
                 self.prompt_mask = self.prompt_mask[used]
                 group = torch.searchsorted(used, group)
             self.group, self.slot = group, slot
+            order = torch.arange(len(group), device=group.device)
+            self.full = len(group) == self.prompt_mask.shape[0] * self.n and bool(
+                (group * self.n + slot == order).all()
+            )
             self._masks.clear()
             self._applying, self._left = idx, self.n_layers
         self._left -= 1
@@ -322,8 +328,13 @@ def _define_shared() -> type:
                 grow = max(g.n, self._k.shape[-2] - self.width)
                 self._k = torch.cat([self._k, self._k.new_zeros((*self._k.shape[:2], grow, self._k.shape[-1]))], 2)
                 self._v = torch.cat([self._v, self._v.new_zeros((*self._v.shape[:2], grow, self._v.shape[-1]))], 2)
-            self._k[g.group, :, col + g.slot] = key_states[:, :, 0]
-            self._v[g.group, :, col + g.slot] = value_states[:, :, 0]
+            if g.full:  # rows are (prompt, slot) in order: one block write
+                prompts, heads = self._k.shape[:2]
+                self._k[:, :, col : col + g.n] = key_states[:, :, 0].reshape(prompts, g.n, heads, -1).transpose(1, 2)
+                self._v[:, :, col : col + g.n] = value_states[:, :, 0].reshape(prompts, g.n, heads, -1).transpose(1, 2)
+            else:
+                self._k[g.group, :, col + g.slot] = key_states[:, :, 0]
+                self._v[g.group, :, col + g.slot] = value_states[:, :, 0]
             self.steps += 1
             self._views()
             _pending.layer = self
@@ -399,12 +410,16 @@ def grouped_attention(
     kv_heads = key.shape[1]
     per = heads // kv_heads
     prompts = key.shape[0]
-    grouped = query.new_zeros((prompts, g.n, kv_heads, per, dim))
-    grouped[g.group, g.slot] = query.reshape(rows, kv_heads, per, dim)
-    grouped = grouped.permute(0, 2, 1, 3, 4).reshape(prompts, kv_heads, g.n * per, dim)
+    if g.full:  # rows are (prompt, slot) in order
+        grouped = query.reshape(prompts, g.n, kv_heads, per, dim)
+    else:  # some draws have left: their slots hold zeros, whose outputs are dropped
+        grouped = query.new_zeros((prompts, g.n, kv_heads, per, dim))
+        grouped[g.group, g.slot] = query.reshape(rows, kv_heads, per, dim)
+    grouped = grouped.transpose(1, 2).reshape(prompts, kv_heads, g.n * per, dim)
     mask = g.mask(layer.steps, query.dtype, per)
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
-    out = out.reshape(prompts, kv_heads, g.n, per, value.shape[-1]).permute(0, 2, 1, 3, 4)[g.group, g.slot]
+    out = out.reshape(prompts, kv_heads, g.n, per, value.shape[-1]).transpose(1, 2)
+    out = out.reshape(rows, kv_heads, per, -1) if g.full else out[g.group, g.slot]
     return out.reshape(rows, 1, heads, value.shape[-1]), None
 
 

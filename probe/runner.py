@@ -315,12 +315,13 @@ def _run_locked(
                     group = todo[i : i + plan_replies([generative[j] for j in todo[i:]], reply_count, reply_rows)]
                     decoded.update(group)
                     batch = [t for j in group for t in generative[j]]
-                    for part, n, temp in (
-                        ([t for t in batch if drawn(t)], plan.samples, plan.temperature),
-                        ([t for t in batch if not drawn(t)], 1, 0.0),
-                    ):
-                        for smp in engine.sample(part, n, temp, progress=None, **cap) if part else []:
-                            ahead.setdefault(smp.trial_id, []).append(smp)
+                    with rates.timing("replies", sum(reply_count(t) for t in batch), bar):
+                        for part, n, temp in (
+                            ([t for t in batch if drawn(t)], plan.samples, plan.temperature),
+                            ([t for t in batch if not drawn(t)], 1, 0.0),
+                        ):
+                            for smp in engine.sample(part, n, temp, progress=None, **cap) if part else []:
+                                ahead.setdefault(smp.trial_id, []).append(smp)
                     # the bar advances for generated trials here, when their replies are decoded (the chunks
                     # decoded ahead are not counted again when they are written)
                     bar.update(sum(calls(t) for t in batch))
@@ -412,8 +413,12 @@ def throughput(n_trials: int, seconds: float, tokens: dict[str, int], peak_bytes
     }
 
 
+KINDS = ("readouts", "draws", "replies")
+"""What the runner times: answer-slot readouts, draws of readout trials, free-text replies."""
+
+
 class _Rates:
-    """Seconds and counts of readouts and of draws in this invocation, shown on the progress bar as they go."""
+    """Seconds and counts of readouts, draws and free-text replies in this invocation, shown on the progress bar."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -432,12 +437,13 @@ class _Rates:
         return self.counts[what] / sec if sec > 0 else None
 
     def postfix(self) -> str:
-        return ", ".join(f"{self.rate(w):.1f} {w}/s" for w in ("readouts", "draws") if self.rate(w) is not None)
+        return ", ".join(f"{self.rate(w):.1f} {w}/s" for w in KINDS if self.rate(w) is not None)
 
     def entry(self) -> dict[str, Any]:
-        """``readouts``, ``readout_seconds``, ``readouts_per_s`` and the same for ``draws`` (sampled replies)."""
+        """``readouts``, ``readout_seconds``, ``readouts_per_s`` and the same for ``draws`` (sampled answers to
+        readout trials) and ``replies`` (free-text replies to generative trials, greedy or drawn)."""
         out: dict[str, Any] = {}
-        for what, sec in (("readouts", "readout_seconds"), ("draws", "draw_seconds")):
+        for what, sec in (("readouts", "readout_seconds"), ("draws", "draw_seconds"), ("replies", "reply_seconds")):
             out[what] = self.counts.get(what, 0)
             out[sec] = round(self.seconds.get(what, 0.0), 3)
             out[f"{what}_per_s"] = self.rate(what) if what in self.counts else None
@@ -450,7 +456,7 @@ def throughput_line(entry: dict[str, Any]) -> str:
 
     mem = entry["peak_gpu_memory_bytes"]
     gpu = f", peak GPU memory {mem / 2**30:.2f} GiB" if mem is not None else ""
-    rates = [f"{entry[w]} {w} at {fmt(entry[f'{w}_per_s'], w + '/s')}" for w in ("readouts", "draws") if entry.get(w)]
+    rates = [f"{entry[w]} {w} at {fmt(entry[f'{w}_per_s'], w + '/s')}" for w in KINDS if entry.get(w)]
     split = f" ({'; '.join(rates)})" if rates else ""
     return (
         f"throughput: {entry['trials']} trials in {entry['seconds']:.1f} s, {fmt(entry['trials_per_s'], 'trials/s')}, "

@@ -326,3 +326,30 @@ def test_model_slugs():
             ["bash", "-c", f'. {SLURM}/env.sh && probe_slug "$0"', model], capture_output=True, text=True, env=env
         )
         assert p.stdout.strip() == slug, (model, p.stdout, p.stderr)
+
+
+def test_rates_time_readouts_draws_and_replies_apart():
+    import contextlib
+
+    from probe.runner import _Rates, throughput, throughput_line
+
+    class Bar:
+        postfix = ""
+
+        def set_postfix_str(self, s, refresh=False):
+            self.postfix = s
+
+    rates, bar, clock = _Rates(), Bar(), iter([0.0, 2.0, 10.0, 14.0])
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(pytest.MonkeyPatch.context()).setattr("probe.runner.time.perf_counter", lambda: next(clock))
+        with rates.timing("readouts", 10, bar):
+            pass
+        with rates.timing("replies", 8, bar):
+            pass
+    entry = rates.entry()
+    assert entry["readouts"] == 10 and entry["readout_seconds"] == 2.0 and entry["readouts_per_s"] == 5.0
+    assert entry["replies"] == 8 and entry["reply_seconds"] == 4.0 and entry["replies_per_s"] == 2.0
+    assert entry["draws"] == 0 and entry["draws_per_s"] is None
+    assert bar.postfix == "5.0 readouts/s, 2.0 replies/s"
+    e = throughput(18, 6.0, dict.fromkeys(("prompt_tokens", "computed_tokens", "completion_tokens"), 0), None) | entry
+    assert throughput_line(e).endswith("(10 readouts at 5.0 readouts/s; 8 replies at 2.0 replies/s)")

@@ -230,6 +230,31 @@ def test_sample_settings_fail_clearly():
         HFSettings(model="tiny", sample_path="fast")
     with pytest.raises(ValueError, match="sample_rows"):
         HFSettings(model="tiny", sample_rows=0)
+    with pytest.raises(ValueError, match="sample_cache_tokens"):
+        HFSettings(model="tiny", sample_cache_tokens=0)
+
+
+def test_decoding_batches_respect_rows_and_cache_tokens(tiny_engine):
+    """Batches hold at most sample_rows draws and sample_cache_tokens cache tokens (a grouped prompt once), and a
+    call's draws are cut into as few batches as that allows, evenly."""
+    from engines.hf import _Draw
+
+    trials = _trials()
+    prompts = [tiny_engine.render(t) for t in trials]
+    rows = [_Draw(k, d, prompts[k], k * 10 + d, None) for k in range(len(trials)) for d in range(4)]
+    longest, budget = max(map(len, prompts)), 8
+
+    def sizes(**kw):
+        e = _engine(tiny_engine, **kw)
+        return sorted((len(b) for b, *_ in e._sample_prefills(rows, 4, e.sample_path(), budget)), reverse=True)
+
+    assert sizes() == [20]  # 5 trials x 4 draws, one batch
+    assert sizes(sample_rows=12) == [12, 8]  # 3 trials a batch at most: two batches
+    assert sizes(sample_rows=8) == [8, 8, 4]
+    # grouped: a trial holds longest + 4 x budget cache tokens; room for two trials a batch
+    assert sizes(sample_cache_tokens=2 * (longest + 4 * budget)) == [8, 8, 4]
+    # a row per draw: a trial holds 4 x (longest + budget); room for one
+    assert sizes(sample_cache_tokens=4 * (longest + budget), group_draws=False) == [4] * 5
 
 
 def test_temperature_zero_is_greedy_on_every_path(tiny_engine):
