@@ -464,6 +464,8 @@ class HFEngine:
         self._encodings: dict[str, tuple[int, ...] | str] = {}
         self._token_texts: dict[int, str] = {}
         self._resolved_path: str | None = None
+        self._expect: set[tuple[int, ...]] = set()  # prompts the next sample() will draw from (sample_next)
+        self._kept: dict[tuple[int, ...], tuple[Any, list[int], Any]] = {}  # prompt -> (tree cache, path, log-probs)
 
     # ---------------------------------------------------------------- loading
     def load(self) -> HFEngine:
@@ -723,6 +725,16 @@ class HFEngine:
         return None
 
     # -------------------------------------------------------------- readouts
+    def sample_next(self, trials: Sequence[Trial]) -> None:
+        """Say that ``sample()`` on these trials comes right after the next ``readout()`` (the runner does so).
+
+        On the tree path, outside think mode, that readout then keeps the KV
+        cache of the trees holding these prompts, and the sample draws from it
+        instead of computing the prompts again (speed only; the next readout
+        or sample call drops it).
+        """
+        self._expect = {self.render(t) for t in trials} if not self.settings.think else set()
+
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
         """The answer-slot distribution of each trial, in input order.
 
@@ -737,6 +749,9 @@ class HFEngine:
         for t in trials:  # fail on a bad option before spending any compute
             self.option_ids(t)
         path = self.readout_path()
+        self._kept = {}
+        if path != "tree":
+            self._expect = set()
         read = {"tree": self._readout_tree, "branch": self._readout_branch, "plain": self._readout_plain}[path]
         if s.think:
             groups = length_batches([len(self.render(t)) for t in trials], s.batch_size, s.max_batch_tokens)
@@ -786,7 +801,14 @@ class HFEngine:
         tree = pack_tree(seqs)
         keep = sorted(set(tree.ends))
         row = {node: r for r, node in enumerate(keep)}
-        lp = self._forward_tree(tree, keep)
+        wanted = [k for k, (b, node) in enumerate(asks) if node == () and prepared[b].ids in self._expect]
+        if wanted:  # a sample() of these prompts follows: keep the tree's cache for it (sample_next)
+            lp, cache = self._forward_tree(tree, keep, use_cache=True)
+            paths = tree_paths(tree)
+            for k in wanted:
+                self._kept[prepared[asks[k][0]].ids] = (cache, paths[k], lp[row[tree.ends[k]]])
+        else:
+            lp = self._forward_tree(tree, keep)
         cond = self._conditionals(lp, [(row[e], b, node) for e, (b, node) in zip(tree.ends, asks, strict=True)], tries)
         roots = lp[[row[e] for e, (_, node) in zip(tree.ends, asks, strict=True) if node == ()]]
         computed = [0] * len(prepared)  # the nodes each trial's sequences added (the first sharer pays the prefix)
@@ -1027,8 +1049,11 @@ class HFEngine:
         ]
         gens: list[list[int]] = [[] for _ in rows]
         path = self.sample_path()
+        kept, self._kept, self._expect = self._kept, {}, set()
+        if path == "tree" and all(r.prompt in kept for r in rows):
+            path = "kept"  # the readout just computed these prompts (sample_next): draw from its caches
         with torch.inference_mode():
-            for batch, lp, cache, mask in self._sample_prefills(rows, n, path, budget):
+            for batch, lp, cache, mask in self._sample_prefills(rows, n, path, budget, kept):
                 with self._grouped_attention(cache):
                     drawn = self._draw_rows([rows[r] for r in batch], lp, cache, mask, budget, stops, temperature)
                 for r, gen in zip(batch, drawn, strict=True):
@@ -1056,7 +1081,9 @@ class HFEngine:
             )
         return out
 
-    def _sample_prefills(self, rows: Sequence[_Draw], n: int, path: str, budget: int) -> Any:
+    def _sample_prefills(
+        self, rows: Sequence[_Draw], n: int, path: str, budget: int, kept: dict[tuple[int, ...], Any] | None = None
+    ) -> Any:
         """Yield ``(row indices, last log-probs, cache, mask)`` per decoding batch, the prompts already computed.
 
         tree: a batch's distinct prompts are packed as one token tree (each
@@ -1092,6 +1119,26 @@ class HFEngine:
                     cache.reorder_cache(idx)
                     grouped = reserve_cache(cache, budget)
                 yield [k * n + d for k in chunk for d in range(n)], lp[idx], grouped, mask[idx]
+            return
+        if path == "kept":  # the readout's trees (sample_next): prompts of one tree together, per batch
+            assert kept is not None
+            tree_of: dict[int, int] = {}
+            for k in range(len(prompts)):
+                tree_of.setdefault(id(kept[prompts[k]][0]), len(tree_of))
+            order = sorted(range(len(prompts)), key=lambda k: (tree_of[id(kept[prompts[k]][0])], k))
+            for lo in range(0, len(order), per):
+                chunk = order[lo : lo + per]
+                caches: list[Any] = []
+                paths: list[list[list[int]]] = []
+                for k in chunk:
+                    cache, node_path, _ = kept[prompts[k]]
+                    if not caches or caches[-1] is not cache:
+                        caches.append(cache)
+                        paths.append([])
+                    paths[-1].append(node_path)
+                merged, mask = gather_tree_cache(caches, paths, n, budget, self.model.config, grouped=share)
+                lps = torch.stack([kept[prompts[k]][2] for k in chunk]).repeat_interleave(n, dim=0)
+                yield [k * n + d for k in chunk for d in range(n)], lps, merged, mask
             return
         order = sorted(range(len(prompts)), key=lambda k: (prompts[k], k))  # shared prefixes adjacent
         sorted_ids = [prompts[k] for k in order]

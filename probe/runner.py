@@ -298,11 +298,13 @@ def _run_locked(
             chunk = [t for t in trials[lo:hi] if not is_generative(t)]
             generated = generative[k]
             tables: dict[str, pd.DataFrame] = {}
+            to_sample = [t for t in chunk if plan.samples_for(t)] if plan.samples else []
+            if plan.readout and chunk and to_sample and hasattr(engine, "sample_next"):
+                engine.sample_next(to_sample)  # the readout may keep these prompts' caches for the draws below
             if plan.readout and chunk:
                 with rates.timing("readouts", len(chunk), bar):
                     tables.update(readout_tables(engine.readout(chunk, progress=bar.update)))
-            to_sample = [t for t in chunk if plan.samples_for(t)]
-            if plan.samples and to_sample:
+            if to_sample:
                 # readout trials ask for one of their options: each reply is parsed up to where its answer
                 # ends, and an engine that can stops the draw there (probe.parse.answer_end)
                 with rates.timing("draws", len(to_sample) * plan.samples, bar):

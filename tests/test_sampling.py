@@ -265,3 +265,24 @@ def test_temperature_zero_is_greedy_on_every_path(tiny_engine):
     }
     assert texts["tree"] == texts["shared"] == texts["plain"]
     assert texts["tree"][0] == texts["tree"][1]
+
+
+def test_draws_reuse_the_readout_prefill(tiny_engine):
+    """sample_next: the readout keeps its trees' caches, and the draws that follow start from them: the same
+    readouts, and the same draws as a sample() that computes its prompts itself."""
+    trials = _trials()
+    e = _engine(tiny_engine)
+    plain_readouts = e.readout(trials)
+    alone = _draws(e.sample(trials[:3], 4, 1.0))
+    e.sample_next(trials[:3])
+    readouts = e.readout(trials)
+    assert set(e._kept) == {e.render(t) for t in trials[:3]}  # only the prompts to be sampled
+    for a, b in zip(plain_readouts, readouts, strict=True):
+        assert a == b  # the same forward, only its cache kept
+    reused = _draws(e.sample(trials[:3], 4, 1.0))
+    assert not e._kept and not e._expect  # consumed
+    assert reused == alone
+    # a readout that does not hold every prompt of the sample: the sample computes them itself
+    e.sample_next(trials[:3])
+    e.readout(trials[:2])
+    assert _draws(e.sample(trials[:3], 4, 1.0)) == alone
