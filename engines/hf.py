@@ -201,6 +201,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=131072,
         help="most KV-cache tokens of one decoding batch, reply room included (default: 131072; bounds memory)",
     )
+    g.add_argument(
+        "--hf-no-group-draws",
+        action="store_true",
+        help="give every draw its own cache row instead of one per prompt (grouped attention; docs/speed.md)",
+    )
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
@@ -222,6 +227,7 @@ def from_args(model: str, a: argparse.Namespace) -> HFEngine:
             sample_path=getattr(a, "hf_sample_path", "auto"),
             sample_rows=getattr(a, "hf_sample_rows", 1024),
             sample_cache_tokens=getattr(a, "hf_sample_cache_tokens", 131072),
+            group_draws=not getattr(a, "hf_no_group_draws", False),
         )
     )
 

@@ -401,7 +401,7 @@ def grouped_attention(
     if layer is None or layer.layer_idx != getattr(module, "layer_idx", layer.layer_idx):
         raise RuntimeError(
             f"grouped attention reached layer {getattr(module, 'layer_idx', '?')} without its SharedPromptLayer; "
-            "sample with HFSettings(group_draws=False) for this model"
+            "sample with --hf-no-group-draws (HFSettings(group_draws=False)) for this model"
         )
     g = layer.groups
     rows, heads, q_len, dim = query.shape

@@ -234,6 +234,21 @@ def test_sample_settings_fail_clearly():
         HFSettings(model="tiny", sample_cache_tokens=0)
 
 
+def test_sampling_flags_reach_the_settings():
+    """probe run's own parser: the sampling flags land in HFSettings (group_draws is on unless switched off)."""
+    from engines import make_engine
+    from probe.cli import build_parser
+
+    def settings(*flags):
+        a = build_parser().parse_args(["run", "yesno", "--model", "tiny", "--out", "unused", *flags])
+        return make_engine(a).settings
+
+    default = settings()
+    assert (default.group_draws, default.sample_rows, default.sample_cache_tokens) == (True, 1024, 131072)
+    chosen = settings("--hf-no-group-draws", "--hf-sample-rows", "64", "--hf-sample-cache-tokens", "999")
+    assert (chosen.group_draws, chosen.sample_rows, chosen.sample_cache_tokens) == (False, 64, 999)
+
+
 def test_decoding_batches_respect_rows_and_cache_tokens(tiny_engine):
     """Batches hold at most sample_rows draws and sample_cache_tokens cache tokens (a grouped prompt once), and a
     call's draws are cut into as few batches as that allows, evenly."""
