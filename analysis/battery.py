@@ -473,29 +473,78 @@ def _bowtie_figure(sides: dict[str, pd.DataFrame], fits: pd.DataFrame, path: Pat
 
 
 def calibration_section(f: Frames, out: Path) -> Section:
-    """Readout temperature T from logits vs sampled behaviour, beside decisiveness s."""
-    from analysis.calibration import calibrate, calibration_table
+    """Readout temperature T per instrument (at the slot and on all parsed answers), parse rules, beside s."""
+    from analysis.calibration import (
+        POOLED,
+        calibrate_by_instrument,
+        calibration_table,
+        rule_counts,
+        sample_rules,
+        temperature_table,
+    )
     from analysis.frames import count_samples
 
-    if f.readout_options.empty or f.samples.empty:
+    if f.samples.empty:
+        return Section("Readout temperature", ["Needs --samples N (and readouts, from a logit engine)."], [])
+    rules = sample_rules(f.samples, f.trial_list)
+    counts = rule_counts(rules, f.trial_list)
+    atomic_write_text(out / "parse_rules.csv", counts.to_csv())
+    files: list[Path] = [out / "parse_rules.csv"]
+    rule_lines = [
+        "Parse rules (probe.parse): how many draws each rule decided, per instrument. exact: the reply's first "
+        "sentence is exactly one option (an answer at the slot); stated: a last line 'Answer: X'; standalone: one "
+        "option found anywhere in the reply; refusal; invalid: none of these.",
+        "",
+        md_table(counts),
+    ]
+    if counts["disagree"].sum():
+        rule_lines += [
+            "",
+            f"{int(counts.loc[counts.index[-1], 'disagree'])} stored answers differ from today's parser (a run "
+            "parsed by an older version): the rules above are today's; the 'all' temperatures use the stored answers.",
+        ]
+    if f.readout_options.empty:
         return Section(
-            "Readout temperature", ["Needs both readouts and --samples N in the same run (a logit engine)."], []
+            "Readout temperature", ["Needs readouts beside the samples (a logit engine).", "", *rule_lines], files
         )
     tau = float(f.manifest.get("plan", {}).get("temperature", 1.0))
     if tau <= 0:
-        return Section("Readout temperature", ["Samples were greedy (temperature 0): no temperature to fit."], [])
-    sopts = count_samples(f.samples, f.trial_list)[0]
-    cal = calibrate(f.readout_options, sopts, tau=tau)
-    table = calibration_table(f.readout_options, sopts)
-    fig = plots.scatter_xy(
-        table["p_readout"].to_numpy(),
-        table["p_sampled"].to_numpy(),
-        out / "fig_calibration.png",
-        f"Readout vs sampled P(CBR) (tau = {tau:g}, fitted T = {cal.T:.3f})",
-        "logit readout probability",
-        "sampled frequency",
-    )
-    atomic_write_text(out / "calibration.csv", table.to_csv(index=False, float_format="%.6f"))
+        return Section(
+            "Readout temperature",
+            ["Samples were greedy (temperature 0): no temperature to fit.", "", *rule_lines],
+            files,
+        )
+    rows = calibrate_by_instrument(f.readout_options, f.samples, f.trial_list, tau, rules=rules)
+    table = temperature_table(rows)
+    atomic_write_text(out / "calibration_T.csv", table.to_csv(index=False, float_format="%.6f"))
+    files.append(out / "calibration_T.csv")
+    by = {(r.instrument, r.answers): r for r in rows}
+    head = rows[0].instrument
+
+    def _t(instrument: str, answers: str) -> str:
+        r = by.get((instrument, answers))
+        if r is None:
+            return "n/a"
+        c = r.calibration
+        if c is None:
+            return f"not fitted ({r.reason})"
+        return f"{c.T:.3f} [{c.T_lo:.3f}, {c.T_hi:.3f}] ({c.n_samples} answers, {r.n_trials} trials)"
+
+    head_ids = {t.trial_id for t in f.trial_list if str(t.factors.get("instrument", "all")) == head}
+    sopts = count_samples(f.samples[f.samples["trial_id"].isin(head_ids)], f.trial_list)[0]
+    head_cal = by[(head, "all")].calibration
+    if head_cal is not None:
+        ptable = calibration_table(f.readout_options, sopts, meaning="cbr" if "cbr" in set(sopts["meaning"]) else None)
+        fig = plots.scatter_xy(
+            ptable["p_readout"].to_numpy(),
+            ptable["p_sampled"].to_numpy(),
+            out / "fig_calibration.png",
+            f"{head}: readout vs sampled (tau = {tau:g}, T all parsed = {head_cal.T:.3f})",
+            "logit readout probability",
+            "sampled frequency (all parsed answers)",
+        )
+        atomic_write_text(out / "calibration.csv", ptable.to_csv(index=False, float_format="%.6f"))
+        files += [out / "calibration.csv", fig]
     s_line = ""
     fits = f.results.get("fits")
     if fits is not None and len(fits):
@@ -504,13 +553,34 @@ def calibration_section(f: Frames, out: Path) -> Section:
             + ", ".join(f"{ch} {row['s']:.3f}" for ch, row in fits.iterrows())
             + "; T and s are different quantities."
         )
+    level = next((r.calibration.level for r in rows if r.calibration is not None), 0.95)
     lines = [
-        f"Readout temperature T = {cal.T:.3f} [{cal.T_lo:.3f}, {cal.T_hi:.3f}] ({cal.level:.0%} profile-likelihood "
-        f"interval; T = 1 means sampling at tau draws from softmax(logits / tau)); {cal.n_samples} parsed samples over "
-        f"{cal.n_trials} trials at tau = {tau:g}; r(readout, sampled) = {cal.r:.3f}; mean |difference| "
-        f"{cal.mad:.4f} ({cal.mad_tempered:.4f} after re-tempering).{s_line}",
+        f"Readout temperature T = fitted temperature / tau (tau = {tau:g}): T = 1 when sampling at tau draws from "
+        f"softmax(readout logits / tau); {level:.0%} profile-likelihood intervals. Headline ({head}):",
+        f"- {head}, answers at the slot: T = {_t(head, 'slot')}: the check that sampling and readout agree "
+        "(contains 1 for a faithful engine)",
+        f"- {head}, all parsed answers: T = {_t(head, 'all')}: how well the readout predicts behaviour",
     ]
-    return Section("Readout temperature", lines, [out / "calibration.csv", fig])
+    if (POOLED, "all") in by:
+        lines.append(f"- pooled over instruments: at the slot {_t(POOLED, 'slot')}; all parsed {_t(POOLED, 'all')}")
+    show = table.set_index("instrument").drop(columns="level")
+    for col in ("n_samples", "n_trials", "n_trials_r"):
+        show[col] = show[col].map(lambda v: "" if pd.isna(v) else str(int(v)))
+    show["note"] = show["note"].fillna("")
+    lines += ["", md_table(show, fmt="{:.3f}")]
+    for r in rows:
+        if r.answers == "slot" and r.excludes_one and r.calibration is not None:
+            c = r.calibration
+            lines += [
+                "",
+                f"WARNING: {r.instrument}: T at the slot = {c.T:.3f} [{c.T_lo:.3f}, {c.T_hi:.3f}] excludes 1: the "
+                "sampled answers at the slot do not follow the readout distribution (a different prompt rendering, "
+                "top-k/top-p or a server-side change of the logits, a multi-token option the sampler did not follow).",
+            ]
+    if s_line:
+        lines += ["", s_line.strip()]
+    lines += ["", *rule_lines]
+    return Section("Readout temperature", lines, files)
 
 
 def validity_section(f: Frames, out: Path) -> Section:

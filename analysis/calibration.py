@@ -32,6 +32,9 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, special, stats
 
+from probe.parse import parse_answer
+from probe.types import Trial
+
 _LOG_T_RANGE = (math.log(1e-3), math.log(1e3))
 
 
@@ -272,3 +275,216 @@ def calibrate(
         n_samples=fit.n_samples,
         loglik=fit.loglik,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Which answers the temperature is fitted on, and per instrument (issue 27, items E and F).
+# The readout reads the answer slot: the first tokens of the reply. A sampled reply parsed by the
+# standalone rule ("Tantamount to one yes. You" reads Yes) found its answer somewhere else, so its
+# frequency is a different quantity from the slot's distribution. The calibration therefore fits T
+# twice per instrument: on the answers given at the slot (the check that sampling and readout agree)
+# and on every parsed answer (how well the readout predicts behaviour).
+
+RULES: tuple[str, ...] = ("exact", "stated", "standalone", "refusal", "invalid")
+"""The parse rules of :func:`probe.parse.parse_answer`, in the order they are tried (``none`` reads ``invalid``)."""
+
+ANSWER_SETS: tuple[str, ...] = ("slot", "all")
+"""``slot``: answers given at the slot (rule ``exact``); ``all``: every parsed answer (status ``ok``)."""
+
+INSTRUMENT_ORDER: tuple[str, ...] = ("binary", "choice", "graded")
+"""Report order: the forced binary first (the paper's T calibrates the binary choice probability)."""
+
+POOLED = "pooled"
+
+
+def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial]) -> pd.DataFrame:
+    """Per stored draw: the parse rule that decided it, recomputed from its text and its trial's options.
+
+    The samples table keeps the parsed option and status, not the rule, so the
+    rule is recomputed with today's parser exactly as the run parsed it
+    (:func:`probe.parse.parse_answer` with ``forced=True``: readout trials ask for one of
+    their options, so a reply is parsed up to where its answer ends). Returns
+    ``trial_id, draw, rule, slot_option, agrees``: ``rule`` is one of
+    :data:`RULES` (or ``error`` for an engine error, which has no text to parse);
+    ``slot_option`` is the option answered at the slot (rule ``exact``: the
+    reply's first sentence, markup and punctuation stripped, is exactly one
+    option), else None; ``agrees`` says whether the recomputed option and
+    status equal the stored ones (False for draws of a run parsed by an older parser).
+    """
+    need = ("trial_id", "option", "status", "text")
+    missing = [c for c in need if c not in samples.columns]
+    if missing:
+        raise ValueError(f"samples lacks columns {missing}; it has {list(samples.columns)} (RunStore.load('samples'))")
+    by_id = {t.trial_id: t for t in trials}
+    unknown = sorted(set(samples["trial_id"]) - set(by_id))
+    if unknown:
+        raise ValueError(f"{len(unknown)} sampled trial ids are not among the run's trials (e.g. {unknown[0]!r})")
+    rules: list[str] = []
+    slots: list[str | None] = []
+    agrees: list[bool] = []
+    for tid, text, option, status in zip(
+        samples["trial_id"], samples["text"], samples["option"], samples["status"], strict=True
+    ):
+        if status == "error":
+            rules.append("error")
+            slots.append(None)
+            agrees.append(True)
+            continue
+        p = parse_answer(str(text), by_id[tid].options, forced=True)
+        rule = "invalid" if p.rule == "none" else p.rule
+        rules.append(rule)
+        slots.append(p.option if rule == "exact" else None)
+        stored = None if option is None or (isinstance(option, float) and math.isnan(option)) else option
+        agrees.append(p.status == status and p.option == stored)
+    draw = samples["draw"] if "draw" in samples.columns else pd.Series(range(len(samples)), index=samples.index)
+    return pd.DataFrame(
+        {
+            "trial_id": samples["trial_id"].to_numpy(),
+            "draw": draw.to_numpy(),
+            "rule": rules,
+            "slot_option": slots,
+            "agrees": agrees,
+        }
+    )
+
+
+def _instrument_of(trials: Sequence[Trial]) -> dict[str, str]:
+    """trial id -> instrument factor (``all`` for experiments without one, e.g. ``probe run yesno``)."""
+    return {t.trial_id: str(t.factors.get("instrument", "all")) for t in trials}
+
+
+def _instrument_names(present: set[str]) -> list[str]:
+    return [i for i in INSTRUMENT_ORDER if i in present] + sorted(present - set(INSTRUMENT_ORDER))
+
+
+def rule_counts(rules: pd.DataFrame, trials: Sequence[Trial]) -> pd.DataFrame:
+    """How many draws each parse rule decided, per instrument (rows) and in total (row ``all``).
+
+    ``rules`` is :func:`sample_rules`'s frame. Columns: :data:`RULES` in order,
+    ``error`` (engine errors), ``n`` (all draws) and ``disagree`` (draws whose
+    stored parse differs from today's parser; 0 for a run parsed by it).
+    """
+    inst = _instrument_of(trials)
+    frame = rules.assign(instrument=rules["trial_id"].map(inst))
+    names = _instrument_names(set(frame["instrument"]))
+    counts = frame.groupby(["instrument", "rule"]).size().unstack(fill_value=0)
+    out = counts.reindex(index=names, columns=[*RULES, "error"], fill_value=0)
+    out["n"] = out.sum(axis=1)
+    out["disagree"] = (~frame["agrees"]).groupby(frame["instrument"]).sum().reindex(names, fill_value=0)
+    if len(names) > 1:
+        out.loc["all"] = out.sum(axis=0)
+    out.index.name = "instrument"
+    return out.astype(int)
+
+
+def answers_at(samples: pd.DataFrame, rules: pd.DataFrame, answers: str) -> pd.DataFrame:
+    """The samples a temperature is fitted on: ``all`` (as stored) or ``slot`` (only slot answers, status ok).
+
+    ``rules`` is :func:`sample_rules` of the same ``samples`` (row for row).
+    """
+    if answers not in ANSWER_SETS:
+        raise ValueError(f"answers must be one of {list(ANSWER_SETS)}, got {answers!r}")
+    if len(rules) != len(samples):
+        raise ValueError(f"rules has {len(rules)} rows but samples has {len(samples)}; pass sample_rules(samples, ...)")
+    if answers == "all":
+        return samples
+    at = rules["slot_option"].notna().to_numpy()
+    return samples.loc[at].assign(option=rules.loc[at, "slot_option"].to_numpy(), status="ok")
+
+
+@dataclass(frozen=True)
+class TemperatureRow:
+    """One readout temperature of the report: one instrument (or ``pooled``), one answer set."""
+
+    instrument: str
+    answers: str
+    """``slot`` or ``all`` (:data:`ANSWER_SETS`)."""
+    calibration: Calibration | None
+    """None when nothing could be fitted (``reason`` says why)."""
+    reason: str = ""
+    n_trials: int = 0
+    """Trials with at least one answer in this answer set (``calibration.n_trials`` counts the trials in r)."""
+
+    @property
+    def excludes_one(self) -> bool:
+        c = self.calibration
+        return c is not None and not c.T_lo <= 1.0 <= c.T_hi
+
+
+def calibrate_by_instrument(
+    readout_options: pd.DataFrame,
+    samples: pd.DataFrame,
+    trials: Sequence[Trial],
+    tau: float,
+    *,
+    level: float = 0.95,
+    rules: pd.DataFrame | None = None,
+) -> tuple[TemperatureRow, ...]:
+    """T per instrument and pooled, each on the answers at the slot and on all parsed answers.
+
+    Rows come instrument by instrument (:data:`INSTRUMENT_ORDER`, the forced
+    binary first), then ``pooled`` (every instrument together, the report's
+    former single T); within each, ``slot`` before ``all``. Each is
+    :func:`calibrate` on that instrument's trials, ``meaning="cbr"`` where the
+    instrument has a CBR option (r and mad over trials' P(CBR)), else every
+    option. ``rules``: :func:`sample_rules` of ``samples`` if already computed.
+    """
+    from analysis.frames import count_samples
+
+    if rules is None:
+        rules = sample_rules(samples, trials)
+    inst = _instrument_of(trials)
+    sampled = set(samples["trial_id"])
+    names = _instrument_names({inst[t] for t in sampled if t in inst})
+    groups = [(n, {t for t in sampled if inst.get(t) == n}) for n in names]
+    if len(names) > 1:
+        groups.append((POOLED, sampled))
+    rows = []
+    for name, ids in groups:
+        mine = samples["trial_id"].isin(ids).to_numpy()
+        s_inst, r_inst = samples.loc[mine].reset_index(drop=True), rules.loc[mine].reset_index(drop=True)
+        ro = readout_options[readout_options["trial_id"].isin(ids)]
+        for answers in ANSWER_SETS:
+            chosen = answers_at(s_inst, r_inst, answers)
+            label = "answers at the slot" if answers == "slot" else "parsed answers"
+            if not (chosen["status"] == "ok").any():
+                rows.append(TemperatureRow(name, answers, None, f"no {label}"))
+                continue
+            sopts = count_samples(chosen, trials)[0]
+            meaning = "cbr" if "cbr" in set(sopts["meaning"]) else None
+            try:
+                cal = calibrate(ro, sopts, tau, level=level, meaning=meaning)
+            except ValueError as e:
+                rows.append(TemperatureRow(name, answers, None, str(e)))
+                continue
+            n_trials = int(chosen.loc[chosen["status"] == "ok", "trial_id"].nunique())
+            rows.append(TemperatureRow(name, answers, cal, n_trials=n_trials))
+    return tuple(rows)
+
+
+def temperature_table(rows: Sequence[TemperatureRow]) -> pd.DataFrame:
+    """The rows of :func:`calibrate_by_instrument` as a table (one line per instrument and answer set)."""
+    out = []
+    for row in rows:
+        c = row.calibration
+        rec: dict[str, object] = {"instrument": row.instrument, "answers": row.answers}
+        if c is None:
+            rec.update(note=row.reason)
+        else:
+            rec.update(
+                T=c.T,
+                T_lo=c.T_lo,
+                T_hi=c.T_hi,
+                level=c.level,
+                n_samples=c.n_samples,
+                n_trials=row.n_trials,
+                n_trials_r=c.n_trials,
+                r=c.r,
+                mad=c.mad,
+                mad_tempered=c.mad_tempered,
+                note="interval excludes 1" if row.excludes_one else "",
+            )
+        out.append(rec)
+    cols = ["instrument", "answers", "T", "T_lo", "T_hi", "level", "n_samples", "n_trials", "n_trials_r", "r", "mad",
+            "mad_tempered", "note"]  # fmt: skip
+    return pd.DataFrame(out).reindex(columns=cols)

@@ -11,8 +11,19 @@ from scipy import optimize, stats
 from scipy.special import logsumexp
 
 import tests.battery_contract as bc
-from analysis.calibration import calibrate, calibration_table, temperature_loglik
+from analysis.calibration import (
+    RULES,
+    answers_at,
+    calibrate,
+    calibrate_by_instrument,
+    calibration_table,
+    rule_counts,
+    sample_rules,
+    temperature_loglik,
+    temperature_table,
+)
 from engines.sim import SimEngine, SimParams
+from probe.types import Message, Trial
 
 
 def _tables(rows):
@@ -125,3 +136,195 @@ def test_temperature_loglik_is_the_multinomial_loglik():
         lambda t: -temperature_loglik(t, [lp], [counts]), bounds=(0.05, 20), method="bounded"
     )
     assert res.success
+
+
+# ------------------------------------------------------------------------------------------------------
+# Issue 27, items E and F: which answers T is fitted on (at the slot / all parsed), per instrument, and the
+# parse-rule counts. Hand-made frames, checked against an independent optimizer on the same likelihood.
+
+
+def _trial(tid: str, instrument: str, options: tuple[str, ...], meaning: tuple[str, ...]) -> Trial:
+    return Trial(tid, "battery", "item", {"instrument": instrument}, (Message("user", "q"),), options, meaning)
+
+
+YN = ("Yes", "No")
+TEXTS = [  # (text, stored option, stored status, expected rule, expected slot option)
+    ("Yes.", "Yes", "ok", "exact", "Yes"),
+    ("No. The man should not pull the lever, yes.", "No", "ok", "exact", "No"),  # forced: first sentence only
+    ("**Yes**", "Yes", "ok", "exact", "Yes"),
+    ("Tantamount to one yes. You", "Yes", "ok", "standalone", None),
+    ("Let me think.\nAnswer: No", "No", "ok", "stated", None),
+    ("I can't say yes to this.", None, "refusal", "refusal", None),
+    ("Yes or no, it depends.", None, "invalid", "invalid", None),
+    ("", None, "error", "error", None),
+]
+
+
+def _samples(tid: str, rows) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"trial_id": tid, "draw": d, "option": o, "status": s, "text": t} for d, (t, o, s, *_) in enumerate(rows)]
+    )
+
+
+def test_sample_rules_recompute_the_rule_and_the_answer_at_the_slot_by_hand():
+    trials = [_trial("b1", "binary", YN, ("cbr", "anti"))]
+    r = sample_rules(_samples("b1", TEXTS), trials)
+    assert r["rule"].tolist() == [x[3] for x in TEXTS]
+    assert [None if pd.isna(v) else v for v in r["slot_option"]] == [x[4] for x in TEXTS]
+    assert r["agrees"].all() and r["draw"].tolist() == list(range(len(TEXTS)))
+    # a stored answer that today's parser reads differently is flagged, never silently re-read
+    stale = _samples("b1", [("No.", "Yes", "ok")])
+    assert not sample_rules(stale, trials)["agrees"].iloc[0]
+    with pytest.raises(ValueError, match="not among the run's trials"):
+        sample_rules(_samples("zz", TEXTS[:1]), trials)
+    with pytest.raises(ValueError, match="lacks columns"):
+        sample_rules(pd.DataFrame({"trial_id": ["b1"]}), trials)
+
+
+def test_rule_counts_per_instrument_by_hand():
+    trials = [_trial("b1", "binary", YN, ("cbr", "anti")), _trial("g1", "graded", ("0", "1", "2"), ("-1", "0", "1"))]
+    graded = [("2", "2", "ok"), ("I would say 1 here", "1", "ok"), ("0 or 2", None, "invalid")]
+    s = pd.concat([_samples("g1", graded), _samples("b1", TEXTS)], ignore_index=True)
+    c = rule_counts(sample_rules(s, trials), trials)
+    assert c.index.tolist() == ["binary", "graded", "all"]  # the forced binary first, whatever the row order
+    assert c.loc["binary"].to_dict() == {
+        "exact": 3, "stated": 1, "standalone": 1, "refusal": 1, "invalid": 1, "error": 1, "n": 8, "disagree": 0
+    }  # fmt: skip
+    assert c.loc["graded"].to_dict() == {
+        "exact": 1, "stated": 0, "standalone": 1, "refusal": 0, "invalid": 1, "error": 0, "n": 3, "disagree": 0
+    }  # fmt: skip
+    assert (c.loc["all"] == c.loc["binary"] + c.loc["graded"]).all()
+    # one instrument: no "all" row
+    assert rule_counts(sample_rules(_samples("b1", TEXTS), trials), trials).index.tolist() == ["binary"]
+
+
+def test_answers_at_the_slot_keep_only_first_sentence_answers():
+    trials = [_trial("b1", "binary", YN, ("cbr", "anti"))]
+    s = _samples("b1", TEXTS)
+    r = sample_rules(s, trials)
+    slot = answers_at(s, r, "slot")
+    assert slot["draw"].tolist() == [0, 1, 2] and slot["option"].tolist() == ["Yes", "No", "Yes"]
+    assert set(slot["status"]) == {"ok"}
+    assert answers_at(s, r, "all") is s
+    with pytest.raises(ValueError, match="answers must be one of"):
+        answers_at(s, r, "first")
+
+
+def _independent_T(data: list[tuple[np.ndarray, np.ndarray]], tau: float) -> tuple[float, float, float]:
+    """MLE and 95% profile ends of T = T_eff / tau by scipy.optimize.minimize and brentq on an explicit
+    multinomial log likelihood (scipy.stats.multinomial), sharing no code with analysis.calibration."""
+
+    def ll(t_eff: float) -> float:
+        total = 0.0
+        for lp, n in data:
+            w = np.exp(lp / t_eff - np.max(lp / t_eff))
+            total += stats.multinomial.logpmf(n, int(n.sum()), w / w.sum())
+        return total
+
+    res = optimize.minimize(lambda x: -ll(math.exp(x[0])), x0=[0.0], method="Nelder-Mead",
+                            options={"xatol": 1e-10, "fatol": 1e-12})  # fmt: skip
+    t_hat = math.exp(res.x[0])
+    target = ll(t_hat) - stats.chi2.ppf(0.95, 1) / 2
+    ends = []
+    for a, b in ((1e-3, t_hat), (t_hat, 1e3)):  # the same search range as the module: 0 / inf past it
+        f_a, f_b = ll(a) - target, ll(b) - target
+        ends.append(
+            optimize.brentq(lambda t: ll(t) - target, a, b) if f_a * f_b < 0 else (0.0 if b == t_hat else math.inf)
+        )
+    return t_hat / tau, ends[0] / tau, ends[1] / tau
+
+
+def test_temperature_per_instrument_and_answer_set_against_scipy_by_hand():
+    """Two binary trials and one graded trial; T per (instrument, slot/all) and pooled, each against an
+    independent fit on exactly the counts the split should select."""
+    trials = [
+        _trial("b1", "binary", YN, ("cbr", "anti")),
+        _trial("b2", "binary", ("A", "B"), ("anti", "cbr")),
+        _trial("g1", "graded", ("0", "1", "2"), ("-1", "0", "1")),
+    ]
+    ro = pd.DataFrame(
+        [
+            {"trial_id": tid, "option": o, "logprob": lp}
+            for tid, opts, lps in (
+                ("b1", YN, (-0.3, -1.6)),
+                ("b2", ("A", "B"), (-1.1, -0.5)),
+                ("g1", ("0", "1", "2"), (-2.0, -0.4, -1.5)),
+            )
+            for o, lp in zip(opts, lps, strict=True)
+        ]
+    )
+    b1 = [("Yes.", "Yes", "ok")] * 5 + [("No.", "No", "ok")] * 2 + [("It is a yes from me", "Yes", "ok")] * 3
+    b1 += [("maybe no", "No", "ok")] * 2 + [("no idea", "No", "ok")]  # standalone: all-parsed only
+    b2 = (
+        [("A.", "A", "ok")] * 2 + [("B", "B", "ok")] * 4 + [("I pick A", "A", "ok")] * 4 + [("A or B", None, "invalid")]
+    )
+    g1 = [("1", "1", "ok")] * 6 + [("2.", "2", "ok")] * 2 + [("0", "0", "ok")] + [("a 2 maybe", "2", "ok")] * 3
+    s = pd.concat([_samples("b1", b1), _samples("b2", b2), _samples("g1", g1)], ignore_index=True)
+    tau = 0.7
+    rows = calibrate_by_instrument(ro, s, trials, tau)
+    assert [(r.instrument, r.answers) for r in rows] == [
+        ("binary", "slot"), ("binary", "all"), ("graded", "slot"), ("graded", "all"), ("pooled", "slot"),
+        ("pooled", "all"),
+    ]  # fmt: skip
+    lp = {"b1": np.array([-0.3, -1.6]), "b2": np.array([-1.1, -0.5]), "g1": np.array([-2.0, -0.4, -1.5])}
+    counts = {  # hand-counted from the texts above, options in print order
+        ("b1", "slot"): [5, 2], ("b1", "all"): [8, 5],
+        ("b2", "slot"): [2, 4], ("b2", "all"): [6, 4],
+        ("g1", "slot"): [1, 6, 2], ("g1", "all"): [1, 6, 5],
+    }  # fmt: skip
+    members = {"binary": ["b1", "b2"], "graded": ["g1"], "pooled": ["b1", "b2", "g1"]}
+    for r in rows:
+        data = [(lp[t], np.array(counts[(t, r.answers)], dtype=float)) for t in members[r.instrument]]
+        t_hat, lo, hi = _independent_T(data, tau)
+        c = r.calibration
+        assert c is not None
+        t_fit = c.T
+        assert t_fit == pytest.approx(t_hat, rel=1e-5), (r.instrument, r.answers)
+        assert c.T_lo == pytest.approx(lo, rel=1e-5) and c.T_hi == pytest.approx(hi, rel=1e-5)
+        assert c.n_samples == sum(int(n.sum()) for _, n in data)
+    # r and mad of the binary rows read P(CBR) per trial: b1 slot sampled 5/7, b2 slot (CBR = B) 4/6
+    sig = lambda v: 1 / (1 + math.exp(-v))  # noqa: E731
+    binary_slot = rows[0].calibration
+    assert binary_slot is not None and binary_slot.n_trials == 2
+    assert binary_slot.mad == pytest.approx((abs(sig(1.3) - 5 / 7) + abs(sig(0.6) - 4 / 6)) / 2)
+    table = temperature_table(rows)
+    assert table["T"].tolist() == pytest.approx([r.calibration.T for r in rows if r.calibration])
+    assert list(table.columns[:5]) == ["instrument", "answers", "T", "T_lo", "T_hi"]
+
+
+def test_an_answer_set_without_answers_says_so():
+    trials = [_trial("b1", "binary", YN, ("cbr", "anti"))]
+    ro = pd.DataFrame({"trial_id": ["b1", "b1"], "option": list(YN), "logprob": [-0.3, -1.6]})
+    s = _samples("b1", [("It is a yes", "Yes", "ok"), ("nope, no", "No", "ok")])
+    rows = calibrate_by_instrument(ro, s, trials, 1.0)
+    assert rows[0].calibration is None and rows[0].reason == "no answers at the slot"
+    assert rows[1].calibration is not None and not rows[0].excludes_one
+    assert temperature_table(rows).loc[0, "note"] == "no answers at the slot"
+
+
+def test_sim_battery_report_gives_T_per_instrument_and_the_parse_rules(tmp_path):
+    """From the CLI: the report's headline is the forced binary at the slot and on all parsed answers, the
+    pooled T beside it, the per-instrument table and the parse-rule counts. The sim answers with the bare
+    option ("Yes", "7.": exact, at the slot) or in the stated format ("Answer: 7"), so the slot fit uses the
+    exact draws and the all-parsed fit the exact and stated ones."""
+    from tests.test_store import run_cli
+
+    out = tmp_path / "run"
+    run_cli("run", "battery", "--model", "sim", "--out", str(out), "--items", "mine_cart_bridge,pond_child",
+            "--instruments", "graded,binary", "--samples", "4", "--quiet")  # fmt: skip
+    summary = (out / "report" / "summary.md").read_text()
+    section = summary.split("## Readout temperature", 1)[1].split("\n## ", 1)[0]
+    assert "Headline (binary)" in section and "- binary, answers at the slot: T = " in section
+    assert "- binary, all parsed answers: T = " in section and "- pooled over instruments: at the slot" in section
+    assert "Parse rules" in section and "| exact | stated | standalone | refusal | invalid |" in section
+    T = pd.read_csv(out / "report" / "calibration_T.csv")
+    assert list(zip(T["instrument"], T["answers"], strict=True)) == [
+        (i, a) for i in ("binary", "graded", "pooled") for a in ("slot", "all")
+    ]
+    rules = pd.read_csv(out / "report" / "parse_rules.csv", index_col=0)
+    assert rules.index.tolist() == ["binary", "graded", "all"]
+    assert (rules[["standalone", "disagree"]] == 0).all().all() and (rules[["exact", "stated"]] > 0).all().all()
+    assert (rules[[*RULES, "error"]].sum(axis=1) == rules["n"]).all()
+    n = T.set_index(["instrument", "answers"])["n_samples"]
+    for inst, row in rules.rename(index={"all": "pooled"}).iterrows():
+        assert n[(inst, "slot")] == row["exact"] and n[(inst, "all")] == row["exact"] + row["stated"]
