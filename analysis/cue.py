@@ -1088,8 +1088,42 @@ def _header(store: RunStore, spec: CueSpec, per_trial: pd.DataFrame, source: str
     ]
 
 
+def _chance_section(
+    checks: pd.DataFrame, n_options: Mapping[str, int], per_trial: pd.DataFrame, source: str, seed: int, used: bool
+) -> list[str]:
+    """Beside an identity-recovery table: each rate against chance, low coverage of the check probes."""
+    from analysis import cue_flags as flags
+
+    chances = flags.recovery_vs_chance(checks, n_options, seed=seed)
+    lines = ["Recovery against chance (uniform guessing 1/k; answers independent of the truth, by permutation):", ""]
+    lines += flags.chance_lines(chances)
+    if used and any(not c.above_chance for c in chances):
+        lines.append(
+            "- the correct-only reading keeps the pairs recovered where recovery is not distinguishable from "
+            "chance: there it is a chance subset of the pairs, not the solved ones."
+        )
+    if source == "check":
+        lines += flags.coverage_lines(per_trial, [f"check_{a}" for a in n_options], "the identity-recovery table")
+    return [*lines, ""]
+
+
+def _breakdown_flag(changes: pd.DataFrame, head: str, cons: str) -> list[str]:
+    """A line under a breakdown table whose Direct and headline arms never change a Neutral decision."""
+    sub = changes[(changes["consequences"] == cons) & changes["arm"].isin([REFERENCE, head])]
+    if sub.empty or not sub["identical"].all():
+        return []
+    pairs = sub[sub["attr"] == sub["attr"].iloc[0]].groupby("arm", sort=False)["pairs"].sum()
+    counts = ", ".join(f"{arm} {int(n)}" for arm, n in pairs.items())
+    return [
+        f"- **degenerate**: greedy decision identical to Neutral in every pair of {REFERENCE} and {head} "
+        f"(pairs: {counts}), so this table's Favor, Against, Net and Gap are 0 or n/a by construction.",
+        "",
+    ]
+
+
 def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
     """Write the cue-visibility report of a run: CSV tables, ``summary.md``, ``puzzles.jsonl`` and the figure."""
+    from analysis import cue_flags as flags
     from analysis.frames import choice_probs
     from experiments.cue import CueSpec
     from probe.store import atomic_write_text
@@ -1104,14 +1138,24 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
 
     checks, id_source = identity_checks(store, options, per_trial, labels)
     if not checks.empty:
+        n_options = {a: len(v) for a, v in labels.items()}
         sr = solve_rates(checks).assign(source=id_source)
         lines += _solve_section(sr, id_source)
+        chances = [flags.chance_frame(flags.recovery_vs_chance(checks, n_options, seed=seed)).assign(source=id_source)]
+        lines += _chance_section(checks, n_options, per_trial, id_source, seed, used=True)
         probe_checks = check_frame(options, per_trial) if id_source == "json" else checks.iloc[0:0]
         if not probe_checks.empty:  # the alternative reading beside the paper's
             alt = solve_rates(probe_checks).assign(source="check")
             lines += _solve_section(alt, "check", alternative=True)
+            lines += _chance_section(probe_checks, n_options, per_trial, "check", seed, used=False)
+            chances.append(
+                flags.chance_frame(flags.recovery_vs_chance(probe_checks, n_options, seed=seed)).assign(source="check")
+            )
             sr = pd.concat([sr, alt], ignore_index=True)
         atomic_write_text(out / "cue_solve.csv", sr.to_csv(index=False, float_format="%.6f"))
+        atomic_write_text(
+            out / "cue_solve_chance.csv", pd.concat(chances, ignore_index=True).to_csv(index=False, float_format="%.6f")
+        )
 
     answered = per_trial["coverage"] > 0  # a sampled trial with no parsed answer is an abstention
     neutral_ok = (per_trial["condition"] == "neutral") & answered
@@ -1149,10 +1193,18 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
             "ΔAgainst and ΔFavor = arm - Direct; Gap = Net(Direct) - Net(arm) = ΔAgainst - ΔFavor.",
             "",
         ]
+        changes = flags.decision_changes(with_baseline(decision_frame(options, per_trial)))
+        group_names = [g for _, g in order]
+        lines += [*flags.coverage_lines(per_trial, ["decision", "what_if"], "the decision-bias tables"), ""]
         if head is not None and REFERENCE in arms:
             for cons in cons_list:
                 lines += _bias_section(main_bias, main_gap, head, cons, order)
+                stuck = flags.degenerate_lines(changes[changes["consequences"] == cons], group_names)
+                lines += [*stuck, ""] if stuck else []
         lines += _gap_section(results)
+        gap_flags = flags.gap_lines(flags.stuck_gaps(changes))
+        lines += [*gap_flags, ""] if gap_flags else []
+        atomic_write_text(out / "cue_degenerate.csv", changes.to_csv(index=False))
         fig_arms = [a for a in dict.fromkeys((REFERENCE, head, "named")) if a is not None and a in arms]
         fig_bias = main_bias
         if "correct-only" in results and head is not None and head != REFERENCE:
@@ -1181,6 +1233,7 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
             )
             if head is not None and REFERENCE in arms:
                 lines += _breakdown_section(bb, bg, head, cons_list[0], BREAKDOWNS[by])
+                lines += _breakdown_flag(changes, head, cons_list[0])
     else:
         lines += ["Decision bias needs answered Neutral and what-if trials; this run has none of one of them.", ""]
 
@@ -1189,5 +1242,7 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
         if not sb.empty:
             atomic_write_text(out / "cue_status.csv", sb.to_csv(index=False, float_format="%.6f"))
             lines += _status_section(sb, _group_order(sb, labels))
+            low = flags.coverage_lines(per_trial, ["could_be"], "the status-bias table")
+            lines += [*low, ""] if low else []
     atomic_write_text(out / "summary.md", "\n".join(lines))
     return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png", ".jsonl"))
