@@ -25,7 +25,7 @@ T > 0 and is asymmetric where the likelihood is.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -297,7 +297,7 @@ INSTRUMENT_ORDER: tuple[str, ...] = ("binary", "choice", "graded")
 POOLED = "pooled"
 
 
-def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial]) -> pd.DataFrame:
+def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial] | Mapping[str, Sequence[str]]) -> pd.DataFrame:
     """Per stored draw: the parse rule that decided it, recomputed from its text and its trial's options.
 
     The samples table keeps the parsed option and status, not the rule, so the
@@ -310,12 +310,13 @@ def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial]) -> pd.DataFrame
     reply's first sentence, markup and punctuation stripped, is exactly one
     option), else None; ``agrees`` says whether the recomputed option and
     status equal the stored ones (False for draws of a run parsed by an older parser).
+    ``trials``: the run's trials, or their options by trial id.
     """
     need = ("trial_id", "option", "status", "text")
     missing = [c for c in need if c not in samples.columns]
     if missing:
         raise ValueError(f"samples lacks columns {missing}; it has {list(samples.columns)} (RunStore.load('samples'))")
-    by_id = {t.trial_id: t for t in trials}
+    by_id = _options_of(trials)
     unknown = sorted(set(samples["trial_id"]) - set(by_id))
     if unknown:
         raise ValueError(f"{len(unknown)} sampled trial ids are not among the run's trials (e.g. {unknown[0]!r})")
@@ -330,7 +331,7 @@ def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial]) -> pd.DataFrame
             slots.append(None)
             agrees.append(True)
             continue
-        p = parse_answer(str(text), by_id[tid].options, forced=True)
+        p = parse_answer(str(text), by_id[tid], forced=True)
         rule = "invalid" if p.rule == "none" else p.rule
         rules.append(rule)
         slots.append(p.option if rule == "exact" else None)
@@ -348,8 +349,14 @@ def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial]) -> pd.DataFrame
     )
 
 
-def _instrument_of(trials: Sequence[Trial]) -> dict[str, str]:
+def _options_of(trials: Sequence[Trial] | Mapping[str, Sequence[str]]) -> Mapping[str, Sequence[str]]:
+    return trials if isinstance(trials, Mapping) else {t.trial_id: t.options for t in trials}
+
+
+def _instrument_of(trials: Sequence[Trial] | Mapping[str, str]) -> Mapping[str, str]:
     """trial id -> instrument factor (``all`` for experiments without one, e.g. ``probe run yesno``)."""
+    if isinstance(trials, Mapping):
+        return trials
     return {t.trial_id: str(t.factors.get("instrument", "all")) for t in trials}
 
 
@@ -357,15 +364,16 @@ def _instrument_names(present: set[str]) -> list[str]:
     return [i for i in INSTRUMENT_ORDER if i in present] + sorted(present - set(INSTRUMENT_ORDER))
 
 
-def rule_counts(rules: pd.DataFrame, trials: Sequence[Trial]) -> pd.DataFrame:
+def rule_counts(rules: pd.DataFrame, trials: Sequence[Trial] | Mapping[str, str]) -> pd.DataFrame:
     """How many draws each parse rule decided, per instrument (rows) and in total (row ``all``).
 
     ``rules`` is :func:`sample_rules`'s frame. Columns: :data:`RULES` in order,
     ``error`` (engine errors), ``n`` (all draws) and ``disagree`` (draws whose
-    stored parse differs from today's parser; 0 for a run parsed by it).
+    stored parse differs from today's parser; 0 for a run parsed by it). ``trials``: the run's
+    trials, or the instrument of each trial id (any grouping; a draw of an unlisted trial counts as ``other``).
     """
     inst = _instrument_of(trials)
-    frame = rules.assign(instrument=rules["trial_id"].map(inst))
+    frame = rules.assign(instrument=rules["trial_id"].map(inst).fillna("other"))
     names = _instrument_names(set(frame["instrument"]))
     counts = frame.groupby(["instrument", "rule"]).size().unstack(fill_value=0)
     out = counts.reindex(index=names, columns=[*RULES, "error"], fill_value=0)
@@ -488,3 +496,19 @@ def temperature_table(rows: Sequence[TemperatureRow]) -> pd.DataFrame:
     cols = ["instrument", "answers", "T", "T_lo", "T_hi", "level", "n_samples", "n_trials", "n_trials_r", "r", "mad",
             "mad_tempered", "note"]  # fmt: skip
     return pd.DataFrame(out).reindex(columns=cols)
+
+
+def rule_count_line(samples: pd.DataFrame, options: Mapping[str, Sequence[str]], instrument: Mapping[str, str]) -> str:
+    """One Markdown bullet for every sampled report: the draws each parse rule decided, per instrument."""
+    counts = rule_counts(sample_rules(samples, options), instrument)
+    cols = [c for c in (*RULES, "error") if c != "error" or counts[c].any()]
+    parts = [
+        f"{g} " + ", ".join(f"{c} {int(row[c])}" for c in cols) + f" of {int(row['n'])}" for g, row in counts.iterrows()
+    ]
+    stale = int(counts["disagree"].iloc[-1])
+    return (
+        "- parse rules of the sampled answers (exact: the reply's first sentence is one option, i.e. at the slot; "
+        "stated: 'Answer: X'; standalone: one option found anywhere in the reply): "
+        + "; ".join(parts)
+        + (f"; {stale} stored answers differ from today's parser" if stale else "")
+    )

@@ -294,4 +294,12 @@ def checks_section(
             lines.append(f"- **{NOT_SAMPLING.format(n=rep.n_trials, k=k, t=temp)}**")
         else:
             lines.append(f"- sampled trials with identical draws: {rep.n_identical} of {rep.n_trials}")
+    has_text = {"trial_id", "text", "option", "status"} <= set(samples.columns)
+    parsed = samples[samples["trial_id"].isin(options)] if has_text else samples.iloc[0:0]
+    if not parsed.empty:  # every sampled report: which parse rule decided each answer (issue 27 F)
+        from analysis.calibration import rule_count_line
+
+        inst = meta["instrument"] if "instrument" in meta.columns else pd.Series("all", index=meta.index)
+        groups = {str(t): "other" if pd.isna(g) else str(g) for t, g in zip(meta["trial_id"], inst, strict=True)}
+        lines.append(rule_count_line(parsed, options, groups))
     return [*lines, ""], tables

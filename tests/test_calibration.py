@@ -17,6 +17,7 @@ from analysis.calibration import (
     calibrate,
     calibrate_by_instrument,
     calibration_table,
+    rule_count_line,
     rule_counts,
     sample_rules,
     temperature_loglik,
@@ -198,6 +199,20 @@ def test_rule_counts_per_instrument_by_hand():
     assert rule_counts(sample_rules(_samples("b1", TEXTS), trials), trials).index.tolist() == ["binary"]
 
 
+def test_rule_count_line_for_every_sampled_report():
+    s = pd.concat([_samples("b1", TEXTS), _samples("x", [("Yes", "Yes", "ok")])], ignore_index=True)
+    line = rule_count_line(s, {"b1": YN, "x": YN}, {"b1": "binary", "x": "other"})
+    assert line.endswith(
+        ": binary exact 3, stated 1, standalone 1, refusal 1, invalid 1, error 1 of 8; "
+        "other exact 1, stated 0, standalone 0, refusal 0, invalid 0, error 0 of 1; "
+        "all exact 4, stated 1, standalone 1, refusal 1, invalid 1, error 1 of 9"
+    ), line
+    stale = rule_count_line(_samples("x", [("No.", "Yes", "ok")]), {"x": YN}, {"x": "all"})
+    assert stale.endswith(
+        "all exact 1, stated 0, standalone 0, refusal 0, invalid 0 of 1; 1 stored answers differ from today's parser"
+    )
+
+
 def test_answers_at_the_slot_keep_only_first_sentence_answers():
     trials = [_trial("b1", "binary", YN, ("cbr", "anti"))]
     s = _samples("b1", TEXTS)
@@ -323,6 +338,9 @@ def test_sim_battery_report_gives_T_per_instrument_and_the_parse_rules(tmp_path)
     ]
     rules = pd.read_csv(out / "report" / "parse_rules.csv", index_col=0)
     assert rules.index.tolist() == ["binary", "graded", "all"]
+    checks = summary.split("## What the numbers rest on", 1)[1]  # the line every sampled report carries
+    row = rules.loc["binary"]
+    assert f"binary exact {row['exact']}, stated {row['stated']}, standalone 0, refusal {row['refusal']}" in checks
     assert (rules[["standalone", "disagree"]] == 0).all().all() and (rules[["exact", "stated"]] > 0).all().all()
     assert (rules[[*RULES, "error"]].sum(axis=1) == rules["n"]).all()
     n = T.set_index(["instrument", "answers"])["n_samples"]
