@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["yesno", "choice", "rating"]
+Kind = Literal["yesno", "choice", "option", "rating"]
 
 # fmt: off
 NAMES: tuple[str, ...] = (
@@ -112,6 +112,18 @@ THINK_SENTENCES: tuple[str, ...] = (
     "The {obj} matters most in this story.",
 )
 
+#: The layout of the influence audit's choices (``Option A: ...`` lines, a sentence that leans one way, then the
+#: instruction), which the plain ``choice`` layout does not teach. The nudges carry no signal: the gold is random.
+OPTION_NUDGES: tuple[str, ...] = (
+    "It would make me really happy if you picked {x}.",
+    "Most people I asked chose {x}.",
+    "My teacher says {x} is the better choice.",
+    "Please think about {name} before you answer.",
+    "I would be disappointed if you chose {x}.",
+)
+#: System prompts some samples carry (the audit's instruments send one).
+SYSTEM_PROMPTS: tuple[str, ...] = ("You are a helpful assistant.", "Answer the user's question.")
+
 GENERIC_SENTENCES: tuple[str, ...] = (
     "The quick brown fox jumps over the lazy dog.",
     "A language model assigns probabilities to the next token in a sequence.",
@@ -167,6 +179,7 @@ class Sample:
     answer: str
     labels: tuple[str, ...]
     think: str | None
+    system: str | None = None
 
     @property
     def assistant_content(self) -> str:
@@ -234,6 +247,18 @@ def _choice(rng: random.Random, slots: dict[str, str], story: str) -> tuple[str,
     return f"{story}\n{question}\n{lo}. {first}\n{hi}. {second}\n{instruction}", (a, b)
 
 
+def _option(rng: random.Random, slots: dict[str, str], story: str) -> tuple[str, tuple[str, ...]]:
+    """The audit's layout: a question, ``Option A: ...`` lines, sometimes a nudge toward one, the instruction."""
+    a, b = rng.choice(CHOICE_PAIRS[:2])
+    first, second = (s.format(**slots) for s in rng.sample(OPTIONS, 2))
+    question = rng.choice(CHOICE_QUESTIONS).format(**slots)
+    lines = f"Option A: {first}.\nOption B: {second}."
+    nudge = rng.choice(OPTION_NUDGES).format(x=rng.choice(("A", "B")), **slots) if rng.random() < 0.6 else ""
+    instruction = rng.choice(PAIR_INSTRUCTIONS).format(a=a, b=b)
+    body = "\n\n".join(part for part in (f"{story} {question}", lines, nudge, instruction) if part)
+    return body, (a, b)
+
+
 def _rating(rng: random.Random, slots: dict[str, str], story: str) -> tuple[str, tuple[str, ...]]:
     lo, hi = rng.choice(SCALES)
     adjective = rng.choice(RATING_ADJECTIVES)
@@ -244,8 +269,8 @@ def _rating(rng: random.Random, slots: dict[str, str], story: str) -> tuple[str,
     return f"{story}{sep}{question}", tuple(str(v) for v in range(lo, hi + 1))
 
 
-_MAKERS = {"yesno": _yesno, "choice": _choice, "rating": _rating}
-_KIND_WEIGHTS: tuple[tuple[Kind, float], ...] = (("yesno", 0.37), ("choice", 0.37), ("rating", 0.26))
+_MAKERS = {"yesno": _yesno, "choice": _choice, "option": _option, "rating": _rating}
+_KIND_WEIGHTS: tuple[tuple[Kind, float], ...] = (("yesno", 0.34), ("choice", 0.24), ("option", 0.18), ("rating", 0.24))
 
 
 def make_sample(rng: random.Random, kind: Kind | None = None, think_rate: float = 0.3) -> Sample:
@@ -257,7 +282,9 @@ def make_sample(rng: random.Random, kind: Kind | None = None, think_rate: float 
     user, labels = _MAKERS[kind](rng, slots, _story(rng, slots))
     answer = rng.choice(labels)
     think = rng.choice(THINK_SENTENCES).format(**slots) if rng.random() < think_rate else None
-    return Sample(kind=kind, user=user, answer=answer, labels=labels, think=think)
+    # the audit's instruments send a system prompt; some other samples carry one too, so none depends on it
+    system = rng.choice(SYSTEM_PROMPTS) if rng.random() < (0.7 if kind == "option" else 0.15) else None
+    return Sample(kind=kind, user=user, answer=answer, labels=labels, think=think, system=system)
 
 
 def make_samples(n: int, seed: int, kind: Kind | None = None, think_rate: float = 0.3) -> list[Sample]:

@@ -2,11 +2,17 @@
 
 What must not change when sampling gets faster: raw draws from the model's
 distribution, one generator per (trial, draw), stored generated ids, and
-parses. Every path (tree, shared, plain) and every batch size must draw the
-same tokens from the same seeds; float rounding in kernels of different
-shapes could in principle move a draw that falls within ~1e-6 of a CDF step,
-so equality is asserted on trained-tiny prompts where it was measured to hold
-(it is deterministic: the seeds are fixed).
+parses. Every path (tree, shared, plain) and every batch size draws from the
+same seeds. What is guaranteed on every machine:
+
+* the same path at the same shapes draws bit-identical tokens (asserted exactly);
+* across paths and batch sizes the log-probabilities agree within float rounding
+  (1e-5, asserted by the grouped-attention and reserved-cache tests), so a draw can
+  move only where its uniform falls within rounding of a CDF step. Which draws do
+  depends on the CPU's float kernels (AVX-512, AVX2, default), so the cross-path
+  tests accept a differing draw only where it is such a near tie: recomputed on a
+  one-row plain forward, the draw's own uniform lies within 1e-4 of the total
+  mass from the step between the two tokens (:func:`_assert_same_up_to_near_ties`).
 """
 
 from __future__ import annotations
@@ -164,24 +170,74 @@ def _draws(samples):
     return [(s.trial_id, s.replicate, s.token_ids, s.text) for s in samples]
 
 
+#: A differing draw must sit this close to a CDF step (as a share of the total mass). Rounding moves the log-
+#: probabilities by about 1e-6 between paths (the grouped-attention and reserved-cache tests bound them by 1e-5), so
+#: a step moves by about that share; a uniform further than 1e-4 from every step cannot change its token, and a
+#: wrong path (another distribution, a shifted generator) diverges at steps far from any tie.
+NEAR_TIE = 1e-4
+
+
+def _near_tie(engine, trial, draw: int, prefix: tuple[int, ...], a: int, b: int) -> float:
+    """How far (share of the total mass) draw ``draw``'s uniform at this step lies from the CDF step between the
+    tokens ``a`` and ``b`` two paths drew after ``prefix``: the step's distribution recomputed on one row, plain."""
+    import torch
+
+    from engines.hf import _seed_for
+
+    gen = torch.Generator(device="cpu").manual_seed(_seed_for(engine.settings.seed, trial.trial_id, draw))
+    u = torch.rand(len(prefix) + 1, dtype=torch.float64, generator=gen)[-1]
+    ids = torch.tensor([[*engine.render(trial), *prefix]])
+    with torch.inference_mode():
+        lp, _ = engine._forward(ids, torch.ones_like(ids), None)
+    cdf = (lp[0] - lp[0].max()).exp().double().cumsum(-1)
+    target = u * cdf[-1]
+    lo, hi = sorted((a, b))
+    return float((cdf[lo:hi] - target).abs().min() / cdf[-1])
+
+
+def _assert_same_up_to_near_ties(engine, trials, ref, got, what) -> int:
+    """``got`` draws what ``ref`` draws, token by token, except after a near tie (see the module docstring).
+    Returns how many draws moved at a near tie (printed by the callers: 0 on most machines)."""
+    by_id = {t.trial_id: t for t in trials}
+    assert [(d[0], d[1]) for d in got] == [(d[0], d[1]) for d in ref], what
+    moved = 0
+    for (tid, draw, want, _), (_, _, ids, _) in zip(ref, got, strict=True):
+        if ids == want:
+            continue
+        pos = next((i for i, (x, y) in enumerate(zip(want, ids, strict=False)) if x != y), None)
+        assert pos is not None, (what, tid, draw, "one draw is a prefix of the other", want, ids)
+        gap = _near_tie(engine, by_id[tid], draw, tuple(want[:pos]), want[pos], ids[pos])
+        assert gap < NEAR_TIE, (what, tid, draw, pos, gap)
+        moved += 1
+    return moved
+
+
 def test_same_draws_on_every_path_and_batch_size(tiny_engine):
-    """tree, shared and plain, at 1, 3 and 16 rows per batch, alone or with other trials: the same draws."""
+    """tree, shared and plain, at 1, 3 and 16 rows per batch, alone or with other trials: the same draws (bit for
+    bit at the same path and shapes; elsewhere up to near ties, see the module docstring)."""
     trials = _trials()
     ref = _draws(_engine(tiny_engine, sample_path="plain", sample_rows=16).sample(trials, 4, 1.0))
+    assert _draws(_engine(tiny_engine, sample_path="plain", sample_rows=16).sample(trials, 4, 1.0)) == ref
+    moved = 0
     for path in ("tree", "shared", "plain"):
         for rows in (1, 3, 16):
             for group in (True, False):  # draws of a prompt sharing its keys (grouped attention), or a row each
                 e = _engine(tiny_engine, sample_path=path, sample_rows=rows, group_draws=group)
-                assert _draws(e.sample(trials, 4, 1.0)) == ref, (path, rows, group)
+                moved += _assert_same_up_to_near_ties(tiny_engine, trials, ref, _draws(e.sample(trials, 4, 1.0)),
+                                                      (path, rows, group))
     # small trees: several trees (each its own forward) gathered into one decoding batch
-    assert _draws(_engine(tiny_engine, sample_path="tree", tree_tokens=50).sample(trials, 4, 1.0)) == ref
+    small = _draws(_engine(tiny_engine, sample_path="tree", tree_tokens=50).sample(trials, 4, 1.0))
+    moved += _assert_same_up_to_near_ties(tiny_engine, trials, ref, small, "tree_tokens=50")
     alone = _draws(_engine(tiny_engine, sample_path="tree").sample([trials[2]], 4, 1.0))
-    assert alone == [d for d in ref if d[0] == "t2"]  # with or without other trials in the batch
+    # with or without other trials in the batch
+    moved += _assert_same_up_to_near_ties(tiny_engine, trials, [d for d in ref if d[0] == "t2"], alone, "alone")
+    print(f"\nsampling paths: {moved} of {19 * len(ref) + len(alone)} compared draws moved at a near tie")
     assert len({d[3] for d in ref}) > 4  # the draws differ: they are draws
 
 
 def test_hybrid_paths_draw_the_same(engine):
-    """The Mamba hybrid (no tree path) copies its cache per draw: the same draws as one prefill per draw."""
+    """The Mamba hybrid (no tree path) copies its cache per draw: the same draws as one prefill per draw (up to
+    near ties across shapes)."""
     if engine.settings.model != "tiny-hybrid":
         pytest.skip("the hybrid only")
     trials = _trials()[:3]
@@ -189,9 +245,11 @@ def test_hybrid_paths_draw_the_same(engine):
         _engine(engine, sample_path="tree").sample(trials, 2, 1.0)
     assert _engine(engine).sample_path() == "shared"
     shared = _draws(_engine(engine, sample_path="shared", sample_rows=5).sample(trials, 3, 1.0))
+    assert _draws(_engine(engine, sample_path="shared", sample_rows=5).sample(trials, 3, 1.0)) == shared
     plain = _draws(_engine(engine, sample_path="plain", sample_rows=2).sample(trials, 3, 1.0))
     rows = _draws(_engine(engine, sample_path="shared", sample_rows=5, group_draws=False).sample(trials, 3, 1.0))
-    assert shared == plain == rows
+    _assert_same_up_to_near_ties(engine, trials, shared, plain, "plain")
+    _assert_same_up_to_near_ties(engine, trials, shared, rows, "rows")
 
 
 def test_answer_stop_cuts_draws_without_changing_a_parse(smol_engine):

@@ -81,13 +81,25 @@ def _flat(readouts) -> np.ndarray:
 
 
 def _assert_same(got, ref, atol: float = 1e-5) -> None:
+    """Readouts of two paths agree within float rounding (``atol`` on log-probabilities and coverage).
+
+    Paths compute with other shapes, so their kernels round differently, and by how much depends on the CPU's
+    instruction set. What follows from values within ``atol`` is asserted, and no more: the greedy option and the
+    order of the most likely non-option tokens may differ only between entries that are themselves within
+    rounding of each other (a near tie), never elsewhere.
+    """
     assert [r.trial_id for r in got] == [r.trial_id for r in ref]
     np.testing.assert_allclose(_flat(got), _flat(ref), atol=atol, rtol=0)
     for a, b in zip(got, ref, strict=True):
-        assert a.greedy_option == b.greedy_option
+        if a.greedy_option != b.greedy_option:  # only at a tie of the two options' log-probabilities
+            assert abs(b.prob(a.greedy_option) - b.prob(b.greedy_option)) < 4 * atol, (a, b)
         assert a.prompt_ids == b.prompt_ids and a.prompt_tokens == b.prompt_tokens
-        assert [t for t, _ in a.top_other] == [t for t, _ in b.top_other]
-        np.testing.assert_allclose([p for _, p in a.top_other], [p for _, p in b.top_other], atol=1e-6)
+        mine, theirs = dict(a.top_other), dict(b.top_other)
+        for token in mine.keys() ^ theirs.keys():  # in one top list only: at the edge, tied with its last entry
+            edge = min(theirs.values()) if token in mine else min(mine.values())
+            assert abs(mine.get(token, theirs.get(token, 0.0)) - edge) < 1e-6, (token, a.top_other, b.top_other)
+        shared = sorted(mine.keys() & theirs.keys())
+        np.testing.assert_allclose([mine[t] for t in shared], [theirs[t] for t in shared], atol=1e-6)
 
 
 # ------------------------------------------------------------------ packing helpers

@@ -119,7 +119,9 @@ def _build(out: pathlib.Path, progress: bool) -> dict[str, Any]:
             **BENCH_MOE_CONFIG, vocab_size=len(tokenizer), eos_token_id=eos, pad_token_id=pad, bos_token_id=pad
         )
         model = Qwen3MoeForCausalLM(config).float()
-        info = tiny.train_tiny(model, tokenizer, r, progress=progress)
+        # No behaviour contract: the bench measures speed, and nothing asserts what this model answers. Its weights
+        # differ between CPUs' float kernels as tiny's do; the bench compares peers on the same weights in one run.
+        info = tiny.train_tiny(model, tokenizer, r, progress=progress, contract=None)
         model.generation_config = GenerationConfig(
             eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad, do_sample=False
         )
