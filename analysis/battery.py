@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import plots
-from analysis.binary import cell_events, lexicality_gradient, projections
+from analysis.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 from analysis.frames import choice_probs, trial_meta
 from analysis.yesno import CELLS, Dropped, decompose
 from probe.store import RunStore, atomic_write_text
@@ -74,6 +74,20 @@ def _with_mean(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def corpus_form_order(corpus: str | None, forms: set[str]) -> list[str]:
+    """The run's verb-flip forms in corpus order (the order of ``binary.forms`` in the corpus file).
+
+    The form-parity split of Fig. 3 takes even / odd forms in this order,
+    whatever order ``--forms`` named them in and under every preset (issue
+    27: ``--preset full`` used to sort them alphabetically). Forms the corpus
+    does not list (an edited corpus) follow, sorted.
+    """
+    from experiments.battery import load_corpus
+
+    listed = [str(x) for x in load_corpus(corpus)["binary"]["forms"] if x in forms]
+    return listed + sorted(forms - set(listed))
+
+
 def _note_dropped(f: Frames, dropped: tuple[Dropped, ...]) -> None:
     """Remember stories a section left out, for :func:`dropped_section`."""
     f.results.setdefault("dropped", []).extend(dropped)
@@ -109,9 +123,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     yn = yn[yn["labels"] == "Yes/No"].assign(cbr_verb=lambda d: d["verb"])
     forms = form_decomposition(yn, p_cbr(f.options), trial_variance(f.options))
     spread = i3_incoherence(forms[forms.index.get_level_values("item_id").isin(dec.index)])
-    order_of_forms = [x for x in f.manifest["spec"].get("forms") or sorted(set(yn["form"])) if x in set(yn["form"])]
-    if not order_of_forms:
-        order_of_forms = sorted(set(yn["form"]))
+    order_of_forms = corpus_form_order(f.manifest["spec"].get("corpus"), set(yn["form"]))
     files = []
     if len(order_of_forms) >= 2:
         with contextlib.suppress(ValueError):
@@ -177,8 +189,17 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     corpus = load_corpus(f.manifest["spec"].get("corpus"))
     labels = corpus["binary"]["labels"]
     cb = {k for k, v in labels.items() if v.get("counterbalance")}
-    proj = projections(cell_events(b, f.options), cb)
-    by_pair, contrast = lexicality_gradient(proj, {k: int(v.get("lexicality", -1)) for k, v in labels.items()})
+    events = cell_events(b, f.options)
+    proj = projections(events, cb)
+    incomplete = incomplete_stories(events)
+    _note_dropped(f, incomplete)
+    if proj.empty:
+        raise ValueError(f"no story has every cell of any label pair usable ({len(incomplete)} story-pairs left out)")
+    lex = {k: int(v.get("lexicality", -1)) for k, v in labels.items()}
+    by_pair, contrast = lexicality_gradient(proj, lex)
+    _, contrast_all = lexicality_gradient(proj, lex, include_uncrossed=True)
+    n_left = pd.Series([d.analysis.removeprefix("label map: ") for d in incomplete], dtype=object).value_counts()
+    by_pair["n_dropped"] = n_left.reindex(by_pair.index).fillna(0).astype(int)
     pulls = label_pull(proj)
     for col in ("order", "label_pull", "logic"):
         wide = pulls[col].unstack("labels")
@@ -217,7 +238,13 @@ def labelmap_section(f: Frames, out: Path) -> Section:
         show[f"{col} CI"] = [
             f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(by_pair[f"{col}_lo"], by_pair[f"{col}_hi"], strict=True)
         ]
-    show = show[["lexicality", "order", "order CI", "label_pull", "label_pull CI", "logic", "label", "z"]]
+    show["logic CI"] = [
+        f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(by_pair["logic_lo"], by_pair["logic_hi"], strict=True)
+    ]
+    show["n"] = by_pair["n_items"].astype(int).astype(str)
+    show = show[
+        ["lexicality", "n", "order", "order CI", "label_pull", "label_pull CI", "logic", "logic CI", "label", "z"]
+    ]
     if "m_label" in by_pair.columns:
         show["m_label"] = by_pair["m_label"]
     show["lexicality"] = show["lexicality"].astype(int).astype(str)
@@ -227,12 +254,29 @@ def labelmap_section(f: Frames, out: Path) -> Section:
         "order = mean(2 P(first printed) - 1); label_pull = mean(2 P(the pair's nominal yes label) - 1) over "
         "both label-to-verdict mappings (Fig. 6; the label projection of Fig. 5); logic = mean(2 P(yes-mapped "
         "label) - 1), the verdict-attached pull; m_label = the label pull in theta units from the per-pair joint "
-        "fit (order, logic, label; theta from I-1). Lexicality: 0 non-lexical, 1 mark, 2 word.",
+        "fit (order, logic, label; theta from I-1); n = stories with every cell of the pair usable. Lexicality: 0 "
+        "non-lexical, 1 mark, 2 word.",
         "",
         md_table(show),
         "",
-        f"Lexicality contrast (mean |label pull| on word pairs minus non-lexical pairs): {contrast:+.3f} (descriptive).",
+        f"Lexicality contrast (mean |label pull| on word pairs minus non-lexical pairs): {contrast:+.3f} (descriptive)"
+        + (
+            f"; pairs whose mapping is not counterbalanced ({', '.join(not_crossed)}) are left out of it, their "
+            f"pull being the logic projection, not a label pull; with them, as Fig. 6 groups story among the "
+            f"words: {contrast_all:+.3f}."
+            if not_crossed
+            else "."
+        ),
     ]
+    if incomplete:
+        per_pair = ", ".join(f"{pair} {n}" for pair, n in n_left.items())
+        lines += [
+            "",
+            f"Complete stories only: a story enters a pair's projections only if every cell (verb x printed order "
+            f"x mapping) has a usable answer; averaging the surviving cells would leak its stance into order, "
+            f"logic and label. Left out ({per_pair}; cells named under Dropped stories and in "
+            "`dropped_stories.csv`).",
+        ]
     clipped = f.results.get("m_label_clipped") or []
     if clipped:
         lines += [
@@ -293,6 +337,8 @@ def graded_section(f: Frames, out: Path) -> Section:
     opts = f.options[f.options["trial_id"].isin(g["trial_id"])]
     gt = stance.graded_trials(opts, g, f.source)  # type: ignore[arg-type]
     forms = stance.per_form(gt)
+    fallback = forms[forms["value_from"] != "unsalted"]
+    empty_forms = stance.unusable_forms(gt)
     th = stance.theta(forms)
     if th.empty:
         return Section("Graded stance (I-1)", ["No unipolar (0-10, 0-100) forms in this run: theta needs them."], [])
@@ -336,11 +382,31 @@ def graded_section(f: Frames, out: Path) -> Section:
         "",
         f"Per-model incoherence (the paper's headline: variances pooled over dilemmas, then sqrt): sigma_repro = "
         f"{pooled.sigma_repro:.3f} (direction {pooled.sigma_dir:.3f}, scale {pooled.sigma_scale:.3f}, in "
-        f"quadrature); sigma_repeat = {pooled.sigma_repeat:.3f} (within-form replicate noise); sigma_tot = "
+        f"quadrature); sigma_repeat = {pooled.sigma_repeat:.3f} (the SD of one elicitation of a form, one draw in "
+        f"one context, pooled over draws and salts alike; the standard error of a form's value, which sigma_repro "
+        f"subtracts, is {pooled.sigma_value:.3f}); sigma_tot = "
         f"{pooled.sigma_tot:.3f} (sigma_tot^2 = sigma_repro^2 + sigma_repeat^2). Mean of per-item sigma_repro "
         f"(the estimator of the uncertainty statements; lower by Jensen's inequality): "
         f"{pooled.mean_item_sigma_repro:.3f}.",
     ]
+    if len(fallback) or len(empty_forms):
+
+        def name(r: Any) -> str:
+            return f"{r.item_id} {r.scale}/{r.wording}/{r.anchor}/{r.pole}"
+
+        lines += [""]
+        if len(fallback):
+            shown = ", ".join(name(r) for r in fallback.head(5).itertuples())
+            lines.append(
+                f"{len(fallback)} forms had no usable unsalted answer (every draw refused): their value is the mean of "
+                f"their salted replicates (the unsalted policy's fallback), e.g. {shown}."
+            )
+        if len(empty_forms):
+            shown = ", ".join(name(r) for r in empty_forms.head(5).itertuples())
+            lines.append(
+                f"{len(empty_forms)} forms had no usable answer in any replicate and are left out (theta weighs the "
+                f"two poles 1/2 each over the forms that remain), e.g. {shown}."
+            )
     if bipolar is not None:
         lines += [
             "",
@@ -357,7 +423,8 @@ def graded_section(f: Frames, out: Path) -> Section:
             f"{inv.invariant:.0%} of {inv.n_forms} forms keep the same most likely rating under every salt; salted "
             f"theta vs unsalted: r = {inv.r_theta:.3f} ({inv.n_items} dilemmas).",
         ]
-    return Section("Graded stance (I-1)", lines, [out / "graded_theta.csv", fig])
+    atomic_write_text(out / "graded_pooled.csv", pd.DataFrame([pooled.to_dict()]).to_csv(index=False))
+    return Section("Graded stance (I-1)", lines, [out / "graded_theta.csv", out / "graded_pooled.csv", fig])
 
 
 def fit_section(f: Frames, out: Path) -> Section:
@@ -369,11 +436,16 @@ def fit_section(f: Frames, out: Path) -> Section:
     if th is None or b.empty:
         return Section("Framing susceptibility m and decisiveness s", ["Needs the graded and binary instruments."], [])
     bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
-    fits = fit.fit_channels(th, bt, n_boot=2000, seed=0)
-    for ch in fits["channel"] if len(fits) else []:
-        _note_dropped(f, fit.dropped_items(bt, str(ch)))
+    fits, unfitted = fit.fit_each_channel(th, bt, n_boot=2000, seed=0)
+    for ch in [*(fits["channel"] if len(fits) else []), *(u.channel for u in unfitted)]:
+        with contextlib.suppress(ValueError):
+            _note_dropped(f, fit.dropped_items(bt, str(ch)))
+    not_fitted = [f"- {u.channel}: not fitted: {u.why}" for u in unfitted]
+    f.results["unfitted"] = unfitted
     if fits.empty:
-        return Section("Framing susceptibility m and decisiveness s", ["No channel could be fitted."], [])
+        return Section(
+            "Framing susceptibility m and decisiveness s", ["No channel could be fitted.", "", *not_fitted], []
+        )
     fits = fits.set_index("channel")
     atomic_write_text(out / "fit_sm.csv", fits.to_csv(float_format="%.6f"))
     f.results["fits"] = fits
@@ -400,6 +472,11 @@ def fit_section(f: Frames, out: Path) -> Section:
         "",
         md_table(show, fmt="{:+.3f}"),
         *_unidentified_lines({str(ch): str(why) for ch, why in fits["unidentified"].items()}),
+        *(
+            ["", "Each channel is fitted on its own complete stories; a channel that cannot be:", *not_fitted]
+            if not_fitted
+            else []
+        ),
     ]
     arbitrary = set(bt.loc[bt["family"] == "arbitrary", "labels"])
     if arbitrary and not arbitrary & set(fit.IDENTIFYING_PAIRS):

@@ -29,7 +29,17 @@ the courses themselves) has no label projection; its label pull is the
 logic projection, the pull toward the label that carries *yes*, and the
 table says so (``pull_from``). The summary contrast is ``mean |label pull|``
 over word pairs minus over non-lexical pairs, the |.| taken on the
-story-averaged pull of each pair.
+story-averaged pull of each pair; a pair whose pull is its logic projection
+(``story``) is left out of it by default (issue 27: it is not a label pull),
+and reported beside it.
+
+**Complete stories only.** A story enters a pair's projections only if every
+design cell of that pair (verb x printed order x mapping, as the pair is
+asked in the run) has a usable answer. Averaging whatever cells survive
+would leak the story's stance into order, logic and label: with P(CBR) = 0.9
+in every cell and one cell refused, all three read -0.114 instead of 0.
+:func:`incomplete_stories` names the stories left out and their empty cells,
+as the verb-flip table and the (s, m) fit do.
 """
 
 from __future__ import annotations
@@ -37,7 +47,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.yesno import p_cbr
+from analysis.yesno import Dropped, p_cbr
+
+DESIGN = ("verb", "order", "mapping")
+"""The columns whose combinations are the design cells of one label pair."""
 
 
 def cell_events(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFrame:
@@ -62,15 +75,62 @@ def cell_events(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def projections(events: pd.DataFrame, counterbalanced: set[str]) -> pd.DataFrame:
-    """Per (item, label pair): z, order, logic and label projections (see the module docstring)."""
+def _cell_means(events: pd.DataFrame) -> pd.DataFrame:
+    """Per (item, pair, verb, order, mapping): the mean of ``2 p - 1`` over the cell's forms (NaN: no usable answer)."""
     e = events.copy()
     for col in ("p_cbr", "p_first", "p_yes", "p_label1"):
         e[col] = 2 * e[col] - 1
     # average the forms within each design cell first, so that every cell weighs the same
-    cells = e.groupby(["item_id", "labels", "verb", "order", "mapping"])[
-        ["p_cbr", "p_first", "p_yes", "p_label1"]
-    ].mean()
+    return e.groupby(["item_id", "labels", *DESIGN])[["p_cbr", "p_first", "p_yes", "p_label1"]].mean()
+
+
+def _incomplete(cells: pd.DataFrame) -> dict[tuple[str, str], list[tuple[str, ...]]]:
+    """(item, pair) -> the design cells of the pair (as asked for any story) that have no usable answer for it."""
+    out: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+    usable = cells["p_cbr"].notna()
+    for pair, sub in usable.groupby(level="labels", sort=True):
+        design = sorted({k[2:] for k in sub.index})
+        have = {(k[0], k[2:]) for k, ok in sub.items() if ok}
+        for item in sorted({k[0] for k in sub.index}):
+            missing = [c for c in design if (item, c) not in have]
+            if missing:
+                out[(str(item), str(pair))] = missing
+    return out
+
+
+def incomplete_stories(events: pd.DataFrame) -> tuple[Dropped, ...]:
+    """The (story, label pair)s :func:`projections` leaves out, one :class:`Dropped` each, naming the empty cells.
+
+    A cell is empty when none of its trials has a usable answer (every draw
+    refused or unparsable), or when the story was not asked it at all.
+    """
+    cells = _cell_means(events)
+    size = events.groupby(["item_id", "labels", *DESIGN]).size()
+    out = []
+    for (item, pair), missing in _incomplete(cells).items():
+        where = "; ".join(
+            ", ".join(f"{c}={v}" for c, v in zip(DESIGN, cell, strict=True))
+            + f" ({int(size.get((item, pair, *cell), 0))} trials)"
+            for cell in missing
+        )
+        out.append(
+            Dropped(item, f"label map: {pair}", f"no usable answer (every draw refused or unparsable) in {where}")
+        )
+    return tuple(out)
+
+
+def projections(events: pd.DataFrame, counterbalanced: set[str]) -> pd.DataFrame:
+    """Per (item, label pair) with every design cell usable: z, order, logic and label projections.
+
+    Stories with an empty cell are left out (module docstring, "Complete
+    stories only"; :func:`incomplete_stories` names them), so each projection
+    stays the balanced main-effect contrast of the crossing.
+    """
+    cells = _cell_means(events)
+    holes = _incomplete(cells)
+    if holes:
+        key = list(zip(cells.index.get_level_values("item_id"), cells.index.get_level_values("labels"), strict=True))
+        cells = cells[[(str(i), str(p)) not in holes for i, p in key]]
     g = cells.groupby(["item_id", "labels"])
     out = pd.DataFrame(
         {
@@ -95,12 +155,17 @@ def label_pull(proj: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def lexicality_gradient(proj: pd.DataFrame, lexicality: dict[str, int]) -> tuple[pd.DataFrame, float]:
+def lexicality_gradient(
+    proj: pd.DataFrame, lexicality: dict[str, int], *, include_uncrossed: bool = False
+) -> tuple[pd.DataFrame, float]:
     """Per label pair (ordered by lexicality): mean order, logic, label and label pull over items; and the contrast.
 
     The contrast is ``mean |label pull|`` over word pairs (lexicality >= 2)
     minus ``mean |label pull|`` over non-lexical pairs (lexicality 0), the
     |.| taken on the story-averaged pull of each pair (module docstring).
+    Pairs whose mapping is not crossed (``story``: the pull is the logic
+    projection) are left out of it unless ``include_uncrossed`` (the paper's
+    Fig. 6 lists ``story`` among the word pairs; the report gives both).
     """
     lp = label_pull(proj)
     by_pair = lp.groupby("labels")[["order", "logic", "label", "label_pull", "z"]].mean()
@@ -108,7 +173,8 @@ def lexicality_gradient(proj: pd.DataFrame, lexicality: dict[str, int]) -> tuple
     by_pair["n_items"] = lp.groupby("labels").size()
     by_pair["lexicality"] = [lexicality.get(p, -1) for p in by_pair.index]
     by_pair = by_pair.sort_values(["lexicality"], kind="stable")
-    words = by_pair[by_pair["lexicality"] >= 2]["label_pull"].abs()
-    nonlex = by_pair[by_pair["lexicality"] == 0]["label_pull"].abs()
+    used = by_pair if include_uncrossed else by_pair[by_pair["pull_from"] == "label"]
+    words = used[used["lexicality"] >= 2]["label_pull"].abs()
+    nonlex = used[used["lexicality"] == 0]["label_pull"].abs()
     contrast = float(words.mean() - nonlex.mean()) if len(words) and len(nonlex) else float("nan")
     return by_pair, contrast

@@ -78,6 +78,10 @@ class RunData:
     """The joint (s, m) fit per label family (:func:`analysis.fit.fit_joints`), one row per (family, channel)."""
     why: dict[str, str] = field(default_factory=dict)
     """Quantity -> why it is missing for this run."""
+    unfitted: tuple[Any, ...] = ()
+    """Channels the (s, m) fit could not fit on this run (:class:`analysis.fit.Unfitted`), with the reason."""
+    dropped: list[Any] = field(default_factory=list)
+    """Stories a table left out for an empty cell (:class:`analysis.yesno.Dropped`): label map, (s, m) fit."""
 
     @property
     def name(self) -> str:
@@ -156,7 +160,7 @@ def verbflip_cells(per_trial: pd.DataFrame, options: pd.DataFrame, battery: bool
 def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed: int = SEED) -> RunData:
     """Fill in theta / incoherence, the decomposition, the logical pull and (s, m) on ``items`` only."""
     from analysis import fit, stance
-    from analysis.binary import cell_events, projections
+    from analysis.binary import cell_events, incomplete_stories, projections
     from analysis.yesno import decompose
 
     keep = set(items)
@@ -182,15 +186,20 @@ def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed:
         d.why["binary"] = str(e)
     arb = per[(per["family"] == "arbitrary") & (per["replicate"] == 0)] if "family" in per.columns else per.iloc[0:0]
     if len(arb):
-        d.logic = projections(cell_events(arb, opts), set()).groupby("labels")["logic"].mean()
+        events = cell_events(arb, opts)
+        d.dropped += list(incomplete_stories(events))
+        d.logic = projections(events, set()).groupby("labels")["logic"].mean()
     else:
         d.why["logic"] = "no arbitrary label pairs (A/B, 1/2, ...) in this run"
     if d.theta is not None and d.bt is not None:
         try:
-            fits = fit.fit_channels(d.theta, d.bt, n_boot=n_boot, seed=seed)
+            fits, d.unfitted = fit.fit_each_channel(d.theta, d.bt, n_boot=n_boot, seed=seed)
             d.fits = fits.set_index("channel") if len(fits) else None
             if d.fits is None:
                 d.why["fit"] = "no channel could be fitted"
+            for ch in [*(fits["channel"] if len(fits) else []), *(u.channel for u in d.unfitted)]:
+                with contextlib.suppress(ValueError):
+                    d.dropped += list(fit.dropped_items(d.bt, str(ch)))
         except ValueError as e:
             d.why["fit"] = str(e)
         joint = fit.fit_joints(d.theta, d.bt, n_boot=n_boot, seed=seed)
@@ -533,8 +542,8 @@ def models_section(c: Context, out: Path) -> Section:
     lines = [
         f"Every quantity on the {len(c.shared)} shared dilemmas. theta: mean signed stance over the unipolar graded "
         "forms; sigma_repro: the per-model incoherence, the paper's headline (per-item variances pooled over "
-        "dilemmas, then sqrt), split into sigma_dir and sigma_scale in quadrature, with sigma_repeat (within-form "
-        "replicate noise) and sigma_tot = sqrt(sigma_repro^2 + sigma_repeat^2); mean_sigma_repro: the mean of "
+        "dilemmas, then sqrt), split into sigma_dir and sigma_scale in quadrature, with sigma_repeat (the SD of one "
+        "elicitation of a form: one draw in one context) and sigma_tot = sqrt(sigma_repro^2 + sigma_repeat^2); mean_sigma_repro: the mean of "
         "per-item sigma_repro (lower by Jensen's inequality; descriptive); G = Var_items(theta) / (Var_items(theta) "
         f"+ mean sigma_repro^2) with a {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} resamples, seed "
         f"{c.seed}); z, order, lexical, apparent: the yes/no verb-flip decomposition, mean over items; logic_AB: "
@@ -576,7 +585,10 @@ def fits_section(c: Context, out: Path) -> Section:
             rows[-1].update(r2=f["r2"], n_items=int(f["n_items"]), clip_limited="yes" if f["clip_limited"] else "no")
     if not rows:
         why = "; ".join(f"{n}: {d.why.get('fit', '?')}" for n, d in c.runs.items())
-        return Section("Framing susceptibility m and decisiveness s", [f"No run could be fitted ({why})."], [])
+        per_channel = [f"- {n}: {u.channel}: {u.why}" for n, d in c.runs.items() for u in d.unfitted]
+        return Section(
+            "Framing susceptibility m and decisiveness s", [f"No run could be fitted ({why}).", *per_channel], []
+        )
     table = pd.DataFrame(rows)
     files = [_csv(table, out / "fit_sm.csv", index=False), _fit_figure(table, out / "fig_sm_models.png")]
     lines = [
@@ -587,6 +599,7 @@ def fits_section(c: Context, out: Path) -> Section:
         *md_table(table, "{:+.3f}"),
     ]
     skipped = [f"- {n}: {d.why['fit']}" for n, d in c.runs.items() if d.fits is None and "fit" in d.why]
+    skipped += [f"- {n}: {u.channel}: {u.why}" for n, d in c.runs.items() for u in d.unfitted]
     if skipped:
         lines += ["", "Not fitted:", *skipped]
     joints = [d.joint.assign(run=n) for n, d in c.runs.items() if d.joint is not None]
@@ -612,6 +625,27 @@ def fits_section(c: Context, out: Path) -> Section:
             *md_table(show, "{:+.3f}"),
         ]
     return Section("Framing susceptibility m and decisiveness s", lines, files)
+
+
+def dropped_stories_section(c: Context, out: Path) -> Section:
+    """Per run: the shared stories a table left out for an empty design cell (label map, (s, m) fit), and why."""
+    rows = [
+        {"run": n, "dilemma": x.item_id, "table": x.analysis, "reason": x.reason}
+        for n, d in c.runs.items()
+        for x in d.dropped
+    ]
+    if not rows:
+        return Section("Dropped stories", [], [])
+    table = pd.DataFrame(rows).drop_duplicates().sort_values(["run", "dilemma", "table"], kind="stable")
+    files = [_csv(table, out / "dropped_stories.csv", index=False)]
+    lines = [
+        "Stories left out of a table because a design cell had no usable answer (every draw refused or "
+        "unparsable): averaging the surviving cells would leak the story's stance into the bias. The runs are "
+        "still matched on the shared dilemmas; these stories are missing from the named table only.",
+        "",
+        *(f"- {r.run}: {r.dilemma}, {r.table}: {r.reason}" for r in table.itertuples()),
+    ]
+    return Section("Dropped stories", lines, files)
 
 
 def agreement_section(c: Context, out: Path) -> Section:
@@ -1242,6 +1276,7 @@ SECTIONS: list[Callable[[Context, Path], Section]] = [
     matching_section,
     models_section,
     fits_section,
+    dropped_stories_section,
     agreement_section,
     deliberation_section,
     humans_section,

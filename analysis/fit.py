@@ -499,18 +499,65 @@ def fit_channel(
     )
 
 
-def fit_channels(
+@dataclass(frozen=True)
+class Unfitted:
+    """A channel :func:`fit_each_channel` could not fit, and why (one line in the report)."""
+
+    channel: str
+    why: str
+
+
+def empty_cell_counts(binary: pd.DataFrame, channel: str, **select: Any) -> dict[str, int]:
+    """Per design cell of ``channel`` (``verb=..., order=..., mapping=...``): how many stories have it empty.
+
+    Named by the trial factors rather than the side columns, so the line reads as the design was asked.
+    """
+    df = channel_trials(binary, channel, **select)
+    cols = [c for c in ("verb", "order", "mapping") if c in df.columns and df[c].nunique() > 1]
+    g = df.groupby(["item_id", *cols], sort=True)["p_cbr"].count()
+    out: dict[str, int] = {}
+    for key in g.index[g.to_numpy() == 0]:
+        levels = key[1:] if isinstance(key, tuple) else ()
+        cell = ", ".join(f"{c}={v}" for c, v in zip(cols, levels, strict=True))
+        out[cell] = out.get(cell, 0) + 1
+    return out
+
+
+def unfitted_reason(theta: pd.Series, binary: pd.DataFrame, channel: str, error: str) -> str:
+    """One line on why ``channel`` could not be fitted: its complete stories and the cells the others miss."""
+    try:
+        sides = channel_sides(binary, channel)
+    except ValueError:
+        return error
+    n_all = channel_trials(binary, channel)["item_id"].nunique()
+    n_complete = len(sides)
+    n_theta = int(sides.index.isin(theta.dropna().index).sum())
+    holes = empty_cell_counts(binary, channel)
+    ranked = sorted(holes.items(), key=lambda kv: -kv[1])
+    where = "; ".join(f"{cell} empty in {n}" for cell, n in ranked[:4])
+    if len(ranked) > 4:
+        where += f"; {len(ranked) - 4} more cells empty in some story"
+    return f"{n_complete} of {n_all} stories have every cell usable ({n_theta} with theta; the fit needs 3)" + (
+        f"; {where}" if where else ""
+    )
+
+
+def fit_each_channel(
     theta: pd.Series,
     binary: pd.DataFrame,
     channels: tuple[str, ...] = ("order", "lexical", "logic", "label"),
     **kw: Any,
-) -> pd.DataFrame:
-    """Fit every channel present in ``binary``; one row per channel.
+) -> tuple[pd.DataFrame, tuple[Unfitted, ...]]:
+    """Fit every channel present in ``binary`` on its own complete stories; one row per fitted channel.
 
     A channel whose default selection (:data:`FAMILY`, :data:`LABELS`) has no
-    trial is skipped: logic and label need A/B in the run.
+    trial is skipped (logic and label need A/B in the run). A channel that
+    cannot be fitted (fewer than 3 complete stories with theta, an unbalanced
+    or confounded design) is returned in the second element with the reason;
+    the other channels are still fitted (issue 27: one channel never hides
+    the others).
     """
-    rows = []
+    rows, unfitted = [], []
     for ch in channels:
         fam, pairs = FAMILY[ch], LABELS[ch]
         chosen = binary["family"].eq(fam) if fam is not None else pd.Series(True, index=binary.index)
@@ -518,8 +565,21 @@ def fit_channels(
             chosen &= binary["labels"].isin(pairs)
         if not chosen.any():
             continue
-        rows.append(fit_channel(theta, channel_sides(binary, ch), channel=ch, **kw).to_dict())
-    return pd.DataFrame(rows)
+        try:
+            rows.append(fit_channel(theta, channel_sides(binary, ch), channel=ch, **kw).to_dict())
+        except ValueError as e:
+            unfitted.append(Unfitted(ch, unfitted_reason(theta, binary, ch, str(e))))
+    return pd.DataFrame(rows), tuple(unfitted)
+
+
+def fit_channels(
+    theta: pd.Series,
+    binary: pd.DataFrame,
+    channels: tuple[str, ...] = ("order", "lexical", "logic", "label"),
+    **kw: Any,
+) -> pd.DataFrame:
+    """The fitted rows of :func:`fit_each_channel` (channels that cannot be fitted are left out, not raised)."""
+    return fit_each_channel(theta, binary, channels, **kw)[0]
 
 
 # ------------------------------------------------------------ the joint fit
@@ -655,7 +715,8 @@ class JointFit:
     n_cells: int
     """Fitted (item, cell) values."""
     n_near_tie: int
-    """Items with |z| < ``tie``, z = mean of 2 P(CBR) - 1 over the item's cells."""
+    """Items with every cell usable and |z| < ``tie``, z = mean of 2 P(CBR) - 1 over the item's cells (a story
+    with an empty cell has no balanced z and is not counted)."""
     tie: float
     frac_saturated: float
     saturated: bool
@@ -831,7 +892,10 @@ def fit_joint_data(
     ss_tot = float(np.sum((stacked - stacked.mean()) ** 2))
     ss_res = float(np.sum(res**2))
     frac_sat = float(np.mean((stacked < clip) | (stacked > 1 - clip)))
-    z = np.nanmean(2 * p - 1, axis=1)
+    # z of a story with an empty cell would be an unbalanced mean (its stance leaks the missing cell's
+    # offsets), so only the stories with every cell count toward the items near the tie (issue 27)
+    complete = ok.all(axis=1)
+    z = (2 * p[complete] - 1).mean(axis=1)
 
     failed = 0
     lo_q = hi_q = np.full(1 + n_ch, np.nan)

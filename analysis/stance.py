@@ -15,8 +15,11 @@ the other). So a trial's answer distribution is a distribution over ``x``:
 * **theta** = mean of ``x_f`` over the unipolar forms (= mean a_action - mean
   a_complement); bipolar forms give the measured contrast ``theta_bipolar - theta``;
 * **sigma_repro** = ``sqrt(max(0, Var_forms(x_f) - mean Var_samp(x_f)))``,
-  the Gauge R&R correction, split by variance share into an anchor-direction
+  the Gauge R&R correction (Var_samp: the variance of the form's *value*), split by variance share into an anchor-direction
   and a scale (within-direction) component that add in quadrature;
+* **sigma_repeat** = sqrt of the pooled variance of *one elicitation* of a
+  form (``var_rep``: one draw in one context), the same for draws and salts;
+  ``sigma_tot^2 = sigma_repro^2 + sigma_repeat^2``;
 * **G** = ``Var_items(theta) / (Var_items(theta) + mean sigma_repro^2)``.
 
 Also the salt floor (within-form SD under salts vs between-form SD) and the
@@ -98,19 +101,55 @@ def graded_trials(options: pd.DataFrame, per_trial: pd.DataFrame, source: Source
 
 
 # ------------------------------------------------------------------- per form
+def _repeat_variance(df: pd.DataFrame, keys: list[str], col: str) -> pd.Series:
+    """Per form: the variance of ONE elicitation (one draw in one context), pooled over the form's replicates.
+
+    Sampled trials: the unbiased variance of all parsed draws of the form,
+    across its salt replicates (``SS = sum_r SS_r + sum_r n_r (m_r - M)^2``
+    over ``N - 1``, ``N = sum_r n_r``, ``m_r`` the replicate's mean stance),
+    so N draws in one context and N contexts of one draw estimate the same
+    number (issue 27). Readouts: a readout is one deterministic elicitation
+    per context (``n_r = 1``, ``SS_r = 0``, ``m_r`` = its ``col``), so this
+    is the variance of ``col`` across the salt replicates (ddof 1), and 0 with
+    a single replicate. NaN for a sampled form with fewer than two draws.
+    """
+    sampled = df["n"].notna() if "n" in df.columns else pd.Series(False, index=df.index)
+    n = df["n"].where(sampled, 1.0).astype(float) if "n" in df.columns else pd.Series(1.0, index=df.index)
+    m = df["mean_x"].where(sampled, df[col]).astype(float)
+    var_x = df["var_x"] if "var_x" in df.columns else pd.Series(np.nan, index=df.index)
+    ss = (var_x * n).where(sampled, 0.0).astype(float)
+    by = [df[k] for k in keys]
+    big_n = n.groupby(by, sort=True).transform("sum")
+    grand = (n * m).groupby(by, sort=True).transform("sum") / big_n
+    total = (ss + n * (m - grand) ** 2).groupby(by, sort=True).sum()
+    big_n_f = n.groupby(by, sort=True).sum()
+    any_sampled = sampled.groupby(by, sort=True).any()
+    out = total / (big_n_f - 1).where(big_n_f > 1)
+    return out.where(any_sampled | (big_n_f > 1), 0.0)
+
+
 def per_form(trials: pd.DataFrame, value: Value = "mean", replicates: Replicates = "unsalted") -> pd.DataFrame:
-    """One value per (item, form) with its sampling variance ``var_samp``.
+    """One value per (item, form) with its sampling variance ``var_samp`` and its repeat variance ``var_rep``.
 
     With R salt replicates of a form (``x_r``, r = 0..R-1):
 
     * ``unsalted``: ``x_f = x_0`` and ``var_samp`` = the variance of one
       replicate, ``Var_r(x_r)`` (ddof 1), which holds the sampling and the
-      salt noise of a single context;
+      salt noise of a single context. A form whose unsalted replicate has
+      no usable value (every draw refused) falls back to the mean of its
+      salted replicates, with ``var_samp = Var_r(x_r) / R'`` over those R'
+      (its own ``var_mean`` when R' = 1); ``value_from`` says which;
     * ``pooled``: ``x_f = mean_r x_r`` and ``var_samp = Var_r(x_r) / R``.
 
     With a single replicate ``var_samp`` is the trial's own ``var_mean``
     (0 for a readout, variance of the mean of the draws for samples).
-    ``value`` picks the mean-based or mode-based per-trial stance.
+    ``var_samp`` is the variance of the form's *value* (what the Gauge R&R
+    correction of sigma_repro subtracts). ``var_rep`` is the variance of
+    *one elicitation* (:func:`_repeat_variance`), the same whatever the
+    number of draws or salts: its pooled square root is sigma_repeat.
+    ``value`` picks the mean-based or mode-based per-trial stance. Forms
+    with no usable value in any replicate are absent (:func:`unusable_forms`
+    lists them).
     """
     if value not in ("mean", "mode"):
         raise ValueError(f"value must be 'mean' or 'mode', got {value!r}")
@@ -123,6 +162,9 @@ def per_form(trials: pd.DataFrame, value: Value = "mean", replicates: Replicates
     n_rep = g[col].size().rename("n_rep")
     var_rep = g[col].var(ddof=1)
     bipolar = g["bipolar"].first()
+    pooled_x = g[col].mean()
+    pooled_var = (var_rep / n_rep).where(n_rep > 1, g["var_mean"].first())
+    value_from = pd.Series("pooled", index=n_rep.index)
     if replicates == "unsalted":
         zero = df[df["replicate"] == 0].set_index(keys)
         if zero.index.duplicated().any():
@@ -130,17 +172,35 @@ def per_form(trials: pd.DataFrame, value: Value = "mean", replicates: Replicates
                 "more than one replicate-0 trial per form; per_form needs one trial per form and replicate"
             )
         x = zero[col].reindex(n_rep.index)
-        if x.isna().any():
-            forms = [tuple(k) for k in x.index[x.isna()][:3]]
-            raise ValueError(f"forms without an unsalted (replicate 0) value, e.g. {forms}; use replicates='pooled'")
         single = zero["var_mean"].reindex(n_rep.index)
         var_samp = var_rep.where(n_rep > 1, single)
+        lost = x.isna()  # the unsalted replicate had no usable answer: the policy's fallback
+        x = x.where(~lost, pooled_x)
+        var_samp = var_samp.where(~lost, pooled_var)
+        value_from = pd.Series(np.where(lost, "salted mean", "unsalted"), index=n_rep.index)
     else:
-        x = g[col].mean()
-        single = g["var_mean"].first()
-        var_samp = (var_rep / n_rep).where(n_rep > 1, single)
-    out = pd.DataFrame({"x": x, "var_samp": var_samp, "n_rep": n_rep, "bipolar": bipolar.astype(bool)})
+        x = pooled_x
+        var_samp = pooled_var
+    rep = _repeat_variance(df, keys, col)
+    out = pd.DataFrame(
+        {
+            "x": x,
+            "var_samp": var_samp,
+            "var_rep": rep.reindex(n_rep.index),
+            "n_rep": n_rep,
+            "bipolar": bipolar.astype(bool),
+            "value_from": value_from,
+        }
+    )
     return out.reset_index()
+
+
+def unusable_forms(trials: pd.DataFrame, value: Value = "mean") -> pd.DataFrame:
+    """The (item, form)s with no usable value in any replicate (every draw refused): :func:`per_form` leaves them out."""
+    col = f"{value}_x"
+    keys = ["item_id", *FORM]
+    usable = trials[col].notna().groupby([trials[k] for k in keys], sort=True).any()
+    return usable[~usable].reset_index()[keys]
 
 
 def pole_balanced_mean(forms: pd.DataFrame) -> pd.Series:
@@ -229,8 +289,9 @@ def incoherence(forms: pd.DataFrame, *, include_bipolar: bool = False, by: str =
     ``sigma_quad = sqrt(sigma_dir^2 + sigma_scale^2)`` (equal to sigma_repro
     unless a share was floored at zero), ``sigma_raw`` (sqrt of
     ``var_forms``, uncorrected) and the two shares before the floor,
-    ``var_dir`` and ``var_scale`` (for :func:`pooled_incoherence`). Forms without a sampling variance are left
-    out of its mean. ``include_bipolar`` adds the bipolar forms (the paper's
+    ``var_dir`` and ``var_scale`` (for :func:`pooled_incoherence`), and ``var_rep``, the mean over forms of
+    the single-elicitation variance (:func:`per_form`; NaN when no form has one). Forms without a sampling
+    variance are left out of its mean. ``include_bipolar`` adds the bipolar forms (the paper's
     robustness check); theta stays unipolar.
     """
     th = theta(forms)
@@ -242,6 +303,7 @@ def incoherence(forms: pd.DataFrame, *, include_bipolar: bool = False, by: str =
         noise = float(np.nanmean(vs)) if np.isfinite(vs).any() else 0.0
         var_forms = float(np.var(x, ddof=1)) if len(x) > 1 else float("nan")
         between, within = variance_shares(x, df[by].to_numpy(), noise)
+        vr = df["var_rep"].to_numpy(float) if "var_rep" in df.columns else np.array([np.nan])
         sig_dir = np.sqrt(max(0.0, between)) if np.isfinite(between) else np.nan
         sig_scale = np.sqrt(max(0.0, within)) if np.isfinite(within) else np.nan
         rows[item] = {
@@ -256,6 +318,7 @@ def incoherence(forms: pd.DataFrame, *, include_bipolar: bool = False, by: str =
             "sigma_raw": np.sqrt(var_forms),
             "var_dir": between,
             "var_scale": within,
+            "var_rep": float(np.nanmean(vr)) if np.isfinite(vr).any() else np.nan,
         }
     out = pd.DataFrame.from_dict(rows, orient="index")
     out.index.name = "item_id"
@@ -277,13 +340,18 @@ class PooledIncoherence:
     sigma_scale: float
     """sqrt(max(0, pooled within-direction share: scale, wording, pole))."""
     sigma_repeat: float
-    """sqrt(pooled Var_samp): the within-form (replicate) noise of one form's value."""
+    """sqrt(pooled var_rep): the SD of ONE elicitation of a form (one draw in one context), the paper's Gauge
+    R&R repeatability; the same whether the replicates are draws or salts. Not the standard error of a form's
+    value (that is sqrt(Var_samp), what the correction of sigma_repro subtracts). 0 for an unsalted readout;
+    NaN when no form has two draws."""
     sigma_tot: float
-    """sqrt(sigma_repro^2 + sigma_repeat^2)."""
+    """sqrt(sigma_repro^2 + sigma_repeat^2): the SD of one elicitation of a randomly chosen form."""
     mean_item_sigma_repro: float
     """The mean of per-item sigma_repro (the estimator of the uncertainty statements)."""
     n_items: int
     n_forms: int
+    sigma_value: float = float("nan")
+    """sqrt(pooled Var_samp): the standard error of one form's value (sigma_repeat / sqrt(N) for N draws)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -292,10 +360,15 @@ class PooledIncoherence:
 def pooled_incoherence(inc: pd.DataFrame) -> PooledIncoherence:
     """Pool the per-item variance decomposition of :func:`incoherence` across items.
 
-    Each item's ``var_forms``, ``var_samp`` and shares are weighted by its
-    degrees of freedom ``n_forms - 1`` (a pooled variance: with equal form
-    counts, the plain mean over items), then floored at zero and square-rooted.
-    The pooled shares add exactly to the pooled ``Var_forms - Var_samp``.
+    Each item's ``var_forms``, ``var_samp``, ``var_rep`` and shares are
+    weighted by its degrees of freedom ``n_forms - 1`` (a pooled variance:
+    with equal form counts, the plain mean over items), then floored at zero
+    and square-rooted. The pooled shares add exactly to the pooled
+    ``Var_forms - Var_samp``. sigma_repro subtracts ``Var_samp`` (the
+    variance of the form's value, Var/N for a mean of N draws); sigma_repeat
+    is the SD of one elicitation, ``sqrt(pooled var_rep)`` (issue 27: it was
+    ``sqrt(pooled Var_samp)``, a standard error that halved as the draws
+    quadrupled).
     """
     df = inc.dropna(subset=["var_forms"])
     df = df[df["n_forms"] > 1]
@@ -309,7 +382,10 @@ def pooled_incoherence(inc: pd.DataFrame) -> PooledIncoherence:
     var_samp = pool("var_samp")
     var_repro = pool("var_forms") - var_samp
     sigma_repro = float(np.sqrt(max(0.0, var_repro)))
-    sigma_repeat = float(np.sqrt(max(0.0, var_samp)))
+    rep = df["var_rep"].to_numpy(float) if "var_rep" in df.columns else np.full(len(df), np.nan)
+    ok = np.isfinite(rep)
+    var_rep = float(np.sum(w[ok] * rep[ok]) / w[ok].sum()) if ok.any() else float("nan")
+    sigma_repeat = float(np.sqrt(max(0.0, var_rep))) if ok.any() else float("nan")
     return PooledIncoherence(
         sigma_repro=sigma_repro,
         sigma_dir=float(np.sqrt(max(0.0, pool("var_dir")))),
@@ -319,6 +395,7 @@ def pooled_incoherence(inc: pd.DataFrame) -> PooledIncoherence:
         mean_item_sigma_repro=float(df["sigma_repro"].mean()),
         n_items=len(df),
         n_forms=int(df["n_forms"].sum()),
+        sigma_value=float(np.sqrt(max(0.0, var_samp))),
     )
 
 

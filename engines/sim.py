@@ -72,6 +72,63 @@ class SimParamsError(ValueError):
     """Bad planted parameters (the message names the parameter, the allowed range and the value)."""
 
 
+THETA_SIGNS = ("any", "positive", "negative")
+
+
+@dataclass(frozen=True)
+class RefusalRule:
+    """A refusal rate planted on the trials that match: a cell-dependent refusal of sampled answers.
+
+    Why: a model that refuses some cells and not others (the paper's Haiku refuses 28-35% of forced
+    binaries) leaves stories with an empty design cell; the analyses must drop such a story, not average
+    its surviving cells (issue 27). ``when`` maps trial factors (``instrument``, ``verb``, ``order``,
+    ``mapping``, ``labels``, ``scale``, ..., or ``item_id``) to the value they must have; ``theta`` limits
+    the rule to items whose planted stance is ``positive`` (> 0) or ``negative`` (< 0). In YAML::
+
+        refusal_rules:
+          - {rate: 1.0, when: {verb: approve, mapping: canonical}, theta: negative}
+    """
+
+    rate: float
+    """Probability that a sampled answer of a matching trial is a refusal."""
+    when: Mapping[str, str] = field(default_factory=dict)
+    """Factor -> required value (all must hold); empty: every trial."""
+    theta: str = "any"
+    """``any``, ``positive`` or ``negative``: the sign of the item's planted theta."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rate, (int, float)) and 0 <= self.rate <= 1):
+            raise SimParamsError(f"refusal rule rate must be a probability in [0, 1], got {self.rate!r}")
+        if not isinstance(self.when, Mapping):
+            raise SimParamsError(f"refusal rule 'when' must be a mapping of factor: value, got {self.when!r}")
+        object.__setattr__(self, "when", {str(k): str(v) for k, v in sorted(dict(self.when).items())})
+        if self.theta not in THETA_SIGNS:
+            raise SimParamsError(f"refusal rule theta must be one of {list(THETA_SIGNS)}, got {self.theta!r}")
+
+    def matches(self, t: Trial, theta: float) -> bool:
+        """Whether this rule applies to trial ``t`` of an item with planted stance ``theta``."""
+        if self.theta == "positive" and not theta > 0:
+            return False
+        if self.theta == "negative" and not theta < 0:
+            return False
+        for k, v in self.when.items():
+            have = t.item_id if k == "item_id" else t.factors.get(k)
+            if have is None or str(have) != v:
+                return False
+        return True
+
+
+def _rule(r: object) -> RefusalRule:
+    if isinstance(r, RefusalRule):
+        return r
+    if not isinstance(r, Mapping):
+        raise SimParamsError(f"refusal_rules entries must be mappings (rate, when, theta), got {r!r}")
+    unknown = sorted(set(r) - {"rate", "when", "theta"})
+    if unknown or "rate" not in r:
+        raise SimParamsError(f"a refusal rule needs 'rate' and may have 'when', 'theta'; got keys {sorted(r)}")
+    return RefusalRule(**{str(k): v for k, v in r.items()})
+
+
 @dataclass(frozen=True)
 class SimParams:
     """The planted parameters of the synthetic subject (all recorded in the run manifest)."""
@@ -113,6 +170,9 @@ class SimParams:
     """Free choice: offset toward the first-printed course."""
     refusal: float = 0.0
     """Probability that a sampled answer is a refusal (every instrument)."""
+    refusal_rules: tuple[RefusalRule, ...] = ()
+    """Cell-dependent refusals (:class:`RefusalRule`): a sampled answer of a matching trial is refused with the
+    largest rate among ``refusal`` and the rules it matches. Readouts never refuse."""
     noncommit: float = 0.0
     """Free choice: probability that a sampled (non-refused) reply commits to neither course."""
     coverage: float = 1.0
@@ -121,6 +181,9 @@ class SimParams:
     def __post_init__(self) -> None:
         object.__setattr__(self, "theta", {str(k): float(v) for k, v in sorted(dict(self.theta).items())})
         object.__setattr__(self, "m_label", {str(k): float(v) for k, v in sorted(dict(self.m_label).items())})
+        if not isinstance(self.refusal_rules, (list, tuple)):
+            raise SimParamsError(f"sim parameter refusal_rules must be a list of rules, got {self.refusal_rules!r}")
+        object.__setattr__(self, "refusal_rules", tuple(_rule(r) for r in self.refusal_rules))
         positive = ("s", "T", "width")
         for name in positive:
             v = getattr(self, name)
@@ -153,7 +216,15 @@ class SimParams:
         d = asdict(self)
         d["theta"] = dict(self.theta)
         d["m_label"] = dict(self.m_label)
+        d["refusal_rules"] = [{"rate": r.rate, "when": dict(r.when), "theta": r.theta} for r in self.refusal_rules]
         return d
+
+    def refusal_rate(self, t: Trial) -> float:
+        """The refusal probability of one sampled answer of ``t``: ``refusal`` or the largest matching rule's."""
+        if not self.refusal_rules:
+            return self.refusal
+        theta = self.item_theta(t.item_id)
+        return max([self.refusal, *(r.rate for r in self.refusal_rules if r.matches(t, theta))])
 
     def item_theta(self, item_id: str) -> float:
         """The planted stance of an item (given, or drawn deterministically from (seed, item))."""
@@ -184,6 +255,10 @@ def load_params(path: str | Path) -> SimParams:
     for key in ("theta", "m_label"):
         if key in doc and not isinstance(doc[key], dict):
             raise SimParamsError(f"{p}: {key} must be a mapping (id: value), got {doc[key]!r}")
+    if "refusal_rules" in doc and not isinstance(doc["refusal_rules"], list):
+        raise SimParamsError(
+            f"{p}: refusal_rules must be a list of rules (rate, when, theta), got {doc['refusal_rules']!r}"
+        )
     try:
         return SimParams(**doc)
     except TypeError as e:
@@ -477,9 +552,10 @@ class SimEngine:
             else:
                 cdf = np.cumsum(_softmax(z / (temperature * p.T)))
             n_prompt = sum(count_tokens(m.content) for m in t.messages)
+            refusal = p.refusal_rate(t)
             for d in range(n):
                 u_refuse, u_commit, u_option = _draw_uniforms(self.seed, t.trial_id, d)
-                if u_refuse < p.refusal:
+                if u_refuse < refusal:
                     text = REFUSAL_TEXT
                 elif inst == "choice" and u_commit < p.noncommit:
                     text = NONCOMMIT_TEXT

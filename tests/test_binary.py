@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.binary import cell_events, lexicality_gradient, projections
+from analysis.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 
 
 def _frames(rows):
@@ -93,8 +93,63 @@ def test_lexicality_gradient_contrast_uses_the_label_pull_not_the_logic_projecti
     assert list(by_pair.index) == ["A/B", "Ja/Nein", "story"]
     assert by_pair["label_pull"].tolist() == pytest.approx([-0.15, -0.4, 0.3])
     assert by_pair["pull_from"].tolist() == ["label", "label", "logic (mapping not crossed)"]
-    # mean |pull| of the word pairs (0.4, 0.3) minus the non-lexical (0.15); with logic it would be 0.6
-    assert contrast == pytest.approx((0.4 + 0.3) / 2 - 0.15)
+    # issue 27: story's pull is its logic projection, so by default it stays out of the contrast:
+    # mean |pull| of the word pair Ja/Nein (0.4) minus the non-lexical A/B (0.15)
+    assert contrast == pytest.approx(0.4 - 0.15)
+    # with it, as Fig. 6 groups it: word pairs (0.4, 0.3); with logic in place of label it would be 0.6
+    _, with_story = lexicality_gradient(proj, {"A/B": 0, "Ja/Nein": 2, "story": 2}, include_uncrossed=True)
+    assert with_story == pytest.approx((0.4 + 0.3) / 2 - 0.15)
+
+
+def _refuse(per, opts, tids):
+    """The trials ``tids`` fully refused: a sampled trial with no usable draw has NaN probabilities."""
+    opts = opts.copy()
+    opts.loc[opts["trial_id"].isin(tids), "prob"] = np.nan
+    return per, opts
+
+
+def test_a_story_with_an_empty_cell_is_left_out_not_averaged():
+    # issue 27 hand case: P(CBR) = 0.9 in every cell of one story, one cell fully refused.
+    # The 7 surviving cells give order = logic = label = -0.8/7 = -0.114 (the removed cell has
+    # 2P(first) - 1 = 2P(yes) - 1 = 2P(A) - 1 = +0.8); the truth is 0, and the story must be left out.
+    per, opts = _design(lambda o, pos, v: 0.5)
+    opts["prob"] = np.where(opts["meaning"] == "cbr", 0.9, 0.1)
+    e_per = per.assign(item_id="e", trial_id="e" + per["trial_id"])
+    e_opts = opts.assign(trial_id="e" + opts["trial_id"])
+    per, opts = pd.concat([per, e_per], ignore_index=True), pd.concat([opts, e_opts], ignore_index=True)
+    # the refused cell of story e: approve, yes_first, canonical (its first option is A = yes = CBR)
+    cell = (per["item_id"] == "e") & (per["verb"] == "approve") & (per["order"] == "yes_first")
+    refused = per.loc[cell & (per["mapping"] == "canonical"), "trial_id"].tolist()
+    per, opts = _refuse(per, opts, refused)
+    ev = cell_events(per, opts)
+
+    # what averaging the surviving cells would give (the old rule), by hand
+    e_cells = ev[(ev["item_id"] == "e") & ~ev["trial_id"].isin(refused)]
+    for col in ("p_first", "p_yes", "p_label1"):
+        assert float((2 * e_cells[col] - 1).mean()) == pytest.approx(-0.8 / 7)
+    assert pytest.approx(-0.114, abs=5e-4) == -0.8 / 7
+
+    pr = projections(ev, {"A/B"})
+    assert list(pr.index) == [("d", "A/B")]  # e is left out
+    story_mean = pr[["order", "logic", "label"]].mean()
+    assert story_mean.tolist() == pytest.approx([0.0, 0.0, 0.0], abs=1e-12)
+    assert pr.loc[("d", "A/B"), "z"] == pytest.approx(0.8)  # the stance: 2 * 0.9 - 1
+    (dropped,) = incomplete_stories(ev)
+    assert dropped.item_id == "e" and dropped.analysis == "label map: A/B"
+    assert "verb=approve, order=yes_first, mapping=canonical (1 trials)" in dropped.reason
+
+
+def test_a_story_lacking_a_cell_of_the_design_is_left_out_too():
+    per, opts = _design(lambda o, pos, v: 0.7 if pos == 0 else 0.3)
+    keep = per["trial_id"] != "t0"
+    per2, opts2 = per[keep], opts[opts["trial_id"] != "t0"]
+    both = pd.concat([per, per2.assign(item_id="e", trial_id=lambda d: "e" + d["trial_id"])], ignore_index=True)
+    o = pd.concat([opts, opts2.assign(trial_id=lambda d: "e" + d["trial_id"])], ignore_index=True)
+    ev = cell_events(both, o)
+    pr = projections(ev, {"A/B"})
+    assert list(pr.index) == [("d", "A/B")]
+    (dropped,) = incomplete_stories(ev)
+    assert dropped.item_id == "e" and "(0 trials)" in dropped.reason
 
 
 def test_battery_expansion_is_balanced_for_every_pair():

@@ -459,3 +459,35 @@ def test_recovery_study_new_quantities_40_seeds():
         zs = decompose(cell_table(with_cbr_verb(s_per, s_opts), p_cbr(s_opts)))["z"]
         diffs.append(float((zs - zr.reindex(zs.index)).mean()))
     assert abs(float(np.mean(diffs))) < 0.05
+
+
+# ------------------------------------------------------------------ issue 27
+def test_one_unfittable_channel_does_not_hide_the_others():
+    """A/B answered in 2 stories only (every draw refused elsewhere): logic and label cannot be fitted, order and
+    lexical are fitted on all their stories, exactly as when fitted alone; the reason names the counts and cells."""
+    bt = _joint_binary(5, ("Yes/No", "A/B"), sigma_binary=0.1)
+    th = _theta(5, ("0-10",))
+    refused = (bt["labels"] == "A/B") & ~bt["item_id"].isin(ITEMS[:2]) & (bt["cbr_first"])
+    bt.loc[refused, "p_cbr"] = np.nan
+    fits, unfitted = fit.fit_each_channel(th, bt, n_boot=0)
+    assert fits["channel"].tolist() == ["order", "lexical"]
+    alone = fit.fit_channel(th, fit.channel_sides(bt, "order"), channel="order", n_boot=0)
+    assert fits.set_index("channel").loc["order", "s"] == pytest.approx(alone.s, abs=1e-12)
+    assert fits.set_index("channel").loc["order", "n_items"] == len(ITEMS)
+    assert [u.channel for u in unfitted] == ["logic", "label"]
+    why = unfitted[0].why
+    assert why.startswith(f"2 of {len(ITEMS)} stories have every cell usable (2 with theta; the fit needs 3)")
+    # the cells printed first with CBR: (approve, yes_first) and (oppose, no_first), either mapping
+    assert f"verb=approve, order=yes_first, mapping=canonical empty in {len(ITEMS) - 2}" in why
+    assert fit.fit_channels(th, bt, n_boot=0)["channel"].tolist() == ["order", "lexical"]
+
+
+def test_joint_near_tie_counts_only_complete_stories():
+    # HAND: a has every cell at 0.5 (z = 0, near the tie); b every cell at 0.99 (z = 0.98); c lacks a cell and
+    # its three others (0.99, 0.01, 0.5) average to z = 0 unbalanced: it must not count (n_near_tie 1, not 2)
+    x = np.array([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])
+    p = np.array([[0.5] * 4, [0.99] * 4, [0.99, 0.01, 0.5, np.nan]])
+    data = fit.JointData("yesno", ("order", "lexical"), (), ("a", "b", "c"), np.array([0.0, 0.9, 0.1]), p, x)
+    f = fit.fit_joint_data(data, n_boot=0)
+    assert f.n_near_tie == 1
+    assert f.n_cells == 11

@@ -483,3 +483,37 @@ def test_plan_replies_takes_whole_chunks_within_the_batch():
     assert plan_replies(chunks, one, 11) == 3
     assert plan_replies(chunks, one, 12) == 4
     assert plan_replies([], one, 12) == 0
+
+
+def test_refusal_rules_refuse_only_the_matching_cells(tmp_path):
+    """Issue 27: cell-dependent refusals. Rate 1 on (binary, approve, canonical) of the rejected stories: every
+    draw of exactly those trials is a refusal, every other draw is answered (rate 0 elsewhere: exact)."""
+    from engines.sim import RefusalRule, SimParamsError, load_params
+    from experiments.dilemmas import load_dilemmas
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "seed: 0\nrefusal_rules:\n  - {rate: 1.0, when: {instrument: binary, verb: approve, mapping: canonical},"
+        " theta: negative}\n"
+    )
+    p = load_params(path)
+    assert p.refusal_rules == (
+        RefusalRule(1.0, {"instrument": "binary", "verb": "approve", "mapping": "canonical"}, "negative"),
+    )
+    assert SimParams(**p.to_dict()) == p  # survives the manifest round trip
+    items = [d.id for d in load_dilemmas()[:8]]
+    trials = bc.binary(items, pairs=("Yes/No", "A/B"))
+    samples = SimEngine(p).sample(trials, 3, 1.0)
+    by_trial = {t.trial_id: t for t in trials}
+    for s in samples:
+        t = by_trial[s.trial_id]
+        f = t.factors
+        hit = f["verb"] == "approve" and f.get("mapping", "canonical") == "canonical" and p.item_theta(t.item_id) < 0
+        assert (s.status == "refusal") == hit, (t.item_id, f)
+    assert any(s.status == "refusal" for s in samples) and any(s.status == "ok" for s in samples)
+    with pytest.raises(SimParamsError, match="rate must be a probability"):
+        SimParams(refusal_rules=[{"rate": 2.0}])
+    with pytest.raises(SimParamsError, match="theta must be one of"):
+        SimParams(refusal_rules=[{"rate": 0.5, "theta": "neg"}])
+    with pytest.raises(SimParamsError, match="needs 'rate'"):
+        SimParams(refusal_rules=[{"when": {"verb": "approve"}}])

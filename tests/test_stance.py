@@ -118,7 +118,7 @@ def test_per_form_single_replicate_uses_the_trials_own_sampling_variance():
 
 
 def _forms(rows):
-    """rows: (item, anchor, x, var_samp[, scale]) -> a per_form-like table."""
+    """rows: (item, anchor, x, var_samp[, scale]) -> a per_form-like table (var_rep = 4 var_samp: 4 draws)."""
     out = []
     for k, row in enumerate(rows):
         item, anchor, x, vs = row[:4]
@@ -132,6 +132,7 @@ def _forms(rows):
                 "pole": "action",
                 "x": x,
                 "var_samp": vs,
+                "var_rep": 4 * vs,
                 "n_rep": 1,
                 "bipolar": scale.startswith("bipolar"),
             }
@@ -350,6 +351,7 @@ def test_pooled_incoherence_is_the_paper_headline_not_the_mean_of_per_item_sigma
             "sigma_repro": sig,
             "var_dir": sig**2 / 2,
             "var_scale": sig**2 / 2,
+            "var_rep": 0.0,
         },
         index=["x", "y", "z"],
     )
@@ -369,9 +371,83 @@ def test_pooled_split_repeat_and_total_by_hand():
     assert p.sigma_dir == pytest.approx(math.sqrt(0.025))
     assert p.sigma_scale == pytest.approx(math.sqrt(0.02 / 3))
     assert p.sigma_dir**2 + p.sigma_scale**2 == pytest.approx(var_repro)  # the shares add in quadrature
-    assert p.sigma_repeat == pytest.approx(math.sqrt(0.005))
-    assert p.sigma_tot**2 == pytest.approx(var_repro + 0.005)
+    # issue 27: sigma_repeat is the SD of ONE elicitation (var_rep: item a 0.04 = 4 draws x Var_samp 0.01,
+    # item b 0), not the standard error of a form's value (sqrt(pooled Var_samp) = sqrt(0.005), sigma_value)
+    assert p.sigma_repeat == pytest.approx(math.sqrt(0.02))
+    assert p.sigma_value == pytest.approx(math.sqrt(0.005))
+    assert p.sigma_tot**2 == pytest.approx(var_repro + 0.02)
     assert (p.n_items, p.n_forms) == (2, 8)
+
+
+def _sampled_trials(draws):
+    """draws: {(item, anchor, replicate): [x of each parsed draw]} -> a graded_trials table of a sampled run."""
+    rows = []
+    for (item, anchor, r), xs in draws.items():
+        xs = np.asarray(xs, float)
+        n = len(xs)
+        rows.append(
+            {
+                "trial_id": f"{item}{anchor}{r}",
+                "item_id": item,
+                "replicate": r,
+                "scale": "0-10",
+                "wording": "w",
+                "anchor": anchor,
+                "pole": "action",
+                "bipolar": False,
+                "mean_x": xs.mean() if n else np.nan,
+                "mode_x": xs[0] if n else np.nan,
+                "var_x": xs.var() if n else np.nan,
+                "n": float(n),
+                "var_mean": xs.var(ddof=1) / n if n > 1 else np.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def test_repeat_variance_is_one_draw_whether_the_replicates_are_draws_or_salts():
+    # HAND: the draws 0.2, 0.4, 0.6, 0.8 of one form: unbiased variance 0.2/3 (deviations +-0.3, +-0.1).
+    # As one trial of 4 draws: var_samp = 0.2/3 / 4 (the SE^2 of the mean) and var_rep = 0.2/3;
+    # as 4 salted replicates of one draw each: var_rep = Var_r(x_r) = 0.2/3 again;
+    # as 2 salts of 2 draws ((0.2, 0.4), (0.6, 0.8)): SS within 0.02 + 0.02, between 2 * 0.2^2 + 2 * 0.2^2
+    # (means 0.3, 0.7 about 0.5): 0.2 in all, over N - 1 = 3.
+    xs = [0.2, 0.4, 0.6, 0.8]
+    one = stance.per_form(_sampled_trials({("a", "ascending", 0): xs})).iloc[0]
+    assert one["var_rep"] == pytest.approx(0.2 / 3)
+    assert one["var_samp"] == pytest.approx(0.2 / 3 / 4)
+    salts = stance.per_form(_sampled_trials({("a", "ascending", r): [x] for r, x in enumerate(xs)})).iloc[0]
+    assert salts["var_rep"] == pytest.approx(0.2 / 3)
+    two = stance.per_form(_sampled_trials({("a", "ascending", 0): xs[:2], ("a", "ascending", 1): xs[2:]})).iloc[0]
+    assert two["var_rep"] == pytest.approx(0.2 / 3)
+    # readouts: one deterministic elicitation per context; with one replicate the repeat variance is 0
+    ro = stance.per_form(_trials_table({("a", "0-10", "ascending"): [0.3]})).iloc[0]
+    assert ro["var_rep"] == 0.0
+    ro3 = stance.per_form(_trials_table({("a", "0-10", "ascending"): [0.2, 0.4, 0.6]})).iloc[0]
+    assert ro3["var_rep"] == pytest.approx(0.04)
+
+
+def test_per_form_falls_back_to_the_salted_mean_when_the_unsalted_replicate_was_refused():
+    # issue 27 D: replicate 0 fully refused (no parsed draw); salts 1 and 2 give means 0.3 and 0.5
+    t = _sampled_trials(
+        {
+            ("a", "ascending", 0): [],
+            ("a", "ascending", 1): [0.2, 0.4],
+            ("a", "ascending", 2): [0.4, 0.6],
+            ("a", "descending", 0): [0.0, 0.2],
+            ("a", "descending", 1): [0.6, 0.8],
+        }
+    )
+    f = stance.per_form(t).set_index("anchor")
+    lost, kept = f.loc["ascending"], f.loc["descending"]
+    assert lost["value_from"] == "salted mean" and lost["x"] == pytest.approx(0.4)
+    assert lost["var_samp"] == pytest.approx(0.02 / 2)  # Var_r(0.3, 0.5) = 0.02 over the R' = 2 replicates
+    assert kept["value_from"] == "unsalted" and kept["x"] == pytest.approx(0.1)
+    assert kept["var_samp"] == pytest.approx(0.18)  # the unsalted policy: Var_r(0.1, 0.7) = 2 * 0.3^2 / 1
+    assert stance.unusable_forms(t).empty
+    t2 = _sampled_trials({("a", "ascending", 0): [], ("a", "ascending", 1): [], ("a", "descending", 0): [0.1]})
+    gone = stance.unusable_forms(t2)
+    assert gone[["item_id", "anchor"]].values.tolist() == [["a", "ascending"]]
+    assert stance.per_form(t2)["anchor"].tolist() == ["descending"]
 
 
 def test_bipolar_contrast_reports_the_signed_mean_and_the_mean_absolute_value():
