@@ -25,8 +25,13 @@ supports.
 Both share a byte-level BPE tokenizer with Qwen2/3's pre-tokenizer, special
 tokens and chat template, so engine code written for Qwen3 runs unchanged.
 
-Builds are deterministic (seeded, deterministic kernels, fixed thread count)
-and atomic (built in a temporary sibling folder, then ``os.replace``-d into
+Builds are deterministic on one machine (seeded, deterministic kernels, fixed
+thread count), but torch's CPU float kernels follow the instruction set, so
+another CPU trains other weights. What every build guarantees is therefore
+checked, not assumed: ``tiny`` must meet :data:`CONTRACT` on held-out prompts
+(label mass per kind, greedy answers in format), training extra rounds until
+it does, or the build fails with the figures (docs/testing.md). Builds are
+atomic (built in a temporary sibling folder, then ``os.replace``-d into
 ``<cache_root()>/tiny/<name>-<fingerprint>/``). The fingerprint hashes the
 recipe, so changing :data:`BUILD_VERSION`, a config or the corpus rebuilds.
 

@@ -50,6 +50,7 @@ def _spec(store: RunStore, **kw) -> FollowupSpec:
 
 
 # ========================================================================= second turn
+@pytest.mark.trained  # the tiny model answers the triage prompts in format (docs/testing.md)
 def test_kept_answer_is_token_by_token_what_the_model_generated(sampled_source: RunStore, tiny_engine) -> None:
     tok = tiny_engine.tokenizer
     trials = expand(_spec(sampled_source, select=ALL, per_cell=50))
@@ -87,6 +88,7 @@ def test_kept_answer_is_token_by_token_what_the_model_generated(sampled_source: 
     assert text.count("<think>") == 1 and tok.decode(list(tiny_engine.render(t))).count("<think>") == 2
 
 
+@pytest.mark.trained  # the tiny model answers the triage prompts in format (docs/testing.md)
 def test_readout_source_keeps_the_greedy_option(tiny_engine, tmp_path: Path) -> None:
     store = run("influence-triage", SMALL, tiny_engine, tmp_path / "r", progress=False, log=_quiet)
     trials = expand(_spec(store, select=ALL, per_cell=50))
@@ -161,6 +163,7 @@ def test_selection_from_planted_backfire_and_compliance_cells(tmp_path: Path) ->
     assert {t.factors["first_ids"] for t in fu} == {"encoded"}  # this subject records no token ids
 
 
+@pytest.mark.trained  # the tiny model answers the triage prompts in format (docs/testing.md)
 def test_source_checks(sampled_source: RunStore, tmp_path: Path) -> None:
     ident = sampled_source.manifest()
     assert check_subject(ident, "tiny", False, None) == []
@@ -224,6 +227,7 @@ def test_crosstab_and_wilson_interval_match_statsmodels() -> None:
 
 
 # ========================================================================= end to end
+@pytest.mark.trained  # the tiny model answers the triage prompts in format (docs/testing.md)
 def test_probe_run_followup_on_tiny_then_analyze_with_codes(
     sampled_source: RunStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -265,6 +269,7 @@ def test_probe_run_followup_on_tiny_then_analyze_with_codes(
 
 
 # ======================================================================== API engine
+@pytest.mark.trained  # the tiny model answers the triage prompts in format (docs/testing.md)
 def test_followup_through_the_api_engine(server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from probe.cli import main
 

@@ -35,6 +35,7 @@ def _report(out: Path) -> tuple[set[str], pd.DataFrame, str]:
     return files, pd.read_csv(out / "report" / "conditions.csv"), (out / "report" / "summary.md").read_text()
 
 
+@pytest.mark.trained  # the tiny model answers the audit prompts in format (docs/testing.md)
 def test_triage_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "triage"
     args = ["run", "influence-triage", "--model", "tiny", "--out", str(out), "--quiet"]
@@ -52,6 +53,7 @@ def test_triage_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "# Influence audit, moral triage: tiny" in capsys.readouterr().out
 
 
+@pytest.mark.trained  # the tiny model answers the audit prompts in format (docs/testing.md)
 def test_triage_tiny_sampled_counts(tmp_path: Path) -> None:
     out = tmp_path / "sampled"
     args = ["run", "influence-triage", "--model", "tiny", "--out", str(out), "--quiet", "--factors", "age"]
@@ -65,6 +67,7 @@ def test_triage_tiny_sampled_counts(tmp_path: Path) -> None:
     assert "sampled answers" in summary
 
 
+@pytest.mark.trained  # the tiny model answers the audit prompts in format (docs/testing.md)
 @needs_data
 def test_bbq_tiny_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bbq"
@@ -77,6 +80,7 @@ def test_bbq_tiny_end_to_end(tmp_path: Path) -> None:
     assert "Influence audit, BBQ" in summary
 
 
+@pytest.mark.trained  # the tiny model answers the audit prompts in format (docs/testing.md)
 @needs_data
 def test_dd_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "dd"

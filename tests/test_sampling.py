@@ -212,6 +212,7 @@ def _assert_same_up_to_near_ties(engine, trials, ref, got, what) -> int:
     return moved
 
 
+@pytest.mark.trained
 def test_same_draws_on_every_path_and_batch_size(tiny_engine):
     """tree, shared and plain, at 1, 3 and 16 rows per batch, alone or with other trials: the same draws (bit for
     bit at the same path and shapes; elsewhere up to near ties, see the module docstring)."""
@@ -235,6 +236,7 @@ def test_same_draws_on_every_path_and_batch_size(tiny_engine):
     assert len({d[3] for d in ref}) > 4  # the draws differ: they are draws
 
 
+@pytest.mark.trained
 def test_hybrid_paths_draw_the_same(engine):
     """The Mamba hybrid (no tree path) copies its cache per draw: the same draws as one prefill per draw (up to
     near ties across shapes)."""

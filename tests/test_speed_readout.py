@@ -200,6 +200,7 @@ def test_auto_picks_tree_for_attention_and_branch_for_hybrids_on_cpu(engine):
             _engine(engine, readout_path="tree").readout([make_trial("Q?", ["Yes", "No"])])
 
 
+@pytest.mark.trained
 @pytest.mark.parametrize("batch_size,tree_tokens", [(16, 4096), (3, 200)], ids=["one-batch", "small-batches"])
 def test_shared_prefix_paths_equal_the_plain_path(engine, batch_size, tree_tokens):
     trials = _battery()
@@ -210,6 +211,7 @@ def test_shared_prefix_paths_equal_the_plain_path(engine, batch_size, tree_token
         _assert_same(got, ref)
 
 
+@pytest.mark.trained
 def test_shared_prefix_paths_equal_the_plain_path_in_think_mode(engine):
     trials = [t for t in _battery() if t.trial_id in ("yn0", "ny1", "g1", "mp", "prefix")]
     ref = _engine(engine, readout_path="plain", think=True, think_budget=6).readout(trials)

@@ -3,7 +3,9 @@
 The models are built once per session into a temporary cache root, so the
 suite never touches ``~/.cache`` and never downloads anything. The tiny
 model is built twice in all (the second time to check bit-identical
-rebuilds), which dominates the runtime (~10-15 s per build on 2 cores).
+rebuilds on the same machine), which dominates the runtime (about 55 s per
+build of ``tiny`` on 2 idle cores). What the trained model answers is asserted
+only through its build contract (``tiny.CONTRACT``), which holds on every CPU.
 """
 
 from __future__ import annotations
@@ -242,6 +244,7 @@ def test_left_padded_batch_matches_single(name: str, models: dict[str, Any], bui
 # contract's held-out prompts. docs/testing.md lists every test that rests on trained behaviour.
 
 
+@pytest.mark.trained
 def test_trained_tiny_meets_its_contract(models: dict[str, Any], tokenizer: Any, built: dict[str, pathlib.Path]) -> None:
     """Far above chance (two labels of a 1283-token vocabulary: about 0.002), on prompts it never trained on."""
     import json
@@ -258,6 +261,7 @@ def test_trained_tiny_meets_its_contract(models: dict[str, Any], tokenizer: Any,
     assert recorded["greedy_out_of_format"] == []
 
 
+@pytest.mark.trained
 @pytest.mark.parametrize("enable_thinking", [False, True])
 def test_greedy_answers_parse(enable_thinking: bool, models: dict[str, Any], tokenizer: Any) -> None:
     """Every held-out greedy reply of the contract is exactly one offered label (after a think block if asked)."""
