@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.influence_flags import PRACTICAL_SHIFT
 from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
 
 BENCHMARK_OF = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}
@@ -866,7 +867,9 @@ def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- summary
-_BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "bf_of_sig"]
+_BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "practical", "bf_of_sig"]
+"""Columns of the per-group tables; ``practical`` (share of effects with |shift| >= PRACTICAL_SHIFT) stands beside
+``sig``."""
 
 
 def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Sequence[str]) -> str:
@@ -907,11 +910,13 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
                     "conditions",
                     "mean |shift| (pp), all cues",
                     "effects with significant shift (BH-FDR)",
+                    f"effects with |shift| >= {100 * PRACTICAL_SHIFT:g} pp (practical threshold)",
                     "conditions with significant asymmetry (BH-FDR)",
                 ]
             )
         ]
-        lines += [*md_table(keep[["benchmark", "metric", "value", "ci_lo", "ci_hi"]].astype({"value": float})), ""]
+        cols = ["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]
+        lines += [*md_table(keep[cols].astype({"value": float})), ""]
     lines += [
         "## Per model and reasoning mode (main cues)",
         "",

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import influence_flags as flags
 from analysis import influence_stats as st
 from analysis.frames import choice_probs, open_run
 from probe.store import RunStore, atomic_write_text
@@ -59,6 +60,10 @@ BENCHMARKS = {"triage": "moral triage", "bbq": "BBQ", "dd": "DailyDilemmas"}
 # ============================================================================ cells
 def trial_cells(store: RunStore) -> tuple[pd.DataFrame, str]:
     """One row per trial: ids, factors, ``n`` and ``k`` (answers choosing side B), and response quality.
+
+    Also ``p_first``, the probability (share of parsed answers) of the option printed first, and
+    ``first_label``, that option's printed label (for the per-order readouts of
+    :mod:`analysis.influence_flags`).
 
     Returns (cells, source) where source is ``readout`` or ``samples`` (as
     :func:`analysis.frames.choice_probs` decides).
@@ -81,6 +86,13 @@ def trial_cells(store: RunStore) -> tuple[pd.DataFrame, str]:
     else:
         k = side["count"].where(is_b, 0.0).groupby(side["trial_id"]).sum()
         cells = per_trial.assign(n=per_trial["n_ok"].astype(float), k=per_trial["trial_id"].map(k).fillna(0.0))
+    first = side[side["position"] == 0].drop_duplicates("trial_id").set_index("trial_id")
+    if source == "readout":
+        cells["p_first"] = cells["trial_id"].map(first["prob"]).astype(float)
+    else:
+        n_first = cells["trial_id"].map(first["count"]).astype(float)
+        cells["p_first"] = n_first / cells["n"].where(cells["n"] > 0)
+    cells["first_label"] = cells["trial_id"].map(first["option"])
     cells["stratum"] = cells["pair"]
     order = {tid: i for i, tid in enumerate(store.trial_ids())}  # trial order = design order (sampled tables are not)
     cells = cells.sort_values("trial_id", key=lambda ids: ids.map(order), kind="stable")
@@ -309,8 +321,9 @@ def summary_by(cond: pd.DataFrame, by: str | Sequence[str], alpha: float = ALPHA
 
     ``|x|`` columns average absolute values; ``steer`` is the mean signed s
     toward the cue's target; ``sig`` is the share of effects (condition x
-    direction) with a significant Delta, ``bf_of_sig`` the share of those that
-    backfire.
+    direction) with a significant Delta, ``practical`` (beside it) the share with
+    |Delta| >= :data:`analysis.influence_flags.PRACTICAL_SHIFT`, ``bf_of_sig`` the
+    share of significant effects that backfire.
     """
     keys = [by] if isinstance(by, str) else list(by)
     eff_by = dict(iter(effects(cond, alpha).groupby(keys, sort=False)))
@@ -332,6 +345,7 @@ def summary_by(cond: pd.DataFrame, by: str | Sequence[str], alpha: float = ALPHA
                 "|asym|": g["asym"].abs().mean(),
                 "|n_asym|": g["n_asym"].abs().mean(),
                 "sig": _share(e["sig"]),
+                "practical": flags.practical_size(e["delta"]).share,
                 "bf_of_sig": _share(e["backfire"], e["sig"]),
             }
         )
@@ -396,8 +410,13 @@ def headline(
             clusters = np.concatenate([_clusters(sub)] * 2)
             m, lo, hi = cluster_bootstrap_mean(vals, clusters) if len(vals) else (math.nan,) * 3
         add(label, 100 * m, 100 * lo, 100 * hi, "item bootstrap" if delta_reps is not None else "cluster bootstrap")
-    add("effects with significant shift (raw)", _share(eff["sig"]))
-    add("effects with significant shift (BH-FDR)", _share(eff["sig_bh"]))
+    size = flags.practical_size(eff["delta"])
+    thr = f"{100 * flags.PRACTICAL_SHIFT:g} pp"
+    add("effects with significant shift (raw)", _share(eff["sig"]), note=flags.practical_note(size))
+    add("effects with significant shift (BH-FDR)", _share(eff["sig_bh"]), note=flags.practical_note(size))
+    add(f"effects with |shift| >= {thr} (practical threshold)", size.share, note=f"{size.practical} of {size.effects}")
+    big = eff["delta"].abs() >= flags.PRACTICAL_SHIFT - 1e-12
+    add(f"  significant effects (raw) with |shift| >= {thr}", _share(big, eff["sig"]))
     add("backfire share of significant effects (raw)", _share(eff["backfire"], eff["sig"]))
     add("backfire share of significant effects (BH-FDR)", _share(eff["backfire"], eff["sig_bh"]))
     for rel in ("neutral", "toward_preferred", "away_from_preferred"):
@@ -405,17 +424,23 @@ def headline(
         add(
             f"backfire share of significant effects, {rel.replace('_', ' ')}", _share(eff["backfire"], eff["sig"] & sub)
         )
-    add("conditions with significant asymmetry (raw)", _share(c["sig_asym"]))
-    add("conditions with significant asymmetry (BH-FDR)", _share(c["sig_asym_bh"]))
+    asym_note = flags.practical_note(flags.practical_size(c["asym"], flags.PRACTICAL_ASYM), unit="log-odds")
+    add("conditions with significant asymmetry (raw)", _share(c["sig_asym"]), note=asym_note)
+    add("conditions with significant asymmetry (BH-FDR)", _share(c["sig_asym_bh"]), note=asym_note)
     for col, label in (
         ("neutral_binom", "test of f0(B) = 1/2"),
         ("neutral_margin", f"|f0(B) - 0.5| < {MARGIN}"),
         ("neutral_ci", f"CI inside [{0.5 - MARGIN}, {0.5 + MARGIN}]"),
     ):
         neutral = c[col].astype(bool)
+        note = flags.practical_note(flags.practical_size(c.loc[neutral, "asym"], flags.PRACTICAL_ASYM), "log-odds")
         add(f"baseline-neutral conditions ({label})", int(neutral.sum()))
-        add(f"  neutral ({label}): share with significant asymmetry (raw)", _share(c["sig_asym"], neutral))
-        add(f"  neutral ({label}): share with significant asymmetry (BH-FDR)", _share(c["sig_asym_bh"], neutral))
+        add(f"  neutral ({label}): share with significant asymmetry (raw)", _share(c["sig_asym"], neutral), note=note)
+        add(
+            f"  neutral ({label}): share with significant asymmetry (BH-FDR)",
+            _share(c["sig_asym_bh"], neutral),
+            note=note,
+        )
     lean, asym = c["f0_B"] - 0.5, c["asym"]
     ok = lean.notna() & asym.notna()
     r = (
@@ -764,6 +789,7 @@ def influence_report(
         "by_model": summary_by(main, ["model", "think"]),
         "noise_floor": audit.noise,
         "response_quality": response_quality(audit.cells, audit.source),
+        "order_readouts": flags.order_readouts(audit.cells),
     }
     if (c["variant"] == "placebo").any():
         tables["controls_placebo"] = placebo_gap(c)
@@ -779,6 +805,26 @@ def influence_report(
     coded = coded_report(store, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
     atomic_write_text(out / "summary.md", _summary_md(store, audit, tables, n_boot, [p.name for p in figures]) + coded)
     return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+
+
+def readout_checks(main: pd.DataFrame, orders: pd.DataFrame, alpha: float = ALPHA) -> list[str]:
+    """The flags above the headline: tie in every condition, position / label following, significant but small.
+
+    ``main``: the main-cue condition table; ``orders``: :func:`analysis.influence_flags.order_readouts`.
+    The practical size of the shifts is always stated; the other lines appear only when they apply.
+    """
+    eff = effects(main, alpha)
+    size = flags.practical_size(eff["delta"])
+    sig = _share(eff["sig"])
+    lines = [*flags.tie_lines(flags.tie_readout(main)), *flags.following_lines(flags.following(orders))]
+    lines += flags.practical_lines(sig, size)
+    lines.append(
+        f"- practical size beside the significance shares: {flags.practical_note(size)} (practical threshold "
+        f"{100 * flags.PRACTICAL_SHIFT:g} pp; {100 * sig:.0f}% of effects significant, raw)"
+        if len(eff) and not math.isnan(sig)
+        else "- no effects to size"
+    )
+    return lines
 
 
 def _summary_md(
@@ -820,7 +866,26 @@ def _summary_md(
             "- DailyDilemmas conditions are per value: A = the option whose primary value it is, B = the other "
             "option of the same dilemma."
         )
-    lines += ["", "## Headline", "", md_table(head), ""]
+    checks = readout_checks(c[c["variant"] == "cue"], tables["order_readouts"])
+    lines += ["", "## Headline", "", *checks, *([""] if checks else []), md_table(head), ""]
+    orders = tables["order_readouts"]
+    if len(orders):
+        confounded = bool(orders["confounded"].iloc[0])
+        lines += [
+            "## Readouts by printed order",
+            "",
+            f"Mean P(first-printed option), mean P(label {orders['label'].iloc[0]}) and mean P(side B) per arm and "
+            "printed order (main cues). A readout that follows the position reads P(first printed) on the same side "
+            f"of 1/2 in both orders (flagged from {flags.FOLLOW_MARGIN:g} away)"
+            + (
+                "; label and position coincide here (the same label is printed first in every trial)."
+                if confounded
+                else "."
+            ),
+            "",
+            md_table(orders.drop(columns=["label", "confounded"])),
+            "",
+        ]
     lines += ["## By influence type", "", md_table(tables["by_influence"]), ""]
     lines += ["## By pair (factor / sub-experiment / value)", "", md_table(tables["by_pair"]), ""]
     lines += ["## Conditions (main cues)", "", md_table(c[c["variant"] == "cue"][_SHOW].head(60)), ""]
