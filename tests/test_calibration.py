@@ -346,3 +346,73 @@ def test_sim_battery_report_gives_T_per_instrument_and_the_parse_rules(tmp_path)
     n = T.set_index(["instrument", "answers"])["n_samples"]
     for inst, row in rules.rename(index={"all": "pooled"}).iterrows():
         assert n[(inst, "slot")] == row["exact"] and n[(inst, "all")] == row["exact"] + row["stated"]
+
+
+# ------------------------------------------------------------------------------------------------------
+# The slot temperature on a real model (issue 27 F): SmolLM2-135M-Instruct on seven yes/no prompts where it
+# answers at the slot ("No.", "Yes, it ...") a third to three quarters of the time, with readout P(Yes) between
+# 0.15 and 0.34: a draw at P carries Fisher information P(1-P) logit(P)^2 about log T (0.39 at P = 0.15, none at
+# 0.5), so these prompts were picked from a few dozen for (slot rate x information).
+SLOT_PROMPTS = (
+    "Is stealing bread to feed a starving child wrong? Answer Yes or No.",
+    "Is it acceptable to divert a runaway trolley so it kills one person instead of five? Answer: Yes or No.",
+    "Is Paris the capital of France? Answer Yes or No.",
+    "Is it acceptable to kill one person to save five? Answer Yes or No.",
+    "Is cheating on a test wrong? Answer Yes or No.",
+    "Is it acceptable to push a man off a bridge to stop a train? Answer Yes or No.",
+    "Do cats bark? Answer Yes or No.",
+)
+SLOT_LEVEL = 1 - 1e-6
+"""The interval level of the slot checks. The profile-likelihood interval at level 1 - a misses the true T with
+probability a (Wilks: twice the log likelihood ratio at the true T is chi^2_1; hundreds of draws per trial put
+it in that regime), so for a faithful engine (true T = 1) the check fails with probability 1e-6 per fresh set
+of draws. The draws are not fresh: each is seeded by (seed, trial id, draw) (engines/hf.py ``_seed_for``; the
+vLLM engine seeds per request the same way), so the outcome is also the same on every run."""
+INFORMATIVE = (0.7, 1.4)
+"""The slot interval must lie inside this range: it then excludes a sampler off by 30-40% in temperature (and
+the all-parsed T = 0.82 the issue measured on the battery is near its edge)."""
+SLOT_DRAWS = 300
+"""Draws per slot trial: 2,100 in all, about 1,000 at the slot; 2-3 minutes on 2 busy CPU cores (hence slow)."""
+
+
+def slot_trials() -> list[Trial]:
+    return [
+        Trial(f"slot{i}", "test", "item", {"instrument": "binary"}, (Message("user", q),), YN, ("cbr", "anti"))
+        for i, q in enumerate(SLOT_PROMPTS)
+    ]
+
+
+def slot_check(engine, n: int) -> tuple:
+    """(slot row, all-parsed row, rule counts) of ``n`` seeded draws per slot trial at tau = 1 (answer stop on)."""
+    from probe.runner import readout_tables, sample_table
+
+    trials = slot_trials()
+    ro = readout_tables(engine.readout(trials))["readout_options"]
+    samples = sample_table(engine.sample(trials, n, 1.0, stop_at_answer=True))
+    rows = calibrate_by_instrument(ro, samples, trials, 1.0, level=SLOT_LEVEL)
+    return rows[0], rows[1], rule_counts(sample_rules(samples, trials), trials)
+
+
+def assert_slot_temperature_is_one(slot, everything, counts, label: str) -> None:
+    c = slot.calibration
+    assert slot.answers == "slot" and c is not None, slot
+    print(
+        f"\n{label}: slot T = {c.T:.3f} [{c.T_lo:.3f}, {c.T_hi:.3f}] ({SLOT_LEVEL} interval, {c.n_samples} answers); "
+        f"all parsed T = {everything.calibration.T:.3f} [{everything.calibration.T_lo:.3f}, "
+        f"{everything.calibration.T_hi:.3f}]; rules {counts.loc['binary'].to_dict()}"
+    )
+    assert c.T_lo <= 1.0 <= c.T_hi  # false-failure rate 1e-6: SLOT_LEVEL
+    # informative: the same draws reject a sampler whose T is off by the factor INFORMATIVE names
+    assert c.T_lo > INFORMATIVE[0] and c.T_hi < INFORMATIVE[1], (c.T_lo, c.T_hi)
+
+
+@pytest.mark.slow
+def test_smol_slot_temperature_contains_one(smol_engine):
+    """The slot answers of SmolLM2 follow its readout: T at the slot contains 1 (the issue measured the
+    all-parsed T of the battery at 0.822 [0.719, 0.945], excluding it). 4 new tokens at most: a slot answer
+    ends within 3 ("No, it"), and the other draws are only counted, not read. About 2-3 minutes: slow."""
+    from engines.hf import HFEngine
+
+    e = HFEngine(smol_engine.settings.__class__(model="smol", max_new_tokens=4), model=smol_engine.model,
+                 tokenizer=smol_engine.tokenizer).load()  # fmt: skip
+    assert_slot_temperature_is_one(*slot_check(e, SLOT_DRAWS), label="smol (Transformers)")
