@@ -807,7 +807,9 @@ def influence_report(
     return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
 
 
-def readout_checks(main: pd.DataFrame, orders: pd.DataFrame, alpha: float = ALPHA) -> list[str]:
+def readout_checks(
+    main: pd.DataFrame, orders: pd.DataFrame, source: str = "readout", alpha: float = ALPHA
+) -> list[str]:
     """The flags above the headline: tie in every condition, position / label following, significant but small.
 
     ``main``: the main-cue condition table; ``orders``: :func:`analysis.influence_flags.order_readouts`.
@@ -817,7 +819,7 @@ def readout_checks(main: pd.DataFrame, orders: pd.DataFrame, alpha: float = ALPH
     size = flags.practical_size(eff["delta"])
     sig = _share(eff["sig"])
     lines = [*flags.tie_lines(flags.tie_readout(main)), *flags.following_lines(flags.following(orders))]
-    lines += flags.practical_lines(sig, size)
+    lines += flags.practical_lines(sig, size, source)
     lines.append(
         f"- practical size beside the significance shares: {flags.practical_note(size)} (practical threshold "
         f"{100 * flags.PRACTICAL_SHIFT:g} pp; {100 * sig:.0f}% of effects significant, raw)"
@@ -866,7 +868,7 @@ def _summary_md(
             "- DailyDilemmas conditions are per value: A = the option whose primary value it is, B = the other "
             "option of the same dilemma."
         )
-    checks = readout_checks(c[c["variant"] == "cue"], tables["order_readouts"])
+    checks = readout_checks(c[c["variant"] == "cue"], tables["order_readouts"], audit.source)
     lines += ["", "## Headline", "", *checks, *([""] if checks else []), md_table(head), ""]
     orders = tables["order_readouts"]
     if len(orders):

@@ -254,12 +254,22 @@ def practical_note(p: Practical, unit: str = "pp") -> str:
     return f"mean {what} {scale * p.mean_abs_shift:{fmt}} {unit}; {p.practical} of {p.effects} ({share}) >= {thr}"
 
 
-def practical_lines(sig_share: float, p: Practical) -> list[str]:
-    """A flag when significant effects outnumber practically sized ones (more than twice and by 10 points)."""
+def practical_lines(sig_share: float, p: Practical, source: str = "readout") -> list[str]:
+    """A flag when significant effects outnumber practically sized ones (more than twice and by 10 points).
+
+    ``source`` (``readout`` or ``samples``) says what the tests rest on, for the line's explanation.
+    """
+    if source not in ("readout", "samples"):
+        raise ValueError(f"source must be 'readout' or 'samples', got {source!r}")
     if not p.effects or math.isnan(sig_share) or not (sig_share > 2 * p.share and sig_share - p.share >= 0.1):
         return []
+    why = (
+        "Tests on a deterministic readout use the bootstrap SE over prompts, which small shifts that are "
+        "consistent across prompts pass easily"
+        if source == "readout"
+        else "Tests on many sampled answers per condition pass small shifts easily"
+    )
     return [
         f"- **significant but small**: {100 * sig_share:.0f}% of effects test significant, yet "
-        f"{practical_note(p)}. Tests on a deterministic readout use the bootstrap SE over prompts, which small "
-        "shifts that are consistent across prompts pass easily; significance here is not steerability."
+        f"{practical_note(p)}. {why}; significance here is not steerability."
     ]

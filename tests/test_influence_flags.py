@@ -134,6 +134,10 @@ def test_significant_but_small_flag() -> None:
     assert line.startswith("- **significant but small**: 54% of effects test significant, yet mean |shift| 0.20 pp")
     assert fl.practical_lines(0.14, fl.practical_size([0.08] * 7 + [0.01] * 3)) == []
     assert fl.practical_lines(0.05, tiny) == []  # fewer than 10 points of significant effects: not worth a flag
+    (sampled,) = fl.practical_lines(0.54, tiny, "samples")
+    assert "Tests on many sampled answers per condition" in sampled
+    with pytest.raises(ValueError, match="source must be 'readout' or 'samples', got 'x'"):
+        fl.practical_lines(0.54, tiny, "x")
 
 
 def test_headline_states_the_practical_size_beside_every_significance_share() -> None:
