@@ -39,6 +39,7 @@ import pandas as pd
 
 from analysis.battery import Section
 from analysis.compare import dropped_md, md_table, panel_md, write_dropped
+from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
 from probe.store import RunStore, atomic_write_text
 
@@ -210,7 +211,7 @@ def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed:
 
 
 # ------------------------------------------------------------------ human anchors
-class HumanTableError(ValueError):
+class HumanTableError(ProbeError, ValueError):
     """A malformed human-anchor CSV: the message names the file, the row and the column."""
 
 

@@ -65,6 +65,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probe.errors import ProbeError
+
 EXPERIMENT = "influence-import"
 TABLE = "imported_conditions"
 KEYS = ("model", "reasoning", "benchmark", "factor", "level_a", "level_b", "influence")
@@ -79,7 +81,7 @@ MAX_SIZE = 1_000_000
 """Largest arm size (or upper bound) accepted: the candidate search is linear in the bound."""
 
 
-class ConditionImportError(ValueError):
+class ConditionImportError(ProbeError, ValueError):
     """Rows that cannot be imported; the message has one line per problem (file, line, field, fix)."""
 
 

@@ -72,6 +72,7 @@ from engines.api_providers import (
     parse_reply,
 )
 from engines.base import ProgressFn, require
+from probe.errors import ProbeError
 from probe.parse import parse_answer, split_reasoning
 from probe.types import Sample, Trial
 
@@ -79,7 +80,7 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
 
 
-class BudgetExhausted(ValueError):
+class BudgetExhausted(ProbeError, ValueError):
     """``--max-cost`` reached: the run stopped before the next call; raise the budget and re-run to resume.
 
     A ``ValueError`` so that the command line reports it as one line with
@@ -87,7 +88,7 @@ class BudgetExhausted(ValueError):
     """
 
 
-class TransportGaveUp(RuntimeError):
+class TransportGaveUp(ProbeError, RuntimeError):
     """A call kept failing in transport after every retry; the run stopped (re-run to resume)."""
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from engines.api_limits import RETRYABLE_STATUS, parse_retry_after
 from engines.api_pricing import Usage
+from probe.errors import ProbeError
 from probe.types import Message
 
 PROVIDERS = ("openai", "anthropic", "openai-compatible")
@@ -66,7 +67,7 @@ class TransportError(Exception):
         self.status = status
 
 
-class ApiRequestError(ValueError):
+class ApiRequestError(ProbeError, ValueError):
     """The provider rejected the request itself (bad key, unknown model, invalid parameter): stop, do not retry."""
 
 

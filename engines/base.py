@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from probe.errors import ProbeError
 from probe.types import Readout, Sample, Trial
 
 ProgressFn = Callable[[int], None]
@@ -76,7 +77,7 @@ class LogitEngine(Engine, Protocol):
         ...
 
 
-class MissingExtra(ImportError):
+class MissingExtra(ProbeError, ImportError):
     """A backend's library is not installed; the message says which extra to install."""
 
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from probe.errors import ProbeError
 from probe.parse import split_reasoning
 from probe.types import Message, Trial
 
@@ -179,7 +180,7 @@ def render_kept(
     return (*p.head, *p.reply, *p.tail)
 
 
-class OptionError(ValueError):
+class OptionError(ProbeError, ValueError):
     """An option string that the tokenizer cannot encode faithfully."""
 
 

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from engines.base import ProgressFn
+from probe.errors import ProbeError
 from probe.parse import Parsed, parse_answer
 from probe.types import OptionScore, Readout, Sample, Trial
 
@@ -68,7 +69,7 @@ NONCOMMIT_TEXT = "Both courses carry grave costs, and there is no clear answer h
 """Names no course and no option: the parser calls it invalid, the rule judge NONCOMMIT."""
 
 
-class SimParamsError(ValueError):
+class SimParamsError(ProbeError, ValueError):
     """Bad planted parameters (the message names the parameter, the allowed range and the value)."""
 
 

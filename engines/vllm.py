@@ -44,6 +44,7 @@ from typing import Any, Literal
 from engines.base import ProgressFn, require
 from engines.render import close_reasoning, option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
+from probe.errors import ProbeError
 from probe.parse import parsed_sample
 from probe.types import OptionScore, Readout, Sample, Trial
 
@@ -64,11 +65,11 @@ REPLY_ROWS = 1024
 (:attr:`VLLMEngine.reply_rows`); a fixed number, not a setting: vLLM batches them itself, so it changes no value."""
 
 
-class VLLMReadoutError(RuntimeError):
+class VLLMReadoutError(ProbeError, RuntimeError):
     """vLLM did not return a log probability that was explicitly asked for."""
 
 
-class VLLMStartError(RuntimeError):
+class VLLMStartError(ProbeError, RuntimeError):
     """vLLM could not start the model; the message names the settings that usually fix it."""
 
 

@@ -40,6 +40,7 @@ from experiments.yesno import (
     dilemma_path,
     salts_from_args,
 )
+from probe.errors import ProbeError
 from probe.grid import Grid
 from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
@@ -56,7 +57,7 @@ VERBS = ("approve", "oppose")
 ORDERS = ("yes_first", "no_first")
 
 
-class CorpusError(ValueError):
+class CorpusError(ProbeError, ValueError):
     """A malformed battery corpus file; the message names the file and the key."""
 
 

@@ -27,6 +27,8 @@ from typing import Any, Final, Literal
 
 import yaml
 
+from probe.errors import ProbeError
+
 __all__ = [
     "ALLOWED_FIELDS",
     "DEFAULT_DILEMMAS",
@@ -82,7 +84,7 @@ _JSONL_SUFFIXES: Final[frozenset[str]] = frozenset({".jsonl"})
 DEFAULT_DILEMMAS: Final[pathlib.Path] = pathlib.Path(__file__).resolve().parent / "data" / "dilemmas.yaml"
 
 
-class DilemmaError(ValueError):
+class DilemmaError(ProbeError, ValueError):
     """A dilemma file cannot be read or one of its records is invalid.
 
     Subclasses ``ValueError`` so callers that already treat bad input as a

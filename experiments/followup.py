@@ -56,6 +56,7 @@ import yaml
 
 from experiments import Experiment, lazy
 from experiments.influence.build import split_list, stable_hash
+from probe.errors import ProbeError
 from probe.types import Message, Trial, make_trial_id
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ SOURCES: Final[dict[str, str]] = {"influence-triage": "triage", "influence-bbq":
 COND_KEYS: Final[tuple[str, ...]] = ("pair", "influence", "variant", "kind", "position", "bracket")
 
 
-class FollowupError(ValueError):
+class FollowupError(ProbeError, ValueError):
     """A source run or a question file that cannot be used; the message says why and what to do."""
 
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from probe.errors import ProbeError
+
 EPILOG = """examples:
   probe run yesno --model tiny --out runs/yesno-tiny
   probe analyze runs/yesno-tiny
@@ -353,27 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from engines.base import MissingExtra
-    from engines.render import OptionError
-    from engines.vllm import VLLMStartError
-    from experiments.dilemmas import DilemmaError
-    from probe.models import ModelError
-    from probe.panel import PanelError
-    from probe.store import StoreError
-
     try:
         return int(args.func(args))
-    except (
-        VLLMStartError,
-        ModelError,
-        StoreError,
-        PanelError,
-        DilemmaError,
-        OptionError,
-        MissingExtra,
-        ValueError,
-        FileNotFoundError,
-    ) as e:
+    # ProbeError: every error of the project; ValueError / FileNotFoundError: bad arguments and missing files
+    # caught where the standard library or a dependency raises them (a malformed --options, an absent --out)
+    except (ProbeError, ValueError, FileNotFoundError) as e:
         print(f"probe {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `probe readout ... | head`

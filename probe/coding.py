@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from probe.errors import ProbeError
 from probe.parse import split_reasoning
 from probe.store import RunStore, atomic_write_parquet, atomic_write_text, canonical_json
 from probe.types import Message, Trial
@@ -77,7 +78,7 @@ _CODE_KEYS = {"id", "label", "definition", "example", "family"}
 _TOP_KEYS = {"task", "prompt", "codes", "added"}
 
 
-class TaxonomyError(ValueError):
+class TaxonomyError(ProbeError, ValueError):
     """A taxonomy or validation file that cannot be used; the message names the file, the code and the field."""
 
 

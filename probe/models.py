@@ -15,11 +15,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from probe.errors import ProbeError
+
 GGUF_MARKER = "gguf-build.json"
 """The marker :mod:`probe.gguf` writes last into a converted folder (named here to keep imports one-way)."""
 
 
-class ModelError(ValueError):
+class ModelError(ProbeError, ValueError):
     """A model spec that cannot be loaded; the message says why and what to do."""
 
 

@@ -37,10 +37,11 @@ from typing import Any
 
 import pandas as pd
 
+from probe.errors import ProbeError
 from probe.store import RunStore, StoreError
 
 
-class PanelError(ValueError):
+class PanelError(ProbeError, ValueError):
     """A bad panel: the message names the run or the field and how to fix it."""
 
 

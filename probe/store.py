@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from probe.errors import ProbeError
 from probe.types import Trial
 
 MANIFEST = "manifest.json"
@@ -50,7 +51,7 @@ RESULTS = "results"
 _CHUNK = re.compile(r"^chunk-(\d{6})\.done$")
 
 
-class StoreError(RuntimeError):
+class StoreError(ProbeError, RuntimeError):
     """A run directory that cannot be used as asked; the message says how to proceed."""
 
 

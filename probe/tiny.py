@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from probe import tiny_corpus
+from probe.errors import ProbeError
 from probe.tiny_corpus import Sample
 
 if TYPE_CHECKING:  # transformers is imported lazily: `import probe.tiny` stays cheap
@@ -531,7 +532,7 @@ class Contract:
 CONTRACT = Contract()
 
 
-class ContractError(RuntimeError):
+class ContractError(ProbeError, RuntimeError):
     """A trained ``tiny`` still misses its behaviour contract after every extra round."""
 
 

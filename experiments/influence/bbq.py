@@ -43,6 +43,7 @@ from experiments.influence.build import (
     stable_hash,
 )
 from experiments.influence.design import Design, DesignError, article, load_design
+from probe.errors import ProbeError
 from probe.types import Trial
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ _REQUIRED: tuple[str, ...] = ("example_id", "question_index", "question_polarity
 _REQUIRED += ("answer_info", "additional_metadata", "context", "question", "ans0", "ans1", "ans2")
 
 
-class BBQError(ValueError):
+class BBQError(ProbeError, ValueError):
     """A BBQ file that cannot be read as the upstream format; the message names file, line and field."""
 
 

@@ -45,6 +45,7 @@ from experiments.influence.build import (
     stable_hash,
 )
 from experiments.influence.design import Design, DesignError, article, load_design
+from probe.errors import ProbeError
 from probe.types import Trial
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ AGGREGATED = "dilemma.csv"
 _NAN = re.compile(r"(?<=[\[,\s])nan(?=\s*[,\]])")
 
 
-class DDError(ValueError):
+class DDError(ProbeError, ValueError):
     """A DailyDilemmas file that cannot be read as the upstream format; the message names the file and field."""
 
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 import yaml
 
 from experiments.dilemmas import _StrictLoader  # the project's duplicate-key-rejecting YAML loader
+from probe.errors import ProbeError
 
 DATA: Final[Path] = Path(__file__).resolve().parent.parent / "data" / "influence"
 """The shipped designs: ``triage.yaml``, ``bbq.yaml``, ``dd.yaml``."""
@@ -34,7 +35,7 @@ _COMMON_KEYS: Final[tuple[str, ...]] = ("system", "user", "labels", "positions",
 _CUE_KEYS: Final[frozenset[str]] = frozenset({"kind", "position", "bracket", "text", "placebo", "negated"})
 
 
-class DesignError(ValueError):
+class DesignError(ProbeError, ValueError):
     """A design file that cannot be used; the message names the file and the field."""
 
 

@@ -1,0 +1,19 @@
+"""The project's one error root.
+
+Every error of the project derives from :class:`ProbeError`, and keeps the
+builtin base it had before (``ValueError`` for "change the arguments",
+``RuntimeError`` for a run that cannot go on, ``ImportError`` for a missing
+extra), so ``except ValueError`` around a call still works. The command line
+catches :class:`ProbeError` once and prints it as one line with exit status 2.
+
+Two exceptions of the API engine stay plain: ``TransportError`` and
+``ProviderRefusal`` (:mod:`engines.api_providers`) are signals inside the
+engine's retry loop (retry the call; record a refusal), never errors that
+leave it; what leaves is :class:`~engines.api.TransportGaveUp`.
+"""
+
+from __future__ import annotations
+
+
+class ProbeError(Exception):
+    """Every error of the project derives from this class."""
