@@ -975,7 +975,7 @@ class ApiEngine:
     def _write_stats(self) -> None:
         if self._store_root is None:
             return
-        from probe.store import atomic_write_text
+        from probe.files import atomic_write_text
 
         path = self._store_root / "results" / STATS
         atomic_write_text(path, json.dumps(self.run_stats(), indent=2, sort_keys=True) + "\n")

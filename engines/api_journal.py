@@ -185,7 +185,7 @@ class AppendLog:
             q.write(b"".join(d.raw + b"\n" for d in bad))
             q.flush()
             os.fsync(q.fileno())
-        from probe.store import atomic_write_bytes
+        from probe.files import atomic_write_bytes
 
         atomic_write_bytes(self.path, b"".join(good))
         return tuple(bad)
@@ -234,7 +234,8 @@ class AppendLog:
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                from probe.store import StoreError, human_bytes
+                from probe.errors import StoreError
+                from probe.files import human_bytes
 
                 free = shutil.disk_usage(self.path.parent).free
                 raise StoreError(

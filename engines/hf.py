@@ -481,7 +481,8 @@ class HFEngine:
             return self
         torch = require("torch", "hf")
         transformers = require("transformers", "hf")
-        from probe.models import ModelError, resolve_model
+        from probe.errors import ModelError
+        from probe.models import resolve_model
 
         ref = resolve_model(self.settings.model)
         self._path = ref.path
@@ -566,7 +567,7 @@ class HFEngine:
         }
         from pathlib import Path
 
-        from probe.gguf import manifest_record
+        from probe.models.gguf import manifest_record
 
         if path and Path(path).is_dir():
             info["fingerprint"] = folder_fingerprint(path)

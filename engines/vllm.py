@@ -628,7 +628,7 @@ class VLLMEngine:
 
             self._path = resolve_model(s.model).path
         if self._tok is None:
-            from probe.models import ModelError
+            from probe.errors import ModelError
 
             transformers = require("transformers", "hf")
             transformers.logging.disable_progress_bar()
@@ -734,8 +734,8 @@ class VLLMEngine:
         """Model, path, dtype, settings and vLLM version for the manifest."""
         from pathlib import Path
 
-        from probe.gguf import manifest_record
         from probe.models import folder_fingerprint
+        from probe.models.gguf import manifest_record
 
         self.tokenizer  # noqa: B018 - resolves the path
         info: dict[str, Any] = {

@@ -5,11 +5,11 @@ conversation, the model's **own first answer kept**, and one more user message
 asking whether anything in the prompt tried to influence the choice and
 whether it did. The reply is free text, stored with the trial (the run's
 ``generations``); a judge codes it later (``probe code RUN --task followup``)
-and :mod:`analysis.followup` crosses the codes with the cell the source trial
+and :mod:`analysis.influence.followup` crosses the codes with the cell the source trial
 came from (significant backfire, significant compliance, ...).
 
 Which trials: the source run is analysed exactly as its report does
-(:func:`analysis.influence.analyze`, :func:`analysis.influence.effects`), and
+(:func:`analysis.influence.audit.analyze`, :func:`analysis.influence.audit.effects`), and
 every effect (condition x cue direction, main cues by default) gets a class:
 
 ==============  ==============================================================
@@ -68,7 +68,7 @@ NAME: Final[str] = "followup"
 DATA: Final[Path] = Path(__file__).resolve().parent / "data" / "followup.yaml"
 CLASSES: Final[tuple[str, ...]] = ("backfire", "compliance", "no_effect", "baseline")
 SOURCES: Final[dict[str, str]] = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}
-"""Experiments a follow-up can start from, and their benchmark name in :mod:`analysis.influence`."""
+"""Experiments a follow-up can start from, and their benchmark name in :mod:`analysis.influence.audit`."""
 COND_KEYS: Final[tuple[str, ...]] = ("pair", "influence", "variant", "kind", "position", "bracket")
 
 
@@ -181,8 +181,9 @@ class FollowupSpec:
 # ============================================================================== source
 def open_source(path: str | Path) -> tuple[RunStore, str]:
     """The source run and its benchmark; refuses a run that is not a finished influence run."""
-    from analysis.frames import open_run
-    from probe.store import StoreError, chunk_bounds
+    from analysis.common.frames import open_run
+    from probe.errors import StoreError
+    from probe.store import chunk_bounds
 
     try:
         store = open_run(Path(path).resolve())
@@ -239,7 +240,7 @@ def check_subject(source: Mapping[str, Any], model: str, think: bool, system: st
 # =========================================================================== selection
 def effect_cells(audit: Any, spec: FollowupSpec) -> pd.DataFrame:
     """One row per effect (condition x direction) of the chosen variants, with its ``cell`` class and ``cell_key``."""
-    from analysis.influence import effects
+    from analysis.influence.audit import effects
 
     eff = effects(audit.conditions)
     eff = eff[eff["variant"].isin(spec.variants)].reset_index(drop=True)
@@ -329,7 +330,7 @@ def selection(store: RunStore, benchmark: str, spec: FollowupSpec) -> pd.DataFra
     """The chosen first answers: one row per (cell, source trial, draw), cells in class then table order."""
     import pandas as pd
 
-    from analysis.influence import analyze
+    from analysis.influence.audit import analyze
 
     audit = analyze(store, benchmark, n_boot=spec.n_boot)
     trials = store.trials()
@@ -472,7 +473,7 @@ EXPERIMENT = Experiment(
     add_arguments=_add_arguments,
     spec_from_args=_spec_from_args,
     expand=expand,
-    report=lazy("analysis.followup:report"),
+    report=lazy("analysis.influence.followup:report"),
     generative=lambda t: True,
 )
 EXPERIMENTS = (EXPERIMENT,)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from probe.lock import RunLock
-from probe.store import RESULTS, RunStore, find_shards
+from probe.shards import find_shards
+from probe.store import RESULTS, RunStore
 
 
 def check_run(root: Path) -> tuple[list[str], bool]:

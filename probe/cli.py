@@ -26,7 +26,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     from engines import make_engine
     from experiments import get_experiment
     from probe.runner import run
-    from probe.store import Shard
+    from probe.shards import Shard
 
     exp = get_experiment(a.experiment)
     spec = exp.spec_from_args(a)
@@ -71,7 +71,7 @@ def plan_from_args(a: argparse.Namespace) -> Any:
 
 def _warn_coverage(store: Any) -> None:
     """After a run: warn on stderr when the readouts' options hold little of the answer-slot mass."""
-    from analysis.checks import run_coverage
+    from analysis.common.checks import run_coverage
 
     per = store.load("readout_trials")
     if per.empty:
@@ -95,7 +95,7 @@ def cmd_readout(a: argparse.Namespace) -> int:
     if not hasattr(engine, "readout"):
         raise ValueError(f"the {engine.name!r} engine cannot read logits; readout needs a logit engine")
     r = engine.load().readout([trial])[0]
-    from analysis.checks import coverage_warning
+    from analysis.common.checks import coverage_warning
 
     mass = {s.option: math.exp(s.logprob) for s in r.scores}
     warning = coverage_warning(r.coverage, options, r.top_other, mass, sep=a.sep)
@@ -137,7 +137,7 @@ def cmd_readout(a: argparse.Namespace) -> int:
 
 
 def cmd_merge(a: argparse.Namespace) -> int:
-    from probe.store import merge_shards
+    from probe.shards import merge_shards
 
     store = merge_shards(Path(a.run))
     print(

@@ -58,8 +58,9 @@ from typing import Any, Protocol
 import pandas as pd
 
 from probe.errors import ProbeError
+from probe.files import atomic_write_parquet, atomic_write_text
 from probe.parse import split_reasoning
-from probe.store import RunStore, atomic_write_parquet, atomic_write_text, canonical_json
+from probe.store import RunStore, canonical_json
 from probe.types import Message, Trial
 
 TASKS: tuple[str, ...] = ("followup", "compliance", "rationale")
@@ -67,7 +68,7 @@ DATA = Path(__file__).resolve().parent.parent / "experiments" / "data"
 TAXONOMY_DIR = DATA / "taxonomies"
 VALIDATION_DIR = DATA / "validation"
 FOLLOWUP_CODES: tuple[str, ...] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
-"""The follow-up codes are a contract with :mod:`analysis.followup`: a follow-up taxonomy must have exactly these."""
+"""The follow-up codes are a contract with :mod:`analysis.influence.followup`: a follow-up taxonomy must have exactly these."""
 FIELDS: frozenset[str] = frozenset({"codes", "code_ids", "text", "prompt", "choice", "cue", "influence", "target"})
 """What a judge prompt template may refer to."""
 SOURCES: tuple[str, ...] = ("auto", "readout", "samples", "generations")
@@ -851,7 +852,7 @@ def cmd_code(a: argparse.Namespace) -> int:
 
 
 def cmd_agreement(a: argparse.Namespace) -> int:
-    from analysis.coding import agreement, agreement_text
+    from analysis.influence.coding import agreement, agreement_text
 
     judge = make_coder(a.judge, a, a.samples, a.temperature)
     frame = judge_validation(a.task, judge, taxonomy=a.taxonomy, validation=a.validation)

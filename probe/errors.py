@@ -17,3 +17,18 @@ from __future__ import annotations
 
 class ProbeError(Exception):
     """Every error of the project derives from this class."""
+
+
+class StoreError(ProbeError, RuntimeError):
+    """A run directory that cannot be used as asked; the message says how to proceed.
+
+    Here rather than in :mod:`probe.store`, so that :mod:`probe.lock` (whose
+    ``LockError`` is one) and the store import each other in neither direction.
+    """
+
+
+class ModelError(ProbeError, ValueError):
+    """A model spec that cannot be loaded; the message says why and what to do.
+
+    Here so that :mod:`probe.models` and its :mod:`probe.models.gguf` both raise it and import each other one way.
+    """

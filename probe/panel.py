@@ -37,8 +37,8 @@ from typing import Any
 
 import pandas as pd
 
-from probe.errors import ProbeError
-from probe.store import RunStore, StoreError
+from probe.errors import ProbeError, StoreError
+from probe.store import RunStore
 
 
 class PanelError(ProbeError, ValueError):

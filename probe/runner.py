@@ -30,7 +30,8 @@ import pandas as pd
 
 from experiments import Spec, get_experiment
 from probe.lock import RunLock
-from probe.store import RunStore, Shard, chunk_bounds, run_key
+from probe.shards import Shard
+from probe.store import RunStore, chunk_bounds, run_key
 from probe.types import Readout, Sample, Trial
 
 _PACKAGES = ("probe", "torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow", "vllm")

@@ -26,7 +26,7 @@ import re
 import sys
 from pathlib import Path
 
-from probe.gguf import SAMPLING
+from probe.models.gguf import SAMPLING
 
 
 def served_name(spec: str) -> str:

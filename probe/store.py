@@ -36,23 +36,19 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from probe.errors import ProbeError
+from probe.errors import StoreError
+from probe.files import atomic_write_bytes, atomic_write_text, file_sha256, human_bytes, parquet_bytes, sha256_hex
 from probe.types import Trial
 
 MANIFEST = "manifest.json"
 TRIALS = "trials.jsonl"
 RESULTS = "results"
 _CHUNK = re.compile(r"^chunk-(\d{6})\.done$")
-
-
-class StoreError(ProbeError, RuntimeError):
-    """A run directory that cannot be used as asked; the message says how to proceed."""
 
 
 def canonical_json(obj: object) -> str:
@@ -62,55 +58,6 @@ def canonical_json(obj: object) -> str:
 def run_key(identity: Mapping[str, Any]) -> str:
     """Hash of everything that determines the results (spec, model, value-affecting settings)."""
     return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:16]
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def parquet_bytes(frame: Any) -> bytes:
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    return buf.getvalue()
-
-
-def atomic_write_parquet(path: Path, frame: Any) -> None:
-    atomic_write_bytes(path, parquet_bytes(frame))
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 # ------------------------------------------------------------------ receipts
@@ -279,34 +226,7 @@ class Integrity:
         )
 
 
-@dataclass(frozen=True)
-class Shard:
-    """Shard ``index`` of ``count`` (0-based), a contiguous block of the trial list."""
-
-    index: int
-    count: int
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-        if not m:
-            raise ValueError(f"--shard must look like i/n (e.g. 0/8), got {text!r}")
-        i, n = int(m.group(1)), int(m.group(2))
-        if n < 1 or not 0 <= i < n:
-            raise ValueError(f"--shard {text}: need n >= 1 and 0 <= i < n (shards are 0-based), got i={i}, n={n}")
-        return cls(i, n)
-
-    def select(self, trials: Sequence[Trial]) -> list[Trial]:
-        n = len(trials)
-        lo, hi = (self.index * n) // self.count, ((self.index + 1) * n) // self.count
-        return list(trials[lo:hi])
-
-    @property
-    def folder(self) -> str:
-        return f"shard-{self.index}-of-{self.count}"
-
-
-def _trials_text(trials: Sequence[Trial]) -> str:
+def trials_text(trials: Sequence[Trial]) -> str:
     return "".join(canonical_json(t.to_record()) + "\n" for t in trials)
 
 
@@ -351,7 +271,7 @@ class RunStore:
                     f"refusing to mix results. Use a new --out, or delete {store.root} to start fresh."
                 )
             stored = (store.root / TRIALS).read_text(encoding="utf-8")
-            if stored != _trials_text(trials):
+            if stored != trials_text(trials):
                 raise StoreError(
                     f"{store.root}: the stored trials (prompts, options or ids) differ from what this spec "
                     "expands to now, so the experiment code changed; refusing to mix. "
@@ -366,7 +286,7 @@ class RunStore:
         if leftovers:  # a crash between trials.jsonl and manifest.json leaves only files we rewrite
             raise StoreError(f"{store.root} exists, is not empty and has no {MANIFEST}; choose another --out")
         store.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(store.root / TRIALS, _trials_text(trials))
+        atomic_write_text(store.root / TRIALS, trials_text(trials))
         atomic_write_text(mpath, json.dumps(dict(manifest), indent=2, sort_keys=True, default=str) + "\n")
         return store
 
@@ -598,71 +518,3 @@ def _parquet_problem(path: Path) -> str | None:
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a short or garbled file
         return f"{path.name} is not readable Parquet ({e})"
     return None
-
-
-def find_shards(root: Path) -> list[Path]:
-    return sorted(p for p in Path(root).glob("shard-*-of-*") if p.is_dir())
-
-
-def merge_shards(root: Path) -> RunStore:
-    """Join the shard folders of ``root`` into one run in ``root`` itself.
-
-    Refuses unless every shard 0..n-1 is present, from the same run, and
-    complete with every chunk verified; holds ``root``'s writer lock while it writes.
-    """
-    root = Path(root)
-    shards = find_shards(root)
-    if not shards:
-        raise StoreError(f"{root} has no shard-i-of-n folders to merge (runs made with --shard write them)")
-    counts = sorted({int(p.name.rsplit("-of-", 1)[1]) for p in shards if p.name.rsplit("-of-", 1)[1].isdigit()})
-    if len(counts) > 1:
-        raise StoreError(
-            f"{root} holds shards of {len(counts)} different splits (N = {', '.join(map(str, counts))}: "
-            f"{', '.join(p.name for p in shards)}); refusing to mix them. Keep the folders of one N (delete "
-            "the others, or move them to their own folder) and merge again"
-        )
-    stores = [RunStore(p) for p in shards]
-    mans = [s.manifest() for s in stores]
-    keys = {m["run_key"] for m in mans}
-    if len(keys) != 1:
-        raise StoreError(f"{root}: shards come from different runs (run keys {sorted(keys)}); refusing to merge")
-    count = mans[0]["shard"]["count"]
-    seen = sorted(m["shard"]["index"] for m in mans)
-    if seen != list(range(count)) or any(m["shard"]["count"] != count for m in mans):
-        missing = sorted(set(range(count)) - set(seen))
-        raise StoreError(f"{root}: expected shards 0..{count - 1}, missing {missing}; run them, then merge again")
-    by_index = dict(sorted(((m["shard"]["index"], s) for m, s in zip(mans, stores, strict=True))))
-    for i, s in by_index.items():
-        integrity = s.integrity()
-        if not integrity.complete:
-            raise StoreError(
-                f"{s.root}: shard {i} is incomplete ({len(integrity.verified)}/{len(integrity.chunks)} chunks "
-                f"verified: {'; '.join(integrity.problems()[:3])}); rerun it (the same `probe run ... --shard "
-                f"{i}/{count}`), then merge again"
-            )
-    from probe.lock import RunLock
-
-    with RunLock(root).hold():
-        return _write_merged(root, mans[0], by_index)
-
-
-def _write_merged(root: Path, first: Mapping[str, Any], by_index: Mapping[int, RunStore]) -> RunStore:
-    import pandas as pd
-
-    trials = [t for s in by_index.values() for t in s.trials()]
-    manifest = dict(first)
-    manifest["shard"] = None
-    manifest["merged_from"] = [s.root.name for s in by_index.values()]
-    manifest["n_trials"] = len(trials)
-    manifest["chunk_size"] = max(len(trials), 1)
-    if (root / MANIFEST).exists():
-        existing = RunStore(root).manifest()
-        if existing.get("run_key") != manifest["run_key"]:
-            raise StoreError(f"{root} already holds a different run; merge into an empty folder")
-    atomic_write_text(root / TRIALS, _trials_text(trials))
-    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-    merged = RunStore(root)
-    names = sorted({n for s in by_index.values() for c in s.integrity().verified for n in c.tables})
-    tables = {n: pd.concat([s.load(n) for s in by_index.values()], ignore_index=True) for n in names}
-    merged.write_chunk(0, tables, trials=(0, len(trials)))
-    return merged

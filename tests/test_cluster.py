@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probe.store import RunStore, Shard, merge_shards
+from probe.shards import Shard, merge_shards
+from probe.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM = ROOT / "scripts" / "slurm"
@@ -237,8 +238,8 @@ def test_array_task_logic_with_a_fake_probe(engine, tmp_path):
 
 
 def test_a_changed_n_is_refused_by_the_task_and_by_the_merge(engine, tmp_path):
+    from probe.errors import StoreError
     from probe.runner import run
-    from probe.store import StoreError
 
     out = tmp_path / "cluster"
     for i in range(2):

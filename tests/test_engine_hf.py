@@ -205,7 +205,7 @@ def test_bad_settings_fail_clearly():
 
 def test_missing_model_is_a_clear_error(tmp_path):
     from engines.hf import HFEngine, HFSettings
-    from probe.models import ModelError
+    from probe.errors import ModelError
 
     with pytest.raises(ModelError, match="does not exist"):
         HFEngine(HFSettings(model=str(tmp_path / "nope"))).load()

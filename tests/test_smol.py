@@ -22,8 +22,7 @@ LIE = "Is it acceptable to lie to protect a friend? Answer with Yes or No."
 
 
 def test_smol_is_converted_once_into_the_cache_with_its_source_recorded():
-    from probe import gguf
-    from probe.models import folder_fingerprint, resolve_model
+    from probe.models import folder_fingerprint, gguf, resolve_model
 
     ref = resolve_model("smol")
     info = gguf.build_info(ref.path)
@@ -49,8 +48,8 @@ def test_generation_config_samples_plainly():
 
 
 def test_a_changed_converted_file_is_caught_by_its_hash(tmp_path):
-    from probe import gguf
-    from probe.models import ModelError, resolve_model
+    from probe.errors import ModelError
+    from probe.models import gguf, resolve_model
 
     src = Path(resolve_model("smol").path)
     copy = tmp_path / "copy"
@@ -67,8 +66,7 @@ def test_a_changed_converted_file_is_caught_by_its_hash(tmp_path):
 
 
 def test_a_gguf_file_or_a_folder_holding_one_is_a_model_path():
-    from probe import gguf
-    from probe.models import resolve_model
+    from probe.models import gguf, resolve_model
 
     path = gguf.smol_source().path
     smol = resolve_model("smol").path
@@ -77,7 +75,8 @@ def test_a_gguf_file_or_a_folder_holding_one_is_a_model_path():
 
 
 def test_gguf_path_errors_name_the_problem(tmp_path):
-    from probe.models import ModelError, resolve_model
+    from probe.errors import ModelError
+    from probe.models import resolve_model
 
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ModelError, match=r"model file .*weights\.bin is not a \.gguf file"):
@@ -98,7 +97,8 @@ def test_gguf_path_errors_name_the_problem(tmp_path):
 def test_an_unsupported_gguf_architecture_is_named(tmp_path):
     import gguf as gguf_lib
 
-    from probe.models import ModelError, resolve_model
+    from probe.errors import ModelError
+    from probe.models import resolve_model
 
     path = tmp_path / "odd.gguf"
     w = gguf_lib.GGUFWriter(str(path), "fancynet")
@@ -215,8 +215,7 @@ def test_run_warns_about_low_coverage_and_reports_it(tmp_path, capsys, smol_engi
 @pytest.mark.slow
 def test_conversion_is_deterministic(tmp_path):
     """A second conversion into another cache writes byte-identical files (about 30 s)."""
-    from probe import gguf
-    from probe.models import resolve_model
+    from probe.models import gguf, resolve_model
 
     again = gguf.ensure_converted(gguf.smol_source(), root=tmp_path)
     assert gguf.build_info(again)["files"] == gguf.build_info(resolve_model("smol").path)["files"]

@@ -26,7 +26,7 @@ LIE = "Is it acceptable to lie to protect a friend? Answer with Yes or No."
 
 
 def test_served_names_and_the_serving_folder(tmp_path):
-    from probe.gguf import SAMPLING
+    from probe.models.gguf import SAMPLING
     from probe.serve import served_name, serving_folder
 
     assert served_name("smol") == "smol"
@@ -67,7 +67,7 @@ def test_server_message_is_what_the_client_sees():
 def test_identical_draws_at_temperature_are_flagged():
     import pandas as pd
 
-    from analysis.checks import repeated_draws
+    from analysis.common.checks import repeated_draws
 
     same = pd.DataFrame({"trial_id": [f"t{i // 3}" for i in range(15)], "text": ["Yes"] * 15})
     rep = repeated_draws(same)

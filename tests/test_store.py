@@ -13,7 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probe.store import RunStore, Shard, StoreError, chunk_bounds
+from probe.errors import StoreError
+from probe.shards import Shard
+from probe.store import RunStore, chunk_bounds
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = "mine_cart_bridge,pond_child,dam_spillway"
@@ -182,17 +184,17 @@ def test_readout_json_has_ids_and_probabilities():
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from probe import store
+    from probe import files
 
     target = tmp_path / "x.json"
-    store.atomic_write_text(target, "old")
+    files.atomic_write_text(target, "old")
 
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(store.os, "replace", boom)
+    monkeypatch.setattr(files.os, "replace", boom)
     with pytest.raises(OSError):
-        store.atomic_write_text(target, "new")
+        files.atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 
@@ -222,7 +224,7 @@ def test_sampled_only_run_is_analyzed_from_counts(tmp_path: Path):
     s = RunStore(out).load("samples")
     assert len(s) == 12 * 6 and not s.duplicated(["trial_id", "draw"]).any()
     assert set(s["status"]) <= {"ok", "refusal", "invalid"}
-    from analysis.frames import sample_counts
+    from analysis.common.frames import sample_counts
 
     opts, per = sample_counts(RunStore(out))
     # frequencies among parsed answers, checked against a direct count

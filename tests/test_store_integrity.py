@@ -22,8 +22,9 @@ import pandas as pd
 import pytest
 
 from probe.cli import main
+from probe.errors import StoreError
 from probe.lock import Holder, LockError, RunLock
-from probe.store import RunStore, StoreError
+from probe.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = "pond_child,dam_spillway"

@@ -785,7 +785,7 @@ def test_settings_are_frozen():
 
 def test_a_missing_model_is_a_clear_error(tmp_path):
     from engines.vllm import VLLMEngine, VLLMSettings
-    from probe.models import ModelError
+    from probe.errors import ModelError
 
     with pytest.raises(ModelError, match="does not exist"):
         VLLMEngine(VLLMSettings(model=str(tmp_path / "nope"))).load()

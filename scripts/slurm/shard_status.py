@@ -31,7 +31,8 @@ class Refused(Exception):
 
 
 def complete(folder: Path) -> bool:
-    from probe.store import RunStore, StoreError, chunk_bounds
+    from probe.errors import StoreError
+    from probe.store import RunStore, chunk_bounds
 
     if not (folder / "manifest.json").is_file():
         return False
@@ -53,8 +54,9 @@ def other_splits(folder: Path, count: int) -> list[str]:
 
 def status(folder: Path, experiment: str, model: str, run_args: list[str]) -> int:
     """COMPLETE or TODO for ``folder``; :class:`Refused` when it holds another run or sits beside another split."""
+    from probe.errors import StoreError
     from probe.request import identity_differences, parse_run_args, requested_identity
-    from probe.store import RunStore, StoreError
+    from probe.store import RunStore
 
     m = _SHARD.match(folder.name)
     if not m:

@@ -3,7 +3,7 @@
 ``tiny`` and ``tiny-hybrid`` are built locally on first use (never
 downloaded). ``smol`` (SmolLM2-135M-Instruct) and any ``.gguf`` file (or a
 folder holding one) are converted once into the probe cache
-(:mod:`probe.gguf`). Anything else is a local folder or a Hugging Face id,
+(:mod:`probe.models.gguf`). Anything else is a local folder or a Hugging Face id,
 which is left to ``from_pretrained`` (it uses the hub cache, and downloads
 only where the machine has network and ``HF_HUB_OFFLINE`` is unset).
 """
@@ -15,14 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from probe.errors import ProbeError
-
-GGUF_MARKER = "gguf-build.json"
-"""The marker :mod:`probe.gguf` writes last into a converted folder (named here to keep imports one-way)."""
-
-
-class ModelError(ProbeError, ValueError):
-    """A model spec that cannot be loaded; the message says why and what to do."""
+from probe.errors import ModelError
+from probe.models import gguf
 
 
 @dataclass(frozen=True)
@@ -36,7 +30,7 @@ class ModelRef:
 
 def resolve_model(spec: str) -> ModelRef:
     """Resolve a model spec without loading any weights."""
-    from probe import gguf, tiny
+    from probe import tiny  # imports torch: only when a tiny model is asked for
 
     if not spec or not spec.strip():
         raise ModelError("empty model name; pass --model tiny, smol, a local folder, a .gguf file or a Hugging Face id")
@@ -69,7 +63,7 @@ def folder_fingerprint(path: str | Path) -> str:
     if cfg.is_file():
         h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
     for f in sorted(p.iterdir()):
-        if f.name == GGUF_MARKER:  # a converted GGUF: its content hash, not the marker's (timing-dependent) size
+        if f.name == gguf.MARKER:  # a converted GGUF: its content hash, not the marker's (timing-dependent) size
             h.update(str(json.loads(f.read_text()).get("content_sha256")).encode())
         elif f.suffix in (".safetensors", ".bin", ".json", ".model") and f.is_file():
             h.update(f"{f.name}:{f.stat().st_size}".encode())

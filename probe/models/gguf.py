@@ -36,12 +36,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from probe.models import GGUF_MARKER, ModelError
+from probe.errors import ModelError
 
 #: Bump whenever the conversion changes its output.
 BUILD_VERSION = "2"
 #: Written last into a finished conversion; a folder without it is never trusted.
-MARKER = GGUF_MARKER
+MARKER = "gguf-build.json"
 #: Plain sampling: the raw softmax at the request's temperature, nothing truncated.
 SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
