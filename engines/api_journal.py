@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from engines.api_pricing import Usage
+from probe.errors import StoreError
+from probe.files import atomic_write_bytes, human_bytes
 
 JOURNAL = "api-journal.jsonl"
 BATCHES = "api-batches.jsonl"
@@ -185,7 +187,6 @@ class AppendLog:
             q.write(b"".join(d.raw + b"\n" for d in bad))
             q.flush()
             os.fsync(q.fileno())
-        from probe.files import atomic_write_bytes
 
         atomic_write_bytes(self.path, b"".join(good))
         return tuple(bad)
@@ -234,8 +235,6 @@ class AppendLog:
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                from probe.errors import StoreError
-                from probe.files import human_bytes
 
                 free = shutil.disk_usage(self.path.parent).free
                 raise StoreError(

@@ -7,7 +7,7 @@ CPU-only or API-only install works.
 
 Optional: ``reply_rows``, the free-text reply rows (trials x draws) the runner
 may gather across chunks into one ``sample`` call (absent or 0: each chunk's
-replies alone; see :func:`probe.runner.plan_replies`), and
+replies alone; see :func:`probe.app.runner.plan_replies`), and
 ``sample_next(trials)``, which the runner calls before a chunk's ``readout``
 when it will sample those trials right after (the Transformers engine then
 keeps the readout's prompt caches for the draws; speed only).

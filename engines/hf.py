@@ -67,6 +67,9 @@ from engines.sampling import (
     reserve_cache,
 )
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
+from probe.errors import ModelError
+from probe.models import folder_fingerprint, resolve_model
+from probe.models.gguf import manifest_record
 from probe.parse import answer_scan, parsed_sample, split_reasoning
 from probe.types import OptionScore, Readout, Sample, Trial
 
@@ -481,8 +484,6 @@ class HFEngine:
             return self
         torch = require("torch", "hf")
         transformers = require("transformers", "hf")
-        from probe.errors import ModelError
-        from probe.models import resolve_model
 
         ref = resolve_model(self.settings.model)
         self._path = ref.path
@@ -551,8 +552,6 @@ class HFEngine:
 
     def describe(self) -> dict[str, Any]:
         """Model, revision, dtype and settings for the manifest."""
-        from probe.models import folder_fingerprint
-
         m = self.model
         path = str(self._path or getattr(m, "name_or_path", ""))
         info: dict[str, Any] = {
@@ -567,7 +566,6 @@ class HFEngine:
         }
         from pathlib import Path
 
-        from probe.models.gguf import manifest_record
 
         if path and Path(path).is_dir():
             info["fingerprint"] = folder_fingerprint(path)

@@ -385,7 +385,7 @@ class SimEngine:
     # ------------------------------------------------------------- contract
     reply_rows = 64
     """Free-text reply rows the runner decodes in one ``sample`` call, across chunks (a draw does not depend on
-    its batch here, so this only exercises the runner's look-ahead; :func:`probe.runner.plan_replies`)."""
+    its batch here, so this only exercises the runner's look-ahead; :func:`probe.app.runner.plan_replies`)."""
 
     def load(self) -> SimEngine:
         return self

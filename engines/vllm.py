@@ -44,7 +44,9 @@ from typing import Any, Literal
 from engines.base import ProgressFn, require
 from engines.render import close_reasoning, option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
-from probe.errors import ProbeError
+from probe.errors import ModelError, ProbeError
+from probe.models import folder_fingerprint, resolve_model
+from probe.models.gguf import manifest_record
 from probe.parse import parsed_sample
 from probe.types import OptionScore, Readout, Sample, Trial
 
@@ -624,12 +626,8 @@ class VLLMEngine:
         """Load tokenizer and model (idempotent); with ``data_parallel_size > 1``, start the replicas."""
         s = self.settings
         if self._path is None:
-            from probe.models import resolve_model
-
             self._path = resolve_model(s.model).path
         if self._tok is None:
-            from probe.errors import ModelError
-
             transformers = require("transformers", "hf")
             transformers.logging.disable_progress_bar()
             try:
@@ -691,7 +689,7 @@ class VLLMEngine:
     @property
     def reply_rows(self) -> int:
         """Free-text reply rows the runner sends in one ``sample`` call, gathered across chunks
-        (:func:`probe.runner.plan_replies`): large, because vLLM schedules its own batches (``max_num_seqs``
+        (:func:`probe.app.runner.plan_replies`): large, because vLLM schedules its own batches (``max_num_seqs``
         requests a step, and on CPU :meth:`_generate_seeded` splits them into step-sized batches), so a longer
         list only fills its steps better; what it costs is the replies held in memory until their chunk is
         written (:data:`REPLY_ROWS`)."""
@@ -734,8 +732,6 @@ class VLLMEngine:
         """Model, path, dtype, settings and vLLM version for the manifest."""
         from pathlib import Path
 
-        from probe.models import folder_fingerprint
-        from probe.models.gguf import manifest_record
 
         self.tokenizer  # noqa: B018 - resolves the path
         info: dict[str, Any] = {

@@ -11,7 +11,7 @@ factors so that their contributions separate in the analysis:
 * **I-2 free choice** (``instrument=choice``): twelve framings asking which of
   the two courses the model takes, with no scale and no labels. The reply is
   generated (greedy, or sampled with ``--samples``) and judged PRO / ANTI /
-  NONCOMMIT (:mod:`probe.judge`).
+  NONCOMMIT (:mod:`experiments.judge`).
 * **I-3 forced binary** (``instrument=binary``): the verb-flip family (question
   forms x approve/oppose x printed order, with Yes/No) and the label map (label
   pairs x approve/oppose x printed order x, for arbitrary labels, the
@@ -385,7 +385,7 @@ def _spec_from_args(a: argparse.Namespace) -> BatterySpec:
 
 
 def _judge(a: argparse.Namespace) -> Any:
-    from probe.judge import make_judge
+    from experiments.judge import make_judge
 
     return make_judge(a.judge, a)
 
@@ -397,10 +397,10 @@ EXPERIMENTS = (
         add_arguments=_add_arguments,
         spec_from_args=_spec_from_args,
         expand=expand,
-        report=lazy("analysis.battery:battery_report"),
+        report=lazy("analysis.battery.report:battery_report"),
         generative=is_choice,
         reply_tokens=lambda spec: spec.choice_tokens,
         judge_options=_judge,
-        compare=lazy("analysis.compare_battery:compare_battery"),
+        compare=lazy("analysis.battery.compare:compare_battery"),
     ),
 )

@@ -54,15 +54,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
+from engines import engine_kind
 from experiments import Experiment, lazy
 from experiments.influence.build import split_list, stable_hash
-from probe.errors import ProbeError
+from probe.errors import ProbeError, StoreError
+from probe.store import RunStore, chunk_bounds
 from probe.types import Message, Trial, make_trial_id
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from probe.store import RunStore
 
 NAME: Final[str] = "followup"
 DATA: Final[Path] = Path(__file__).resolve().parent / "data" / "followup.yaml"
@@ -182,8 +183,6 @@ class FollowupSpec:
 def open_source(path: str | Path) -> tuple[RunStore, str]:
     """The source run and its benchmark; refuses a run that is not a finished influence run."""
     from analysis.common.frames import open_run
-    from probe.errors import StoreError
-    from probe.store import chunk_bounds
 
     try:
         store = open_run(Path(path).resolve())
@@ -210,8 +209,6 @@ def open_source(path: str | Path) -> tuple[RunStore, str]:
 
 def model_name(spec: str) -> str:
     """The model a ``--model`` spec names, as engines record it (``vllm:X`` -> X, ``openai-compatible:n@url`` -> n)."""
-    from engines import engine_kind
-
     kind = engine_kind(spec)
     if kind == "api":
         from engines.api import parse_model_spec

@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from engines import make_engine
 from probe.parse import parse_answer, split_reasoning
 from probe.types import Message, Sample, Trial
 
@@ -132,11 +133,9 @@ class LogitJudge:
 def judge_engine(spec: str, args: argparse.Namespace | None = None) -> Any:
     """Build and load the engine of a judge model ``spec`` with the run's engine flags, never in think mode.
 
-    Shared by every judge (this module's verdicts, :mod:`probe.coding`'s codes): the
+    Shared by every judge (this module's verdicts, :mod:`probe.app.coding`'s codes): the
     judge answers at once, with no system prompt of the subject's.
     """
-    from engines import make_engine
-
     a = copy.copy(args) if args is not None else argparse.Namespace()
     defaults = {
         "dtype": "auto",

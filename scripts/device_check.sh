@@ -21,7 +21,7 @@ export VLLM_WORKER_MULTIPROC_METHOD=spawn
 
 if [ "${1:-}" = "--dry-run" ]; then
   echo "device_check plan (python: $py; logs to $out):"
-  echo "  1. probe.cli tiny (build the tiny models), then pytest -m gpu tests/test_gpu.py"
+  echo "  1. python -m probe tiny (build the tiny models), then pytest -m gpu tests/test_gpu.py"
   echo "  2. if vllm imports: pytest tests/test_vllm_gpu.py tests/test_vllm_real.py tests/test_vllm_engine.py"
   echo "  3. if vllm imports: python -m scripts.vllm_parity --device cuda --models tiny,smol"
   "$py" -m scripts.vllm_parity --dry-run --device cuda --models tiny,smol
@@ -30,7 +30,7 @@ fi
 
 last_line() { grep -E "passed|failed|skipped|error|no tests" "$1" | tail -1 | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//'; }
 
-timeout 150 "$py" -m probe.cli tiny >"$out/tiny.log" 2>&1 || echo "tiny build failed (see $out/tiny.log)"
+timeout 150 "$py" -m probe tiny >"$out/tiny.log" 2>&1 || echo "tiny build failed (see $out/tiny.log)"
 timeout 120 "$py" -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log"
 hf="hf-gpu $(last_line "$out/gpu_tests.log")"
 

@@ -3,7 +3,7 @@
 The real instrument lives in ``experiments/battery.py``; this helper builds
 the same factors and meanings for any number of made-up items without a
 dilemma file, so the parameter-recovery studies can use many items quickly.
-``frames_*`` produce the tables :mod:`analysis.frames` would read back from a
+``frames_*`` produce the tables :mod:`analysis.common.frames` would read back from a
 run directory, without writing one.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from probe.runner import readout_tables
+from probe.app.runner import readout_tables
 from probe.types import Message, Readout, Sample, Trial, make_trial_id
 
 SCALES = {"0-10": (0, 10), "0-100": (0, 100), "bipolar-5": (-5, 5), "bipolar-50": (-50, 50)}
@@ -134,7 +134,7 @@ def _meta(trials: Sequence[Trial]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def frames_readout(trials: Sequence[Trial], readouts: Sequence[Readout]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What :func:`analysis.frames.readouts` returns for a run of these trials."""
+    """What :func:`analysis.common.frames.readouts` returns for a run of these trials."""
     tables = readout_tables(readouts)
     meta, meaning = _meta(trials)
     opts = tables["readout_options"].merge(meaning, on=["trial_id", "option"], how="left", validate="one_to_one")
@@ -143,7 +143,7 @@ def frames_readout(trials: Sequence[Trial], readouts: Sequence[Readout]) -> tupl
 
 
 def frames_samples(trials: Sequence[Trial], samples: Sequence[Sample]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What :func:`analysis.frames.sample_counts` returns for a sampled run of these trials."""
+    """What :func:`analysis.common.frames.sample_counts` returns for a sampled run of these trials."""
     meta, meaning = _meta(trials)
     s = pd.DataFrame([{"trial_id": x.trial_id, "option": x.option, "status": x.status} for x in samples])
     n_ok = s[s["status"] == "ok"].groupby("trial_id").size().rename("n_ok")

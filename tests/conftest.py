@@ -94,8 +94,7 @@ def _matches(fn: object, pattern: re.Pattern[str], depth: int = 2) -> bool:
         return False
     names = getattr(getattr(fn, "__code__", None), "co_names", ())
     return any(
-        inspect.isfunction(getattr(module, n, None)) and _matches(getattr(module, n), pattern, depth - 1)
-        for n in names
+        inspect.isfunction(getattr(module, n, None)) and _matches(getattr(module, n), pattern, depth - 1) for n in names
     )
 
 

@@ -1,4 +1,4 @@
-"""The readout-temperature fit (analysis/calibration.py) against closed forms and brute force."""
+"""The readout-temperature fit (analysis/battery/calibration.py) against closed forms and brute force."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import special, stats
 
-from analysis.calibration import readout_temperature, temperature_from_frames, temperature_loglik
+from analysis.battery.calibration import readout_temperature, temperature_from_frames, temperature_loglik
 
 
 def test_two_options_closed_form() -> None:

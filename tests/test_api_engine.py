@@ -224,7 +224,7 @@ def test_a_second_process_on_the_same_run_is_refused(tmp_path: Path) -> None:
 
 def test_runner_samples_only_and_records_stats(tmp_path: Path) -> None:
     from experiments.yesno import YesNoSpec
-    from probe.runner import Plan, run
+    from probe.app.runner import Plan, run
 
     client = FakeClient(lambda i, body: reply("Yes" if i % 3 else "No"))
     eng = engine(client)

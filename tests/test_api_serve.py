@@ -33,7 +33,7 @@ ITEM = "mine_cart_bridge"
 
 
 def _cli(*args: str) -> int:
-    from probe.cli import main
+    from probe.app.cli import main
 
     return main(list(args))
 
@@ -66,7 +66,7 @@ def test_yesno_through_the_api_engine_and_analyze(server: Server, tmp_path: Path
     assert "probabilities from: samples (8 samples per trial at T = 1.0)" in summary
     assert ITEM in summary
 
-    from analysis.frames import choice_probs
+    from analysis.common.frames import choice_probs
     from probe.store import RunStore
 
     store = RunStore(out)
@@ -102,7 +102,7 @@ def test_faults_every_draw_exactly_once_nothing_double_billed(server: Server, tm
     from engines.api import ApiEngine, ApiSettings
     from engines.api_limits import RetryPolicy
     from experiments.yesno import YesNoSpec
-    from probe.runner import Plan, run
+    from probe.app.runner import Plan, run
 
     rates = {"429": 0.04, "500": 0.04, "503": 0.03, "timeout": 0.04, "drop": 0.04, "truncated": 0.05, "malformed": 0.05}
     # The schedule is deterministic: request k (in arrival order) gets the k-th seeded draw, so seed 1 injects
@@ -151,7 +151,7 @@ def test_killed_run_resumes_without_repeating_a_call(server: Server, tmp_path: P
         args = ["run", "yesno", "--model", model, "--samples", "8", "--items", ITEM, "--out", str(out)]
         args += ["--quiet", "--no-report", "--concurrency", "2", "--chunk-size", "4"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "probe.app.cli", *args], cwd=ROOT, env=env)
         journal = out / "results" / "api-journal.jsonl"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -201,7 +201,7 @@ PROMPTS = (
 @pytest.mark.parametrize("tau", [1.0, 0.5])
 def test_sampled_frequencies_recover_the_readout_temperature(server: Server, tiny_engine, tau: float) -> None:
     """Sampling at tau through the server vs the tiny model's own answer-slot logits: T comes out near tau."""
-    from analysis.calibration import readout_temperature
+    from analysis.battery.calibration import readout_temperature
     from engines.api import ApiEngine, ApiSettings
     from tests.conftest import make_trial
 

@@ -13,7 +13,7 @@ import pytest
 
 from experiments.battery import REDUCED, BatterySpec, CorpusError, expand, graded_question, load_corpus
 from experiments.dilemmas import load_dilemmas
-from probe.judge import RuleJudge, rule_verdict
+from experiments.judge import RuleJudge, rule_verdict
 from probe.types import Sample
 
 D = {d.id: d for d in load_dilemmas()}
@@ -100,7 +100,7 @@ def test_rule_judge_verdicts():
 
 
 def test_logit_judge_keeps_the_distribution(tiny_engine):
-    from probe.judge import LogitJudge
+    from experiments.judge import LogitJudge
 
     t = _choice_trial()
     cbr = t.options[t.meaning.index("cbr")]

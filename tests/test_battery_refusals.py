@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from engines.sim import SimEngine, SimParams
-from probe.cli import main
+from probe.app.cli import main
 from probe.store import RunStore
 
 Z_1E6 = 4.9
@@ -65,9 +65,9 @@ def test_label_map_leaves_out_stories_with_an_empty_cell(leak_run: Path):
     assert 0 < len(rejected) < len(items) - 3
 
     # the old rule (average the surviving cells), computed here from the run: the stance leaks into the bias
-    from analysis.binary import cell_events
-    from analysis.frames import choice_probs
-    from analysis.yesno import story_mean_ci
+    from analysis.battery.binary import cell_events
+    from analysis.battery.yesno import story_mean_ci
+    from analysis.common.frames import choice_probs
 
     opts, per, _ = choice_probs(RunStore(leak_run))
     ev = cell_events(per[(per["instrument"] == "binary") & (per["labels"] == "A/B")], opts)
@@ -119,7 +119,7 @@ def test_probe_compare_lists_dropped_stories_and_unfitted_channels(leak_run: Pat
 
 
 def _planted_repeat(run: Path, n: int) -> tuple[float, float]:
-    """The planted single-draw variance pooled as :func:`analysis.stance.pooled_incoherence` pools it (the mean
+    """The planted single-draw variance pooled as :func:`analysis.battery.stance.pooled_incoherence` pools it (the mean
     over the unipolar forms of replicate 0: equal form counts), and the variance of its estimate from n draws
     per form: Var(s^2) = mu4 / n - sigma^4 (n - 3) / (n (n - 1)) per form, over F^2."""
     store = RunStore(run)
@@ -182,8 +182,8 @@ def test_graded_section_survives_a_fully_refused_unsalted_replicate(tmp_path: Pa
 
 
 def test_full_preset_parity_split_in_corpus_order_and_story_outside_the_contrast(tmp_path: Path):
-    from analysis.frames import choice_probs
-    from analysis.yesno import p_cbr, parity_split
+    from analysis.battery.yesno import p_cbr, parity_split
+    from analysis.common.frames import choice_probs
     from experiments.battery import load_corpus
 
     (tmp_path / "p.yaml").write_text("seed: 1\nsigma_binary: 0.2\nm_order: 0.1\nm_label: {Ja/Nein: 0.2}\n")

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.binary import cell_events, incomplete_stories, lexicality_gradient, projections
+from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 
 
 def _frames(rows):

@@ -1,4 +1,4 @@
-"""The honesty checks of every report (analysis/checks.py) and the guards on fits and correlations, on small frames."""
+"""The honesty checks of every report (analysis/common/checks.py) and the guards on fits and correlations, on small frames."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 
 def test_casing_fixes_name_the_models_spelling_only_where_it_outweighs_the_option():
-    from analysis.checks import casing_fixes
+    from analysis.common.checks import casing_fixes
 
     top = [("Yes", 0.45), (" No", 0.18), ("It", 0.07)]
     assert casing_fixes(["yes", "no"], top) == {"yes": "Yes", "no": "No"}
@@ -20,7 +20,7 @@ def test_casing_fixes_name_the_models_spelling_only_where_it_outweighs_the_optio
 
 
 def test_coverage_warning_names_the_mass_the_tokens_and_the_fix():
-    from analysis.checks import coverage_warning
+    from analysis.common.checks import coverage_warning
 
     w = coverage_warning(0.0081, ["yes", "no"], [("Yes", 0.4542), ("No", 0.1848), ("It", 0.0668)])
     assert w.startswith("warning: the options hold 0.8% of the answer-slot mass (coverage 0.0081)")
@@ -32,7 +32,7 @@ def test_coverage_warning_names_the_mass_the_tokens_and_the_fix():
 
 
 def test_run_coverage_counts_low_trials_off_tokens_and_casing():
-    from analysis.checks import run_coverage
+    from analysis.common.checks import run_coverage
 
     per = pd.DataFrame(
         {
@@ -58,7 +58,7 @@ def test_run_coverage_counts_low_trials_off_tokens_and_casing():
 
 
 def test_coverage_tables_per_instrument_and_item():
-    from analysis.checks import coverage_tables
+    from analysis.common.checks import coverage_tables
 
     per = pd.DataFrame(
         {
@@ -74,7 +74,7 @@ def test_coverage_tables_per_instrument_and_item():
 
 
 def test_truncation_is_counted_per_instrument():
-    from analysis.checks import truncation_table
+    from analysis.common.checks import truncation_table
 
     replies = pd.DataFrame({"trial_id": ["a", "a", "b"], "truncated": [True, False, True]})
     meta = pd.DataFrame({"trial_id": ["a", "b"], "instrument": ["choice", "binary"]})
@@ -84,7 +84,7 @@ def test_truncation_is_counted_per_instrument():
 
 
 def test_checks_section_states_the_system_prompt_and_the_sampling_flag():
-    from analysis.checks import checks_section
+    from analysis.common.checks import checks_section
 
     manifest = {
         "engine": {
@@ -109,7 +109,7 @@ def test_checks_section_states_the_system_prompt_and_the_sampling_flag():
 
 
 def test_correlations_need_items_and_spread():
-    from analysis.stance import correlation_blocker
+    from analysis.battery.stance import correlation_blocker
 
     idx = [f"i{k}" for k in range(6)]
     theta = pd.Series(np.linspace(-0.5, 0.5, 6), index=idx)
@@ -124,7 +124,7 @@ def test_correlations_need_items_and_spread():
 def test_sm_fit_without_theta_spread_is_unidentified_though_not_clip_limited():
     from scipy.special import expit
 
-    from analysis.fit import fit_channel
+    from analysis.battery.fit import fit_channel
 
     rng = np.random.default_rng(0)
     idx = [f"i{k}" for k in range(10)]

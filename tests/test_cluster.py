@@ -50,7 +50,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def reference(engine, tmp_path_factory) -> Path:
-    from probe.runner import run
+    from probe.app.runner import run
 
     out = tmp_path_factory.mktemp("one") / "run"
     run("yesno", spec(), engine, out, chunk_size=CHUNK, progress=False, log=lambda _: None)
@@ -59,7 +59,7 @@ def reference(engine, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("n", [1, 2, 7])
 def test_n_shards_merge_to_exactly_the_one_run(engine, reference, tmp_path, n):
-    from probe.runner import run
+    from probe.app.runner import run
 
     out = tmp_path / "sharded"
     for i in range(n):
@@ -87,7 +87,7 @@ def test_run_records_throughput_in_the_manifest(reference):
 
 
 def test_throughput_line_and_entry():
-    from probe.runner import throughput, throughput_line
+    from probe.app.runner import throughput, throughput_line
 
     e = throughput(10, 4.0, {"prompt_tokens": 300, "computed_tokens": 320, "completion_tokens": 80}, 3 * 2**30)
     assert (e["trials_per_s"], e["tokens_per_s"]) == (2.5, 100.0)
@@ -108,7 +108,7 @@ def slurm_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         {
             "SLURM_SUBMIT_DIR": str(ROOT),
             "PROBE_SLURM_DIR": str(SLURM),
-            "PROBE_BIN": f"{sys.executable} -m probe.cli",
+            "PROBE_BIN": f"{sys.executable} -m probe",
             "PROBE_PYTHON": sys.executable,
             "PYTHONPATH": str(ROOT),
             **extra,
@@ -188,7 +188,7 @@ def test_submit_explains_a_refused_sbatch(tmp_path):
 
 def test_array_task_logic_with_a_fake_probe(engine, tmp_path):
     """Task index -> (model, shard), the skip of finished shards and the merge job, with ``probe`` recorded, not run."""
-    from probe.runner import run
+    from probe.app.runner import run
 
     out = tmp_path / "cluster"
     for i in range(2):  # real shards of model "tiny", made in-process
@@ -238,8 +238,8 @@ def test_array_task_logic_with_a_fake_probe(engine, tmp_path):
 
 
 def test_a_changed_n_is_refused_by_the_task_and_by_the_merge(engine, tmp_path):
+    from probe.app.runner import run
     from probe.errors import StoreError
-    from probe.runner import run
 
     out = tmp_path / "cluster"
     for i in range(2):
@@ -332,7 +332,7 @@ def test_model_slugs():
 def test_rates_time_readouts_draws_and_replies_apart():
     import contextlib
 
-    from probe.runner import _Rates, throughput, throughput_line
+    from probe.app.runner import _Rates, throughput, throughput_line
 
     class Bar:
         postfix = ""
@@ -342,7 +342,9 @@ def test_rates_time_readouts_draws_and_replies_apart():
 
     rates, bar, clock = _Rates(), Bar(), iter([0.0, 2.0, 10.0, 14.0])
     with contextlib.ExitStack() as stack:
-        stack.enter_context(pytest.MonkeyPatch.context()).setattr("probe.runner.time.perf_counter", lambda: next(clock))
+        stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+            "probe.app.runner.time.perf_counter", lambda: next(clock)
+        )
         with rates.timing("readouts", 10, bar):
             pass
         with rates.timing("replies", 8, bar):

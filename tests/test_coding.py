@@ -1,4 +1,4 @@
-"""Coding texts with a judge (probe.coding, analysis.coding): taxonomies, the label readout, resume,
+"""Coding texts with a judge (probe.app.coding, analysis.influence.coding): taxonomies, the label readout, resume,
 agreement statistics against scikit-learn and statsmodels, `probe code` and `probe judge-agreement` end to end,
 and an API judge against a real `transformers serve`."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probe import coding
-from probe.cli import main
+from probe.app import coding
+from probe.app.cli import main
 from probe.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def test_agreement_matches_sklearn_and_statsmodels() -> None:
     sk = pytest.importorskip("sklearn.metrics")
     from statsmodels.stats.inter_rater import cohens_kappa
 
-    from analysis.coding import agreement, kappa_from_table
+    from analysis.influence.coding import agreement, kappa_from_table
 
     rng = np.random.default_rng(3)
     codes = ["a", "b", "c", "d"]
@@ -128,7 +128,7 @@ def test_agreement_matches_sklearn_and_statsmodels() -> None:
 
 
 def test_agreement_hand_worked_and_unparsed() -> None:
-    from analysis.coding import agreement
+    from analysis.influence.coding import agreement
 
     # 2x2: po = 0.75, pe = 0.5 * 0.5 + 0.5 * 0.5 = 0.5 -> kappa = 0.5
     ag = agreement(["x", "x", "y", "y"], ["x", "y", "y", "y"], ["x", "y"], n_boot=10)
@@ -325,7 +325,7 @@ def test_judge_agreement_on_the_tiny_judge(capsys: pytest.CaptureFixture[str], t
     assert "accuracy" in text and "Cohen's kappa" in text and "confusion matrix" in text and "recall" in text
     frame = pd.read_csv(out)
     assert len(frame) == 32 and set(frame["gold"]) == set(coding.FOLLOWUP_CODES)
-    from analysis.coding import agreement
+    from analysis.influence.coding import agreement
 
     ag = agreement(frame["gold"], frame["label"], coding.FOLLOWUP_CODES, n_boot=200)
     assert f"accuracy {ag.accuracy:.3f}" in text and f"Cohen's kappa {ag.kappa:.3f}" in text

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.compare_battery import (
+from analysis.battery.compare import (
     HumanTableError,
     agreement,
     compare_battery,
@@ -28,8 +28,8 @@ from analysis.compare_battery import (
 from engines.sim import SimEngine, SimParams
 from experiments.battery import REDUCED, BatterySpec
 from experiments.dilemmas import load_dilemmas
+from probe.app.runner import Plan, run
 from probe.panel import load_panel
-from probe.runner import Plan, run
 
 ITEMS = tuple(d.id for d in load_dilemmas()[:12])
 A = {"seed": 1, "s": 0.3, "m_order": 0.15, "m_word": 0.05, "sigma_form": 0.12}
@@ -305,7 +305,7 @@ def test_yesno_panel_side_by_side_and_logit_vs_sampled(tmp_path: Path):
 # --------------------------------------------------------------- CLI
 def test_cli_errors(runs: Path, tmp_path: Path, capsys):
     from experiments.yesno import YesNoSpec
-    from probe.cli import main
+    from probe.app.cli import main
 
     run("yesno", YesNoSpec(items=ITEMS[:3]), SimEngine(), tmp_path / "y", progress=False, log=lambda s: None)
     assert main(["compare", str(runs / "A"), str(tmp_path / "y"), "--out", str(tmp_path / "o")]) == 2
@@ -325,7 +325,7 @@ def test_tiny_panel_through_probe_compare(tiny_engine, tmp_path: Path, capsys):
     The reduced preset cut to one scale, wording and form and one arbitrary pair keeps every crossing the
     comparison reads (anchor x pole, verb x order, the counterbalanced mapping) in a few seconds on a CPU.
     """
-    from probe.cli import main
+    from probe.app.cli import main
 
     for name, items in (("t1", ITEMS[:3]), ("t2", ITEMS[:4])):
         small = {"scales": ("0-10",), "wordings": ("acceptable",), "forms": ("acceptable",), "label_pairs": ("A/B",)}
@@ -366,7 +366,7 @@ def test_joint_fit_shows_no_change_of_s_where_only_m_order_changed(report: Path)
 
 def test_consensus_reference_set_from_the_panel_file_or_the_papers_default(runs: Path, tmp_path: Path):
     """Issue 18, point 5: the panel file marks the reference runs; by default the sampled (frontier) runs."""
-    from analysis.compare_battery import consensus_reference
+    from analysis.battery.compare import consensus_reference
 
     lines = [
         "runs:",
@@ -393,7 +393,7 @@ def test_consensus_reference_set_from_the_panel_file_or_the_papers_default(runs:
 
 def test_mean_r2_summaries_by_hand():
     """Table S2 (issue 18): mean pairwise r^2 within the reference set, with the humans, and for the other runs."""
-    from analysis.compare_battery import mean_r2_summary
+    from analysis.battery.compare import mean_r2_summary
 
     t = pd.DataFrame(
         {"a": [0.5, -0.2, 0.1, 0.7], "b": [0.4, 0.0, 0.2, 0.5], "c": [0.1, 0.3, -0.5, 0.0], "d": [0, 1, 0, 1.0]},

@@ -1,4 +1,4 @@
-"""Cue visibility across a panel (analysis.compare_cue): planted models with known net biases and gaps.
+"""Cue visibility across a panel (analysis.cue.compare): planted models with known net biases and gaps.
 
 The planted subject (tests/planted.py) answers the benefit option with
 probability p[condition] (and p[(condition, gender)] where set), the Neutral
@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import compare_cue as cc
+from analysis.cue import compare as cc
 from experiments.cue import CueSpec, expand
+from probe.app.runner import run
 from probe.panel import panel_from_runs
-from probe.runner import run
 from tests.planted import PlantedCue
 
 SPEC = CueSpec(
@@ -158,7 +158,7 @@ def test_runs_are_matched_on_shared_dilemmas(runs: list[Path], tmp_path: Path) -
 
 
 def test_tiny_panel_through_probe_compare(tmp_path: Path) -> None:
-    from probe.cli import main
+    from probe.app.cli import main
 
     args = ["run", "cue", "--model", "tiny", "--quiet", "--items", "rent_arrears", "--probes", "what_if,check"]
     args += ["--conditions", "neutral,direct,puzzled"]

@@ -1,4 +1,4 @@
-"""The influence audit across a panel (analysis.compare_influence): planted models and a planted reasoning effect.
+"""The influence audit across a panel (analysis.influence.compare): planted models and a planted reasoning effect.
 
 The planted panel: two synthetic models (m2's steerabilities are half of
 m1's), each run with reasoning off and on, where reasoning on adds +1.0 to
@@ -17,12 +17,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import compare_influence as ci
-from analysis import influence_stats as st
+from analysis.common.bootstrap import percentile_ci
+from analysis.influence import asym
+from analysis.influence import compare as ci
+from analysis.influence import stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
+from probe.app.runner import Plan, run
 from probe.panel import panel_from_runs
-from probe.runner import Plan, run
 from tests.planted import PlantedInfluence
 
 BASE = {"gender": 0.0, "age": -1.0}
@@ -131,7 +133,7 @@ def test_paired_replicates_are_the_one_run_bootstrap(planted: tuple[list[Path], 
     m = res.matched[0]
     for r, panel_run in enumerate(m.runs):
         reps = ci.replicates(m, r, n_boot=N_BOOT)
-        lo, hi = st.percentile_ci(reps["s_A"])
+        lo, hi = percentile_ci(reps["s_A"])
         t = res.conditions[res.conditions["run"] == panel_run.name]
         np.testing.assert_allclose(t["s_A_lo"], lo)
         np.testing.assert_allclose(t["s_A_hi"], hi)
@@ -197,32 +199,32 @@ def test_fit_asym_recovers_a_planted_slope_and_the_gls_se() -> None:
     import statsmodels.formula.api as smf
 
     df = _crossed_frame()
-    fit = ci.fit_asym(df, "synthetic")
+    fit = asym.fit_asym(df, "synthetic")
     assert fit.converged and fit.levels == {"model_reasoning": 6, "factor": 4, "influence": 5}
     assert fit.beta_lo < 2.0 < fit.beta_hi
     assert 0 < fit.r2_marginal < fit.r2_conditional < 1
     model = smf.mixedlm(
-        "abs_asym ~ baseline_bias", df, groups=np.ones(len(df)), re_formula="0", vc_formula=ci.VC_FORMULA
+        "abs_asym ~ baseline_bias", df, groups=np.ones(len(df)), re_formula="0", vc_formula=asym.VC_FORMULA
     )
     res = model.fit(reml=True)
-    cov = ci.gls_cov(model.exog, df, dict(zip(model.exog_vc.names, res.vcomp, strict=True)), res.scale)
+    cov = asym.gls_cov(model.exog, df, dict(zip(model.exog_vc.names, res.vcomp, strict=True)), res.scale)
     np.testing.assert_allclose(np.sqrt(np.diag(cov)), res.bse_fe.to_numpy(), rtol=5e-3)
 
 
 def test_marginal_r2_hand_values_and_ols_fallback() -> None:
     import statsmodels.api as sm
 
-    assert ci.marginal_r2(1.0, [1.0, 2.0], 1.0) == pytest.approx((0.2, 0.8))  # 1/5 and (1 + 3)/5
-    assert all(math.isnan(v) for v in ci.marginal_r2(0.0, [], 0.0))
+    assert asym.marginal_r2(1.0, [1.0, 2.0], 1.0) == pytest.approx((0.2, 0.8))  # 1/5 and (1 + 3)/5
+    assert all(math.isnan(v) for v in asym.marginal_r2(0.0, [], 0.0))
     df = _crossed_frame().assign(model_reasoning="a", factor="t:g", influence="u")
-    fit = ci.fit_asym(df, "one of each")
+    fit = asym.fit_asym(df, "one of each")
     ols = sm.OLS(df["abs_asym"], sm.add_constant(df["baseline_bias"])).fit()
     assert fit.method == "OLS" and "left out (one level)" in fit.note
     assert fit.beta == pytest.approx(ols.params["baseline_bias"])
     assert (fit.beta_lo, fit.beta_hi) == pytest.approx(tuple(ols.conf_int().loc["baseline_bias"]))
     var_f = float(np.var(ols.fittedvalues, ddof=1))
     assert fit.r2_marginal == pytest.approx(var_f / (var_f + ols.scale))
-    assert ci.fit_asym(df.head(2), "tiny").method == "none"
+    assert asym.fit_asym(df.head(2), "tiny").method == "none"
 
 
 def test_runs_are_matched_on_shared_items_and_conditions(
@@ -248,7 +250,7 @@ def test_runs_are_matched_on_shared_items_and_conditions(
 
 
 def test_tiny_panel_through_probe_compare(tmp_path: Path) -> None:
-    from probe.cli import main
+    from probe.app.cli import main
 
     args = ["run", "influence-triage", "--model", "tiny", "--quiet", "--factors", "gender", "--sizes", "1"]
     args += ["--influences", "role_play,few_shot"]

@@ -1,4 +1,4 @@
-"""The cue report's degenerate-reading flags (analysis.cue_flags) on hand-worked frames and hand-made run dirs.
+"""The cue report's degenerate-reading flags (analysis.cue.flags) on hand-worked frames and hand-made run dirs.
 
 Every assertion is deterministic: the frames are fixed, the permutation test is seeded (and where a test
 relies on its p being small, the exact permutation probability is stated and is far below the threshold).
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import cue_flags as fl
+from analysis.cue import flags as fl
 
 
 def _pairs(rows: list[tuple[str, str, float, float]], gender: str = "man", race: str = "Asian") -> pd.DataFrame:
@@ -220,9 +220,9 @@ def _store(tmp_path: Path, degenerate: bool) -> str:
     Otherwise (planted effects): every what-if answer, Direct and Puzzled, reverses the Neutral one (benefit on
     the first and third dilemma, harm on the second), and every check answers the truth.
     """
-    from analysis.cue import cue_report
+    from analysis.cue.report import cue_report
     from experiments.cue import CueSpec, expand
-    from probe.runner import sample_table
+    from probe.app.runner import sample_table
     from probe.store import RunStore
     from probe.types import Sample
 

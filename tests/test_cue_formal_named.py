@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cue import cue_report, decision_bias, formal_named_share
-from analysis.frames import choice_probs, open_run
+from analysis.common.frames import choice_probs, open_run
+from analysis.cue.metrics import decision_bias, formal_named_share
+from analysis.cue.report import cue_report
 from experiments.cue import CueSpec, build_design, expand
 from experiments.cue.prompts import formal_attributes, formal_binding
 from experiments.cue.puzzles import solutions
-from probe.runner import run
+from probe.app.runner import run
 from tests.planted import PlantedCue
 
 SPEC = CueSpec(

@@ -16,10 +16,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.cue import correct_only_keep, cue_report, identity_checks, parse_identity
-from analysis.frames import choice_probs, open_run
+from analysis.common.frames import choice_probs, open_run
+from analysis.cue.metrics import correct_only_keep, identity_checks, parse_identity
+from analysis.cue.report import cue_report
 from experiments.cue import CueSpec
-from probe.runner import Plan, run
+from probe.app.runner import Plan, run
 from probe.types import Sample, Trial
 from tests.planted import PlantedCue
 

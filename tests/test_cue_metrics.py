@@ -1,4 +1,4 @@
-"""Cue-visibility metrics (analysis.cue) on hand-worked examples and independent computations."""
+"""Cue-visibility metrics (analysis.cue.metrics) on hand-worked examples and independent computations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.cue import (
+from analysis.cue.metrics import (
     by_group,
     cell_sums,
     check_frame,
@@ -31,7 +31,7 @@ RACES = ("Asian", "Black", "Hispanic", "Muslim", "White")
 
 
 class Run:
-    """Builds the (options, per_trial) frames that analysis.frames.choice_probs returns."""
+    """Builds the (options, per_trial) frames that analysis.common.frames.choice_probs returns."""
 
     def __init__(self) -> None:
         self.opts: list[dict] = []

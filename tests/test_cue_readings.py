@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import compare_cue as cc
-from analysis.cue import decision_bias, status_bias
+from analysis.cue import compare as cc
+from analysis.cue.metrics import decision_bias, status_bias
 from probe.panel import PanelRun
 from tests.test_cue_metrics import Run, _row
 
@@ -100,7 +100,7 @@ def test_capability_is_both_correct_macro_averaged_over_levels() -> None:
 
 # ---------------------------------------------------------------------------- point 7: breakdowns and Average rows
 def test_topic_and_intersectional_breakdowns_hand_worked() -> None:
-    from analysis.cue import breakdown_tables
+    from analysis.cue.metrics import breakdown_tables
     from tests.test_cue_metrics import hand_run
 
     opts, per_trial = hand_run().frames()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.cue import decision_frame, run_gap_table
-from analysis.frames import choice_probs, open_run
-from probe.cli import main
+from analysis.common.frames import choice_probs, open_run
+from analysis.cue.metrics import decision_frame, run_gap_table
+from probe.app.cli import main
 
 
 def _run(out: Path, *extra: str) -> None:
@@ -88,9 +88,9 @@ def test_report_on_a_sampled_store_uses_parsed_frequencies(tmp_path: Path) -> No
     Per answer: Direct favor = (1/3 * 1) / (1/3) = 1, against = 0; Puzzled favor 0, against = (2/3 * 1) / (2/3) = 1.
     So every group's Gap = (1 - 0) - (0 - 1) = 2. One what-if trial never parses: an abstention, left out.
     """
-    from analysis.cue import cue_report
+    from analysis.cue.report import cue_report
     from experiments.cue import CueSpec, expand
-    from probe.runner import sample_table
+    from probe.app.runner import sample_table
     from probe.store import RunStore
     from probe.types import Sample
 

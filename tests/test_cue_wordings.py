@@ -7,10 +7,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.cue import cue_report, decision_bias, wording_table
-from analysis.frames import choice_probs, open_run
+from analysis.common.frames import choice_probs, open_run
+from analysis.cue.metrics import decision_bias, wording_table
+from analysis.cue.report import cue_report
 from experiments.cue import CueSpec, expand
-from probe.runner import run
+from probe.app.runner import run
 from probe.types import Trial
 from tests.planted import PlantedCue
 

@@ -17,9 +17,9 @@ from scipy import optimize
 from scipy.special import expit
 
 import tests.battery_contract as bc
-from analysis import fit, stance
-from analysis.binary import cell_events, projections
-from analysis.yesno import decompose
+from analysis.battery import fit, stance
+from analysis.battery.binary import cell_events, projections
+from analysis.battery.yesno import decompose
 from engines.sim import SimEngine, SimParams
 
 
@@ -95,7 +95,7 @@ def test_channel_sides_by_hand_and_eq1_identity():
     assert (lx["p_plus"], lx["p_minus"]) == pytest.approx((0.8, 0.45))
     # z = mean(2P - 1) = 2 * 0.625 - 1 for both channels: the sides share the stance
     assert o["z"] == pytest.approx(0.25) and lx["z"] == pytest.approx(0.25)
-    # Eq. 1 against analysis.yesno: apparent = bias_yf = 0.9 - 0.4 = order + lexical = 0.15 + 0.35
+    # Eq. 1 against analysis.battery.yesno: apparent = bias_yf = 0.9 - 0.4 = order + lexical = 0.15 + 0.35
     cells = pd.DataFrame({f"p_cbr_{v}_{od}": [p] for (v, od), p in CELLS.items()}, index=["d"])
     dec = decompose(cells).loc["d"]
     assert o["bias"] == pytest.approx(dec["order"], abs=1e-15)
@@ -139,7 +139,7 @@ def test_arbitrary_label_channels_isolate_each_pull(p_of, expect):
 
 
 def test_channel_biases_agree_with_the_label_map_projections():
-    """An independent implementation (analysis.binary, 2 P(event) - 1 means) gives the same three biases."""
+    """An independent implementation (analysis.battery.binary, 2 P(event) - 1 means) gives the same three biases."""
     rng = np.random.default_rng(7)
     table = {}
 
@@ -448,7 +448,7 @@ def test_recovery_study_new_quantities_40_seeds():
     probability < 1e-6 (5.7 SD).
     """
     assert _label_pull_study(range(40), n_boot=500) >= 0.85
-    from analysis.yesno import cell_table, decompose, p_cbr, with_cbr_verb
+    from analysis.battery.yesno import cell_table, decompose, p_cbr, with_cbr_verb
 
     diffs = []
     for seed in range(40):

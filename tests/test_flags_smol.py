@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from probe.cli import main
+from probe.app.cli import main
 
 
 def _summary(out: Path, *args: str) -> str:

@@ -1,4 +1,4 @@
-"""The follow-up self-report probe (experiments.followup, analysis.followup, the kept-reply rendering).
+"""The follow-up self-report probe (experiments.followup, analysis.influence.followup, the kept-reply rendering).
 
 * the second turn token by token: inside the rendered follow-up prompt, the
   first turn is the exact prompt the model answered and the kept answer is
@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import followup as af
+from analysis.influence import followup as af
 from engines.render import kept_parts
 from experiments.followup import FollowupError, FollowupSpec, check_subject, expand, load_wordings, selection
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
-from probe.runner import Plan, run
+from probe.app.runner import Plan, run
 from probe.store import RunStore
 from probe.types import Message, Trial
 
@@ -122,7 +122,7 @@ def test_kept_reply_must_end_with_its_ids(tiny_engine) -> None:
 
 # ========================================================================== selection
 def test_selection_from_planted_backfire_and_compliance_cells(tmp_path: Path) -> None:
-    from analysis.influence import analyze, effects
+    from analysis.influence.audit import analyze, effects
     from tests.test_influence_analysis import planted_engine
 
     spec = TriageSpec(audit=AuditSpec(influences=("survey", "weak_evidence")), factors=("gender",), sizes=(1, 2, 3))
@@ -231,7 +231,7 @@ def test_crosstab_and_wilson_interval_match_statsmodels() -> None:
 def test_probe_run_followup_on_tiny_then_analyze_with_codes(
     sampled_source: RunStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from probe.cli import main
+    from probe.app.cli import main
 
     out = tmp_path / "fu"
     args = ["run", "followup", "--source", str(sampled_source.root), "--model", "tiny", "--out", str(out), "--quiet"]
@@ -271,7 +271,7 @@ def test_probe_run_followup_on_tiny_then_analyze_with_codes(
 # ======================================================================== API engine
 @pytest.mark.trained  # the tiny model answers the triage prompts in format (docs/testing.md)
 def test_followup_through_the_api_engine(server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from probe.cli import main
+    from probe.app.cli import main
 
     model = f"openai-compatible:tiny@{server.url}"
     src, fu = tmp_path / "src", tmp_path / "fu"

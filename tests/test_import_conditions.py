@@ -1,7 +1,7 @@
 """``probe import``: counts from frequencies by hand, bad rows, the shipped example, and round trips.
 
 Round trip: planted sampled runs of this project are exported to the schema
-(:func:`analysis.import_conditions.export_conditions`), imported back, and
+(:func:`analysis.influence.imported.export_conditions`), imported back, and
 must give the same condition numbers (f, s, Asym, every p- and q-value) and
 the same headline values as the native report; a panel of the imported
 export must give the same |Asym| fits as the panel of the native runs.
@@ -17,14 +17,14 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
-from analysis import compare_influence as ci
-from analysis import import_conditions as ic
-from analysis import influence as inf
+from analysis.influence import audit as inf
+from analysis.influence import compare as ci
+from analysis.influence import imported as ic
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
-from probe.cli import main
+from probe.app.cli import main
+from probe.app.runner import Plan, run
 from probe.panel import panel_from_runs
-from probe.runner import Plan, run
 from probe.store import RunStore
 from tests.planted import PlantedInfluence
 

@@ -1,4 +1,4 @@
-"""The influence audit's analysis (analysis.influence): hand-built cells, and recovery of planted steerabilities.
+"""The influence audit's analysis (analysis.influence.audit): hand-built cells, and recovery of planted steerabilities.
 
 The recovery tests run the whole pipeline (expand -> runner -> run store ->
 report) on the planted-steerability subject of tests/planted.py: each trial's
@@ -22,11 +22,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import influence as inf
-from analysis import influence_stats as st
+from analysis.influence import audit as inf
+from analysis.influence import report
+from analysis.influence import stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
-from probe.runner import Plan, run
+from probe.app.runner import Plan, run
 from tests.planted import PlantedInfluence
 
 # ====================================================================== hand-built cells
@@ -354,7 +355,7 @@ def test_planted_steerabilities_are_recovered_from_samples(tmp_path: Path) -> No
         progress=False,
         log=lambda s: None,
     )
-    paths = inf.influence_report(store, tmp_path / "s" / "report", "triage", n_boot=300)
+    paths = report.influence_report(store, tmp_path / "s" / "report", "triage", n_boot=300)
     assert {"summary.md", "conditions.csv", "headline.csv", "by_influence.csv", "fig_steerability.png"} <= {
         p.name for p in paths
     }

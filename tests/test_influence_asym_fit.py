@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import compare_influence as ci
+from analysis.influence import asym
 
 
 def _nested_frame(n: int = 240, seed: int = 5) -> pd.DataFrame:
@@ -41,7 +41,7 @@ def test_nested_fit_equals_a_direct_statsmodels_call() -> None:
     import statsmodels.formula.api as smf
 
     df = _nested_frame()
-    fit = ci.fit_asym(df, "bbq+triage", structure="nested")
+    fit = asym.fit_asym(df, "bbq+triage", structure="nested")
     model = smf.mixedlm(
         "abs_asym ~ baseline_bias",
         df,
@@ -65,24 +65,24 @@ def test_nested_fit_equals_a_direct_statsmodels_call() -> None:
 
 def test_crossed_and_nested_differ_on_nested_data() -> None:
     df = _nested_frame()
-    crossed = ci.fit_asym(df, "x", structure="crossed")
-    nested = ci.fit_asym(df, "x", structure="nested")
+    crossed = asym.fit_asym(df, "x", structure="crossed")
+    nested = asym.fit_asym(df, "x", structure="nested")
     # the planted within-group factor and influence variances (0.4^2 = 0.16 each) are what nested recovers;
     # crossed sees one intercept per factor across groups, so most of that variance lands in its residual
     # (both residuals also hold the unmodelled benchmark offset, variance 0.25); fixed seed: deterministic
     assert nested.var_residual < crossed.var_residual - 0.1
     assert nested.var_components["factor"] > 0.05 and nested.var_components["influence"] > 0.05
     with pytest.raises(ValueError, match="crossed, nested"):
-        ci.fit_asym(df, "x", structure="random")
+        asym.fit_asym(df, "x", structure="random")
 
 
 def test_pooled_fit_has_benchmark_offsets_and_the_bias_share_alone() -> None:
     import statsmodels.formula.api as smf
 
     df = _nested_frame()
-    fit = ci.fit_asym(df, "pooled", benchmark_effect=True)
+    fit = asym.fit_asym(df, "pooled", benchmark_effect=True)
     assert fit.formula == "abs_asym ~ baseline_bias + C(benchmark)"
-    model = smf.mixedlm(fit.formula, df, groups=np.ones(len(df)), re_formula="0", vc_formula=dict(ci.VC_FORMULA))
+    model = smf.mixedlm(fit.formula, df, groups=np.ones(len(df)), re_formula="0", vc_formula=dict(asym.VC_FORMULA))
     res = model.fit(reml=True)
     assert fit.beta == pytest.approx(res.fe_params["baseline_bias"], rel=1e-6)
     offset = res.fe_params["C(benchmark)[T.triage]"]
@@ -111,7 +111,7 @@ def test_asym_fits_per_structure_and_pooled() -> None:
             "asym": df["abs_asym"],
         }
     )
-    fits = ci.asym_fits(cond, ("nested", "crossed"))
+    fits = asym.asym_fits(cond, ("nested", "crossed"))
     first = str(df["benchmark"].iloc[0])  # benchmarks in order of first appearance
     other = "triage" if first == "bbq" else "bbq"
     assert [(f.scope, f.structure) for f in fits] == [
@@ -141,7 +141,7 @@ class _Model:
 
 def test_fit_mixed_retries_and_records_attempts_and_warnings() -> None:
     model = _Model()
-    res, attempts, ws = ci.fit_mixed(model)
+    res, attempts, ws = asym.fit_mixed(model)
     assert res.tag == "powell" and model.calls == [None, "powell"]
     assert attempts == ("default (bfgs, lbfgs, cg): not converged", "powell: converged")
     assert ws == ("UserWarning: Retrying MixedLM optimization with lbfgs",)
@@ -159,7 +159,7 @@ def test_a_boundary_fit_records_its_warnings_in_the_report_row() -> None:
         }
     )
     df["abs_asym"] = 1.0 + df["baseline_bias"] + rng.normal(0, 0.3, n)  # no grouping effect: variances at 0
-    fit = ci.fit_asym(df, "flat")
-    row = ci.AsymFit.row(fit)
+    fit = asym.fit_asym(df, "flat")
+    row = asym.AsymFit.row(fit)
     assert fit.warnings and "boundary" in row["warnings"]
     assert row["attempts"] == " | ".join(fit.attempts) and row["attempts"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probe.cli import main
+from probe.app.cli import main
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not present")

@@ -1,4 +1,4 @@
-"""The influence report's readout flags (analysis.influence_flags): tie, position / label following, practical size.
+"""The influence report's readout flags (analysis.influence.flags): tie, position / label following, practical size.
 
 Hand-made frames, and whole runs on planted subjects (tests/planted.py's readout engine): a position follower
 (P(first printed) = 0.8 in every prompt, plus a tiny consistent shift toward the cue) must be flagged, the
@@ -16,11 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import influence as inf
-from analysis import influence_flags as fl
+from analysis.influence import audit as inf
+from analysis.influence import flags as fl
+from analysis.influence import report
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
-from probe.runner import run
+from probe.app.runner import run
 from probe.types import Trial
 from tests.planted import PlantedInfluence, _Planted
 
@@ -213,7 +214,7 @@ SPEC = TriageSpec(
 
 def _summary(engine: Any, out: Path) -> str:
     store = run("influence-triage", SPEC, engine, out, progress=False, log=lambda s: None)
-    inf.influence_report(store, out / "report", "triage", n_boot=200)
+    report.influence_report(store, out / "report", "triage", n_boot=200)
     return (out / "report" / "summary.md").read_text()
 
 
@@ -239,7 +240,7 @@ def test_content_driven_run_is_not_flagged(tmp_path: Path) -> None:
 
 
 def test_sim_run_from_the_cli_is_not_flagged(tmp_path: Path) -> None:
-    from probe.cli import main
+    from probe.app.cli import main
 
     out = tmp_path / "sim"
     args = ["run", "influence-triage", "--model", "sim", "--out", str(out), "--quiet", "--factors", "gender,age"]

@@ -1,4 +1,4 @@
-"""Statistics of the influence audit (analysis.influence_stats): hand-worked counts, scipy/statsmodels, simulation."""
+"""Statistics of the influence audit (analysis.influence.stats): hand-worked counts, scipy/statsmodels, simulation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint, proportions_ztest
 
-from analysis import influence_stats as st
+from analysis.common.bootstrap import cluster_weights, percentile_ci
+from analysis.influence import stats as st
 
 # A hand-worked condition: 60 answers per arm; B chosen 30 times with no cue,
 # 15 times under the cue toward A (so A 45 times), 40 times under the cue toward B.
@@ -150,10 +151,10 @@ def test_normalized_asym_range_and_undefined() -> None:
         st.steerability(1, 2, 1, 2, "C")
 
 
-def test_bootstrap_weights_keep_strata_and_match_the_analytic_se() -> None:
+def test_cluster_weights_keep_strata_and_match_the_analytic_se() -> None:
     rng = np.random.default_rng(0)
     strata = ["x"] * 30 + ["y"] * 10
-    w = st.bootstrap_weights(strata, 4000, rng)
+    w = cluster_weights(strata, 4000, rng)
     assert w.shape == (4000, 40)
     np.testing.assert_array_equal(w[:, :30].sum(axis=1), 30)
     np.testing.assert_array_equal(w[:, 30:].sum(axis=1), 10)
@@ -163,13 +164,13 @@ def test_bootstrap_weights_keep_strata_and_match_the_analytic_se() -> None:
     # Deterministic (default_rng(0), (1)): false-failure rate 0. At fresh seeds, an SD from 4000 resamples has
     # a relative SE of 1/sqrt(2 * 4000) = 1.1%, so rel 0.06 is 5.4 SE (~7e-8).
     assert st.nan_sd(boot) == pytest.approx(analytic, rel=0.06)
-    again = st.bootstrap_weights(strata, 4000, np.random.default_rng(0))
+    again = cluster_weights(strata, 4000, np.random.default_rng(0))
     np.testing.assert_array_equal(w, again)
 
 
 def test_percentile_ci_and_z_from_se() -> None:
     reps = np.column_stack([np.arange(1001, dtype=float), np.full(1001, np.nan)])
-    lo, hi = st.percentile_ci(reps)
+    lo, hi = percentile_ci(reps)
     assert lo[0] == pytest.approx(25.0) and hi[0] == pytest.approx(975.0)
     assert np.isnan(lo[1]) and np.isnan(hi[1])
     np.testing.assert_array_equal(st.z_from_se([0.0, 1.0, 2.0], [0.0, 0.0, 1.0]), [0.0, np.inf, 2.0])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from probe.cli import main
+from probe.app.cli import main
 from probe.panel import Panel, PanelError, PanelRun, load_panel, panel_from_runs, shared_items
 from probe.store import RESULTS
 
@@ -165,4 +165,4 @@ def test_comparisons_are_lazy_and_the_influence_benchmarks_share_one() -> None:
     from experiments import lazy
 
     with pytest.raises(ValueError, match="module:function"):
-        lazy("analysis.compare_cue")
+        lazy("analysis.cue.compare")

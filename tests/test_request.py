@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from probe.cli import main
-from probe.request import identity_differences, parse_run_args, requested_identity
+from probe.app.cli import main
+from probe.app.request import identity_differences, parse_run_args, requested_identity
 from probe.store import RunStore
 
 ARGS = ["--items", "mine_cart_bridge", "--forms", "acceptable"]

@@ -224,8 +224,9 @@ def test_same_draws_on_every_path_and_batch_size(tiny_engine):
         for rows in (1, 3, 16):
             for group in (True, False):  # draws of a prompt sharing its keys (grouped attention), or a row each
                 e = _engine(tiny_engine, sample_path=path, sample_rows=rows, group_draws=group)
-                moved += _assert_same_up_to_near_ties(tiny_engine, trials, ref, _draws(e.sample(trials, 4, 1.0)),
-                                                      (path, rows, group))
+                moved += _assert_same_up_to_near_ties(
+                    tiny_engine, trials, ref, _draws(e.sample(trials, 4, 1.0)), (path, rows, group)
+                )
     # small trees: several trees (each its own forward) gathered into one decoding batch
     small = _draws(_engine(tiny_engine, sample_path="tree", tree_tokens=50).sample(trials, 4, 1.0))
     moved += _assert_same_up_to_near_ties(tiny_engine, trials, ref, small, "tree_tokens=50")
@@ -297,7 +298,7 @@ def test_sample_settings_fail_clearly():
 def test_sampling_flags_reach_the_settings():
     """probe run's own parser: the sampling flags land in HFSettings (group_draws is on unless switched off)."""
     from engines import make_engine
-    from probe.cli import build_parser
+    from probe.app.cli import build_parser
 
     def settings(*flags):
         a = build_parser().parse_args(["run", "yesno", "--model", "tiny", "--out", "unused", *flags])

@@ -140,7 +140,7 @@ def test_samples_follow_the_tempered_distribution():
 
 
 def test_refusals_and_noncommittal_choices_are_data():
-    from probe.judge import rule_verdict
+    from experiments.judge import rule_verdict
 
     p = SimParams(seed=2, refusal=0.2, noncommit=0.3)
     e = SimEngine(p, seed=4)
@@ -197,7 +197,7 @@ def test_params_validate_and_load_from_yaml(tmp_path):
 
 def test_the_registry_routes_sim_specs_to_this_engine():
     assert engine_kind("sim") == "sim" and engine_kind("sim:params.yaml") == "sim"
-    from probe.cli import build_parser
+    from probe.app.cli import build_parser
 
     a = build_parser().parse_args(["run", "yesno", "--model", "sim", "--out", "x", "--sim-seed", "3"])
     e = make_engine(a)
@@ -207,11 +207,11 @@ def test_the_registry_routes_sim_specs_to_this_engine():
 # ------------------------------------------------------------- a real run
 def test_yesno_run_through_the_store_gives_eq1_to_machine_precision(tmp_path):
     """The plain yes/no battery, run on the sim by the real runner, read back, decomposed two independent ways."""
-    from analysis import fit
-    from analysis.frames import open_run, readouts
-    from analysis.yesno import cell_table, decompose, p_cbr, with_cbr_verb
+    from analysis.battery import fit
+    from analysis.battery.yesno import cell_table, decompose, p_cbr, with_cbr_verb
+    from analysis.common.frames import open_run, readouts
     from experiments.yesno import YesNoSpec
-    from probe.runner import run
+    from probe.app.runner import run
 
     e = SimEngine(SimParams(seed=1, m_order=-0.15, m_word=-0.1, m_logic=0.04, sigma_binary=0.1))
     store = run("yesno", YesNoSpec(), e, tmp_path / "run", progress=False, log=lambda m: None)
@@ -230,11 +230,11 @@ def test_yesno_run_through_the_store_gives_eq1_to_machine_precision(tmp_path):
 
 def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     """The lead's real battery, run by the real runner on the sim (readouts, greedy free choice judged by rule)."""
-    from analysis import fit, stance
-    from analysis.frames import open_run, readouts, trial_meta
+    from analysis.battery import fit, stance
+    from analysis.common.frames import open_run, readouts, trial_meta
     from experiments.battery import REDUCED, BatterySpec
-    from probe.judge import RuleJudge
-    from probe.runner import run
+    from experiments.judge import RuleJudge
+    from probe.app.runner import run
 
     items = ("mine_cart_bridge", "freight_yard_switch", "flooded_mine_door", "brake_failure", "uncle_juice")
     spec = BatterySpec(**REDUCED, items=items, salts=SaltSpec(count=2))
@@ -274,7 +274,7 @@ def test_refused_sampled_trials_do_not_bias_z_the_issue_18_repro():
     is fixed anyway (-0.02). The old rule (a fully refused trial read as
     P(CBR) = 0) gives -0.25 on the same draws.
     """
-    from analysis.yesno import cell_table, decompose, dropped_stories, p_cbr, with_cbr_verb
+    from analysis.battery.yesno import cell_table, decompose, dropped_stories, p_cbr, with_cbr_verb
 
     items = [f"i{k:03d}" for k in range(120)]
     trials = bc.binary(items)
@@ -307,8 +307,8 @@ def test_planted_per_pair_label_pulls_are_what_the_gradient_reports():
     per-pair joint fit gives the planted m back in theta units (readouts: no
     sampling noise, so the tolerance is the optimizer's).
     """
-    from analysis import fit
-    from analysis.binary import cell_events, lexicality_gradient, projections
+    from analysis.battery import fit
+    from analysis.battery.binary import cell_events, lexicality_gradient, projections
 
     items = [f"i{k:02d}" for k in range(12)]
     pulls = {"A/B": -0.15, "1/2": 0.1, "Ja/Nein": -0.3}
@@ -376,8 +376,8 @@ class _ReplyCounting:
 
 def _ahead_run(engine, out):
     from experiments.battery import REDUCED, BatterySpec
-    from probe.judge import RuleJudge
-    from probe.runner import Plan, run
+    from experiments.judge import RuleJudge
+    from probe.app.runner import Plan, run
 
     spec = BatterySpec(**REDUCED, items=_AHEAD_ITEMS)
     plan = Plan(samples=3, temperature=0.8, sample_only=(("order", "cbr_first"),))  # 3 drawn + 3 greedy per chunk
@@ -472,7 +472,7 @@ def test_the_progress_bar_counts_replies_decoded_ahead_once(tmp_path, monkeypatc
 
 
 def test_plan_replies_takes_whole_chunks_within_the_batch():
-    from probe.runner import plan_replies
+    from probe.app.runner import plan_replies
 
     chunks = [["a"] * 4, [], ["b"] * 3, ["c"] * 5]
     one = lambda t: 1  # noqa: E731

@@ -170,7 +170,7 @@ def test_batch_size_and_padding_invariance(smol_engine):
 
 def _readout_cli(monkeypatch, capsys, engine, options: str) -> tuple[int, str, str]:
     import engines
-    from probe.cli import main
+    from probe.app.cli import main
 
     monkeypatch.setattr(engines, "make_engine", lambda a: engine)  # the session's loaded model, not a second load
     rc = main(["readout", "--model", "smol", "--prompt", LIE, "--options", options])
@@ -190,8 +190,8 @@ def test_readout_warns_about_casing_with_the_fix(monkeypatch, capsys, smol_engin
 def test_run_warns_about_low_coverage_and_reports_it(tmp_path, capsys, smol_engine):
     from analysis.report import write_report
     from experiments import get_experiment
-    from probe.cli import _warn_coverage
-    from probe.runner import run
+    from probe.app.cli import _warn_coverage
+    from probe.app.runner import run
 
     exp = get_experiment("yesno")
     import argparse

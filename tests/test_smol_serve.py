@@ -26,8 +26,8 @@ LIE = "Is it acceptable to lie to protect a friend? Answer with Yes or No."
 
 
 def test_served_names_and_the_serving_folder(tmp_path):
+    from probe.app.serve import served_name, serving_folder
     from probe.models.gguf import SAMPLING
-    from probe.serve import served_name, serving_folder
 
     assert served_name("smol") == "smol"
     assert served_name("/models/My Model/") == "My-Model"
@@ -103,7 +103,7 @@ def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine
     port = free_port()
     log = tmp_path / "serve.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "probe.cli", "serve", "smol", "--port", str(port), "--root", str(tmp_path / "srv")]
+    cmd = [sys.executable, "-m", "probe.app.cli", "serve", "smol", "--port", str(port), "--root", str(tmp_path / "srv")]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/v1"

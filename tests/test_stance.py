@@ -18,7 +18,7 @@ import pytest
 from scipy import stats
 
 import tests.battery_contract as bc
-from analysis import stance
+from analysis.battery import stance
 from engines.sim import SimEngine, SimParams
 
 FORM = ["scale", "wording", "anchor", "pole"]
@@ -552,7 +552,7 @@ def test_choice_forms_incoherence_and_order_bias_by_hand():
 
 def test_choice_order_bias_recovered_on_the_sim():
     """Planted m_choice_order shows as the I-2 order bias with its sign; readout-free, greedy: no sampling noise."""
-    from probe.judge import RuleJudge
+    from experiments.judge import RuleJudge
 
     trials = bc.choice(ITEMS[:12], framings=("choose", "what_would"))
     e = SimEngine(SimParams(seed=5, s_choice=0.3, m_choice_order=-0.3))

@@ -28,7 +28,7 @@ def reference_args(out: Path) -> list[str]:
 
 
 def probe_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "probe.cli", *args]
+    return [sys.executable, "-m", "probe", *args]
 
 
 def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

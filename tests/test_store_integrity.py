@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probe.cli import main
+from probe.app.cli import main
 from probe.errors import StoreError
 from probe.lock import Holder, LockError, RunLock
 from probe.store import RunStore
@@ -247,7 +247,11 @@ def test_two_concurrent_runs_on_one_folder(
         assert inside.wait(timeout=600), "the first run never reached its second chunk"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         second = subprocess.run(
-            [sys.executable, "-m", "probe.cli", *run_args(out)], capture_output=True, text=True, env=env, timeout=600
+            [sys.executable, "-m", "probe", *run_args(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
         )
     finally:
         release.set()
@@ -268,7 +272,7 @@ def test_second_run_can_wait_for_the_first(tmp_path: Path, reference: Path) -> N
     lock.acquire()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "probe.cli", *run_args(out, "--wait-for-lock")],
+        [sys.executable, "-m", "probe", *run_args(out, "--wait-for-lock")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

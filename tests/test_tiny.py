@@ -245,7 +245,9 @@ def test_left_padded_batch_matches_single(name: str, models: dict[str, Any], bui
 
 
 @pytest.mark.trained
-def test_trained_tiny_meets_its_contract(models: dict[str, Any], tokenizer: Any, built: dict[str, pathlib.Path]) -> None:
+def test_trained_tiny_meets_its_contract(
+    models: dict[str, Any], tokenizer: Any, built: dict[str, pathlib.Path]
+) -> None:
     """Far above chance (two labels of a 1283-token vocabulary: about 0.002), on prompts it never trained on."""
     import json
 
@@ -279,9 +281,17 @@ def test_greedy_answers_parse(enable_thinking: bool, models: dict[str, Any], tok
 
 def test_contract_misses_name_each_shortfall() -> None:
     """Hand figures: every floor that is missed is named with its value; figures that meet it give no line."""
-    ok = {"mass_yesno": 0.9, "min_mass_yesno": 0.6, "mass_choice": 0.95, "min_mass_choice": 0.7,
-          "mass_option": 0.9, "min_mass_option": 0.8, "mass_rating": 0.7, "min_mass_rating": 0.1,
-          "greedy_out_of_format": []}
+    ok = {
+        "mass_yesno": 0.9,
+        "min_mass_yesno": 0.6,
+        "mass_choice": 0.95,
+        "min_mass_choice": 0.7,
+        "mass_option": 0.9,
+        "min_mass_option": 0.8,
+        "mass_rating": 0.7,
+        "min_mass_rating": 0.1,
+        "greedy_out_of_format": [],
+    }
     assert tiny.contract_misses(ok) == []
     bad = ok | {"mass_yesno": 0.58, "min_mass_choice": 0.2, "greedy_out_of_format": ["no-think #3: 'No<|im_end|>'"]}
     misses = tiny.contract_misses(bad)
@@ -296,15 +306,24 @@ def test_build_keeps_training_then_fails_loudly(monkeypatch: pytest.MonkeyPatch)
     round's figures; a contract that holds stops after the recipe. A 2-step recipe keeps this fast."""
     tokenizer = tiny.build_tokenizer()
     recipe = tiny.TrainRecipe(steps=2, batch_size=2, warmup=1)
-    impossible = tiny.Contract(n_mass=2, n_greedy=1, floors=(("yesno", 1.01), ("choice", 0.0), ("option", 0.0), ("rating", 0.0)),
-                               max_rounds=2, extra_steps=1)
+    impossible = tiny.Contract(
+        n_mass=2,
+        n_greedy=1,
+        floors=(("yesno", 1.01), ("choice", 0.0), ("option", 0.0), ("rating", 0.0)),
+        max_rounds=2,
+        extra_steps=1,
+    )
     with tiny.deterministic(seed=1):
         model = tiny._init_qwen_moe(tokenizer)
         with pytest.raises(tiny.ContractError, match=r"after 2 extra rounds: mean yesno label mass .* < 1.01") as err:
             tiny.train_tiny(model, tokenizer, recipe, contract=impossible)
         assert str(err.value).count('"mass_yesno"') == 3  # the recipe, then each of the two rounds
-        trivial = tiny.Contract(n_mass=2, n_greedy=1, floors=(("yesno", 0.0), ("choice", 0.0), ("option", 0.0), ("rating", 0.0)),
-                                min_pair_mass=0.0)
+        trivial = tiny.Contract(
+            n_mass=2,
+            n_greedy=1,
+            floors=(("yesno", 0.0), ("choice", 0.0), ("option", 0.0), ("rating", 0.0)),
+            min_pair_mass=0.0,
+        )
         monkeypatch.setattr(tiny, "reply_in_format", lambda *a, **k: True)
         info = tiny.train_tiny(tiny._init_qwen_moe(tokenizer), tokenizer, recipe, contract=trivial)
     assert info["contract_rounds"] == 0 and info["train_steps"] == 2 and len(info["contract_history"]) == 1

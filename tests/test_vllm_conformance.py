@@ -357,7 +357,7 @@ def test_slot_temperature_on_smol_contains_one(engines):
 
 # ------------------------------------------------------------------ probe run: resume and shards
 def probe_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "probe.cli", *args]
+    return [sys.executable, "-m", "probe.app.cli", *args]
 
 
 def default_sigint() -> None:
@@ -385,7 +385,7 @@ def report_tables(run: Path) -> dict[str, pd.DataFrame]:
 @pytest.fixture(scope="module")
 def single_run(engines, tmp_path_factory):
     """The reference: one in-process ``probe run`` (it reuses the module's tiny LLM)."""
-    from probe.cli import main
+    from probe.app.cli import main
 
     engines("tiny")
     out = tmp_path_factory.mktemp("single") / "run"
@@ -407,7 +407,7 @@ def assert_same_run(run: Path, ref: Path) -> None:
 
 
 def test_a_sigkilled_run_resumes_to_the_same_tables(single_run, tmp_path):
-    from probe.cli import main
+    from probe.app.cli import main
     from probe.store import chunk_bounds
 
     out = tmp_path / "run"
@@ -441,7 +441,7 @@ def test_a_sigkilled_run_resumes_to_the_same_tables(single_run, tmp_path):
 
 
 def test_three_shards_merge_to_the_single_run(single_run, tmp_path):
-    from probe.cli import main
+    from probe.app.cli import main
 
     out = tmp_path / "sharded"
     for i in range(3):

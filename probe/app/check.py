@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engines.api_journal import JOURNAL, CallRecord, quarantine_path, quarantined_count, scan_lines
 from probe.lock import RunLock
 from probe.shards import find_shards
 from probe.store import RESULTS, RunStore
@@ -46,8 +47,6 @@ def check_run(root: Path) -> tuple[list[str], bool]:
 
 
 def _journal(store: RunStore) -> tuple[list[str], bool]:
-    from engines.api_journal import JOURNAL, CallRecord, quarantine_path, quarantined_count, scan_lines
-
     path = store.root / RESULTS / JOURNAL
     if not path.exists():
         return [], True

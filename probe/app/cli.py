@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engines import add_engine_arguments, make_engine
+from experiments import all_experiments, get_experiment
+from probe.app import importer, serve
+from probe.app.check import check_run
 from probe.errors import ProbeError
+from probe.shards import Shard, merge_shards
+from probe.types import Message, Trial
 
 EPILOG = """examples:
   probe run yesno --model tiny --out runs/yesno-tiny
@@ -23,10 +29,7 @@ EPILOG = """examples:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from engines import make_engine
-    from experiments import get_experiment
-    from probe.runner import run
-    from probe.shards import Shard
+    from probe.app.runner import run  # imports pandas
 
     exp = get_experiment(a.experiment)
     spec = exp.spec_from_args(a)
@@ -57,8 +60,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def plan_from_args(a: argparse.Namespace) -> Any:
-    """The :class:`~probe.runner.Plan` (what to collect) that ``probe run`` arguments ask for."""
-    from probe.runner import Plan
+    """The :class:`~probe.app.runner.Plan` (what to collect) that ``probe run`` arguments ask for."""
+    from probe.app.runner import Plan
 
     only = []
     for pair in a.sample_only or []:
@@ -83,9 +86,6 @@ def _warn_coverage(store: Any) -> None:
 
 
 def cmd_readout(a: argparse.Namespace) -> int:
-    from engines import make_engine
-    from probe.types import Message, Trial
-
     options = tuple(o for o in a.options.split(a.sep))
     if not a.options or any(not o for o in options):
         raise ValueError(f"--options needs non-empty options separated by {a.sep!r}, got {a.options!r}")
@@ -137,8 +137,6 @@ def cmd_readout(a: argparse.Namespace) -> int:
 
 
 def cmd_merge(a: argparse.Namespace) -> int:
-    from probe.shards import merge_shards
-
     store = merge_shards(Path(a.run))
     print(
         f"merged {len(store.manifest()['merged_from'])} shards into {store.root} ({store.manifest()['n_trials']} trials)"
@@ -163,8 +161,6 @@ def cmd_analyze(a: argparse.Namespace) -> int:
 
 
 def cmd_check(a: argparse.Namespace) -> int:
-    from probe.check import check_run
-
     lines, ok = check_run(Path(a.run))
     print("\n".join(lines))
     return 0 if ok else 1
@@ -198,9 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-
-    from engines import add_engine_arguments
-    from experiments import all_experiments
 
     r = sub.add_parser(
         "run",
@@ -343,11 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
     t.set_defaults(func=cmd_tiny)
-    from probe import coding, importer
+    from probe.app import coding  # imports pandas: loaded when the parser is built, not on `import probe.app.cli`
 
     coding.register(sub)
-    from probe import serve
-
     serve.register(sub)
     importer.register(sub)
     return p

@@ -57,6 +57,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from engines import add_loading_arguments, available_modules
+from experiments.judge import judge_engine
 from probe.errors import ProbeError
 from probe.files import atomic_write_parquet, atomic_write_text
 from probe.parse import split_reasoning
@@ -64,7 +66,7 @@ from probe.store import RunStore, canonical_json
 from probe.types import Message, Trial
 
 TASKS: tuple[str, ...] = ("followup", "compliance", "rationale")
-DATA = Path(__file__).resolve().parent.parent / "experiments" / "data"
+DATA = Path(__file__).resolve().parents[2] / "experiments" / "data"
 TAXONOMY_DIR = DATA / "taxonomies"
 VALIDATION_DIR = DATA / "validation"
 FOLLOWUP_CODES: tuple[str, ...] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
@@ -548,8 +550,6 @@ def make_coder(
     spec: str, args: argparse.Namespace | None = None, samples: int = 0, temperature: float | None = None
 ) -> Coder:
     """The judge for ``spec``: a logit judge when the engine reads logits and ``samples`` is 0, else a sampling judge."""
-    from probe.judge import judge_engine
-
     engine = judge_engine(spec, args)
     if samples == 0 and hasattr(engine, "readout"):
         return LogitCoder(engine, spec)
@@ -800,8 +800,6 @@ def judge_validation(
 # ================================================================ command line
 def _add_judge_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The engine flags that apply to a judge (the judge never thinks and takes no system prompt)."""
-    from engines import add_loading_arguments, available_modules
-
     g = p.add_argument_group("judge engine")
     g.add_argument(
         "--judge",

@@ -1,4 +1,4 @@
-"""The ``probe import`` and ``probe export-conditions`` verbs (the work is in :mod:`analysis.import_conditions`).
+"""The ``probe import`` and ``probe export-conditions`` verbs (the work is in :mod:`analysis.influence.imported`).
 
 Kept apart from the analysis module so building the CLI parser imports no pandas.
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 
 def cmd_import(a: argparse.Namespace) -> int:
-    from analysis.import_conditions import import_run
+    from analysis.influence.imported import import_run
 
     store, parsed = import_run(a.file, a.out)
     t = parsed.table
@@ -33,7 +33,7 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from analysis.import_conditions import export_conditions
+    from analysis.influence.imported import export_conditions
 
     frame = export_conditions(a.run, a.out)
     print(f"wrote {len(frame)} conditions of {a.run} to {a.out}")

@@ -1,6 +1,6 @@
 """Is a stored run the one a command line asks for? Answered without loading the model.
 
-A run's key hashes its identity (:func:`probe.runner.run`): the experiment,
+A run's key hashes its identity (:func:`probe.app.runner.run`): the experiment,
 its spec, the plan, the judge and the engine's identity. Most of that comes
 from the command line; only the model's fingerprint and loaded dtype need
 the model. A Slurm array task checks a shard folder before it starts
@@ -21,14 +21,16 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from engines import make_engine
+from experiments import get_experiment
+from probe.app.cli import build_parser, plan_from_args
+
 _FROM_THE_MODEL = ("dtype", "model_fingerprint")
 """Identity fields that only a loaded model knows; everything else is compared."""
 
 
 def parse_run_args(experiment: str, model: str, out: Path, run_args: Sequence[str]) -> argparse.Namespace:
     """The namespace ``probe run EXPERIMENT --model MODEL --out OUT RUN_ARGS...`` parses to."""
-    from probe.cli import build_parser
-
     return build_parser().parse_args(["run", experiment, "--model", model, "--out", str(out), *run_args])
 
 
@@ -38,10 +40,6 @@ def requested_identity(a: argparse.Namespace) -> dict[str, Any]:
     Keys are those of the stored ``identity`` (engine settings at top level,
     the judge as a sub-mapping); building the engine reads no model file.
     """
-    from engines import make_engine
-    from experiments import get_experiment
-    from probe.cli import plan_from_args
-
     exp = get_experiment(a.experiment)
     engine = make_engine(a)
     settings = getattr(engine, "settings", None)

@@ -81,7 +81,7 @@ def _installed_version(name: str) -> str | None:
 
 def project_commit() -> str | None:
     """The git commit of the project checkout (with ``-dirty`` if modified), if there is one."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if rev.returncode != 0:

@@ -26,6 +26,7 @@ import re
 import sys
 from pathlib import Path
 
+from probe.models import resolve_model
 from probe.models.gguf import SAMPLING
 
 
@@ -75,7 +76,6 @@ def transformers_exe() -> Path:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from probe.models import resolve_model
     from probe.tiny import cache_root
 
     ref = resolve_model(a.model)

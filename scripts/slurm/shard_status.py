@@ -4,7 +4,7 @@ The array task checks this before starting ``probe run``, so a resubmitted
 array skips finished shards without loading the model (loading a 30B model
 takes minutes; checking a folder takes milliseconds). Skipping is only safe
 for the same run: every part of the run key that the command line determines
-is compared with the folder's manifest (:mod:`probe.request`), so a changed
+is compared with the folder's manifest (:mod:`probe.app.request`), so a changed
 option or a changed N is refused by every task before any work instead of
 being answered with the old results.
 
@@ -55,7 +55,7 @@ def other_splits(folder: Path, count: int) -> list[str]:
 def status(folder: Path, experiment: str, model: str, run_args: list[str]) -> int:
     """COMPLETE or TODO for ``folder``; :class:`Refused` when it holds another run or sits beside another split."""
     from probe.errors import StoreError
-    from probe.request import identity_differences, parse_run_args, requested_identity
+    from probe.app.request import identity_differences, parse_run_args, requested_identity
     from probe.store import RunStore
 
     m = _SHARD.match(folder.name)
