@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import pandas as pd
-
+from analysis.common.report import report_files
+from probe.files import atomic_write_text
 from probe.panel import Panel, PanelError
-from probe.store import atomic_write_text
 
 
 def comparison_of(panel: Panel) -> tuple[str, object]:
@@ -72,53 +71,7 @@ def write_comparison(
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "panel.csv", panel.table().to_csv(index=False))
     func(panel, out, **options)  # type: ignore[operator]
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
-
-
-def panel_md(panel: Panel) -> list[str]:
-    """The Markdown lines describing the panel (one row per run)."""
-    lines = ["| name | model | reasoning | experiment | run |", "|---|---|---|---|---|"]
-    for r in panel.runs:
-        lines.append(f"| {r.name} | {r.model} | {'on' if r.reasoning else 'off'} | {r.experiment} | `{r.path}` |")
-    return lines
-
-
-def dropped_md(dropped: pd.DataFrame, n_shared: int, what: str = "items") -> list[str]:
-    """One sentence (and a short table) on the items matched and dropped across runs."""
-    if dropped.empty:
-        return [f"All runs hold the same {n_shared} {what}; nothing was dropped."]
-    per_run = dropped.groupby("run", sort=False)["item_id"].nunique()
-    lines = [
-        f"Runs were matched on the {n_shared} {what} they all hold; "
-        f"{dropped['item_id'].nunique()} {what} were dropped (listed in `dropped_items.csv`):",
-        "",
-        "| run | dropped | reason (first) |",
-        "|---|---|---|",
-    ]
-    for run, n in per_run.items():
-        first = dropped.loc[dropped["run"] == run, "reason"].iloc[0]
-        lines.append(f"| {run} | {n} | {first} |")
-    return lines
-
-
-def write_dropped(dropped: pd.DataFrame, out: Path) -> None:
-    atomic_write_text(out / "dropped_items.csv", dropped.to_csv(index=False))
-
-
-def md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}", index: bool = False) -> list[str]:
-    """A Markdown table (floats formatted with ``floatfmt``; NaN shown as a dash)."""
-    frame = df.reset_index() if index else df
-    cols = [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in frame.itertuples(index=False):
-        cells = []
-        for v in row:
-            if isinstance(v, float):
-                cells.append("–" if v != v else floatfmt.format(v))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return report_files(out)
 
 
 def runs_from_args(

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
-from analysis import yesno
-from analysis.frames import choice_probs, open_run
-from probe.store import RunStore, StoreError, atomic_write_text
-
-
-def _md_table(df: pd.DataFrame, floatfmt: str = "{:+.3f}") -> str:
-    cols = [df.index.name or "", *map(str, df.columns)]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for idx, row in df.iterrows():
-        cells = [floatfmt.format(v) if isinstance(v, float) else str(v) for v in row]
-        lines.append("| " + " | ".join([str(idx), *cells]) + " |")
-    return "\n".join(lines)
+from analysis.battery import yesno
+from analysis.common.frames import choice_probs, open_run
+from analysis.common.report import report_files, write_summary
+from analysis.common.tables import md_table
+from probe.errors import StoreError
+from probe.files import atomic_write_text
+from probe.store import RunStore
 
 
 def yesno_report(store: RunStore, out: Path) -> list[Path]:
@@ -70,7 +63,7 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
         "z = mean(2P - 1) is the story's stance; lexical = pull toward the",
         "word yes (negative: toward no); order = pull toward the first-printed option; apparent = lexical + order.",
         "",
-        _md_table(short),
+        md_table(short, "{:+.3f}", nan=None, index=True, iterrows=True),
         "",
     ]
     if dropped:
@@ -89,8 +82,8 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
             "",
         ]
         atomic_write_text(out / "yesno_salt_noise.csv", sd.to_frame().to_csv(float_format="%.6f"))
-    atomic_write_text(out / "summary.md", "\n".join(lines))
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+    write_summary(out, "\n".join(lines))
+    return report_files(out)
 
 
 def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
@@ -118,9 +111,9 @@ def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
 
 
 def append_checks(store: RunStore, out: Path) -> list[Path]:
-    """Append "What the numbers rest on" (:mod:`analysis.checks`) to ``summary.md``; write its CSV tables."""
-    from analysis import checks
-    from analysis.frames import trial_meta
+    """Append "What the numbers rest on" (:mod:`analysis.common.checks`) to ``summary.md``; write its CSV tables."""
+    from analysis.common import checks
+    from analysis.common.frames import trial_meta
 
     trials = store.trials()
     lines, tables = checks.checks_section(

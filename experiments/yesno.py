@@ -162,6 +162,6 @@ EXPERIMENTS = (
         spec_from_args=_spec_from_args,
         expand=expand,
         report=lazy("analysis.report:yesno_report"),
-        compare=lazy("analysis.compare_battery:compare_yesno"),
+        compare=lazy("analysis.battery.compare:compare_yesno"),
     ),
 )

@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.yesno import Dropped, p_cbr
+from analysis.battery.yesno import Dropped, p_cbr
 
 DESIGN = ("verb", "order", "mapping")
 """The columns whose combinations are the design cells of one label pair."""

@@ -132,7 +132,7 @@ def temperature_from_frames(readout_options: pd.DataFrame, sample_options: pd.Da
 
     ``readout_options`` needs ``trial_id, option, logprob`` (``RunStore.load("readout_options")``);
     ``sample_options`` needs ``trial_id, option, count`` (the first frame of
-    :func:`analysis.frames.sample_counts`). Trials are matched by id, so both
+    :func:`analysis.common.frames.sample_counts`). Trials are matched by id, so both
     runs must come from the same experiment spec.
     """
     for name, frame, cols in (
@@ -157,7 +157,7 @@ def temperature_from_frames(readout_options: pd.DataFrame, sample_options: pd.Da
 # Relative readout temperature and the calibration summary (paper 003, SI S4; battery analysis).
 # T is reported relative to the sampling temperature tau: T = fitted temperature / tau, so a sampler that
 # is faithful to its answer-slot logits gives T = 1 at any tau, and tau * T is the effective temperature
-# above. The decisiveness s of analysis/fit.py is a different number (temperature-free greedy readouts).
+# above. The decisiveness s of analysis/battery/fit.py is a different number (temperature-free greedy readouts).
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def calibration_table(
     """Per trial: the readout probability and the sampled frequency of the options that mean ``meaning``.
 
     ``readout_options`` needs ``trial_id, option, logprob``;
-    ``sample_options`` (first frame of :func:`analysis.frames.sample_counts`)
+    ``sample_options`` (first frame of :func:`analysis.common.frames.sample_counts`)
     needs ``trial_id, option, meaning, count``. The readout probability is
     ``softmax(logprob / temperature)`` over the trial's options (temperature 1
     gives the readout's own normalized probabilities). With ``meaning=None``
@@ -437,7 +437,7 @@ def calibrate_by_instrument(
     instrument has a CBR option (r and mad over trials' P(CBR)), else every
     option. ``rules``: :func:`sample_rules` of ``samples`` if already computed.
     """
-    from analysis.frames import count_samples
+    from analysis.common.frames import count_samples
 
     if rules is None:
         rules = sample_rules(samples, trials)

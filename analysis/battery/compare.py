@@ -20,7 +20,7 @@ set in every column), and then:
 * **human anchors** from a user CSV (:func:`load_humans`), beside the models,
   with the model-human agreement and the human framing shift;
 * **logit vs sampled**: a readout run and a sampled-only run of one model,
-  matched per trial: the readout temperature (:mod:`analysis.calibration`)
+  matched per trial: the readout temperature (:mod:`analysis.battery.calibration`)
   and the agreement of the cell-level quantities.
 
 A section that cannot be computed says why; the others still run.
@@ -37,11 +37,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.battery import Section
-from analysis.compare import dropped_md, md_table, panel_md, write_dropped
+from analysis.common.bootstrap import finite_ci, resample_index
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.report import (
+    Section,
+    dropped_md,
+    panel_md,
+    report_files,
+    run_sections,
+    write_dropped,
+    write_summary,
+)
+from analysis.common.tables import md_table
 from probe.errors import ProbeError
+from probe.files import atomic_write_text
 from probe.panel import Panel, PanelRun, shared_items
-from probe.store import RunStore, atomic_write_text
+from probe.store import RunStore
 
 N_BOOT = 2000
 SEED = 0
@@ -67,22 +78,22 @@ class RunData:
     has_readouts: bool
     has_samples: bool
     inc: pd.DataFrame | None = None
-    """Per shared item: theta, sigma_repro, ... (:func:`analysis.stance.incoherence`)."""
+    """Per shared item: theta, sigma_repro, ... (:func:`analysis.battery.stance.incoherence`)."""
     dec: pd.DataFrame | None = None
     """Per shared item: z, lexical, order, apparent (yes/no verb flip)."""
     logic: pd.Series | None = None
     """Per arbitrary label pair: the logical (verdict) pull, mean over shared items."""
     bt: pd.DataFrame | None = None
-    """Binary trials of the shared items (:func:`analysis.fit.binary_trials`)."""
+    """Binary trials of the shared items (:func:`analysis.battery.fit.binary_trials`)."""
     fits: pd.DataFrame | None = None
     joint: pd.DataFrame | None = None
-    """The joint (s, m) fit per label family (:func:`analysis.fit.fit_joints`), one row per (family, channel)."""
+    """The joint (s, m) fit per label family (:func:`analysis.battery.fit.fit_joints`), one row per (family, channel)."""
     why: dict[str, str] = field(default_factory=dict)
     """Quantity -> why it is missing for this run."""
     unfitted: tuple[Any, ...] = ()
-    """Channels the (s, m) fit could not fit on this run (:class:`analysis.fit.Unfitted`), with the reason."""
+    """Channels the (s, m) fit could not fit on this run (:class:`analysis.battery.fit.Unfitted`), with the reason."""
     dropped: list[Any] = field(default_factory=list)
-    """Stories a table left out for an empty cell (:class:`analysis.yesno.Dropped`): label map, (s, m) fit."""
+    """Stories a table left out for an empty cell (:class:`analysis.battery.yesno.Dropped`): label map, (s, m) fit."""
 
     @property
     def name(self) -> str:
@@ -95,13 +106,13 @@ class RunData:
 
 def load_run(run: PanelRun) -> RunData:
     """Read one run's option probabilities (readouts, else sampled frequencies) and trial factors."""
-    from analysis.frames import readouts
+    from analysis.common.frames import readouts
 
     store = run.store()
     trials = store.trials()
     has_readouts = not store.load("readout_options").empty
     samples = _samples(store)
-    if has_readouts:  # the same choice as analysis.frames.choice_probs: readouts when the run has them
+    if has_readouts:  # the same choice as analysis.common.frames.choice_probs: readouts when the run has them
         opts, per_trial = readouts(store)
         source = "readout"
     elif not samples.empty:
@@ -130,7 +141,7 @@ def _samples(store: RunStore) -> pd.DataFrame:
 
 
 def _count(samples: pd.DataFrame, trials: Sequence[Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from analysis.frames import count_samples
+    from analysis.common.frames import count_samples
 
     ids = set(samples["trial_id"])
     return count_samples(samples, [t for t in trials if t.trial_id in ids])
@@ -140,10 +151,10 @@ def verbflip_cells(per_trial: pd.DataFrame, options: pd.DataFrame, battery: bool
     """Per item: mean P(CBR) in the four (CBR-relative verb x printed order) cells of the Yes/No family.
 
     Battery trials carry the CBR-relative verb already (trial contract); plain
-    yes/no trials get it from the option meanings (:func:`analysis.yesno.with_cbr_verb`).
+    yes/no trials get it from the option meanings (:func:`analysis.battery.yesno.with_cbr_verb`).
     Replicate 0 only, forms averaged within each cell.
     """
-    from analysis.yesno import cell_table, p_cbr, with_cbr_verb
+    from analysis.battery.yesno import cell_table, p_cbr, with_cbr_verb
 
     if battery:
         if "instrument" not in per_trial.columns:
@@ -160,9 +171,9 @@ def verbflip_cells(per_trial: pd.DataFrame, options: pd.DataFrame, battery: bool
 
 def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed: int = SEED) -> RunData:
     """Fill in theta / incoherence, the decomposition, the logical pull and (s, m) on ``items`` only."""
-    from analysis import fit, stance
-    from analysis.binary import cell_events, incomplete_stories, projections
-    from analysis.yesno import decompose
+    from analysis.battery import fit, stance
+    from analysis.battery.binary import cell_events, incomplete_stories, projections
+    from analysis.battery.yesno import decompose
 
     keep = set(items)
     per = d.per_trial[d.per_trial["item_id"].isin(keep)]
@@ -306,24 +317,8 @@ def load_humans(path: str | Path) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------ statistics
-def boot_index(n: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
-    """Resampled item positions, shape (n_boot, n): the one draw every paired statistic of a section shares."""
-    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-
-
-def percentile_ci(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """The percentile interval of 1-d bootstrap replicates as floats (NaN replicates ignored; all NaN: NaN)."""
-    from analysis.influence_stats import percentile_ci as ci
-
-    v = np.asarray(values, dtype=float)
-    if not np.isfinite(v).any():
-        return float("nan"), float("nan")
-    lo, hi = ci(v[np.isfinite(v)], alpha=1 - level)
-    return float(lo), float(hi)
-
-
 def g_of(theta: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-    """G = Var(theta) / (Var(theta) + mean sigma^2) along the last axis (ddof 1), as in :mod:`analysis.stance`."""
+    """G = Var(theta) / (Var(theta) + mean sigma^2) along the last axis (ddof 1), as in :mod:`analysis.battery.stance`."""
     var = np.var(theta, axis=-1, ddof=1)
     denom = var + np.mean(sigma**2, axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -337,8 +332,8 @@ def mad_ci(a: pd.Series, b: pd.Series, *, n_boot: int = N_BOOT, seed: int = SEED
     diff = (df["a"] - df["b"]).abs().to_numpy(float)
     if len(diff) == 0:
         return float("nan"), float("nan"), float("nan"), 0
-    boots = diff[boot_index(len(diff), n_boot, seed)].mean(axis=1)
-    lo, hi = percentile_ci(boots)
+    boots = diff[resample_index(len(diff), n_boot, seed)].mean(axis=1)
+    lo, hi = finite_ci(boots)
     return float(diff.mean()), lo, hi, len(diff)
 
 
@@ -502,7 +497,7 @@ def matching_section(c: Context, out: Path) -> Section:
 
 def models_section(c: Context, out: Path) -> Section:
     """Per run on the shared items: stance, incoherence, G (with CI), decomposition and the logical pull."""
-    from analysis import stance
+    from analysis.battery import stance
 
     rows, files = {}, []
     long = []
@@ -527,9 +522,9 @@ def models_section(c: Context, out: Path) -> Section:
                     sigma_tot=pooled.sigma_tot,
                 )
             if len(inc) >= 2:
-                idx = boot_index(len(inc), c.n_boot, c.seed)
+                idx = resample_index(len(inc), c.n_boot, c.seed)
                 row["G"] = float(g_of(th, sg))
-                row["G_lo"], row["G_hi"] = percentile_ci(g_of(th[idx], sg[idx]))
+                row["G_lo"], row["G_hi"] = finite_ci(g_of(th[idx], sg[idx]))
             long.append(d.inc.assign(run=name).reset_index())
         if d.dec is not None:
             for k in ("z", "order", "lexical", "apparent"):
@@ -551,7 +546,7 @@ def models_section(c: Context, out: Path) -> Section:
         "the logical (verdict-attached) pull with the fully arbitrary A/B labels, on which the paper rests "
         "identification (every pair: the battery report's label map).",
         "",
-        *md_table(table, "{:+.3f}", index=True),
+        md_table(table.reset_index(), "{:+.3f}", nan="–"),
     ]
     missing = [f"- {n}: {k}: {why}" for n, d in c.runs.items() for k, why in d.why.items() if k != "fit"]
     if missing:
@@ -597,7 +592,7 @@ def fits_section(c: Context, out: Path) -> Section:
         f"items (theta from I-1 of the same run); {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} resamples, "
         f"seed {c.seed}). clip_limited: read only the ranking of m.",
         "",
-        *md_table(table, "{:+.3f}"),
+        md_table(table, "{:+.3f}", nan="–"),
     ]
     skipped = [f"- {n}: {d.why['fit']}" for n, d in c.runs.items() if d.fits is None and "fit" in d.why]
     skipped += [f"- {n}: {u.channel}: {u.why}" for n, d in c.runs.items() for u in d.unfitted]
@@ -623,7 +618,7 @@ def fits_section(c: Context, out: Path) -> Section:
             "per-channel s above averages each side over the other channels' offsets and so reads high when another "
             "channel has one; the joint s does not.",
             "",
-            *md_table(show, "{:+.3f}"),
+            md_table(show, "{:+.3f}", nan="–"),
         ]
     return Section("Framing susceptibility m and decisiveness s", lines, files)
 
@@ -676,7 +671,7 @@ def agreement_section(c: Context, out: Path) -> Section:
         f"Pearson r^2 of theta between runs over the {len(theta)} shared dilemmas with theta in every run "
         "(`agreement_r.csv` keeps the sign):",
         "",
-        *md_table(r2, "{:.3f}", index=True),
+        md_table(r2.reset_index(), "{:.3f}", nan="–"),
         "",
         f"Consensus ordering: the raw mean theta over the reference runs ({', '.join(reference)}: {rule}), as "
         "the paper's frontier-mean consensus; rank 1 = most cost-benefit. Disagreement: the SD across all runs of "
@@ -684,18 +679,18 @@ def agreement_section(c: Context, out: Path) -> Section:
         "",
         "Outlier items (largest disagreement):",
         "",
-        *md_table(top[["rank", "consensus", "disagreement"]], "{:+.3f}", index=True),
+        md_table(top[["rank", "consensus", "disagreement"]].reset_index(), "{:+.3f}", nan="–"),
         "",
         "Outlier models (lowest mean r with the other runs first); consensus_r2: the consensus-alignment r^2 "
         "(leave-one-out for a reference run):",
         "",
-        *md_table(worst, "{:+.3f}", index=True),
+        md_table(worst.reset_index(), "{:+.3f}", nan="–"),
         "",
         "Mean r^2 summaries (the paper's Table S2; descriptive, no CI): mean pairwise r^2 of per-item theta within "
         "the reference set and with the human anchor (human 2P - 1 where given, else the rating), and the same for "
         "the runs outside the set; per run in `agreement_r2_by_run.csv`:",
         "",
-        *md_table(s2_groups, "{:.3f}", index=True),
+        md_table(s2_groups.reset_index(), "{:.3f}", nan="–"),
     ]
     return Section("Agreement of the item ordering across runs", lines, files)
 
@@ -707,7 +702,7 @@ NUMERICAL_ZERO = 1e-6
 
 def _boot_fit(th: np.ndarray, pp: np.ndarray, pm: np.ndarray, idx: np.ndarray, x0: tuple[float, float]) -> np.ndarray:
     """(s, m) refitted on every resample (rows of ``idx``); NaN rows where the fit did not converge."""
-    from analysis.fit import refit_resamples
+    from analysis.battery.fit import refit_resamples
 
     boots, ok = refit_resamples(th, pp, pm, idx, x0)
     boots[~ok] = np.nan
@@ -723,12 +718,12 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
 
     Rows: ``sigma_repro`` (mean over items), ``G``, per channel fitted in
     both runs ``|m|``, ``m`` and ``s`` (both runs refitted on each resample),
-    and per label family the joint fit (:func:`analysis.fit.fit_joint`):
+    and per label family the joint fit (:func:`analysis.battery.fit.fit_joint`):
     ``s`` with channel ``joint:<family>``, ``abs_m`` and ``m`` with channel
     ``joint:<family>:<channel>``. Items: those with theta and sigma_repro
     (and, for a channel or family, its cells) in both runs.
     """
-    from analysis import fit
+    from analysis.battery import fit
 
     if off.inc is None or on.inc is None:
         raise ValueError("needs theta and sigma_repro (the graded instrument) in both runs")
@@ -741,7 +736,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
 
     def add(q: str, ch: str, v_off: float, v_on: float, on_minus_off: np.ndarray, n: int) -> None:
         d_boot = -on_minus_off  # reported off - on, as the paper writes it
-        lo, hi = percentile_ci(d_boot)
+        lo, hi = finite_ci(d_boot)
         rows.append(
             {
                 "quantity": q,
@@ -760,7 +755,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
 
     sa, sb = a.loc[items, "sigma_repro"].to_numpy(float), b.loc[items, "sigma_repro"].to_numpy(float)
     ta, tb = a.loc[items, "theta"].to_numpy(float), b.loc[items, "theta"].to_numpy(float)
-    idx = boot_index(len(items), n_boot, seed)
+    idx = resample_index(len(items), n_boot, seed)
     add("sigma_repro", "", float(sa.mean()), float(sb.mean()), sb[idx].mean(1) - sa[idx].mean(1), len(items))
     add("G", "", float(g_of(ta, sa)), float(g_of(tb, sb)), g_of(tb[idx], sb[idx]) - g_of(ta[idx], sa[idx]), len(items))
     if off.bt is None or on.bt is None:
@@ -778,7 +773,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
             th = inc.loc[common, "theta"].to_numpy(float)
             pp, pm = sides.loc[common, "p_plus"].to_numpy(float), sides.loc[common, "p_minus"].to_numpy(float)
             point = fit.fit_channel(inc.loc[common, "theta"], sides.loc[common], n_boot=0)
-            boots = _boot_fit(th, pp, pm, boot_index(len(common), n_boot, seed), (point.s, point.m))
+            boots = _boot_fit(th, pp, pm, resample_index(len(common), n_boot, seed), (point.s, point.m))
             arrays.append((point, boots))
         (pa, ba), (pb, bb) = arrays
         n = len(common)
@@ -798,7 +793,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
         for data in (ja.subset(common), jb.subset(common)):
             jfit = fit.fit_joint_data(data, n_boot=0)
             jboots, ok = fit.refit_joint_resamples(
-                data, boot_index(len(common), n_boot, seed), np.array([jfit.s, *jfit.m])
+                data, resample_index(len(common), n_boot, seed), np.array([jfit.s, *jfit.m])
             )
             jboots[~ok] = np.nan
             joint.append((jfit, jboots))
@@ -850,7 +845,7 @@ def deliberation_section(c: Context, out: Path) -> Section:
             "over them), so a change of s that shows per channel but not in the joint s is that artefact (e.g. a "
             "smaller m_order making the lexical s look smaller), not a change of decisiveness.",
             "",
-            *md_table(show, "{:+.3f}"),
+            md_table(show, "{:+.3f}", nan="–"),
             *(["", *lines] if lines else []),
         ]
     return Section("Deliberation: reasoning off - on", lines, files)
@@ -885,7 +880,7 @@ def humans_section(c: Context, out: Path) -> Section:
                     continue
                 by_item[f"{name} ({quantity})"] = model.reindex(by_item.index)
                 try:
-                    from analysis.stance import pearson_ci
+                    from analysis.battery.stance import pearson_ci
 
                     r = pearson_ci(model, per_item[measure], n_boot=c.n_boot, seed=c.seed)
                     row.update(r=r.r, r_lo=r.lo, r_hi=r.hi, r2=r.r**2)
@@ -912,7 +907,7 @@ def humans_section(c: Context, out: Path) -> Section:
         "(row model = z). "
         f"r: Pearson with a {LEVEL:.0%} percentile bootstrap over items; mean |diff| with the same bootstrap.",
         "",
-        *md_table(table, "{:+.3f}"),
+        md_table(table, "{:+.3f}", nan="–"),
     ]
     if "p_cbr" in h["measure"].values and h["n"].notna().any():
         pc = h[(h["measure"] == "p_cbr") & h["n"].notna()]
@@ -931,7 +926,7 @@ def humans_section(c: Context, out: Path) -> Section:
             "Framing shift of the human sample: per measure, the mean over items of (value in the frame - value in "
             "the reference frame, the first in the file), with a bootstrap CI over items:",
             "",
-            *md_table(shift, "{:+.3f}"),
+            md_table(shift, "{:+.3f}", nan="–"),
         ]
     return Section(title, lines, files)
 
@@ -950,7 +945,7 @@ def framing_shift(h: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED) ->
             d = (wide[fr] - wide[ref]).dropna().to_numpy(float)
             if len(d) == 0:
                 continue
-            lo, hi = percentile_ci(d[boot_index(len(d), n_boot, seed)].mean(axis=1))
+            lo, hi = finite_ci(d[resample_index(len(d), n_boot, seed)].mean(axis=1))
             rows.append(
                 {
                     "measure": measure,
@@ -987,8 +982,8 @@ def logit_sampled_pairs(runs: Sequence[RunData]) -> list[tuple[RunData, RunData]
 
 def cell_quantities(options: pd.DataFrame, per_trial: pd.DataFrame, source: str) -> pd.DataFrame:
     """Per item: z, lexical and order of the yes/no verb flip, and theta where graded trials are present."""
-    from analysis import stance
-    from analysis.yesno import decompose
+    from analysis.battery import stance
+    from analysis.battery.yesno import decompose
 
     parts = []
     with contextlib.suppress(ValueError):
@@ -1012,7 +1007,7 @@ def cell_quantities(options: pd.DataFrame, per_trial: pd.DataFrame, source: str)
 
 def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataFrame]:
     """The readout temperature of (readout run r, sampled run s) and the agreement of the cell-level quantities."""
-    from analysis.calibration import calibrate
+    from analysis.battery.calibration import calibrate
 
     tau = float(s.manifest.get("plan", {}).get("temperature", 1.0))
     if not tau > 0:
@@ -1098,12 +1093,12 @@ def logit_sampled_section(c: Context, out: Path) -> Section:
             "softmax(logits / tau)); r_trial and mad_trial compare the readout P(CBR) with the sampled frequency per "
             "trial (mad_trial_tempered after re-tempering the readout at the fitted T).",
             "",
-            *md_table(ht, "{:.3f}"),
+            md_table(ht, "{:.3f}", nan="–"),
             "",
             "Cell-level quantities per item, readout vs sampled (z, lexical, order of the yes/no verb flip; theta "
             "pooled over replicates):",
             "",
-            *md_table(ct, "{:+.3f}"),
+            md_table(ct, "{:+.3f}", nan="–"),
         ]
     return Section(title, lines + (["", *notes] if notes else []), files)
 
@@ -1124,35 +1119,31 @@ def planted_section(c: Context, out: Path) -> Section:
     r2.index.name = "run"
     return Section(
         "Planted vs recovered (synthetic subjects)",
-        ["r^2 of the planted thetas (compare with the recovered matrix above):", "", *md_table(r2, "{:.3f}", True)],
+        [
+            "r^2 of the planted thetas (compare with the recovered matrix above):",
+            "",
+            md_table(r2.reset_index(), "{:.3f}", nan="–"),
+        ],
         [_csv(r2, out / "planted_r2.csv")],
     )
 
 
 # ------------------------------------------------------------------ figures
-def _plt() -> Any:
-    from analysis.plots import _plt
-
-    return _plt()
-
-
-def _grid(n: int, width: float = 3.6, height: float = 3.2) -> tuple[Any, Any, list[Any]]:
-    plt = _plt()
+def _grid(n: int, width: float = 3.6, height: float = 3.2) -> tuple[Any, list[Any]]:
+    plt = pyplot()
     cols = min(n, 4)
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     flat = [ax for row in axes for ax in row]
     for ax in flat[n:]:
         ax.set_visible(False)
-    return plt, fig, flat[:n]
+    return fig, flat[:n]
 
 
-def _save(plt: Any, fig: Any, path: Path, title: str) -> Path:
+def _save(fig: Any, path: Path, title: str) -> Path:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def _item_order(c: Context) -> list[str]:
@@ -1166,7 +1157,7 @@ def _item_order(c: Context) -> list[str]:
 def _stance_figure(c: Context, path: Path) -> Path:
     runs = [(n, d) for n, d in c.runs.items() if d.inc is not None]
     order = _item_order(c)
-    plt, fig, axes = _grid(len(runs), 3.4, 0.2 * len(order) + 1.4)
+    fig, axes = _grid(len(runs), 3.4, 0.2 * len(order) + 1.4)
     for ax, (name, d) in zip(axes, runs, strict=True):
         assert d.inc is not None
         inc = d.inc.reindex(order)
@@ -1176,14 +1167,14 @@ def _stance_figure(c: Context, path: Path) -> Path:
         ax.set_xlim(-1.05, 1.05)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("theta (bars: sigma_repro)", fontsize=8)
-    return _save(plt, fig, path, "Stance theta per dilemma, items in consensus order")
+    return _save(fig, path, "Stance theta per dilemma, items in consensus order")
 
 
 def _decomposition_figure(c: Context, path: Path) -> Path:
     runs = [(n, d) for n, d in c.runs.items() if d.dec is not None]
     order = [i for i in _item_order(c) if all(d.dec is not None and i in d.dec.index for _, d in runs)]
     order = order or [str(i) for i in runs[0][1].dec.index]  # type: ignore[union-attr]
-    plt, fig, axes = _grid(len(runs), 4.2, 3.2)
+    fig, axes = _grid(len(runs), 4.2, 3.2)
     x = np.arange(len(order))
     for ax, (name, d) in zip(axes, runs, strict=True):
         assert d.dec is not None
@@ -1195,12 +1186,12 @@ def _decomposition_figure(c: Context, path: Path) -> Path:
         ax.set_ylim(-1.05, 1.05)
         ax.set_title(name, fontsize=9)
     axes[0].legend(fontsize=6)
-    return _save(plt, fig, path, "Yes/no bias decomposition per dilemma (apparent = order + lexical)")
+    return _save(fig, path, "Yes/no bias decomposition per dilemma (apparent = order + lexical)")
 
 
 def _fit_figure(table: pd.DataFrame, path: Path) -> Path:
     channels = list(dict.fromkeys(table["channel"]))
-    plt, fig, axes = _grid(len(channels), 4.0, 0.35 * table["run"].nunique() + 1.6)
+    fig, axes = _grid(len(channels), 4.0, 0.35 * table["run"].nunique() + 1.6)
     runs = list(dict.fromkeys(table["run"]))
     for ax, ch in zip(axes, channels, strict=True):
         t = table[table["channel"] == ch].set_index("run").reindex(runs)
@@ -1214,11 +1205,11 @@ def _fit_figure(table: pd.DataFrame, path: Path) -> Path:
         ax.set_title(f"{ch}: m (s in labels)", fontsize=9)
         for k, (_, row) in enumerate(t.iterrows()):
             ax.annotate(f"s={row['s']:.2f}", (row["m"], k), textcoords="offset points", xytext=(4, 4), fontsize=6)
-    return _save(plt, fig, path, "Framing susceptibility m per channel and run (s printed beside)")
+    return _save(fig, path, "Framing susceptibility m per channel and run (s printed beside)")
 
 
 def _heatmap(r2: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     n = len(r2)
     fig, ax = plt.subplots(figsize=(1.0 * n + 2.5, 0.8 * n + 2))
     im = ax.imshow(r2.to_numpy(float), vmin=0, vmax=1, cmap="viridis")
@@ -1231,8 +1222,7 @@ def _heatmap(r2: pd.DataFrame, path: Path) -> Path:
     fig.colorbar(im, ax=ax, label="r^2 of theta")
     ax.set_title("Agreement of the item ordering (r^2 of theta)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -1240,7 +1230,7 @@ def _deliberation_figure(table: pd.DataFrame, out: Path) -> Path:
     models = list(dict.fromkeys(table["model"]))
     labels = [f"{q} {ch}".strip() for q, ch in zip(table["quantity"], table["channel"], strict=True)]
     table = table.assign(label=labels)
-    plt, fig, axes = _grid(len(models), 4.4, 0.3 * table.groupby("model").size().max() + 1.5)
+    fig, axes = _grid(len(models), 4.4, 0.3 * table.groupby("model").size().max() + 1.5)
     for ax, m in zip(axes, models, strict=True):
         t = table[table["model"] == m]
         y = np.arange(len(t))
@@ -1251,7 +1241,7 @@ def _deliberation_figure(table: pd.DataFrame, out: Path) -> Path:
         ax.axvline(0, color="black", lw=0.7)
         ax.set_title(str(m), fontsize=9)
         ax.set_xlabel("off - on (95% CI)", fontsize=8)
-    return _save(plt, fig, out / "fig_deliberation.png", "Deliberation effects: reasoning off minus on")
+    return _save(fig, out / "fig_deliberation.png", "Deliberation effects: reasoning off minus on")
 
 
 def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, c: Context, path: Path) -> Path:
@@ -1261,7 +1251,7 @@ def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, c: Context, pa
             col = f"{name} ({HUMAN_VS[measure]})"
             if col in by_item.columns:
                 panels.append((name, measure, col))
-    plt, fig, axes = _grid(max(len(panels), 1), 3.2, 3.1)
+    fig, axes = _grid(max(len(panels), 1), 3.2, 3.1)
     for ax, (name, measure, col) in zip(axes, panels, strict=False):
         ax.scatter(by_item[f"humans_{measure}"], by_item[col], s=12)
         ax.plot([-1, 1], [-1, 1], color="grey", lw=0.8, ls="--")
@@ -1269,7 +1259,7 @@ def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, c: Context, pa
         ax.set_xlabel(f"humans ({measure}, stance axis)", fontsize=8)
         ax.set_ylabel(f"{name}: {HUMAN_VS[measure]}", fontsize=8)
         ax.set_title(name, fontsize=9)
-    return _save(plt, fig, path, "Models against the human anchors")
+    return _save(fig, path, "Models against the human anchors")
 
 
 # ------------------------------------------------------------------ entry points
@@ -1305,19 +1295,6 @@ def _context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     return c
 
 
-def _run_sections(c: Context, sections: Sequence[Callable[[Context, Path], Section]], out: Path) -> list[str]:
-    body: list[str] = []
-    for make in sections:
-        try:
-            s = make(c, out)
-        except ValueError as e:  # a section that cannot be computed says why; the others still run
-            name = make.__name__.replace("_section", "").replace("_", " ")
-            s = Section(name.capitalize(), [f"Not computed: {e}"], [])
-        if s.lines:
-            body += [f"## {s.title}", "", *s.lines, ""]
-    return body
-
-
 def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
     """Write the battery comparison of ``panel`` into ``out`` (CSV, ``summary.md``, PNG); returns the files."""
     out = Path(out)
@@ -1330,14 +1307,14 @@ def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int 
         "- spreads (sigma_repro, disagreement) are descriptive; CIs are percentile bootstraps over items",
         "",
     ]
-    body = _run_sections(c, SECTIONS, out)
-    atomic_write_text(out / "summary.md", "\n".join(head + body))
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+    body, _ = run_sections(SECTIONS, c, out)
+    write_summary(out, "\n".join(head + body))
+    return report_files(out)
 
 
 # ------------------------------------------------------------------ yes/no
 def yesno_cells_section(c: Context, out: Path) -> Section:
-    from analysis.yesno import decompose
+    from analysis.battery.yesno import decompose
 
     parts: list[pd.DataFrame] = []
     summary: dict[str, dict[str, Any]] = {}
@@ -1360,7 +1337,7 @@ def yesno_cells_section(c: Context, out: Path) -> Section:
         "(`yesno_cells.csv`), and the decomposition; the table shows the means over items "
         "(z = mean 2P - 1; lexical: pull toward yes; order: pull toward the first-printed option).",
         "",
-        *md_table(table, "{:+.3f}", index=True),
+        md_table(table.reset_index(), "{:+.3f}", nan="–"),
     ]
     for name, d in c.runs.items():
         d.dec = long[long["run"] == name].set_index("item_id")[["z", "lexical", "order", "apparent"]]
@@ -1376,9 +1353,9 @@ def yesno_agreement_section(c: Context, out: Path) -> Section:
     lines = [
         f"Pearson r^2 of the story stance z between runs ({len(z)} dilemmas); consensus = the mean z over the runs:",
         "",
-        *md_table(r2, "{:.3f}", index=True),
+        md_table(r2.reset_index(), "{:.3f}", nan="–"),
         "",
-        *md_table(per_run, "{:+.3f}", index=True),
+        md_table(per_run.reset_index(), "{:+.3f}", nan="–"),
     ]
     return Section("Agreement of the item ordering (z)", lines, files)
 
@@ -1393,8 +1370,7 @@ def compare_yesno(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = 
         raise ValueError("the runs share no dilemma")
     c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
     head = [f"# Yes/no battery: comparison of {len(panel.runs)} runs", "", f"- {len(shared)} shared dilemmas", ""]
-    body = _run_sections(
-        c, [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section], out
-    )
-    atomic_write_text(out / "summary.md", "\n".join(head + body))
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+    sections = [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section]
+    body, _ = run_sections(sections, c, out)
+    write_summary(out, "\n".join(head + body))
+    return report_files(out)

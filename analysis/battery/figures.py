@@ -1,4 +1,4 @@
-"""Figures as small functions: data in, PNG out (matplotlib's Agg backend, no display)."""
+"""The battery's figures as small functions: data in, PNG out (through :mod:`analysis.common.figures`)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-
-def _plt():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from analysis.common.figures import pyplot, save_figure
 
 
 def stance_bars(df: pd.DataFrame, value: str, err: str | None, path: Path, title: str, xlabel: str) -> Path:
     """Horizontal bars of one value per item (sorted), with optional error bars."""
-    plt = _plt()
+    plt = pyplot()
     d = df.sort_values(value)
     fig, ax = plt.subplots(figsize=(7, 0.28 * len(d) + 1.2))
     xerr = d[err].to_numpy() if err and err in d else None
@@ -31,14 +24,13 @@ def stance_bars(df: pd.DataFrame, value: str, err: str | None, path: Path, title
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path
 
 
 def grouped_bars(df: pd.DataFrame, columns: Sequence[str], path: Path, title: str, ylabel: str) -> Path:
     """Bars of several columns per row (e.g. order / lexical / apparent per item or per label pair)."""
-    plt = _plt()
+    plt = pyplot()
     n, k = len(df), len(columns)
     width = 0.8 / max(k, 1)
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * n + 2), 3.6))
@@ -51,8 +43,7 @@ def grouped_bars(df: pd.DataFrame, columns: Sequence[str], path: Path, title: st
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path
 
 
@@ -66,7 +57,7 @@ def scatter_xy(
     diagonal: bool = True,
     curve: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.4, 4.2))
     ax.scatter(x, y, s=14, alpha=0.8)
     if diagonal:
@@ -79,6 +70,5 @@ def scatter_xy(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path

@@ -49,7 +49,8 @@ import pandas as pd
 from scipy.optimize import least_squares
 from scipy.special import expit
 
-from analysis.yesno import Dropped, empty_cells, p_cbr
+from analysis.battery.yesno import Dropped, empty_cells, p_cbr
+from analysis.common.bootstrap import quantile_ci, resample_index
 
 SIDES: dict[str, str] = {
     "order": "cbr_first",
@@ -63,7 +64,7 @@ FAMILY: dict[str, str | None] = {"order": "yesno", "lexical": "yesno", "logic": 
 IDENTIFYING_PAIRS: tuple[str, ...] = ("A/B",)
 """The label pairs the logic and label channels are measured on by default: the paper rests identification
 on the fully arbitrary A/B alone ("The identification claim rests on the fully arbitrary family"); the
-other arbitrary pairs (1/2, $/%, the valenced +/-) are reported per pair by :mod:`analysis.binary`."""
+other arbitrary pairs (1/2, $/%, the valenced +/-) are reported per pair by :mod:`analysis.battery.binary`."""
 LABELS: dict[str, tuple[str, ...] | None] = {
     "order": None,
     "lexical": None,
@@ -465,15 +466,14 @@ def fit_channel(
     frac_sat = float(np.mean((stacked < clip) | (stacked > 1 - clip)))
 
     failed = 0
-    alpha = (1 - level) / 2
     s_lo = s_hi = m_lo = m_hi = float("nan")
     if n_boot:
-        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+        idx = resample_index(n, n_boot, seed)
         boots, ok_b = refit_resamples(th, pp, pm, idx, (s, m))
         failed = int((~ok_b).sum())
         if ok_b.any():
             kept = boots[ok_b]
-            (s_lo, s_hi), (m_lo, m_hi) = (np.quantile(kept[:, k], [alpha, 1 - alpha]) for k in range(2))
+            (s_lo, s_hi), (m_lo, m_hi) = (quantile_ci(kept[:, k], level) for k in range(2))
     return ChannelFit(
         channel=channel,
         s=s,
@@ -900,12 +900,11 @@ def fit_joint_data(
     failed = 0
     lo_q = hi_q = np.full(1 + n_ch, np.nan)
     if n_boot:
-        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+        idx = resample_index(n, n_boot, seed)
         boots, ok_b = refit_joint_resamples(data, idx, x)
         failed = int((~ok_b).sum())
         if ok_b.any():
-            alpha = (1 - level) / 2
-            lo_q, hi_q = np.quantile(boots[ok_b], [alpha, 1 - alpha], axis=0)
+            lo_q, hi_q = quantile_ci(boots[ok_b], level, axis=0)
     at_bound = x[0] <= S_BOUNDS[0] * 1.01 or x[0] >= S_BOUNDS[1] * 0.99 or bool(np.any(np.abs(x[1:]) >= M_BOUND * 0.99))
     return JointFit(
         family=data.family,

@@ -17,11 +17,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import plots
-from analysis.binary import cell_events, incomplete_stories, lexicality_gradient, projections
-from analysis.frames import choice_probs, trial_meta
-from analysis.yesno import CELLS, Dropped, decompose
-from probe.store import RunStore, atomic_write_text
+from analysis.battery import figures
+from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
+from analysis.battery.yesno import CELLS, Dropped, decompose
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.frames import choice_probs, trial_meta
+from analysis.common.report import Section, run_sections, write_summary
+from analysis.common.tables import md_table
+from probe.files import atomic_write_text
+from probe.store import RunStore
 
 
 @dataclass
@@ -45,27 +49,6 @@ class Frames:
         if "instrument" not in self.per_trial:
             return self.per_trial.iloc[0:0]
         return self.per_trial[self.per_trial["instrument"] == name]
-
-
-@dataclass
-class Section:
-    title: str
-    lines: list[str]
-    files: list[Path]
-
-
-def md_table(df: pd.DataFrame, fmt: str = "{:+.3f}") -> str:
-    cols = [str(df.index.name or ""), *map(str, df.columns)]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for idx, row in df.iterrows():
-        cells = []
-        for v in row:
-            if isinstance(v, float | np.floating):
-                cells.append("" if np.isnan(v) else fmt.format(v))
-            else:
-                cells.append(str(v))
-        out.append("| " + " | ".join([str(idx), *cells]) + " |")
-    return "\n".join(out)
 
 
 def _with_mean(df: pd.DataFrame) -> pd.DataFrame:
@@ -102,7 +85,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
         return Section(
             "Forced binary, yes/no verb flip (I-3)", ["Not in this run (instrument binary, labels Yes/No)."], []
         )
-    from analysis.yesno import empty_cells, p_cbr
+    from analysis.battery.yesno import empty_cells, p_cbr
 
     df = b.join(p_cbr(f.options), on="trial_id")
     cells = df.groupby(["item_id", "verb", "order"])["p_cbr"].mean().unstack(["verb", "order"])
@@ -117,7 +100,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     dec = decompose(cells)
     f.results["z"] = dec["z"]
     f.results["verbflip"] = dec
-    from analysis.yesno import form_decomposition, i3_incoherence, parity_split, story_mean_ci, trial_variance
+    from analysis.battery.yesno import form_decomposition, i3_incoherence, parity_split, story_mean_ci, trial_variance
 
     yn = f.instrument("binary")
     yn = yn[yn["labels"] == "Yes/No"].assign(cbr_verb=lambda d: d["verb"])
@@ -136,7 +119,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     atomic_write_text(out / "binary_verbflip.csv", table.to_csv(float_format="%.6f"))
     ci = story_mean_ci(dec[["z", "lexical", "order", "apparent"]], n_boot=2000, seed=0)
     f.results["verbflip_ci"] = ci
-    fig = plots.grouped_bars(
+    fig = figures.grouped_bars(
         _with_mean(dec[["order", "lexical", "apparent"]]),
         ["order", "lexical", "apparent"],
         out / "fig_bias_decomposition.png",
@@ -155,12 +138,12 @@ def verbflip_section(f: Frames, out: Path) -> Section:
         "the per-form value across the wording forms (Fig. 3's error bars, descriptive); the two form-parity "
         "subsets (even / odd forms in corpus order) are in `binary_form_parity.csv`.",
         "",
-        md_table(short),
+        md_table(short, "{:+.3f}", index=True, iterrows=True),
         "",
         f"Story-averaged, 95% percentile bootstrap over dilemmas (2000 resamples, seed 0): {ci_line}.",
     ]
     if f.source == "samples":
-        from analysis.yesno import resampling_diagnostics
+        from analysis.battery.yesno import resampling_diagnostics
 
         with contextlib.suppress(ValueError):
             rs = resampling_diagnostics(yn, f.options)
@@ -177,9 +160,9 @@ def verbflip_section(f: Frames, out: Path) -> Section:
 
 def labelmap_section(f: Frames, out: Path) -> Section:
     """Order / logic / label projections per label pair, and the lexicality gradient of the label pull (Figs. 5-6)."""
-    from analysis import fit
-    from analysis.binary import label_pull
-    from analysis.yesno import story_mean_ci
+    from analysis.battery import fit
+    from analysis.battery.binary import label_pull
+    from analysis.battery.yesno import story_mean_ci
     from experiments.battery import load_corpus
 
     b = f.instrument("binary")
@@ -226,7 +209,7 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     by_pair.index.name = "label pair"
     atomic_write_text(out / "binary_labelmap.csv", pulls.to_csv(float_format="%.6f"))
     atomic_write_text(out / "binary_label_gradient.csv", by_pair.to_csv(float_format="%.6f"))
-    fig = plots.grouped_bars(
+    fig = figures.grouped_bars(
         by_pair[["order", "label_pull"]].rename(columns={"label_pull": "label pull"}),
         ["order", "label pull"],
         out / "fig_label_gradient.png",
@@ -257,7 +240,7 @@ def labelmap_section(f: Frames, out: Path) -> Section:
         "fit (order, logic, label; theta from I-1); n = stories with every cell of the pair usable. Lexicality: 0 "
         "non-lexical, 1 mark, 2 word.",
         "",
-        md_table(show),
+        md_table(show, "{:+.3f}", index=True, iterrows=True),
         "",
         f"Lexicality contrast (mean |label pull| on word pairs minus non-lexical pairs): {contrast:+.3f} (descriptive)"
         + (
@@ -298,8 +281,8 @@ def choice_section(f: Frames, out: Path) -> Section:
     j = f.judgments
     if j.empty:
         return Section("Free choice (I-2)", ["Not in this run (instrument choice, or no judge)."], [])
-    from analysis import stance
-    from analysis.yesno import story_mean_ci
+    from analysis.battery import stance
+    from analysis.battery.yesno import story_mean_ci
 
     cols = ["item_id", "framing", "order", "replicate"]
     meta = f.meta[f.meta["instrument"] == "choice"].set_index("trial_id")[cols]
@@ -319,7 +302,7 @@ def choice_section(f: Frames, out: Path) -> Section:
         "(as I-1's; sigma_raw uncorrected; descriptive); order = pull toward the first-printed course (negative: "
         "toward the last). Transcripts: the run's `generations` table.",
         "",
-        md_table(_with_mean(per_item)),
+        md_table(_with_mean(per_item), "{:+.3f}", index=True, iterrows=True),
         "",
         f"I-2 order bias, story-averaged: {order_ci['mean']:+.3f} [{order_ci['lo']:+.3f}, {order_ci['hi']:+.3f}] "
         "(95% percentile bootstrap over dilemmas, 2000 resamples, seed 0).",
@@ -329,7 +312,7 @@ def choice_section(f: Frames, out: Path) -> Section:
 
 def graded_section(f: Frames, out: Path) -> Section:
     """I-1: theta per dilemma, its cross-form incoherence and components, G, the bipolar contrast, the salt floor."""
-    from analysis import stance
+    from analysis.battery import stance
 
     g = f.instrument("graded")
     if g.empty:
@@ -358,7 +341,7 @@ def graded_section(f: Frames, out: Path) -> Section:
     f.results["incoherence"] = inc
     table.index.name = "dilemma"
     atomic_write_text(out / "graded_theta.csv", table.to_csv(float_format="%.6f"))
-    fig = plots.stance_bars(
+    fig = figures.stance_bars(
         table,
         "theta",
         "sigma_repro",
@@ -371,7 +354,7 @@ def graded_section(f: Frames, out: Path) -> Section:
         "theta_mode from each form's most likely value). sigma_repro = sampling-corrected cross-form spread; "
         "sigma_dir (anchor direction) and sigma_scale (scale, wording, pole) add in quadrature.",
         "",
-        md_table(_with_mean(table.drop(columns=["n_forms"]))),
+        md_table(_with_mean(table.drop(columns=["n_forms"])), "{:+.3f}", index=True, iterrows=True),
         "",
         f"Generalizability G = {gen.G:.3f} (Var_items(theta) = {gen.var_items:.4f}, mean sigma_repro^2 = "
         f"{gen.mean_sigma2:.4f}, {gen.n_items} items)."
@@ -429,7 +412,7 @@ def graded_section(f: Frames, out: Path) -> Section:
 
 def fit_section(f: Frames, out: Path) -> Section:
     """The (s, m) fit per bias channel, with theta from I-1, and its bowtie / ridge figure."""
-    from analysis import fit
+    from analysis.battery import fit
 
     th = f.results.get("theta")
     b = f.instrument("binary")
@@ -470,7 +453,7 @@ def fit_section(f: Frames, out: Path) -> Section:
         f"measured on {', '.join(fit.IDENTIFYING_PAIRS)} alone, as the paper rests identification on it (every "
         "pair: the label map).",
         "",
-        md_table(show, fmt="{:+.3f}"),
+        md_table(show, "{:+.3f}", index=True, iterrows=True),
         *_unidentified_lines({str(ch): str(why) for ch, why in fits["unidentified"].items()}),
         *(
             ["", "Each channel is fitted on its own complete stories; a channel that cannot be:", *not_fitted]
@@ -517,7 +500,7 @@ def _joint_lines(joint: pd.DataFrame) -> list[str]:
         "channels' offsets, which flattens it, so its s absorbs them (reads high when another channel has an offset); "
         "the joint fit has one s for the family and each m adjusted for the others.",
         "",
-        md_table(show, fmt="{:+.3f}"),
+        md_table(show, "{:+.3f}", index=True, iterrows=True),
         *_unidentified_lines(dict(zip(joint["family"].astype(str), why, strict=True))),
     ]
     notes = joint[joint["note"].fillna("") != ""] if "note" in joint.columns else joint.iloc[0:0]
@@ -527,9 +510,9 @@ def _joint_lines(joint: pd.DataFrame) -> list[str]:
 
 
 def _bowtie_figure(sides: dict[str, pd.DataFrame], fits: pd.DataFrame, path: Path) -> Path:
-    from analysis.fit import predict
+    from analysis.battery.fit import predict
 
-    plt = plots._plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(sides), figsize=(4 * len(sides), 7), squeeze=False)
     grid = np.linspace(-1, 1, 201)
     for j, (ch, d) in enumerate(sides.items()):
@@ -544,14 +527,13 @@ def _bowtie_figure(sides: dict[str, pd.DataFrame], fits: pd.DataFrame, path: Pat
         ax.plot(grid, pp - pm, color="#c44e52")
         ax.set(title=f"{ch}: ridge", xlabel="theta (I-1)", ylabel="bias p+ - p-")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
 def calibration_section(f: Frames, out: Path) -> Section:
     """Readout temperature T per instrument (at the slot and on all parsed answers), parse rules, beside s."""
-    from analysis.calibration import (
+    from analysis.battery.calibration import (
         POOLED,
         calibrate_by_instrument,
         calibration_table,
@@ -559,7 +541,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
         sample_rules,
         temperature_table,
     )
-    from analysis.frames import count_samples
+    from analysis.common.frames import count_samples
 
     if f.samples.empty:
         return Section("Readout temperature", ["Needs --samples N (and readouts, from a logit engine)."], [])
@@ -572,7 +554,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
         "sentence is exactly one option (an answer at the slot); stated: a last line 'Answer: X'; standalone: one "
         "option found anywhere in the reply; refusal; invalid: none of these.",
         "",
-        md_table(counts),
+        md_table(counts, "{:+.3f}", index=True, iterrows=True),
     ]
     if counts["disagree"].sum():
         rule_lines += [
@@ -612,7 +594,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
     head_cal = by[(head, "all")].calibration
     if head_cal is not None:
         ptable = calibration_table(f.readout_options, sopts, meaning="cbr" if "cbr" in set(sopts["meaning"]) else None)
-        fig = plots.scatter_xy(
+        fig = figures.scatter_xy(
             ptable["p_readout"].to_numpy(),
             ptable["p_sampled"].to_numpy(),
             out / "fig_calibration.png",
@@ -644,7 +626,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
     for col in ("n_samples", "n_trials", "n_trials_r"):
         show[col] = show[col].map(lambda v: "" if pd.isna(v) else str(int(v)))
     show["note"] = show["note"].fillna("")
-    lines += ["", md_table(show, fmt="{:.3f}")]
+    lines += ["", md_table(show, "{:.3f}", index=True, iterrows=True)]
     for r in rows:
         if r.answers == "slot" and r.excludes_one and r.calibration is not None:
             c = r.calibration
@@ -662,7 +644,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
 
 def validity_section(f: Frames, out: Path) -> Section:
     """Convergent validity: I-2 and I-3 stances against theta, I-2 against the binary stance z (Pearson r, CI)."""
-    from analysis.stance import correlation_blocker, pearson_ci
+    from analysis.battery.stance import correlation_blocker, pearson_ci
 
     th = f.results.get("theta")
     if th is None:
@@ -698,7 +680,7 @@ def planted_section(f: Frames, out: Path) -> Section:
     eng = f.manifest.get("engine", {})
     if eng.get("engine") != "sim":
         return Section("Planted vs recovered", [], [])
-    from analysis.fit import IDENTIFYING_PAIRS
+    from analysis.battery.fit import IDENTIFYING_PAIRS
     from engines.sim import SimParams
 
     params = SimParams(**eng["params"])
@@ -760,7 +742,7 @@ def planted_section(f: Frames, out: Path) -> Section:
     table = pd.DataFrame(rows).T
     if len(table):
         table.index.name = "channel"
-        lines += ["", md_table(table), ""]
+        lines += ["", md_table(table, "{:+.3f}", index=True, iterrows=True), ""]
         atomic_write_text(out / "planted_vs_recovered.csv", table.to_csv())
     lines.append(f"- readout temperature planted T = {params.T:g} (recovered: see Readout temperature)")
     return Section(
@@ -828,20 +810,5 @@ def battery_report(store: RunStore, out: Path) -> list[Path]:
         "- error bars: incoherence spreads are descriptive; CIs are percentile bootstraps over items (inferential)",
         "",
     ]
-    files: list[Path] = []
-    body: list[str] = []
-    for make in SECTIONS:
-        try:
-            s = make(f, out)
-        except ValueError as e:  # a section that cannot be computed says why; the others still run
-            title = (make.__doc__ or make.__name__).strip().splitlines()[0]
-            s = Section(
-                make.__name__.replace("_section", "").replace("_", " ").capitalize(),
-                [f"Not computed ({title}): {e}"],
-                [],
-            )
-        if s.lines:
-            body += [f"## {s.title}", "", *s.lines, ""]
-        files += s.files
-    atomic_write_text(out / "summary.md", "\n".join(head + body))
-    return [out / "summary.md", *files]
+    body, files = run_sections(SECTIONS, f, out, why=True)
+    return [write_summary(out, "\n".join(head + body)), *files]

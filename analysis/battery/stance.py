@@ -24,7 +24,7 @@ the other). So a trial's answer distribution is a distribution over ``x``:
 
 Also the salt floor (within-form SD under salts vs between-form SD) and the
 convergent-validity helpers. All functions are pure and take tidy frames as
-returned by :mod:`analysis.frames`.
+returned by :mod:`analysis.common.frames`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.common.bootstrap import quantile_ci, resample_index
+
 FORM = ("scale", "wording", "anchor", "pole")
 """The factors that make a graded form (condition)."""
 Source = Literal["readout", "samples"]
@@ -48,7 +50,7 @@ Replicates = Literal["unsalted", "pooled"]
 def graded_trials(options: pd.DataFrame, per_trial: pd.DataFrame, source: Source) -> pd.DataFrame:
     """Per graded trial: mean and mode stance, the distribution's variance and the sampling variance of the mean.
 
-    ``options``/``per_trial`` are what :func:`analysis.frames.choice_probs`
+    ``options``/``per_trial`` are what :func:`analysis.common.frames.choice_probs`
     returns and ``source`` is its third value: ``readout`` (exact answer-slot
     probabilities; the mean is exact, ``var_mean = 0``) or ``samples``
     (``count`` per option; ``var_mean`` = the unbiased variance of the draws
@@ -584,15 +586,14 @@ def pearson_ci(a: pd.Series, b: pd.Series, *, n_boot: int = 2000, seed: int = 0,
         raise ValueError(f"a correlation needs at least 3 items present in both series, got {n}")
     x, y = df["a"].to_numpy(float), df["b"].to_numpy(float)
     res = stats.pearsonr(x, y)
-    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    idx = resample_index(n, n_boot, seed)
     xb, yb = x[idx], y[idx]
     xc = xb - xb.mean(axis=1, keepdims=True)
     yc = yb - yb.mean(axis=1, keepdims=True)
     den = np.sqrt((xc**2).sum(axis=1) * (yc**2).sum(axis=1))
     ok = den > 0
     rb = (xc * yc).sum(axis=1)[ok] / den[ok]
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(rb, [alpha, 1 - alpha]) if len(rb) else (np.nan, np.nan)
+    lo, hi = quantile_ci(rb, level) if len(rb) else (np.nan, np.nan)
     return Correlation(
         r=float(res.statistic),
         lo=float(lo),

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.common.bootstrap import quantile_ci, resample_index
+
 CELLS = [("approve", "yes_first"), ("approve", "no_first"), ("oppose", "yes_first"), ("oppose", "no_first")]
 
 
@@ -166,15 +168,13 @@ def story_mean_ci(values: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0, le
         raise ValueError(f"level must be in (0, 1), got {level}")
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    alpha = (1 - level) / 2
     rows = {}
     for col in values.columns:
         x = values[col].dropna().to_numpy(float)
         if len(x) == 0:
             rows[col] = {"mean": np.nan, "lo": np.nan, "hi": np.nan, "n": 0}
             continue
-        idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
-        lo, hi = np.quantile(x[idx].mean(axis=1), [alpha, 1 - alpha])
+        lo, hi = quantile_ci(x[resample_index(len(x), n_boot, seed)].mean(axis=1), level)
         rows[col] = {"mean": float(x.mean()), "lo": float(lo), "hi": float(hi), "n": len(x)}
     return pd.DataFrame.from_dict(rows, orient="index")
 
@@ -235,7 +235,7 @@ def form_decomposition(
 def i3_incoherence(forms: pd.DataFrame, quantities: Sequence[str] = ("z", "lexical", "order")) -> pd.DataFrame:
     """Per item, for each I-3 quantity: ``sigma_<q> = sqrt(max(0, Var_forms(q_f) - mean Var_samp))`` (Fig. 3's bars).
 
-    The same Gauge R&R correction as I-1's sigma_repro (:func:`analysis.stance.incoherence`)
+    The same Gauge R&R correction as I-1's sigma_repro (:func:`analysis.battery.stance.incoherence`)
     on the per-form values of :func:`form_decomposition`; ``n_forms`` counts
     them. Forms without a sampling variance are left out of its mean.
     """
@@ -299,7 +299,7 @@ def resampling_diagnostics(per_trial: pd.DataFrame, options: pd.DataFrame) -> Re
 
     ``per_trial`` needs ``item_id``, ``form``, ``cbr_verb``, ``order``,
     ``replicate``; ``options`` the sampled frequencies with ``n_ok``
-    (:func:`analysis.frames.count_samples`). The within-form variance is the
+    (:func:`analysis.common.frames.count_samples`). The within-form variance is the
     unbiased variance of one draw, ``n p (1 - p) / (n - 1)``, averaged over
     cells with >= 2 parsed draws.
     """

@@ -297,7 +297,7 @@ def checks_section(
     has_text = {"trial_id", "text", "option", "status"} <= set(samples.columns)
     parsed = samples[samples["trial_id"].isin(options)] if has_text else samples.iloc[0:0]
     if not parsed.empty:  # every sampled report: which parse rule decided each answer (issue 27 F)
-        from analysis.calibration import rule_count_line
+        from analysis.battery.calibration import rule_count_line
 
         inst = meta["instrument"] if "instrument" in meta.columns else pd.Series("all", index=meta.index)
         groups = {str(t): "other" if pd.isna(g) else str(g) for t, g in zip(meta["trial_id"], inst, strict=True)}

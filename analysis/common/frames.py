@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from probe.store import RunStore, StoreError, find_shards
+from probe.errors import StoreError
+from probe.shards import find_shards
+from probe.store import RunStore
 from probe.types import Trial
 
 

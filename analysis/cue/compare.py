@@ -3,7 +3,7 @@
 ``probe compare`` on ``cue`` runs writes:
 
 1. **Matched items.** Runs are matched on the dilemmas they all hold; the
-   decision-bias and gap tables of each run (:func:`analysis.cue.decision_bias`,
+   decision-bias and gap tables of each run (:func:`analysis.cue.metrics.decision_bias`,
    greedy decisions by default (the paper's temperature 0; ``decision="expected"``
    is the option), eligible denominators) are computed on those.
 2. **Rankings.** Per run, the macro net bias (mean over gender and race groups)
@@ -14,7 +14,7 @@
    robust to hiding the label). Kendall's tau-b between the rankings, with
    scipy's p-value (exact for small panels without ties).
 3. **Sign tests across models** of the Gap, Delta Against and Delta Favor per
-   group (:func:`analysis.cue.sign_tests`).
+   group (:func:`analysis.cue.metrics.sign_tests`).
 4. **Gap against model attributes**: a user table (``--attributes`` CSV,
    column ``model`` matching a run's display name or its model, numeric
    columns); when every run has identity checks, the derived
@@ -40,7 +40,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.cue import Decision
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.report import report_files, write_summary
+from analysis.common.tables import md_table
+from analysis.cue.metrics import Decision
 from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
 
 N_BOOT = 1000
@@ -62,7 +65,7 @@ class CueRun:
 
 def run_frames(run: PanelRun) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(options, per_trial) of a cue run, as every cue analysis reads them."""
-    from analysis.frames import choice_probs
+    from analysis.common.frames import choice_probs
 
     options, per_trial, _ = choice_probs(open_store(run))
     return options, per_trial
@@ -79,7 +82,7 @@ def run_tables(
     decision: Decision = "greedy",
 ) -> CueRun:
     """Bias, gap and solve-rate tables of one run restricted to ``items``."""
-    from analysis import cue
+    from analysis.cue import metrics as cue
 
     keep = set(items)
     pt = per_trial[per_trial["item_id"].isin(keep)]
@@ -126,7 +129,7 @@ def _macro(frame: pd.DataFrame, arm: str, cons: str) -> pd.Series:
 
 def model_table(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
     """One row per run: macro net under Direct and under ``arm``, the deltas and the Gap, with bootstrap SDs."""
-    from analysis.cue import REFERENCE
+    from analysis.cue.metrics import REFERENCE
 
     rows = []
     for r in runs:
@@ -187,7 +190,7 @@ def kendall(table: pd.DataFrame) -> pd.DataFrame:
 
 def group_sign_tests(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
     """Sign tests across runs of Gap, Delta Against and Delta Favor, per group (and the macro row)."""
-    from analysis.cue import sign_tests, stack_models
+    from analysis.cue.metrics import sign_tests, stack_models
 
     per_model = stack_models({r.run.name: r.gap[(r.gap["arm"] == arm) & (r.gap["consequences"] == cons)] for r in runs})
     parts = [sign_tests(per_model, value=v).assign(value=v) for v in ("gap", "d_against", "d_favor")]
@@ -196,7 +199,7 @@ def group_sign_tests(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFram
 
 def net_by_group(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
     """Long table: per run and group, net under Direct and under ``arm``, and the gap."""
-    from analysis.cue import REFERENCE
+    from analysis.cue.metrics import REFERENCE
 
     rows = []
     for r in runs:
@@ -428,8 +431,8 @@ def compare_cue(
     panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy"
 ) -> list[Path]:
     """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
-    from analysis.compare import write_dropped
-    from probe.store import atomic_write_text
+    from analysis.common.report import write_dropped
+    from probe.files import atomic_write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -449,18 +452,13 @@ def compare_cue(
             atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
     write_dropped(res.dropped, out)
     figures = _figures(res, out)
-    atomic_write_text(out / "summary.md", _summary_md(panel, res, n_boot, [p.name for p in figures]))
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+    write_summary(out, _summary_md(panel, res, n_boot, [p.name for p in figures]))
+    return report_files(out)
 
 
 # ---------------------------------------------------------------------------- figures
 def _figures(res: CueComparison, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from analysis.compare_influence import _save
+    plt = pyplot()
 
     paths = []
     m = res.models
@@ -475,7 +473,7 @@ def _figures(res: CueComparison, out: Path) -> list[Path]:
     ax.set_ylabel("macro net bias (pp)")
     ax.set_title(f"net bias per model ({res.consequences} consequences); crossing lines = rank changes", fontsize=8)
     fig.tight_layout()
-    paths.append(_save(fig, out / "fig_cue_rankings.png"))
+    paths.append(save_figure(fig, out / "fig_cue_rankings.png", dpi=110))
     if res.attributes is not None and res.ols is not None:
         cols = [c for c in res.attributes.columns if c != "name"]
         data = m[["name", "gap"]].merge(res.attributes, on="name", how="left")
@@ -492,7 +490,7 @@ def _figures(res: CueComparison, out: Path) -> list[Path]:
             ax.set_xlabel(col)
             ax.set_ylabel("Gap (pp)")
         fig.tight_layout()
-        paths.append(_save(fig, out / "fig_cue_gap_vs_attributes.png"))
+        paths.append(save_figure(fig, out / "fig_cue_gap_vs_attributes.png", dpi=110))
     return paths
 
 
@@ -505,7 +503,7 @@ def _pp_frame(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
 
 
 def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence[str]) -> str:
-    from analysis.compare import dropped_md, md_table, panel_md
+    from analysis.common.report import dropped_md, panel_md
 
     pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
     lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]
@@ -542,19 +540,21 @@ def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence
         "rank_gap",
     ]
     avg = _pp_frame(average_row(res.models), list(AVERAGED))
-    lines += [*md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}"), ""]
+    lines += [md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}", nan="–"), ""]
     lines += [
         "Average: the mean over the runs (the paper's Average rows); per group in `cue_average_by_group.csv`.",
         "",
     ]
     lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
-    lines += [*md_table(res.kendall), ""]
+    lines += [md_table(res.kendall, nan="–"), ""]
     lines += [
         "## Sign tests across models",
         "",
         "Per group: how many runs shift each way (positive Gap / ΔAgainst = adverse shift), two-sided binomial p.",
         "",
-        *md_table(res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]]),
+        md_table(
+            res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]], nan="–"
+        ),
         "",
     ]
     lines += ["## Gap against model attributes", ""]
@@ -574,7 +574,7 @@ def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence
                 else ""
             ),
             "",
-            *md_table(res.ols),
+            md_table(res.ols, nan="–"),
             "",
         ]
         if "puzzle_solve_rate" in (res.attributes.columns if res.attributes is not None else []):

@@ -15,7 +15,7 @@ Pipeline (each step a pure function on frames; :func:`influence_report` chains t
    three arms enter a condition, so the three frequencies compare the same
    prompts.
 4. :func:`condition_table`: ``f_c(B)``, ``Delta_d``, ``s(d)``, Asym, N-Asym,
-   baseline bias and the tests (:mod:`analysis.influence_stats`), with
+   baseline bias and the tests (:mod:`analysis.influence.stats`), with
    cluster-bootstrap CIs (items resampled within their stratum). Sampled
    runs are tested on counts (binomial, two-proportion z, Wald); logit runs
    have no counts, so their tests are z tests on the bootstrap standard error
@@ -35,16 +35,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis import influence_flags as flags
-from analysis import influence_stats as st
-from analysis.frames import choice_probs, open_run
-from probe.store import RunStore, atomic_write_text
+from analysis.common.bootstrap import cluster_weights, percentile_ci
+from analysis.common.frames import choice_probs
+from analysis.influence import flags
+from analysis.influence import stats as st
+from probe.store import RunStore
 
 COND: tuple[str, ...] = ("pair", "influence", "variant", "kind", "position", "bracket")
 """The columns that make a condition within one run (the model is the run)."""
@@ -63,10 +63,10 @@ def trial_cells(store: RunStore) -> tuple[pd.DataFrame, str]:
 
     Also ``p_first``, the probability (share of parsed answers) of the option printed first, and
     ``first_label``, that option's printed label (for the per-order readouts of
-    :mod:`analysis.influence_flags`).
+    :mod:`analysis.influence.flags`).
 
     Returns (cells, source) where source is ``readout`` or ``samples`` (as
-    :func:`analysis.frames.choice_probs` decides).
+    :func:`analysis.common.frames.choice_probs` decides).
     """
     opts, per_trial, source = choice_probs(store)
     need = {"group_a", "group_b", "direction", *COND}
@@ -216,7 +216,7 @@ def condition_table(
         raise ValueError(f"n_boot must be >= 2, got {n_boot}")
     n, k = ct.n.sum(axis=2), ct.k.sum(axis=2)
     est = metrics(n, k, cc)
-    w = st.bootstrap_weights(ct.strata, n_boot, np.random.default_rng(seed))
+    w = cluster_weights(ct.strata, n_boot, np.random.default_rng(seed))
     reps = metrics(np.einsum("bj,cij->cbi", w, ct.n), np.einsum("bj,cij->cbi", w, ct.k), cc)
     t = ct.conditions.copy()
     t["n_items"] = (ct.n[0] > 0).sum(axis=1)
@@ -227,7 +227,7 @@ def condition_table(
         t[key] = v
     se = {key: st.nan_sd(reps[key]) for key in _CI_COLS}
     for key in _CI_COLS:
-        lo, hi = st.percentile_ci(reps[key])
+        lo, hi = percentile_ci(reps[key])
         t[f"{key}_lo"], t[f"{key}_hi"] = lo, hi
         t[f"{key}_se"] = se[key]
     _, var, _, p_wald = st.wald_asym(k[0], n[0], k[1], n[1], k[2], n[2], cc)
@@ -322,7 +322,7 @@ def summary_by(cond: pd.DataFrame, by: str | Sequence[str], alpha: float = ALPHA
     ``|x|`` columns average absolute values; ``steer`` is the mean signed s
     toward the cue's target; ``sig`` is the share of effects (condition x
     direction) with a significant Delta, ``practical`` (beside it) the share with
-    |Delta| >= :data:`analysis.influence_flags.PRACTICAL_SHIFT`, ``bf_of_sig`` the
+    |Delta| >= :data:`analysis.influence.flags.PRACTICAL_SHIFT`, ``bf_of_sig`` the
     share of significant effects that backfire.
     """
     keys = [by] if isinstance(by, str) else list(by)
@@ -360,7 +360,7 @@ def _mean_abs_delta(cond: pd.DataFrame, reps: np.ndarray | None, mask: np.ndarra
     if reps is None:
         return point, math.nan, math.nan
     per_rep = np.nanmean(np.abs(reps[:, mask, :]).reshape(reps.shape[0], -1), axis=1)
-    lo, hi = st.percentile_ci(per_rep)
+    lo, hi = percentile_ci(per_rep)
     return point, float(lo), float(hi)
 
 
@@ -373,10 +373,10 @@ def cluster_bootstrap_mean(
     uniq = list(dict.fromkeys(labels.tolist()))
     sums = np.array([np.nansum(v[labels == u]) for u in uniq])
     counts = np.array([np.sum(~np.isnan(v[labels == u])) for u in uniq])
-    w = st.bootstrap_weights(["all"] * len(uniq), n_boot, np.random.default_rng(seed))
+    w = cluster_weights(["all"] * len(uniq), n_boot, np.random.default_rng(seed))
     with np.errstate(invalid="ignore", divide="ignore"):
         reps = (w @ sums) / (w @ counts)
-    lo, hi = st.percentile_ci(reps)
+    lo, hi = percentile_ci(reps)
     return float(np.nansum(sums) / np.sum(counts)), float(lo), float(hi)
 
 
@@ -620,6 +620,14 @@ def panel_tables(cond: pd.DataFrame, alpha: float = ALPHA) -> dict[str, pd.DataF
 
 
 # ========================================================================== report
+
+
+def _names(values: pd.Series) -> str:
+    """The group names a pair's side takes (BBQ pairs can mix several per side)."""
+    uniq = list(dict.fromkeys(values))
+    return "/".join(uniq) if len(uniq) <= 3 else f"{len(uniq)} groups"
+
+
 @dataclass(frozen=True)
 class Audit:
     """Everything the report shows for one run."""
@@ -670,248 +678,3 @@ def analyze(store: RunStore, benchmark: str, *, n_boot: int = N_BOOT, seed: int 
         noise=noise_floor(raw),
         flips=flip_rates(raw) if benchmark == "dd" else None,
     )
-
-
-def _names(values: pd.Series) -> str:
-    """The group names a pair's side takes (BBQ pairs can mix several per side)."""
-    uniq = list(dict.fromkeys(values))
-    return "/".join(uniq) if len(uniq) <= 3 else f"{len(uniq)} groups"
-
-
-def _fmt(v: object) -> str:
-    if isinstance(v, (bool, np.bool_)):
-        return "yes" if v else "no"
-    if isinstance(v, (int, np.integer)):
-        return str(v)
-    if isinstance(v, (float, np.floating)):
-        if math.isnan(v):
-            return "n/a"
-        return f"{v:.3f}"
-    return str(v)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def md_table(df: pd.DataFrame) -> str:
-    """A Markdown table of a frame (no index), numbers to three decimals."""
-    cols = [_cell(str(c)) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False, name=None):
-        lines.append("| " + " | ".join(_cell(_fmt(v)) for v in row) + " |")
-    return "\n".join(lines)
-
-
-def _figures(audit: Audit, out: Path, max_pairs: int = 12) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    c = audit.conditions
-    for i, (pair, g) in enumerate(c.groupby("pair", sort=False)):
-        if i >= max_pairs:
-            break
-        g = g.reset_index(drop=True)
-        places = g.groupby("influence")[["position", "bracket"]].apply(lambda x: len(x.drop_duplicates()))
-        labels = [  # the place is shown only where the user crossed several
-            r.influence
-            + ("" if r.variant == "cue" else f" ({r.variant})")
-            + (f" @{r.position}/{r.bracket}" if places[r.influence] > 1 else "")
-            for r in g.itertuples()
-        ]
-        height = 0.4 * len(g) + 1.6
-        fig, ax = plt.subplots(figsize=(7, height))
-        y = np.arange(len(g))[::-1]
-        ax.hlines(y, g["fA_B"], g["fB_B"], color="0.75", lw=2, zorder=1)
-        ax.scatter(g["fA_B"], y, marker="<", color="tab:blue", label="cue toward A: f_A(B)", zorder=2)
-        ax.scatter(g["f0_B"], y, marker="|", s=200, color="black", label="no cue: f_0(B)", zorder=3)
-        ax.scatter(g["fB_B"], y, marker=">", color="tab:orange", label="cue toward B: f_B(B)", zorder=2)
-        ax.axvline(0.5, color="0.85", lw=1, ls="--", zorder=0)
-        ax.set_yticks(y, labels)
-        ax.set_ylim(-0.7, len(g) - 0.3)
-        ax.set_xlim(-0.02, 1.02)
-        ax.set_xlabel(f"share choosing B ({g['group_b'].iloc[0]}) over A ({g['group_a'].iloc[0]})")
-        ax.set_title(f"{BENCHMARKS[audit.benchmark]}: {pair}")
-        fig.legend(loc="lower center", ncol=3, fontsize=7, frameon=False)
-        fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
-        path = out / f"fig_conditions_{i:02d}_{_slug(pair)}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    main = c[c["variant"] == "cue"]
-    if len(main):
-        fig, ax = plt.subplots(figsize=(5, 5))
-        for infl, g in main.groupby("influence", sort=False):
-            ax.scatter(g["s_A"], g["s_B"], label=infl, s=18)
-        lim = float(np.nanmax(np.abs(main[["s_A", "s_B"]].to_numpy()))) * 1.1 or 1.0
-        ax.plot([-lim, lim], [-lim, lim], color="0.7", lw=1, ls="--")
-        ax.axhline(0, color="0.85", lw=1)
-        ax.axvline(0, color="0.85", lw=1)
-        ax.set_xlim(-lim, lim)
-        ax.set_ylim(-lim, lim)
-        ax.set_xlabel("s(A): steerability toward A (log-odds)")
-        ax.set_ylabel("s(B): steerability toward B (log-odds)")
-        ax.set_title("above the diagonal: easier to steer toward B")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / "fig_steerability.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in text)[:40]
-
-
-_SHOW = ["pair", "influence", "n_items", "f0_B", "fA_B", "fB_B", "delta_A", "delta_B", "s_A", "s_B", "asym"]
-
-
-def influence_report(
-    store: RunStore | str | Path, out: Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED
-) -> list[Path]:
-    """Write the influence audit report of one run: CSV tables, ``summary.md`` and PNG figures."""
-    store = open_run(store)
-    audit = analyze(store, benchmark, n_boot=n_boot, seed=seed)
-    out.mkdir(parents=True, exist_ok=True)
-    c = audit.conditions
-    main = c[c["variant"] == "cue"]
-    tables: dict[str, pd.DataFrame] = {
-        "conditions": c,
-        "effects": effects(c),
-        "headline": headline(c, audit.delta_reps, audit.noise),
-        "by_influence": summary_by(main, "influence"),
-        "by_pair": summary_by(main, "pair"),
-        "by_model": summary_by(main, ["model", "think"]),
-        "noise_floor": audit.noise,
-        "response_quality": response_quality(audit.cells, audit.source),
-        "order_readouts": flags.order_readouts(audit.cells),
-    }
-    if (c["variant"] == "placebo").any():
-        tables["controls_placebo"] = placebo_gap(c)
-    if (c["variant"] == "negated").any():
-        tables["controls_negated"] = negation_match(c)
-    if audit.flips is not None:
-        tables["flip_rates"] = audit.flips
-    for name, df in tables.items():
-        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
-    figures = _figures(audit, out)
-    from analysis.coding import coded_report
-
-    coded = coded_report(store, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
-    atomic_write_text(out / "summary.md", _summary_md(store, audit, tables, n_boot, [p.name for p in figures]) + coded)
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
-
-
-def readout_checks(
-    main: pd.DataFrame, orders: pd.DataFrame, source: str = "readout", alpha: float = ALPHA
-) -> list[str]:
-    """The flags above the headline: tie in every condition, position / label following, significant but small.
-
-    ``main``: the main-cue condition table; ``orders``: :func:`analysis.influence_flags.order_readouts`.
-    The practical size of the shifts is always stated; the other lines appear only when they apply.
-    """
-    eff = effects(main, alpha)
-    size = flags.practical_size(eff["delta"])
-    sig = _share(eff["sig"])
-    lines = [*flags.tie_lines(flags.tie_readout(main)), *flags.following_lines(flags.following(orders))]
-    lines += flags.practical_lines(sig, size, source)
-    lines.append(
-        f"- practical size beside the significance shares: {flags.practical_note(size)} (practical threshold "
-        f"{100 * flags.PRACTICAL_SHIFT:g} pp; {100 * sig:.0f}% of effects significant, raw)"
-        if len(eff) and not math.isnan(sig)
-        else "- no effects to size"
-    )
-    return lines
-
-
-def _summary_md(
-    store: RunStore, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]
-) -> str:
-    man = store.manifest()
-    c = audit.conditions
-    plan = man.get("plan", {})
-    name = BENCHMARKS[audit.benchmark]
-    if audit.source == "readout":
-        basis = (
-            "Probabilities come from **answer-slot readouts** (one per prompt, no counts): a cell frequency is "
-            "the mean option probability over the prompts, the continuity correction adds half a prompt to "
-            "each side, and every test is a z test on the **bootstrap standard error over prompts** "
-            f"({n_boot} cluster-bootstrap replicates of the items), not a binomial test."
-        )
-    else:
-        basis = (
-            f"Frequencies are **sampled answers** ({plan.get('samples')} per trial at T = {plan.get('temperature')}; "
-            "refusals and unparseable answers left out, see response quality). Tests on counts: exact binomial "
-            "for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym (baseline variance counted "
-            f"four times); CIs from {n_boot} cluster-bootstrap replicates of the items."
-        )
-    head = tables["headline"]
-    lines = [
-        f"# Influence audit, {name}: {audit.info['model']}",
-        "",
-        f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
-        f"- reasoning (think mode): {audit.info['think']}; conditions: {len(c)} "
-        f"({(c['variant'] == 'cue').sum()} main cues, {(c['variant'] != 'cue').sum()} controls); "
-        f"pairs: {c['pair'].nunique()}; influence types: {', '.join(dict.fromkeys(c['influence']))}",
-        f"- {basis}",
-        "- f_c(B): share choosing side B with no cue (0), the cue toward A, the cue toward B. shift = Delta_d = "
-        "f_d(d) - f_0(d); s(d) = log-odds shift toward d (+1/2 continuity correction); Asym = s(B) - s(A); "
-        "backfire: s(d) < 0. BH-FDR within benchmark x variant x test family.",
-    ]
-    if audit.benchmark == "dd":
-        lines.append(
-            "- DailyDilemmas conditions are per value: A = the option whose primary value it is, B = the other "
-            "option of the same dilemma."
-        )
-    checks = readout_checks(c[c["variant"] == "cue"], tables["order_readouts"], audit.source)
-    lines += ["", "## Headline", "", *checks, *([""] if checks else []), md_table(head), ""]
-    orders = tables["order_readouts"]
-    if len(orders):
-        confounded = bool(orders["confounded"].iloc[0])
-        lines += [
-            "## Readouts by printed order",
-            "",
-            f"Mean P(first-printed option), mean P(label {orders['label'].iloc[0]}) and mean P(side B) per arm and "
-            "printed order (main cues). A readout that follows the position reads P(first printed) on the same side "
-            f"of 1/2 in both orders (flagged from {flags.FOLLOW_MARGIN:g} away)"
-            + (
-                "; label and position coincide here (the same label is printed first in every trial)."
-                if confounded
-                else "."
-            ),
-            "",
-            md_table(orders.drop(columns=["label", "confounded"])),
-            "",
-        ]
-    lines += ["## By influence type", "", md_table(tables["by_influence"]), ""]
-    lines += ["## By pair (factor / sub-experiment / value)", "", md_table(tables["by_pair"]), ""]
-    lines += ["## Conditions (main cues)", "", md_table(c[c["variant"] == "cue"][_SHOW].head(60)), ""]
-    if len(c[c["variant"] == "cue"]) > 60:
-        lines += [f"(first 60 of {int((c['variant'] == 'cue').sum())}; all in conditions.csv)", ""]
-    noise = tables["noise_floor"]
-    if len(noise):
-        lines += ["## Noise floor (baseline re-run)", "", md_table(noise), ""]
-        if audit.source == "readout" and float(noise["abs_diff"].max()) == 0.0:
-            lines += [
-                "A readout is deterministic, so an unsalted re-run is identical; use --rerun-salt for a floor.",
-                "",
-            ]
-    for key, title in (
-        ("controls_placebo", "Placebo cues (irrelevant, same form)"),
-        ("controls_negated", "Negated cues"),
-        ("flip_rates", "Sample-level flip rates"),
-    ):
-        if key in tables:
-            lines += [f"## {title}", "", md_table(tables[key]), ""]
-    lines += ["## Response quality", "", md_table(tables["response_quality"]), ""]
-    if figures:
-        lines += [
-            "Figures (f_A(B), f_0(B), f_B(B) per condition; s(A) vs s(B)): " + ", ".join(f"`{f}`" for f in figures),
-            "",
-        ]
-    return "\n".join(lines)

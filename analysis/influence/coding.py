@@ -1,7 +1,7 @@
 """Coded texts in the analysis: judge agreement, rationale distributions, compliance vs effect, backfire patterns.
 
 Pure functions on frames (the coding file ``RUN/coding/<task>.parquet`` of
-:mod:`probe.coding`, the trial factors, the influence audit's ``effects``),
+:mod:`probe.app.coding`, the trial factors, the influence audit's ``effects``),
 and :func:`coded_report`, which the influence report calls to append its
 sections when a run has been coded.
 
@@ -29,11 +29,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probe.store import RunStore, atomic_write_text
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.tables import md_table
+from probe.files import atomic_write_text
+from probe.store import RunStore
 
 TRACE_TASKS = ("compliance", "rationale")
 COND_KEYS = ("pair", "influence", "variant", "kind", "position", "bracket")
-"""How a trace joins to an influence condition (``analysis.influence.COND``)."""
+"""How a trace joins to an influence condition (``analysis.influence.audit.COND``)."""
 
 
 # ============================================================ agreement
@@ -171,7 +174,7 @@ def code_columns(frame: pd.DataFrame) -> list[str]:
 
 def with_factors(coded: pd.DataFrame, store: RunStore) -> pd.DataFrame:
     """Coded rows joined with their trial's factors (``arm``: base, rerun or cued)."""
-    from analysis.frames import trial_meta
+    from analysis.common.frames import trial_meta
 
     meta = trial_meta(store)
     out = coded.merge(meta, on="trial_id", how="left", validate="many_to_one")
@@ -281,10 +284,7 @@ def _short(df: pd.DataFrame, task: str, limit: int = 40) -> pd.DataFrame:
 
 
 def _figure_shares(table: pd.DataFrame, by: str, title: str, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     share_cols = [c for c in table.columns if c.startswith("share_")]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(table) + 2))
@@ -300,16 +300,12 @@ def _figure_shares(table: pd.DataFrame, by: str, title: str, path: Path) -> Path
     ax.set_title(title)
     ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
 def _figure_effect(joined: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = sorted(joined["label"].unique())
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -322,17 +318,15 @@ def _figure_effect(joined: pd.DataFrame, path: Path) -> Path:
     ax.set_ylabel("s(d) of the trace's condition (log-odds)")
     ax.set_title("effect of the cue by how the trace treats it")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
 def coded_report(store: RunStore, eff: pd.DataFrame, out: Path) -> str:
     """Write the coded tables and figures of an influence run into ``out``; return the summary's Markdown ("" if uncoded).
 
-    ``eff`` is :func:`analysis.influence.effects` of the run's conditions.
+    ``eff`` is :func:`analysis.influence.audit.effects` of the run's conditions.
     """
-    from analysis.influence import md_table
 
     lines: list[str] = []
     for task in TRACE_TASKS:
@@ -360,8 +354,18 @@ def coded_report(store: RunStore, eff: pd.DataFrame, out: Path) -> str:
             cond = rationale_by_condition(coded)
             atomic_write_text(out / "coded_rationale_by_arm.csv", arm.to_csv(index=False, float_format="%.6g"))
             atomic_write_text(out / "coded_rationale_by_condition.csv", cond.to_csv(index=False, float_format="%.6g"))
-            lines += ["### Primary rationale, no cue vs cued", "", md_table(_short(arm, task)), ""]
-            lines += ["### Primary rationale by condition", "", md_table(_short(cond, task)), ""]
+            lines += [
+                "### Primary rationale, no cue vs cued",
+                "",
+                md_table(_short(arm, task), nan="n/a", yes_no=True, escape=True),
+                "",
+            ]
+            lines += [
+                "### Primary rationale by condition",
+                "",
+                md_table(_short(cond, task), nan="n/a", yes_no=True, escape=True),
+                "",
+            ]
             fig = _figure_shares(arm, "arm", "primary rationale by arm", out / "fig_coded_rationale.png")
             lines += [f"Figure: `{fig.name}`", ""]
         if "direction" not in coded.columns:
@@ -373,13 +377,28 @@ def coded_report(store: RunStore, eff: pd.DataFrame, out: Path) -> str:
             per, by_label = compliance_vs_effect(joined)
             atomic_write_text(out / "coded_compliance_vs_effect.csv", per.to_csv(index=False, float_format="%.6g"))
             atomic_write_text(out / "coded_compliance_by_label.csv", by_label.to_csv(index=False, float_format="%.6g"))
-            lines += ["### Compliance vs effect, by compliance label", "", md_table(by_label), ""]
-            lines += ["### Compliance vs effect, by condition", "", md_table(_short(per, task)), ""]
+            lines += [
+                "### Compliance vs effect, by compliance label",
+                "",
+                md_table(by_label, nan="n/a", yes_no=True, escape=True),
+                "",
+            ]
+            lines += [
+                "### Compliance vs effect, by condition",
+                "",
+                md_table(_short(per, task), nan="n/a", yes_no=True, escape=True),
+                "",
+            ]
             fig = _figure_effect(joined, out / "fig_coded_compliance_effect.png")
             lines += [f"Figure: `{fig.name}`", ""]
         else:
             pat = backfire_patterns(joined)
             atomic_write_text(out / "coded_backfire_patterns.csv", pat.to_csv(index=False, float_format="%.6g"))
             lines += ["### Backfire patterns by factor (traces in conditions with s(d) < 0)", ""]
-            lines += [md_table(_short(pat, task)) if len(pat) else "No backfiring condition has coded traces.", ""]
+            lines += [
+                md_table(_short(pat, task), nan="n/a", yes_no=True, escape=True)
+                if len(pat)
+                else "No backfiring condition has coded traces.",
+                "",
+            ]
     return "\n".join(lines)

@@ -8,10 +8,10 @@
    conditions (pair x influence x variant x kind x position x bracket) every
    run has; what was dropped is listed in ``dropped_items.csv`` and
    ``dropped_conditions.csv``. Each run's condition table is recomputed on the
-   matched items (:func:`analysis.influence.condition_table`), and BH-FDR is
+   matched items (:func:`analysis.influence.audit.condition_table`), and BH-FDR is
    redone within benchmark x variant x test family over all runs
-   (:func:`analysis.influence.combine_runs`).
-2. **Per-model and per-reasoning-mode tables** (:func:`analysis.influence.panel_tables`).
+   (:func:`analysis.influence.audit.combine_runs`).
+2. **Per-model and per-reasoning-mode tables** (:func:`analysis.influence.audit.panel_tables`).
 3. **Reasoning on minus off.** For each ``(reasoning off, reasoning on)`` pair
    of one model, per condition and cue direction d: ``s_on(d) - s_off(d)``;
    per influence type and direction: the change of the mean signed s and of
@@ -37,14 +37,19 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.influence_flags import PRACTICAL_SHIFT
+from analysis.common.bootstrap import cluster_weights, percentile_ci
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.report import report_files, write_summary
+from analysis.common.tables import md_table
+from analysis.influence.asym import STRUCTURES, AsymFit, asym_fits, asym_frame
+from analysis.influence.flags import PRACTICAL_SHIFT
+from analysis.influence.report import asym_md
 from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
 
 BENCHMARK_OF = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}
@@ -53,13 +58,6 @@ IMPORTED = "influence-import"
 N_BOOT = 1000
 SEED = 0
 ALPHA = 0.05
-FORMULA = "abs_asym ~ baseline_bias"
-VC_FORMULA = {
-    "model_reasoning": "0 + C(model_reasoning)",
-    "factor": "0 + C(factor)",
-    "influence": "0 + C(influence)",
-}
-"""Crossed random intercepts: one variance component per grouping, all within a single statsmodels group."""
 
 
 def benchmark_of(experiment: str) -> str:
@@ -83,7 +81,7 @@ class Matched:
     runs: tuple[PanelRun, ...]
     sources: tuple[str, ...]
     conditions: pd.DataFrame
-    """The condition columns (:data:`analysis.influence.COND`) plus ``group_a`` and ``group_b``."""
+    """The condition columns (:data:`analysis.influence.audit.COND`) plus ``group_a`` and ``group_b``."""
     items: tuple[str, ...]
     strata: tuple[str, ...]
     n: np.ndarray
@@ -97,7 +95,7 @@ class Matched:
 
 def run_cells(run: PanelRun) -> tuple[pd.DataFrame, str]:
     """A run's analysis cells (value-level for DailyDilemmas) and their source (``readout`` or ``samples``)."""
-    from analysis import influence as inf
+    from analysis.influence import audit as inf
 
     raw, source = inf.trial_cells(open_store(run))
     return (inf.value_level(raw) if benchmark_of(run.experiment) == "dd" else raw), source
@@ -116,7 +114,7 @@ def match_runs(
     benchmark: str, runs: Sequence[PanelRun], cells: Sequence[pd.DataFrame], sources: Sequence[str]
 ) -> Matched:
     """Restrict the runs of one benchmark to the items and conditions they all hold, and align their arrays."""
-    from analysis import influence as inf
+    from analysis.influence import audit as inf
 
     cols = list(inf.COND)
     sub = Panel(tuple(runs))
@@ -191,7 +189,7 @@ def match_panel(panel: Panel) -> list[Matched]:
 # ============================================================================ tables
 def condition_tables(m: Matched, *, n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
     """Every run's condition table on the matched items (before the cross-run FDR)."""
-    from analysis import influence as inf
+    from analysis.influence import audit as inf
 
     cols = list(inf.COND)
     parts = []
@@ -210,15 +208,14 @@ def replicates(m: Matched, r: int, *, n_boot: int = N_BOOT, seed: int = SEED) ->
     The weights depend only on the items' strata, ``n_boot`` and ``seed``, so
     every run of ``m`` gets the same draws: replicates of two runs are paired.
     """
-    from analysis import influence as inf
-    from analysis import influence_stats as st
+    from analysis.influence import audit as inf
 
-    w = st.bootstrap_weights(m.strata, n_boot, np.random.default_rng(seed))
+    w = cluster_weights(m.strata, n_boot, np.random.default_rng(seed))
     return inf.metrics(np.einsum("bj,cij->cbi", w, m.n[r]), np.einsum("bj,cij->cbi", w, m.k[r]))
 
 
 def _point(m: Matched, r: int) -> dict[str, np.ndarray]:
-    from analysis import influence as inf
+    from analysis.influence import audit as inf
 
     return inf.metrics(m.n[r].sum(axis=2), m.k[r].sum(axis=2))
 
@@ -255,12 +252,12 @@ def pair_change(m: Matched, off: PanelRun, on: PanelRun, *, n_boot: int = N_BOOT
 
 def change_by_condition(m: Matched, changes: Sequence[Change], alpha: float = ALPHA) -> pd.DataFrame:
     """Per pair, condition and direction: s off, s on, the change and its paired-bootstrap 95% CI."""
-    from analysis import influence_stats as st
+    from analysis.influence import stats as st
 
     rows = []
     for ch in changes:
         diff = ch.reps_on - ch.reps_off
-        lo, hi = st.percentile_ci(diff, alpha)
+        lo, hi = percentile_ci(diff, alpha)
         se = st.nan_sd(diff)
         for d, dname in enumerate(("A", "B")):
             part = m.conditions.assign(
@@ -296,7 +293,6 @@ def change_by_influence(m: Matched, changes: Sequence[Change], alpha: float = AL
     = 100 (mean |s_on| / mean |s_off| - 1). CIs: paired percentile bootstrap
     over items. ``verdict`` reads the CI of ``abs_change``.
     """
-    from analysis import influence_stats as st
 
     main = (m.conditions["variant"] == "cue").to_numpy()
     influences = list(dict.fromkeys(m.conditions.loc[main, "influence"]))
@@ -321,9 +317,9 @@ def change_by_influence(m: Matched, changes: Sequence[Change], alpha: float = AL
                 with np.errstate(invalid="ignore", divide="ignore"):
                     pct_reps = 100 * (a_on / a_off - 1)
                     pct = 100 * (float(_nanmean(np.abs(s_on))) / float(_nanmean(np.abs(s_off))) - 1)
-                lo, hi = st.percentile_ci(signed, alpha)
-                alo, ahi = st.percentile_ci(a_on - a_off, alpha)
-                plo, phi = st.percentile_ci(pct_reps, alpha)
+                lo, hi = percentile_ci(signed, alpha)
+                alo, ahi = percentile_ci(a_on - a_off, alpha)
+                plo, phi = percentile_ci(pct_reps, alpha)
                 rows.append(
                     {
                         "benchmark": m.benchmark,
@@ -351,308 +347,6 @@ def change_by_influence(m: Matched, changes: Sequence[Change], alpha: float = AL
 
 
 # ============================================================================ |Asym| ~ |baseline bias|
-def asym_frame(cond: pd.DataFrame) -> pd.DataFrame:
-    """The regression frame: one row per main-cue condition and run with finite Asym.
-
-    ``abs_asym`` = |Asym|; ``baseline_bias`` = |f0(B) - 1/2|; the groupings
-    ``model_reasoning`` (model + reasoning mode), ``factor`` (benchmark:pair, so
-    equal pair names of two benchmarks stay apart) and ``influence``.
-    """
-    main = cond[cond["variant"] == "cue"]
-    out = pd.DataFrame(
-        {
-            "benchmark": main["benchmark"].astype(str),
-            "run": main["run"].astype(str),
-            "model_reasoning": main["model"].astype(str)
-            + " / reasoning "
-            + np.where(main["think"].astype(bool), "on", "off"),
-            "factor": main["benchmark"].astype(str) + ":" + main["pair"].astype(str),
-            "influence": main["influence"].astype(str),
-            "baseline_bias": main["baseline_bias"].astype(float),
-            "abs_asym": main["asym"].abs().astype(float),
-        }
-    )
-    return out[np.isfinite(out["abs_asym"]) & np.isfinite(out["baseline_bias"])].reset_index(drop=True)
-
-
-STRUCTURES = ("crossed", "nested")
-"""Random-effect structures of the |Asym| fit (``--asym-model``).
-
-``crossed`` (the paper's text): random intercepts for model x reasoning,
-factor and influence type, crossed (variance components of one group).
-``nested`` (the paper's published code): a random intercept per model x
-reasoning group, and factor and influence intercepts *within* each group (a
-factor's intercept differs between models)."""
-RETRY_METHODS = ("powell", "nm")
-"""Optimizers tried, in turn, after statsmodels' own (bfgs, lbfgs, cg) when the REML fit did not converge."""
-
-
-@dataclass(frozen=True)
-class AsymFit:
-    """The fit of |Asym| on |baseline bias| in one scope (a benchmark, or pooled)."""
-
-    scope: str
-    method: str
-    """``MixedLM (REML)``, ``OLS`` (no grouping with two or more levels) or ``none`` (too little data)."""
-    n: int
-    levels: Mapping[str, int]
-    """Levels per random-intercept grouping that entered the fit (nested: distinct levels within groups)."""
-    structure: str = "crossed"
-    formula: str = FORMULA
-    intercept: float = math.nan
-    beta: float = math.nan
-    beta_lo: float = math.nan
-    beta_hi: float = math.nan
-    p_beta: float = math.nan
-    var_fixed: float = math.nan
-    var_bias: float = math.nan
-    """Variance of the |bias| term alone, ``var(beta * baseline_bias)`` (ddof 1): without benchmark offsets."""
-    var_components: Mapping[str, float] = field(default_factory=dict)
-    var_residual: float = math.nan
-    r2_marginal: float = math.nan
-    r2_bias: float = math.nan
-    """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
-    r2_conditional: float = math.nan
-    converged: bool = False
-    attempts: tuple[str, ...] = ()
-    """Each optimizer run and its outcome, in order (a retry is a later entry)."""
-    warnings: tuple[str, ...] = ()
-    """Every warning statsmodels raised during the fit (first line each, deduplicated)."""
-    note: str = ""
-
-    def row(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "scope": self.scope,
-            "structure": self.structure,
-            "formula": self.formula,
-            "method": self.method,
-            "n": self.n,
-            "intercept": self.intercept,
-            "beta": self.beta,
-            "beta_lo": self.beta_lo,
-            "beta_hi": self.beta_hi,
-            "p_beta": self.p_beta,
-            "var_fixed": self.var_fixed,
-            "var_bias": self.var_bias,
-        }
-        for g in VC_FORMULA:
-            out[f"levels_{g}"] = self.levels.get(g, 0)
-            out[f"var_{g}"] = self.var_components.get(g, math.nan)
-        out |= {
-            "var_residual": self.var_residual,
-            "r2_marginal": self.r2_marginal,
-            "r2_bias": self.r2_bias,
-            "r2_conditional": self.r2_conditional,
-            "converged": self.converged,
-            "attempts": " | ".join(self.attempts),
-            "warnings": " | ".join(self.warnings),
-            "note": self.note,
-        }
-        return out
-
-
-def marginal_r2(var_fixed: float, var_components: Sequence[float], var_residual: float) -> tuple[float, float]:
-    """Nakagawa & Schielzeth (2013): (marginal, conditional) R^2 of a linear mixed model.
-
-    ``var_fixed`` is the variance of the fixed-effect predictions ``X beta``
-    (ddof 1, as MuMIn's ``r.squaredGLMM``); the total is that plus every
-    random-intercept variance plus the residual variance.
-    """
-    total = var_fixed + float(np.sum(var_components)) + var_residual
-    if not total > 0:
-        return math.nan, math.nan
-    return var_fixed / total, (var_fixed + float(np.sum(var_components))) / total
-
-
-def gls_cov(x: np.ndarray, frame: pd.DataFrame, var_components: Mapping[str, float], var_residual: float) -> np.ndarray:
-    """Covariance of the GLS fixed effects, ``(X' V^-1 X)^-1`` with ``V = sigma^2 I + sum_g sigma_g^2 Z_g Z_g'``.
-
-    ``Z_g`` is the indicator matrix of column ``g``'s levels in ``frame``
-    (for a nested component, a column of the (group, level) combinations).
-    Computed through Woodbury (no n x n matrix): with ``Z`` the stacked
-    indicators of the groupings of positive variance and ``D`` their variances,
-    ``X'V^-1X = (X'X - X'Z (sigma^2 D^-1 + Z'Z)^-1 Z'X) / sigma^2``.
-    """
-    keep = [g for g, v in var_components.items() if v > 1e-12 * max(var_residual, 1e-300)]
-    xtx = x.T @ x
-    if keep:
-        z = np.hstack([pd.get_dummies(frame[g].astype(str)).to_numpy(dtype=float) for g in keep])
-        d = np.concatenate([np.full(frame[g].nunique(), var_components[g]) for g in keep])
-        inner = np.diag(var_residual / d) + z.T @ z
-        xz = x.T @ z
-        xtx = xtx - xz @ np.linalg.solve(inner, xz.T)
-    return np.linalg.inv(xtx / var_residual)
-
-
-def _first_lines(ws: Sequence[warnings.WarningMessage]) -> list[str]:
-    return list(dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in ws))
-
-
-def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
-    """Fit a statsmodels MixedLM by REML, retrying other optimizers until one converges.
-
-    First statsmodels' default (which itself tries bfgs, lbfgs, cg and warns
-    "Retrying ..."), then each of :data:`RETRY_METHODS`. Returns (the first
-    converged result, or the one of highest REML log-likelihood when none
-    converged; the attempts; the warnings of all attempts).
-    """
-    results, attempts, caught = [], [], []
-    for method in (None, *RETRY_METHODS):
-        with warnings.catch_warnings(record=True) as ws:
-            warnings.simplefilter("always")
-            try:
-                res = model.fit(reml=True, method=method)
-            except (np.linalg.LinAlgError, ValueError) as e:
-                attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: failed ({e})")
-                caught += _first_lines(ws)
-                continue
-        caught += _first_lines(ws)
-        ok = bool(res.converged) and np.isfinite(res.llf)
-        attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: {'converged' if ok else 'not converged'}")
-        results.append(res)
-        if ok:
-            return res, tuple(attempts), tuple(dict.fromkeys(caught))
-    if not results:
-        raise ValueError("every MixedLM optimizer failed: " + "; ".join(attempts))
-    best = max(results, key=lambda r: r.llf if np.isfinite(r.llf) else -np.inf)
-    return best, tuple(attempts), tuple(dict.fromkeys(caught))
-
-
-def _design(
-    frame: pd.DataFrame, structure: str, benchmark_effect: bool
-) -> tuple[str, dict[str, Any], pd.DataFrame, str]:
-    """(formula, mixedlm keyword arguments, the frame with the Z columns of :func:`gls_cov`, note)."""
-    formula = FORMULA + (" + C(benchmark)" if benchmark_effect else "")
-    n = len(frame)
-    levels = {g: int(frame[g].nunique()) for g in VC_FORMULA}
-    left_out = [g for g in VC_FORMULA if levels[g] < 2]
-    note = f"left out (one level): {', '.join(left_out)}" if left_out else ""
-    z = frame.copy()
-    if structure == "nested" and levels["model_reasoning"] >= 2:
-        inner = {g: f for g, f in VC_FORMULA.items() if g != "model_reasoning" and levels[g] >= 2}
-        for g in inner:
-            z[g] = frame["model_reasoning"].astype(str) + "|" + frame[g].astype(str)
-        kw = {"groups": frame["model_reasoning"].to_numpy(), "re_formula": "1", "vc_formula": inner}
-        return formula, kw, z, note
-    used = {g: f for g, f in VC_FORMULA.items() if levels[g] >= 2}
-    if structure == "nested":
-        note = "; ".join(filter(None, [note, "one model x reasoning group: nested equals crossed"]))
-    return formula, {"groups": np.ones(n), "re_formula": "0", "vc_formula": used}, z, note
-
-
-def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", benchmark_effect: bool = False) -> AsymFit:
-    """Fit ``abs_asym ~ baseline_bias`` (``+ C(benchmark)`` with ``benchmark_effect``) by REML.
-
-    ``structure="crossed"`` (see :data:`STRUCTURES`)::
-
-        smf.mixedlm(formula, frame, groups=np.ones(len(frame)), re_formula="0",
-                    vc_formula={g: f"0 + C({g})" for g in groupings}).fit(reml=True)
-
-    ``structure="nested"``::
-
-        smf.mixedlm(formula, frame, groups=frame["model_reasoning"], re_formula="1",
-                    vc_formula={"factor": "0 + C(factor)", "influence": "0 + C(influence)"}).fit(reml=True)
-
-    (statsmodels' variance components are realized independently in each
-    group, so factor and influence are nested in model x reasoning). A
-    grouping with one level cannot be told apart from the intercept and is
-    left out, and said so; with none left the fit is OLS and its "marginal
-    R^2" is var(X beta) / (var(X beta) + sigma^2). ``r2_bias`` is the share
-    of the |bias| term alone (it differs from ``r2_marginal`` only through the
-    benchmark offsets). Optimizer retries and every warning are recorded
-    (:func:`fit_mixed`).
-    """
-    import statsmodels.api as sm
-    import statsmodels.formula.api as smf
-    from scipy import stats
-
-    if structure not in STRUCTURES:
-        raise ValueError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {structure!r}")
-    n = len(frame)
-    if n < 3 or frame["baseline_bias"].nunique() < 2:
-        return AsymFit(scope, "none", n, {}, structure, note="fewer than 3 conditions or no spread in baseline bias")
-    if benchmark_effect and frame["benchmark"].nunique() < 2:
-        benchmark_effect = False
-    formula, kw, zframe, note = _design(frame, structure, benchmark_effect)
-    levels = {g: int(zframe[g].nunique()) for g in VC_FORMULA if g in kw["vc_formula"]}
-    if kw["re_formula"] == "1":
-        levels["model_reasoning"] = int(frame["model_reasoning"].nunique())
-    attempts: tuple[str, ...] = ()
-    caught: tuple[str, ...] = ()
-    if levels:
-        with warnings.catch_warnings(record=True) as ws:
-            warnings.simplefilter("always")
-            model = smf.mixedlm(formula, frame, **kw)
-        caught = tuple(_first_lines(ws))
-        res, attempts, fit_ws = fit_mixed(model)
-        caught = tuple(dict.fromkeys([*caught, *fit_ws]))
-        fe = res.fe_params
-        ci = res.conf_int().loc["baseline_bias"]
-        vcomp = dict(zip(model.exog_vc.names, map(float, np.atleast_1d(res.vcomp)), strict=True))
-        if kw["re_formula"] == "1":
-            vcomp = {"model_reasoning": float(np.asarray(res.cov_re)[0, 0]), **vcomp}
-        resid, converged, p = float(res.scale), bool(res.converged), float(res.pvalues["baseline_bias"])
-        x = model.exog
-        method = "MixedLM (REML)"
-        if not np.isfinite(ci.to_numpy()).all():  # a boundary fit: statsmodels gives no fixed-effect SE
-            j = list(fe.index).index("baseline_bias")
-            se = math.sqrt(gls_cov(x, zframe, vcomp, resid)[j, j])
-            zq = float(stats.norm.isf(0.025))
-            b = float(fe["baseline_bias"])
-            ci = pd.Series([b - zq * se, b + zq * se])
-            p = float(2 * stats.norm.sf(abs(b) / se)) if se > 0 else math.nan
-            note = "; ".join(filter(None, [note, "beta CI from (X'V^-1 X)^-1 at the fitted variances"]))
-    else:
-        ols = sm.OLS.from_formula(formula, frame).fit()
-        fe, ci = ols.params, ols.conf_int().loc["baseline_bias"]
-        vcomp, resid, converged, p = {}, float(ols.scale), True, float(ols.pvalues["baseline_bias"])
-        x = ols.model.exog
-        method = "OLS"
-        attempts = ("OLS: closed form",)
-    var_fixed = float(np.var(x @ fe.to_numpy(), ddof=1))
-    var_bias = float(np.var(float(fe["baseline_bias"]) * frame["baseline_bias"].to_numpy(float), ddof=1))
-    r2m, r2c = marginal_r2(var_fixed, list(vcomp.values()), resid)
-    total = var_fixed + float(np.sum(list(vcomp.values()))) + resid
-    return AsymFit(
-        scope=scope,
-        method=method,
-        n=n,
-        levels=levels,
-        structure=structure,
-        formula=formula,
-        intercept=float(fe["Intercept"]),
-        beta=float(fe["baseline_bias"]),
-        beta_lo=float(ci.iloc[0]),
-        beta_hi=float(ci.iloc[1]),
-        p_beta=p,
-        var_fixed=var_fixed,
-        var_bias=var_bias,
-        var_components=vcomp,
-        var_residual=resid,
-        r2_marginal=r2m,
-        r2_bias=var_bias / total if total > 0 else math.nan,
-        r2_conditional=r2c,
-        converged=converged,
-        attempts=attempts,
-        warnings=caught,
-        note=note[:300],
-    )
-
-
-def asym_fits(cond: pd.DataFrame, structures: Sequence[str] = STRUCTURES) -> list[AsymFit]:
-    """Per structure: one fit per benchmark and, with two or more benchmarks, a pooled fit with benchmark offsets."""
-    frame = asym_frame(cond)
-    fits = []
-    for structure in structures:
-        fits += [
-            fit_asym(g.reset_index(drop=True), b, structure=structure)
-            for b, g in frame.groupby("benchmark", sort=False)
-        ]
-        if frame["benchmark"].nunique() > 1:
-            fits.append(fit_asym(frame, "pooled", structure=structure, benchmark_effect=True))
-    return fits
-
-
 # ============================================================================ report
 @dataclass(frozen=True)
 class InfluenceComparison:
@@ -689,8 +383,8 @@ def compare_frames(
     enter the cross-run FDR, the per-model tables and the |Asym| fits.
     ``asym_model`` orders the fits (that structure first, the headline).
     """
-    from analysis import influence as inf
-    from analysis.import_conditions import imported_conditions
+    from analysis.influence import audit as inf
+    from analysis.influence.imported import imported_conditions
 
     if asym_model not in STRUCTURES:
         raise PanelError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {asym_model!r}")
@@ -728,8 +422,8 @@ def compare_influence(
     panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
 ) -> list[Path]:
     """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
-    from analysis.compare import write_dropped
-    from probe.store import atomic_write_text
+    from analysis.common.report import write_dropped
+    from probe.files import atomic_write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -747,30 +441,13 @@ def compare_influence(
         atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
     write_dropped(pd.concat([m.dropped_items for m in res.matched], ignore_index=True), out)
     figures = _figures(res, out)
-    atomic_write_text(out / "summary.md", _summary_md(panel, res, n_boot, [p.name for p in figures]))
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+    write_summary(out, _summary_md(panel, res, n_boot, [p.name for p in figures]))
+    return report_files(out)
 
 
 # ---------------------------------------------------------------------------- figures
-def _save(fig: Any, path: Path) -> Path:
-    import io
-
-    import matplotlib.pyplot as plt
-
-    from probe.store import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
-
-
 def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paths = []
     main = res.conditions[res.conditions["variant"] == "cue"]
@@ -794,7 +471,7 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
         axes[0, 0].legend(fontsize=7)
         fig.suptitle(f"{bench}: steerability per run (mean over conditions)", fontsize=9)
         fig.tight_layout()
-        paths.append(_save(fig, out / f"fig_steerability_by_model_{bench}.png"))
+        paths.append(save_figure(fig, out / f"fig_steerability_by_model_{bench}.png", dpi=110))
     if not res.change.empty:
         ch = res.change[res.change["direction"] != "both"]
         for bench, g in ch.groupby("benchmark", sort=False):
@@ -818,7 +495,7 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
                 ax.set_xlabel("s(on) - s(off), 95% CI", fontsize=8)
             fig.suptitle(f"{bench}: reasoning on minus off", fontsize=9)
             fig.tight_layout()
-            paths.append(_save(fig, out / f"fig_reasoning_change_{bench}.png"))
+            paths.append(save_figure(fig, out / f"fig_reasoning_change_{bench}.png", dpi=110))
     data = res.asym_data
     if len(data):
         scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
@@ -836,34 +513,8 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
             ax.set_ylabel("|Asym| (log-odds)")
             ax.legend(fontsize=6)
         fig.tight_layout()
-        paths.append(_save(fig, out / "fig_asym_vs_bias.png"))
+        paths.append(save_figure(fig, out / "fig_asym_vs_bias.png", dpi=110))
     return paths
-
-
-def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
-    """The regression section: both random-effect structures, the |bias|-alone share, convergence."""
-    from analysis.compare import md_table
-
-    lines = [
-        f"`{FORMULA}` per benchmark; the pooled fit adds benchmark offsets (`+ C(benchmark)`). REML by statsmodels "
-        "MixedLM. **crossed** (the paper's text): random intercepts for model x reasoning, factor "
-        "(benchmark:pair) and influence type, as variance components of one group "
-        "(`groups=1, re_formula='0', vc_formula={model_reasoning, factor, influence}`). **nested** (the paper's "
-        "code): a random intercept per model x reasoning group, with factor and influence intercepts within each "
-        "group (`groups=model_reasoning, re_formula='1', vc_formula={factor, influence}`). "
-        f"Headline structure: **{headline}** (`--asym-model`). Marginal R² = var(X β) / (var(X β) + Σ σ²_vc + σ²_ε) "
-        "(Nakagawa & Schielzeth 2013; var with ddof 1); R² |bias| alone = var(β |bias|) / the same total "
-        "(without the benchmark offsets); conditional R² adds Σ σ²_vc to the numerator. `attempts` lists each "
-        "optimizer run (statsmodels' default tries bfgs, lbfgs, cg; then powell, nm until one converges), "
-        "`warnings` every warning of the fit.",
-        "",
-    ]
-    table = pd.DataFrame([f.row() for f in fits])
-    if len(table):
-        cols = ["scope", "structure", "method", "n", "beta", "beta_lo", "beta_hi", "r2_marginal", "r2_bias"]
-        cols += ["r2_conditional", "converged", "attempts", "warnings", "note"]
-        lines += [*md_table(table[cols]), ""]
-    return lines
 
 
 # ---------------------------------------------------------------------------- summary
@@ -873,7 +524,7 @@ _BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "pr
 
 
 def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Sequence[str]) -> str:
-    from analysis.compare import dropped_md, md_table, panel_md
+    from analysis.common.report import dropped_md, panel_md
 
     t = res.tables
     lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
@@ -916,18 +567,18 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
             )
         ]
         cols = ["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]
-        lines += [*md_table(keep[cols].astype({"value": float})), ""]
+        lines += [md_table(keep[cols].astype({"value": float}), nan="–"), ""]
     lines += [
         "## Per model and reasoning mode (main cues)",
         "",
-        *md_table(t["by_model"][["benchmark", "model", "think", *_BY]]),
+        md_table(t["by_model"][["benchmark", "model", "think", *_BY]], nan="–"),
         "",
     ]
-    lines += ["## Per reasoning mode", "", *md_table(t["by_reasoning"][["benchmark", "think", *_BY]]), ""]
+    lines += ["## Per reasoning mode", "", md_table(t["by_reasoning"][["benchmark", "think", *_BY]], nan="–"), ""]
     lines += [
         "## Per influence type and reasoning mode",
         "",
-        *md_table(t["by_influence_reasoning"][["benchmark", "influence", "think", *_BY]]),
+        md_table(t["by_influence_reasoning"][["benchmark", "influence", "think", *_BY]], nan="–"),
         "",
     ]
     lines += ["## Reasoning on minus off", ""]
@@ -959,7 +610,7 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
                 "verdict",
             ]
         ]
-        lines += [*md_table(show), ""]
+        lines += [md_table(show, nan="–"), ""]
     lines += [
         "## |Asym| against |baseline bias|",
         "",

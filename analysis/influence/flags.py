@@ -36,7 +36,7 @@ TIE_TOL = 0.01
 FOLLOW_MARGIN = 0.1
 """|mean P(first printed) - 1/2| (or of P(label)) from which, in both printed orders alike, the readout follows it."""
 PRACTICAL_SHIFT = 0.05
-"""Practical threshold of a shift |Delta| (5 pp): the baseline-neutrality margin of :mod:`analysis.influence`,
+"""Practical threshold of a shift |Delta| (5 pp): the baseline-neutrality margin of :mod:`analysis.influence.audit`,
 twice the paper's largest baseline-to-baseline drift (2.5 pp, App. N) and well under its mean shifts (12-18 pp)."""
 PRACTICAL_ASYM = 0.2
 """Practical threshold of |Asym| in log-odds: logit(0.55) = 0.20, a 5 pp step from a balanced baseline."""
@@ -102,7 +102,7 @@ def tie_lines(tie: Tie) -> list[str]:
 def order_readouts(cells: pd.DataFrame) -> pd.DataFrame:
     """Per arm (no cue, main cue toward A, toward B) and printed order: mean P(first printed), P(label), P(B).
 
-    ``cells`` is :func:`analysis.influence.trial_cells` output (``direction``,
+    ``cells`` is :func:`analysis.influence.audit.trial_cells` output (``direction``,
     ``variant``, ``order``, ``n``, ``k``, ``p_first``, ``first_label``).
     ``label`` is the label printed first in most trials (the design's first
     label, e.g. ``A``); ``p_label`` the mean probability of that label (the

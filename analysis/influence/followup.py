@@ -23,10 +23,14 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from analysis import influence_stats as st
-from analysis.frames import trial_meta
-from analysis.influence import cluster_bootstrap_mean, md_table
-from probe.store import RunStore, atomic_write_text
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.frames import trial_meta
+from analysis.common.report import report_files, write_summary
+from analysis.common.tables import md_table
+from analysis.influence import stats as st
+from analysis.influence.audit import cluster_bootstrap_mean
+from probe.files import atomic_write_text
+from probe.store import RunStore
 
 CODES: Final[tuple[str, ...]] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
 """The follow-up taxonomy (part B's ``experiments/data/taxonomies/followup.yaml``), in display order."""
@@ -172,10 +176,7 @@ def headline(coded: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED) -> 
 # ============================================================================= figures
 def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame, path: Path) -> Path:
     """Stacked bars: label shares per cell class (n per bar in the tick label)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     colors = {"ack_affected": "tab:orange", "ack_disclaimed": "tab:blue", "not_ack": "0.6", "other": "0.85"}
     fig, ax = plt.subplots(figsize=(1.4 * len(shares) + 2.4, 3.6))
@@ -191,8 +192,7 @@ def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame, path: Path) -> Pa
     ax.set_title("follow-up self-report by source cell")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -221,8 +221,8 @@ def report(store: RunStore, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED
             figures.append(stacked_figure(shares, counts, out / "fig_followup_labels.png").name)
     for name, df in tables.items():
         atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(out / "summary.md", _summary(store, tables, coded, figures, n_boot))
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
+    write_summary(out, _summary(store, tables, coded, figures, n_boot))
+    return report_files(out)
 
 
 def _summary(
@@ -251,13 +251,13 @@ def _summary(
         "",
         "## Cells",
         "",
-        md_table(tables["classes"]),
+        md_table(tables["classes"], nan="n/a", yes_no=True, escape=True),
         "",
         "said_yes / said_no: a crude reading of the reply (it says Yes / No); the codes below are the measurement.",
         "",
     ]
     sel = tables["selection"]
-    lines += ["## Selection (per cell)", "", md_table(sel.head(40)), ""]
+    lines += ["## Selection (per cell)", "", md_table(sel.head(40), nan="n/a", yes_no=True, escape=True), ""]
     if len(sel) > 40:
         lines += [f"(first 40 of {len(sel)}; all in selection.csv)", ""]
     if coded is None:
@@ -296,11 +296,11 @@ def _summary(
             "",
             "### Labels per cell class (counts)",
             "",
-            md_table(tables["crosstab_counts"]),
+            md_table(tables["crosstab_counts"], nan="n/a", yes_no=True, escape=True),
             "",
             "### Labels per cell class (shares)",
             "",
-            md_table(tables["crosstab_shares"]),
+            md_table(tables["crosstab_shares"], nan="n/a", yes_no=True, escape=True),
             "",
         ]
     if figures:

@@ -270,7 +270,7 @@ def _is_int(text: str) -> bool:
 
 def parse_rows(frame: pd.DataFrame) -> Parsed:
     """Normalize a schema frame (all columns as text, rows in file order) into counts; line N = row N - 2."""
-    from analysis.influence import BENCHMARKS
+    from analysis.influence.audit import BENCHMARKS
 
     missing = [c for c in KEYS if c not in frame.columns]
     if missing:
@@ -340,7 +340,8 @@ def import_run(path: str | Path, out: str | Path) -> tuple[Any, Parsed]:
     """Write the imported run folder ``out`` from the schema CSV ``path``; returns (store, parsed)."""
     import datetime
 
-    from probe.store import RunStore, atomic_write_text, run_key
+    from probe.files import atomic_write_text
+    from probe.store import RunStore, run_key
 
     path = Path(path)
     parsed = read_schema(path)
@@ -414,8 +415,8 @@ def imported_conditions(store: Any, run: str | None = None) -> pd.DataFrame:
     column is ``<run>:<model> / reasoning on|off`` so the headline's cluster
     bootstrap resamples (model x reasoning, factor) clusters.
     """
-    from analysis import influence as inf
-    from analysis import influence_stats as st
+    from analysis.influence import audit as inf
+    from analysis.influence import stats as st
 
     man = store.manifest()
     if not is_imported(man):
@@ -493,9 +494,9 @@ def export_frame(conditions: pd.DataFrame) -> pd.DataFrame:
 
 def export_conditions(run: str | Path, path: str | Path) -> pd.DataFrame:
     """Write a sampled run's per-condition counts to ``path`` in the import schema; returns the frame."""
-    from analysis import influence as inf
-    from analysis.frames import open_run
-    from probe.store import atomic_write_text
+    from analysis.common.frames import open_run
+    from analysis.influence import audit as inf
+    from probe.files import atomic_write_text
 
     store = open_run(run)
     experiment = str(store.manifest().get("experiment"))
@@ -508,83 +509,3 @@ def export_conditions(run: str | Path, path: str | Path) -> pd.DataFrame:
 
 
 # ============================================================================ report
-def imported_report(store: Any, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
-    """Write the report of an imported run: the native report's tables from counts, and the |Asym| fits.
-
-    No item-level bootstrap (condition-level data has no items): the headline
-    CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
-    """
-    from analysis import compare_influence as ci
-    from analysis import influence as inf
-    from probe.store import atomic_write_text
-
-    man = store.manifest()
-    cond = inf.combine_runs([imported_conditions(store, run=store.root.name)])
-    main = cond[cond["variant"] == "cue"]
-    panel = inf.panel_tables(cond)
-    fits = ci.asym_fits(cond)
-    amb_path = store.root / "ambiguous.csv"
-    ambiguous = pd.read_csv(amb_path) if amb_path.exists() else ambiguous_frame(())
-    tables: dict[str, pd.DataFrame] = {
-        "conditions": cond,
-        "effects": inf.effects(cond),
-        "headline": panel["headline"],
-        "by_influence": panel["by_influence"],
-        "by_pair": panel["by_pair"],
-        "by_model": panel["by_model"],
-        "asym_regression": pd.DataFrame([f.row() for f in fits]),
-        "asym_regression_data": ci.asym_frame(cond),
-        "ambiguous": ambiguous,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    for name, df in tables.items():
-        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
-    prov = man.get("provenance", {})
-    lines = [
-        "# Influence audit, imported per-condition results",
-        "",
-        f"- run: `{store.root}` (**imported**: {prov.get('source')}, sha256 `{str(prov.get('source_sha256'))[:16]}`, "
-        f"imported {prov.get('imported_at')})",
-        f"- rows: {prov.get('rows')}; imported {prov.get('imported_rows')}; ambiguous (left out, `ambiguous.csv`): "
-        f"{len(prov.get('ambiguous_rows', []))}"
-        + (f" (lines {', '.join(map(str, prov.get('ambiguous_rows', [])))})" if prov.get("ambiguous_rows") else ""),
-        f"- {len(cond)} conditions ({len(main)} main cues) over {cond['run'].nunique()} model x reasoning runs; "
-        f"benchmarks {', '.join(dict.fromkeys(cond['benchmark']))}",
-        "- Tests on counts: exact binomial for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym "
-        "(baseline variance counted four times); BH-FDR within benchmark x variant x test family.",
-        "- **Condition-level data: no item-level bootstrap** (there are no items to resample; it would be "
-        "degenerate), so per-condition CIs are not given. Headline CIs: cluster bootstrap "
-        f"({inf.N_BOOT} draws, seed {inf.SEED}) over (model x reasoning, factor) clusters.",
-        "",
-        "## Headline per benchmark",
-        "",
-        inf.md_table(panel["headline"][["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]]),
-        "",
-        *_variance_lines(main),
-        "## Per model and reasoning mode (main cues)",
-        "",
-        inf.md_table(panel["by_model"]),
-        "",
-        "## By influence type",
-        "",
-        inf.md_table(panel["by_influence"]),
-        "",
-        "## |Asym| against |baseline bias|",
-        "",
-        *ci.asym_md(fits, "crossed"),
-    ]
-    if len(ambiguous):
-        lines += ["## Ambiguous rows (left out)", "", inf.md_table(ambiguous), ""]
-    atomic_write_text(out / "summary.md", "\n".join(lines))
-    return sorted(p for p in out.iterdir() if p.suffix in (".md", ".csv", ".png"))
-
-
-def _variance_lines(main: pd.DataFrame) -> list[str]:
-    """How many main-cue conditions the baseline-twice variance calls significant that the correct one does not."""
-    sig4, sig2 = main["p_asym"] < 0.05, main["p_asym_2x"] < 0.05
-    return [
-        f"Wald test of Asym: {int(sig4.sum())} of {len(main)} main-cue conditions significant at 0.05 with the baseline "
-        f"variance counted four times (correct: `p_asym`); {int(sig2.sum())} with it counted twice (`p_asym_2x`, "
-        f"s(A) and s(B) treated as independent); {int((sig2 & ~sig4).sum())} are significant only under the latter.",
-        "",
-    ]

@@ -32,7 +32,6 @@ family. All functions take numpy arrays (or scalars) and broadcast.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -172,31 +171,6 @@ def bh_adjust(p: ArrayLike) -> Array:
     adj[order] = np.minimum(q, 1.0)
     out[ok] = adj
     return out
-
-
-def bootstrap_weights(strata: Sequence[str] | NDArray[np.str_], n_boot: int, rng: np.random.Generator) -> Array:
-    """Cluster-bootstrap multiplicities: an ``(n_boot, J)`` matrix for ``J`` clusters.
-
-    Within each stratum the ``m`` clusters are resampled with replacement
-    ``m`` times (a multinomial draw), so every replicate keeps the strata's
-    sizes. A statistic that is a sum over clusters is then ``weights @ values``.
-    """
-    labels = np.asarray(strata)
-    w = np.zeros((n_boot, labels.size))
-    for s in dict.fromkeys(labels.tolist()):
-        idx = np.flatnonzero(labels == s)
-        w[:, idx] = rng.multinomial(idx.size, np.full(idx.size, 1.0 / idx.size), size=n_boot)
-    return w
-
-
-def percentile_ci(reps: ArrayLike, alpha: float = 0.05, axis: int = 0) -> tuple[Array, Array]:
-    """Percentile interval of bootstrap replicates along ``axis`` (NaN replicates ignored)."""
-    r = _f(reps)
-    with warnings.catch_warnings():  # an all-NaN column (a condition no replicate could compute) stays NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        lo = np.nanpercentile(r, 100 * alpha / 2, axis=axis)
-        hi = np.nanpercentile(r, 100 * (1 - alpha / 2), axis=axis)
-    return lo, hi
 
 
 def nan_sd(reps: ArrayLike, axis: int = 0) -> Array:

@@ -10,7 +10,7 @@ abstract attributes, the same reasoning load with no identity content. Per indiv
 is asked whether X could be the described person (could-be), which option it
 would choose assuming X is (what-if), and, where the identity is implicit,
 which gender and which race X has (the puzzle-solving check). The analysis
-(:mod:`analysis.cue`) turns the what-if answers into In-favor and Against
+(:mod:`analysis.cue.metrics`) turns the what-if answers into In-favor and Against
 events against the Neutral baseline and the Cue Visibility Gap.
 
 The default is reduced (the shipped 12 dilemmas, one combination each, hard
@@ -349,8 +349,8 @@ EXPERIMENTS = (
         add_arguments=_add_arguments,
         spec_from_args=_spec_from_args,
         expand=expand,
-        report=lazy("analysis.cue:cue_report"),
+        report=lazy("analysis.cue.report:cue_report"),
         generative=lambda t: t.factors.get("probe") == "could_be_json",
-        compare=lazy("analysis.compare_cue:compare_cue"),
+        compare=lazy("analysis.cue.compare:compare_cue"),
     ),
 )

@@ -2,7 +2,7 @@
 
 Each condition (model x scenario x influence type) is asked with no cue, with
 a cue toward side A and with the matched cue toward side B; the analysis
-(:mod:`analysis.influence`) turns the three into instability, asymmetry and
+(:mod:`analysis.influence.audit`) turns the three into instability, asymmetry and
 backfire. Prompt and cue wordings are data (``experiments/data/influence``).
 """
 

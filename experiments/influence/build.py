@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 CONTROLS: Final[tuple[str, ...]] = ("rerun", "placebo", "negated")
 ORDERS: Final[tuple[str, str]] = ("a_first", "b_first")
 NONE: Final[str] = "none"
+COND: Final[tuple[str, ...]] = ("pair", "influence", "variant", "kind", "position", "bracket")
+"""The factors that name one condition: the trials of a condition differ only in arm, printed order and item."""
+ARMS: Final[tuple[str, ...]] = ("0", "A", "B")
+"""The three arms of a condition as the analysis names them: no cue, a cue toward side A, toward side B."""
 
 
 @dataclass(frozen=True)
@@ -372,26 +376,42 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
     )
 
 
-_compare_runs = lazy("analysis.compare_influence:compare_influence")
+_compare_runs = lazy("analysis.influence.compare:compare_influence")
 """One function for the three benchmarks, so a panel can pool them."""
 
 
-def audit_experiment(
-    name: str,
-    benchmark: str,
-    summary: str,
-    add_arguments: Callable[[argparse.ArgumentParser], None],
-    spec_from_args: Callable[[argparse.Namespace], Any],
-    expand: Callable[..., list[Trial]],
-) -> Experiment:
-    """An influence benchmark as an experiment: its own flags, spec and trials; the shared report and comparison."""
+@dataclass(frozen=True)
+class Benchmark:
+    """One row of the table the influence benchmarks are registered from (:data:`experiments.influence.BENCHMARKS`).
 
+    The flags, the spec and the trials are each benchmark's own code (the
+    sources really differ: a design's groups, BBQ's JSONL, DailyDilemmas' CSV);
+    the report and the comparison are shared.
+    """
+
+    name: str
+    """The experiment name (``probe run NAME``)."""
+    key: str
+    """The benchmark key of reports and panels (``benchmark`` column)."""
+    title: str
+    """What reports call it."""
+    summary: str
+    """The one-line help of ``probe run NAME``."""
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    """The benchmark's own flags (then the shared audit flags)."""
+    spec_from_args: Callable[[argparse.Namespace], Any]
+    expand: Callable[..., list[Trial]]
+    """Load, select, build scenarios and demonstrations, then :func:`expand_scenarios`."""
+
+
+def audit_experiment(b: Benchmark) -> Experiment:
+    """An influence benchmark as an experiment: its own flags, spec and trials; the shared report and comparison."""
     return Experiment(
-        name=name,
-        summary=summary,
-        add_arguments=add_arguments,
-        spec_from_args=spec_from_args,
-        expand=expand,
-        report=partial(lazy("analysis.influence:influence_report"), benchmark=benchmark),
+        name=b.name,
+        summary=b.summary,
+        add_arguments=b.add_arguments,
+        spec_from_args=b.spec_from_args,
+        expand=b.expand,
+        report=partial(lazy("analysis.influence.report:influence_report"), benchmark=b.key),
         compare=_compare_runs,
     )

@@ -2,7 +2,7 @@
 
 Registered as an experiment so ``probe analyze`` and ``probe compare`` find
 its report and comparison like any other run's (see
-:mod:`analysis.import_conditions`).
+:mod:`analysis.influence.imported`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,6 @@ EXPERIMENT = Experiment(
     add_arguments=_no_args,
     spec_from_args=_not_runnable,
     expand=_no_trials,
-    report=lazy("analysis.import_conditions:imported_report"),
+    report=lazy("analysis.influence.report:imported_report"),
     compare=_compare_runs,
 )

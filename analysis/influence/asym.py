@@ -1,0 +1,327 @@
+"""The |Asym| ~ |baseline bias| regression of paper 000 (main cues, per benchmark and pooled).
+
+statsmodels MixedLM (REML) with crossed random intercepts (the paper's text) or with factor and
+influence nested in model x reasoning (the paper's code); the marginal R^2 of Nakagawa & Schielzeth,
+the share of the |bias| term alone, and every optimizer attempt and warning.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+FORMULA = "abs_asym ~ baseline_bias"
+VC_FORMULA = {
+    "model_reasoning": "0 + C(model_reasoning)",
+    "factor": "0 + C(factor)",
+    "influence": "0 + C(influence)",
+}
+"""Crossed random intercepts: one variance component per grouping, all within a single statsmodels group."""
+
+
+def asym_frame(cond: pd.DataFrame) -> pd.DataFrame:
+    """The regression frame: one row per main-cue condition and run with finite Asym.
+
+    ``abs_asym`` = |Asym|; ``baseline_bias`` = |f0(B) - 1/2|; the groupings
+    ``model_reasoning`` (model + reasoning mode), ``factor`` (benchmark:pair, so
+    equal pair names of two benchmarks stay apart) and ``influence``.
+    """
+    main = cond[cond["variant"] == "cue"]
+    out = pd.DataFrame(
+        {
+            "benchmark": main["benchmark"].astype(str),
+            "run": main["run"].astype(str),
+            "model_reasoning": main["model"].astype(str)
+            + " / reasoning "
+            + np.where(main["think"].astype(bool), "on", "off"),
+            "factor": main["benchmark"].astype(str) + ":" + main["pair"].astype(str),
+            "influence": main["influence"].astype(str),
+            "baseline_bias": main["baseline_bias"].astype(float),
+            "abs_asym": main["asym"].abs().astype(float),
+        }
+    )
+    return out[np.isfinite(out["abs_asym"]) & np.isfinite(out["baseline_bias"])].reset_index(drop=True)
+
+
+STRUCTURES = ("crossed", "nested")
+"""Random-effect structures of the |Asym| fit (``--asym-model``).
+
+``crossed`` (the paper's text): random intercepts for model x reasoning,
+factor and influence type, crossed (variance components of one group).
+``nested`` (the paper's published code): a random intercept per model x
+reasoning group, and factor and influence intercepts *within* each group (a
+factor's intercept differs between models)."""
+RETRY_METHODS = ("powell", "nm")
+"""Optimizers tried, in turn, after statsmodels' own (bfgs, lbfgs, cg) when the REML fit did not converge."""
+
+
+@dataclass(frozen=True)
+class AsymFit:
+    """The fit of |Asym| on |baseline bias| in one scope (a benchmark, or pooled)."""
+
+    scope: str
+    method: str
+    """``MixedLM (REML)``, ``OLS`` (no grouping with two or more levels) or ``none`` (too little data)."""
+    n: int
+    levels: Mapping[str, int]
+    """Levels per random-intercept grouping that entered the fit (nested: distinct levels within groups)."""
+    structure: str = "crossed"
+    formula: str = FORMULA
+    intercept: float = math.nan
+    beta: float = math.nan
+    beta_lo: float = math.nan
+    beta_hi: float = math.nan
+    p_beta: float = math.nan
+    var_fixed: float = math.nan
+    var_bias: float = math.nan
+    """Variance of the |bias| term alone, ``var(beta * baseline_bias)`` (ddof 1): without benchmark offsets."""
+    var_components: Mapping[str, float] = field(default_factory=dict)
+    var_residual: float = math.nan
+    r2_marginal: float = math.nan
+    r2_bias: float = math.nan
+    """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
+    r2_conditional: float = math.nan
+    converged: bool = False
+    attempts: tuple[str, ...] = ()
+    """Each optimizer run and its outcome, in order (a retry is a later entry)."""
+    warnings: tuple[str, ...] = ()
+    """Every warning statsmodels raised during the fit (first line each, deduplicated)."""
+    note: str = ""
+
+    def row(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "scope": self.scope,
+            "structure": self.structure,
+            "formula": self.formula,
+            "method": self.method,
+            "n": self.n,
+            "intercept": self.intercept,
+            "beta": self.beta,
+            "beta_lo": self.beta_lo,
+            "beta_hi": self.beta_hi,
+            "p_beta": self.p_beta,
+            "var_fixed": self.var_fixed,
+            "var_bias": self.var_bias,
+        }
+        for g in VC_FORMULA:
+            out[f"levels_{g}"] = self.levels.get(g, 0)
+            out[f"var_{g}"] = self.var_components.get(g, math.nan)
+        out |= {
+            "var_residual": self.var_residual,
+            "r2_marginal": self.r2_marginal,
+            "r2_bias": self.r2_bias,
+            "r2_conditional": self.r2_conditional,
+            "converged": self.converged,
+            "attempts": " | ".join(self.attempts),
+            "warnings": " | ".join(self.warnings),
+            "note": self.note,
+        }
+        return out
+
+
+def marginal_r2(var_fixed: float, var_components: Sequence[float], var_residual: float) -> tuple[float, float]:
+    """Nakagawa & Schielzeth (2013): (marginal, conditional) R^2 of a linear mixed model.
+
+    ``var_fixed`` is the variance of the fixed-effect predictions ``X beta``
+    (ddof 1, as MuMIn's ``r.squaredGLMM``); the total is that plus every
+    random-intercept variance plus the residual variance.
+    """
+    total = var_fixed + float(np.sum(var_components)) + var_residual
+    if not total > 0:
+        return math.nan, math.nan
+    return var_fixed / total, (var_fixed + float(np.sum(var_components))) / total
+
+
+def gls_cov(x: np.ndarray, frame: pd.DataFrame, var_components: Mapping[str, float], var_residual: float) -> np.ndarray:
+    """Covariance of the GLS fixed effects, ``(X' V^-1 X)^-1`` with ``V = sigma^2 I + sum_g sigma_g^2 Z_g Z_g'``.
+
+    ``Z_g`` is the indicator matrix of column ``g``'s levels in ``frame``
+    (for a nested component, a column of the (group, level) combinations).
+    Computed through Woodbury (no n x n matrix): with ``Z`` the stacked
+    indicators of the groupings of positive variance and ``D`` their variances,
+    ``X'V^-1X = (X'X - X'Z (sigma^2 D^-1 + Z'Z)^-1 Z'X) / sigma^2``.
+    """
+    keep = [g for g, v in var_components.items() if v > 1e-12 * max(var_residual, 1e-300)]
+    xtx = x.T @ x
+    if keep:
+        z = np.hstack([pd.get_dummies(frame[g].astype(str)).to_numpy(dtype=float) for g in keep])
+        d = np.concatenate([np.full(frame[g].nunique(), var_components[g]) for g in keep])
+        inner = np.diag(var_residual / d) + z.T @ z
+        xz = x.T @ z
+        xtx = xtx - xz @ np.linalg.solve(inner, xz.T)
+    return np.linalg.inv(xtx / var_residual)
+
+
+def _first_lines(ws: Sequence[warnings.WarningMessage]) -> list[str]:
+    return list(dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in ws))
+
+
+def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
+    """Fit a statsmodels MixedLM by REML, retrying other optimizers until one converges.
+
+    First statsmodels' default (which itself tries bfgs, lbfgs, cg and warns
+    "Retrying ..."), then each of :data:`RETRY_METHODS`. Returns (the first
+    converged result, or the one of highest REML log-likelihood when none
+    converged; the attempts; the warnings of all attempts).
+    """
+    results, attempts, caught = [], [], []
+    for method in (None, *RETRY_METHODS):
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            try:
+                res = model.fit(reml=True, method=method)
+            except (np.linalg.LinAlgError, ValueError) as e:
+                attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: failed ({e})")
+                caught += _first_lines(ws)
+                continue
+        caught += _first_lines(ws)
+        ok = bool(res.converged) and np.isfinite(res.llf)
+        attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: {'converged' if ok else 'not converged'}")
+        results.append(res)
+        if ok:
+            return res, tuple(attempts), tuple(dict.fromkeys(caught))
+    if not results:
+        raise ValueError("every MixedLM optimizer failed: " + "; ".join(attempts))
+    best = max(results, key=lambda r: r.llf if np.isfinite(r.llf) else -np.inf)
+    return best, tuple(attempts), tuple(dict.fromkeys(caught))
+
+
+def _design(
+    frame: pd.DataFrame, structure: str, benchmark_effect: bool
+) -> tuple[str, dict[str, Any], pd.DataFrame, str]:
+    """(formula, mixedlm keyword arguments, the frame with the Z columns of :func:`gls_cov`, note)."""
+    formula = FORMULA + (" + C(benchmark)" if benchmark_effect else "")
+    n = len(frame)
+    levels = {g: int(frame[g].nunique()) for g in VC_FORMULA}
+    left_out = [g for g in VC_FORMULA if levels[g] < 2]
+    note = f"left out (one level): {', '.join(left_out)}" if left_out else ""
+    z = frame.copy()
+    if structure == "nested" and levels["model_reasoning"] >= 2:
+        inner = {g: f for g, f in VC_FORMULA.items() if g != "model_reasoning" and levels[g] >= 2}
+        for g in inner:
+            z[g] = frame["model_reasoning"].astype(str) + "|" + frame[g].astype(str)
+        kw = {"groups": frame["model_reasoning"].to_numpy(), "re_formula": "1", "vc_formula": inner}
+        return formula, kw, z, note
+    used = {g: f for g, f in VC_FORMULA.items() if levels[g] >= 2}
+    if structure == "nested":
+        note = "; ".join(filter(None, [note, "one model x reasoning group: nested equals crossed"]))
+    return formula, {"groups": np.ones(n), "re_formula": "0", "vc_formula": used}, z, note
+
+
+def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", benchmark_effect: bool = False) -> AsymFit:
+    """Fit ``abs_asym ~ baseline_bias`` (``+ C(benchmark)`` with ``benchmark_effect``) by REML.
+
+    ``structure="crossed"`` (see :data:`STRUCTURES`)::
+
+        smf.mixedlm(formula, frame, groups=np.ones(len(frame)), re_formula="0",
+                    vc_formula={g: f"0 + C({g})" for g in groupings}).fit(reml=True)
+
+    ``structure="nested"``::
+
+        smf.mixedlm(formula, frame, groups=frame["model_reasoning"], re_formula="1",
+                    vc_formula={"factor": "0 + C(factor)", "influence": "0 + C(influence)"}).fit(reml=True)
+
+    (statsmodels' variance components are realized independently in each
+    group, so factor and influence are nested in model x reasoning). A
+    grouping with one level cannot be told apart from the intercept and is
+    left out, and said so; with none left the fit is OLS and its "marginal
+    R^2" is var(X beta) / (var(X beta) + sigma^2). ``r2_bias`` is the share
+    of the |bias| term alone (it differs from ``r2_marginal`` only through the
+    benchmark offsets). Optimizer retries and every warning are recorded
+    (:func:`fit_mixed`).
+    """
+    import statsmodels.api as sm
+    import statsmodels.formula.api as smf
+    from scipy import stats
+
+    if structure not in STRUCTURES:
+        raise ValueError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {structure!r}")
+    n = len(frame)
+    if n < 3 or frame["baseline_bias"].nunique() < 2:
+        return AsymFit(scope, "none", n, {}, structure, note="fewer than 3 conditions or no spread in baseline bias")
+    if benchmark_effect and frame["benchmark"].nunique() < 2:
+        benchmark_effect = False
+    formula, kw, zframe, note = _design(frame, structure, benchmark_effect)
+    levels = {g: int(zframe[g].nunique()) for g in VC_FORMULA if g in kw["vc_formula"]}
+    if kw["re_formula"] == "1":
+        levels["model_reasoning"] = int(frame["model_reasoning"].nunique())
+    attempts: tuple[str, ...] = ()
+    caught: tuple[str, ...] = ()
+    if levels:
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            model = smf.mixedlm(formula, frame, **kw)
+        caught = tuple(_first_lines(ws))
+        res, attempts, fit_ws = fit_mixed(model)
+        caught = tuple(dict.fromkeys([*caught, *fit_ws]))
+        fe = res.fe_params
+        ci = res.conf_int().loc["baseline_bias"]
+        vcomp = dict(zip(model.exog_vc.names, map(float, np.atleast_1d(res.vcomp)), strict=True))
+        if kw["re_formula"] == "1":
+            vcomp = {"model_reasoning": float(np.asarray(res.cov_re)[0, 0]), **vcomp}
+        resid, converged, p = float(res.scale), bool(res.converged), float(res.pvalues["baseline_bias"])
+        x = model.exog
+        method = "MixedLM (REML)"
+        if not np.isfinite(ci.to_numpy()).all():  # a boundary fit: statsmodels gives no fixed-effect SE
+            j = list(fe.index).index("baseline_bias")
+            se = math.sqrt(gls_cov(x, zframe, vcomp, resid)[j, j])
+            zq = float(stats.norm.isf(0.025))
+            b = float(fe["baseline_bias"])
+            ci = pd.Series([b - zq * se, b + zq * se])
+            p = float(2 * stats.norm.sf(abs(b) / se)) if se > 0 else math.nan
+            note = "; ".join(filter(None, [note, "beta CI from (X'V^-1 X)^-1 at the fitted variances"]))
+    else:
+        ols = sm.OLS.from_formula(formula, frame).fit()
+        fe, ci = ols.params, ols.conf_int().loc["baseline_bias"]
+        vcomp, resid, converged, p = {}, float(ols.scale), True, float(ols.pvalues["baseline_bias"])
+        x = ols.model.exog
+        method = "OLS"
+        attempts = ("OLS: closed form",)
+    var_fixed = float(np.var(x @ fe.to_numpy(), ddof=1))
+    var_bias = float(np.var(float(fe["baseline_bias"]) * frame["baseline_bias"].to_numpy(float), ddof=1))
+    r2m, r2c = marginal_r2(var_fixed, list(vcomp.values()), resid)
+    total = var_fixed + float(np.sum(list(vcomp.values()))) + resid
+    return AsymFit(
+        scope=scope,
+        method=method,
+        n=n,
+        levels=levels,
+        structure=structure,
+        formula=formula,
+        intercept=float(fe["Intercept"]),
+        beta=float(fe["baseline_bias"]),
+        beta_lo=float(ci.iloc[0]),
+        beta_hi=float(ci.iloc[1]),
+        p_beta=p,
+        var_fixed=var_fixed,
+        var_bias=var_bias,
+        var_components=vcomp,
+        var_residual=resid,
+        r2_marginal=r2m,
+        r2_bias=var_bias / total if total > 0 else math.nan,
+        r2_conditional=r2c,
+        converged=converged,
+        attempts=attempts,
+        warnings=caught,
+        note=note[:300],
+    )
+
+
+def asym_fits(cond: pd.DataFrame, structures: Sequence[str] = STRUCTURES) -> list[AsymFit]:
+    """Per structure: one fit per benchmark and, with two or more benchmarks, a pooled fit with benchmark offsets."""
+    frame = asym_frame(cond)
+    fits = []
+    for structure in structures:
+        fits += [
+            fit_asym(g.reset_index(drop=True), b, structure=structure)
+            for b, g in frame.groupby("benchmark", sort=False)
+        ]
+        if frame["benchmark"].nunique() > 1:
+            fits.append(fit_asym(frame, "pooled", structure=structure, benchmark_effect=True))
+    return fits

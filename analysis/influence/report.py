@@ -1,0 +1,377 @@
+"""The influence audit's report (paper 000): the Markdown summary, CSV tables and figures of one run, of an
+imported run (``probe import``), and the Markdown of the |Asym| fits; the numbers come from
+:mod:`analysis.influence.audit`, :mod:`analysis.influence.asym` and :mod:`analysis.influence.imported`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.frames import open_run
+from analysis.common.report import report_files, write_summary
+from analysis.common.tables import md_table
+from analysis.influence import flags
+from analysis.influence.asym import FORMULA, AsymFit, asym_fits, asym_frame
+from analysis.influence.audit import (
+    ALPHA,
+    BENCHMARKS,
+    N_BOOT,
+    SEED,
+    Audit,
+    _share,
+    analyze,
+    combine_runs,
+    effects,
+    headline,
+    negation_match,
+    panel_tables,
+    placebo_gap,
+    response_quality,
+    summary_by,
+)
+from analysis.influence.imported import ambiguous_frame, imported_conditions
+from probe.files import atomic_write_text
+from probe.store import RunStore
+
+
+def _figures(audit: Audit, out: Path, max_pairs: int = 12) -> list[Path]:
+    plt = pyplot()
+
+    paths = []
+    c = audit.conditions
+    for i, (pair, g) in enumerate(c.groupby("pair", sort=False)):
+        if i >= max_pairs:
+            break
+        g = g.reset_index(drop=True)
+        places = g.groupby("influence")[["position", "bracket"]].apply(lambda x: len(x.drop_duplicates()))
+        labels = [  # the place is shown only where the user crossed several
+            r.influence
+            + ("" if r.variant == "cue" else f" ({r.variant})")
+            + (f" @{r.position}/{r.bracket}" if places[r.influence] > 1 else "")
+            for r in g.itertuples()
+        ]
+        height = 0.4 * len(g) + 1.6
+        fig, ax = plt.subplots(figsize=(7, height))
+        y = np.arange(len(g))[::-1]
+        ax.hlines(y, g["fA_B"], g["fB_B"], color="0.75", lw=2, zorder=1)
+        ax.scatter(g["fA_B"], y, marker="<", color="tab:blue", label="cue toward A: f_A(B)", zorder=2)
+        ax.scatter(g["f0_B"], y, marker="|", s=200, color="black", label="no cue: f_0(B)", zorder=3)
+        ax.scatter(g["fB_B"], y, marker=">", color="tab:orange", label="cue toward B: f_B(B)", zorder=2)
+        ax.axvline(0.5, color="0.85", lw=1, ls="--", zorder=0)
+        ax.set_yticks(y, labels)
+        ax.set_ylim(-0.7, len(g) - 0.3)
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_xlabel(f"share choosing B ({g['group_b'].iloc[0]}) over A ({g['group_a'].iloc[0]})")
+        ax.set_title(f"{BENCHMARKS[audit.benchmark]}: {pair}")
+        fig.legend(loc="lower center", ncol=3, fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
+        path = out / f"fig_conditions_{i:02d}_{_slug(pair)}.png"
+        save_figure(fig, path, dpi=110)
+        paths.append(path)
+    main = c[c["variant"] == "cue"]
+    if len(main):
+        fig, ax = plt.subplots(figsize=(5, 5))
+        for infl, g in main.groupby("influence", sort=False):
+            ax.scatter(g["s_A"], g["s_B"], label=infl, s=18)
+        lim = float(np.nanmax(np.abs(main[["s_A", "s_B"]].to_numpy()))) * 1.1 or 1.0
+        ax.plot([-lim, lim], [-lim, lim], color="0.7", lw=1, ls="--")
+        ax.axhline(0, color="0.85", lw=1)
+        ax.axvline(0, color="0.85", lw=1)
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+        ax.set_xlabel("s(A): steerability toward A (log-odds)")
+        ax.set_ylabel("s(B): steerability toward B (log-odds)")
+        ax.set_title("above the diagonal: easier to steer toward B")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / "fig_steerability.png"
+        save_figure(fig, path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in text)[:40]
+
+
+_SHOW = ["pair", "influence", "n_items", "f0_B", "fA_B", "fB_B", "delta_A", "delta_B", "s_A", "s_B", "asym"]
+
+
+def influence_report(
+    store: RunStore | str | Path, out: Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED
+) -> list[Path]:
+    """Write the influence audit report of one run: CSV tables, ``summary.md`` and PNG figures."""
+    store = open_run(store)
+    audit = analyze(store, benchmark, n_boot=n_boot, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    c = audit.conditions
+    main = c[c["variant"] == "cue"]
+    tables: dict[str, pd.DataFrame] = {
+        "conditions": c,
+        "effects": effects(c),
+        "headline": headline(c, audit.delta_reps, audit.noise),
+        "by_influence": summary_by(main, "influence"),
+        "by_pair": summary_by(main, "pair"),
+        "by_model": summary_by(main, ["model", "think"]),
+        "noise_floor": audit.noise,
+        "response_quality": response_quality(audit.cells, audit.source),
+        "order_readouts": flags.order_readouts(audit.cells),
+    }
+    if (c["variant"] == "placebo").any():
+        tables["controls_placebo"] = placebo_gap(c)
+    if (c["variant"] == "negated").any():
+        tables["controls_negated"] = negation_match(c)
+    if audit.flips is not None:
+        tables["flip_rates"] = audit.flips
+    for name, df in tables.items():
+        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    figures = _figures(audit, out)
+    from analysis.influence.coding import coded_report
+
+    coded = coded_report(store, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
+    write_summary(out, _summary_md(store, audit, tables, n_boot, [p.name for p in figures]) + coded)
+    return report_files(out)
+
+
+def readout_checks(
+    main: pd.DataFrame, orders: pd.DataFrame, source: str = "readout", alpha: float = ALPHA
+) -> list[str]:
+    """The flags above the headline: tie in every condition, position / label following, significant but small.
+
+    ``main``: the main-cue condition table; ``orders``: :func:`analysis.influence.flags.order_readouts`.
+    The practical size of the shifts is always stated; the other lines appear only when they apply.
+    """
+    eff = effects(main, alpha)
+    size = flags.practical_size(eff["delta"])
+    sig = _share(eff["sig"])
+    lines = [*flags.tie_lines(flags.tie_readout(main)), *flags.following_lines(flags.following(orders))]
+    lines += flags.practical_lines(sig, size, source)
+    lines.append(
+        f"- practical size beside the significance shares: {flags.practical_note(size)} (practical threshold "
+        f"{100 * flags.PRACTICAL_SHIFT:g} pp; {100 * sig:.0f}% of effects significant, raw)"
+        if len(eff) and not math.isnan(sig)
+        else "- no effects to size"
+    )
+    return lines
+
+
+def _summary_md(
+    store: RunStore, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]
+) -> str:
+    man = store.manifest()
+    c = audit.conditions
+    plan = man.get("plan", {})
+    name = BENCHMARKS[audit.benchmark]
+    if audit.source == "readout":
+        basis = (
+            "Probabilities come from **answer-slot readouts** (one per prompt, no counts): a cell frequency is "
+            "the mean option probability over the prompts, the continuity correction adds half a prompt to "
+            "each side, and every test is a z test on the **bootstrap standard error over prompts** "
+            f"({n_boot} cluster-bootstrap replicates of the items), not a binomial test."
+        )
+    else:
+        basis = (
+            f"Frequencies are **sampled answers** ({plan.get('samples')} per trial at T = {plan.get('temperature')}; "
+            "refusals and unparseable answers left out, see response quality). Tests on counts: exact binomial "
+            "for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym (baseline variance counted "
+            f"four times); CIs from {n_boot} cluster-bootstrap replicates of the items."
+        )
+    head = tables["headline"]
+    lines = [
+        f"# Influence audit, {name}: {audit.info['model']}",
+        "",
+        f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
+        f"- reasoning (think mode): {audit.info['think']}; conditions: {len(c)} "
+        f"({(c['variant'] == 'cue').sum()} main cues, {(c['variant'] != 'cue').sum()} controls); "
+        f"pairs: {c['pair'].nunique()}; influence types: {', '.join(dict.fromkeys(c['influence']))}",
+        f"- {basis}",
+        "- f_c(B): share choosing side B with no cue (0), the cue toward A, the cue toward B. shift = Delta_d = "
+        "f_d(d) - f_0(d); s(d) = log-odds shift toward d (+1/2 continuity correction); Asym = s(B) - s(A); "
+        "backfire: s(d) < 0. BH-FDR within benchmark x variant x test family.",
+    ]
+    if audit.benchmark == "dd":
+        lines.append(
+            "- DailyDilemmas conditions are per value: A = the option whose primary value it is, B = the other "
+            "option of the same dilemma."
+        )
+    checks = readout_checks(c[c["variant"] == "cue"], tables["order_readouts"], audit.source)
+    lines += [
+        "",
+        "## Headline",
+        "",
+        *checks,
+        *([""] if checks else []),
+        md_table(head, nan="n/a", yes_no=True, escape=True),
+        "",
+    ]
+    orders = tables["order_readouts"]
+    if len(orders):
+        confounded = bool(orders["confounded"].iloc[0])
+        lines += [
+            "## Readouts by printed order",
+            "",
+            f"Mean P(first-printed option), mean P(label {orders['label'].iloc[0]}) and mean P(side B) per arm and "
+            "printed order (main cues). A readout that follows the position reads P(first printed) on the same side "
+            f"of 1/2 in both orders (flagged from {flags.FOLLOW_MARGIN:g} away)"
+            + (
+                "; label and position coincide here (the same label is printed first in every trial)."
+                if confounded
+                else "."
+            ),
+            "",
+            md_table(orders.drop(columns=["label", "confounded"]), nan="n/a", yes_no=True, escape=True),
+            "",
+        ]
+    lines += ["## By influence type", "", md_table(tables["by_influence"], nan="n/a", yes_no=True, escape=True), ""]
+    lines += [
+        "## By pair (factor / sub-experiment / value)",
+        "",
+        md_table(tables["by_pair"], nan="n/a", yes_no=True, escape=True),
+        "",
+    ]
+    lines += [
+        "## Conditions (main cues)",
+        "",
+        md_table(c[c["variant"] == "cue"][_SHOW].head(60), nan="n/a", yes_no=True, escape=True),
+        "",
+    ]
+    if len(c[c["variant"] == "cue"]) > 60:
+        lines += [f"(first 60 of {int((c['variant'] == 'cue').sum())}; all in conditions.csv)", ""]
+    noise = tables["noise_floor"]
+    if len(noise):
+        lines += ["## Noise floor (baseline re-run)", "", md_table(noise, nan="n/a", yes_no=True, escape=True), ""]
+        if audit.source == "readout" and float(noise["abs_diff"].max()) == 0.0:
+            lines += [
+                "A readout is deterministic, so an unsalted re-run is identical; use --rerun-salt for a floor.",
+                "",
+            ]
+    for key, title in (
+        ("controls_placebo", "Placebo cues (irrelevant, same form)"),
+        ("controls_negated", "Negated cues"),
+        ("flip_rates", "Sample-level flip rates"),
+    ):
+        if key in tables:
+            lines += [f"## {title}", "", md_table(tables[key], nan="n/a", yes_no=True, escape=True), ""]
+    lines += ["## Response quality", "", md_table(tables["response_quality"], nan="n/a", yes_no=True, escape=True), ""]
+    if figures:
+        lines += [
+            "Figures (f_A(B), f_0(B), f_B(B) per condition; s(A) vs s(B)): " + ", ".join(f"`{f}`" for f in figures),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
+    """The regression section: both random-effect structures, the |bias|-alone share, convergence."""
+
+    lines = [
+        f"`{FORMULA}` per benchmark; the pooled fit adds benchmark offsets (`+ C(benchmark)`). REML by statsmodels "
+        "MixedLM. **crossed** (the paper's text): random intercepts for model x reasoning, factor "
+        "(benchmark:pair) and influence type, as variance components of one group "
+        "(`groups=1, re_formula='0', vc_formula={model_reasoning, factor, influence}`). **nested** (the paper's "
+        "code): a random intercept per model x reasoning group, with factor and influence intercepts within each "
+        "group (`groups=model_reasoning, re_formula='1', vc_formula={factor, influence}`). "
+        f"Headline structure: **{headline}** (`--asym-model`). Marginal R² = var(X β) / (var(X β) + Σ σ²_vc + σ²_ε) "
+        "(Nakagawa & Schielzeth 2013; var with ddof 1); R² |bias| alone = var(β |bias|) / the same total "
+        "(without the benchmark offsets); conditional R² adds Σ σ²_vc to the numerator. `attempts` lists each "
+        "optimizer run (statsmodels' default tries bfgs, lbfgs, cg; then powell, nm until one converges), "
+        "`warnings` every warning of the fit.",
+        "",
+    ]
+    table = pd.DataFrame([f.row() for f in fits])
+    if len(table):
+        cols = ["scope", "structure", "method", "n", "beta", "beta_lo", "beta_hi", "r2_marginal", "r2_bias"]
+        cols += ["r2_conditional", "converged", "attempts", "warnings", "note"]
+        lines += [md_table(table[cols], nan="–"), ""]
+    return lines
+
+
+def imported_report(store: Any, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+    """Write the report of an imported run: the native report's tables from counts, and the |Asym| fits.
+
+    No item-level bootstrap (condition-level data has no items): the headline
+    CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
+    """
+
+    man = store.manifest()
+    cond = combine_runs([imported_conditions(store, run=store.root.name)])
+    main = cond[cond["variant"] == "cue"]
+    panel = panel_tables(cond)
+    fits = asym_fits(cond)
+    amb_path = store.root / "ambiguous.csv"
+    ambiguous = pd.read_csv(amb_path) if amb_path.exists() else ambiguous_frame(())
+    tables: dict[str, pd.DataFrame] = {
+        "conditions": cond,
+        "effects": effects(cond),
+        "headline": panel["headline"],
+        "by_influence": panel["by_influence"],
+        "by_pair": panel["by_pair"],
+        "by_model": panel["by_model"],
+        "asym_regression": pd.DataFrame([f.row() for f in fits]),
+        "asym_regression_data": asym_frame(cond),
+        "ambiguous": ambiguous,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in tables.items():
+        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    prov = man.get("provenance", {})
+    lines = [
+        "# Influence audit, imported per-condition results",
+        "",
+        f"- run: `{store.root}` (**imported**: {prov.get('source')}, sha256 `{str(prov.get('source_sha256'))[:16]}`, "
+        f"imported {prov.get('imported_at')})",
+        f"- rows: {prov.get('rows')}; imported {prov.get('imported_rows')}; ambiguous (left out, `ambiguous.csv`): "
+        f"{len(prov.get('ambiguous_rows', []))}"
+        + (f" (lines {', '.join(map(str, prov.get('ambiguous_rows', [])))})" if prov.get("ambiguous_rows") else ""),
+        f"- {len(cond)} conditions ({len(main)} main cues) over {cond['run'].nunique()} model x reasoning runs; "
+        f"benchmarks {', '.join(dict.fromkeys(cond['benchmark']))}",
+        "- Tests on counts: exact binomial for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym "
+        "(baseline variance counted four times); BH-FDR within benchmark x variant x test family.",
+        "- **Condition-level data: no item-level bootstrap** (there are no items to resample; it would be "
+        "degenerate), so per-condition CIs are not given. Headline CIs: cluster bootstrap "
+        f"({N_BOOT} draws, seed {SEED}) over (model x reasoning, factor) clusters.",
+        "",
+        "## Headline per benchmark",
+        "",
+        md_table(
+            panel["headline"][["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]],
+            nan="n/a",
+            yes_no=True,
+            escape=True,
+        ),
+        "",
+        *_variance_lines(main),
+        "## Per model and reasoning mode (main cues)",
+        "",
+        md_table(panel["by_model"], nan="n/a", yes_no=True, escape=True),
+        "",
+        "## By influence type",
+        "",
+        md_table(panel["by_influence"], nan="n/a", yes_no=True, escape=True),
+        "",
+        "## |Asym| against |baseline bias|",
+        "",
+        *asym_md(fits, "crossed"),
+    ]
+    if len(ambiguous):
+        lines += ["## Ambiguous rows (left out)", "", md_table(ambiguous, nan="n/a", yes_no=True, escape=True), ""]
+    write_summary(out, "\n".join(lines))
+    return report_files(out)
+
+
+def _variance_lines(main: pd.DataFrame) -> list[str]:
+    """How many main-cue conditions the baseline-twice variance calls significant that the correct one does not."""
+    sig4, sig2 = main["p_asym"] < 0.05, main["p_asym_2x"] < 0.05
+    return [
+        f"Wald test of Asym: {int(sig4.sum())} of {len(main)} main-cue conditions significant at 0.05 with the baseline "
+        f"variance counted four times (correct: `p_asym`); {int(sig2.sum())} with it counted twice (`p_asym_2x`, "
+        f"s(A) and s(B) treated as independent); {int((sig2 & ~sig4).sum())} are significant only under the latter.",
+        "",
+    ]
