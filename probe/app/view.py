@@ -1,0 +1,588 @@
+"""``probe view RUN [RUN ...]``: a local web viewer of runs, their reports and every trial.
+
+A standard-library HTTP server (``ThreadingHTTPServer``) bound to 127.0.0.1,
+serving server-rendered HTML (Jinja2 templates, autoescaped) with one small
+script and one style sheet from ``probe/app/static/``: no front-end build, no
+CDN, nothing fetched from the network, and every page works without the
+script (it only sorts and filters tables and submits the filter form when a
+choice changes). Why: a researcher runs this on a laptop or a cluster login
+node over an SSH tunnel, where a Node tool chain or a CDN is not at hand, and
+the pages are tables and text.
+
+Every page and its JSON twin under ``/api/`` are answered by
+:meth:`Viewer.handle`, a function of (path, query) that the tests call
+directly and through a real server. The runs are read through
+:mod:`probe.runs` (the documented Python API): the trial browser pages the
+trial index and the chunk tables on demand; the browser is sent one page.
+
+Safety: the server binds 127.0.0.1 only; it serves the run folders it was
+given and its own static files, nothing else (a path with ``..``, an absolute
+or an encoded one is refused); it never shows an environment variable, and
+manifest fields that could hold a secret (API keys, tokens, headers) are
+shown as ``[redacted]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import mimetypes
+import os
+import re
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from probe.app import markdown
+from probe.app.prompts import Renderer
+from probe.app.trialview import side_by_side, trial_view
+from probe.errors import ProbeError
+from probe.runs import (
+    SAMPLE_STATUSES,
+    FilterError,
+    NotARunError,
+    Run,
+    TrialFilter,
+    factor_column,
+    open_run,
+    run_folders,
+)
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+TEMPLATES = HERE / "templates"
+HOST = "127.0.0.1"
+PAGE_SIZE = 50
+MAX_PAGE = 500
+ITEM_COLUMNS = ("item_id", "item", "dilemma", "story", "scenario")
+"""Report columns whose values name items (a row there links to that item's trials)."""
+_SECRET_KEY = re.compile(
+    r"(^|[_-])(api[_-]?key|apikey|secret|password|passwd|token|authorization|auth|cookie|credentials?|headers?)$",
+    re.IGNORECASE,
+)
+_SECRET_VALUE = re.compile(
+    r"\b(sk-[A-Za-z0-9_-]{12,}|sk-ant-[A-Za-z0-9_-]{12,}|hf_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_-]{20,})"
+)
+_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------ secrets
+def _env_secrets() -> set[str]:
+    """Values of this process's environment variables that look like secrets (never shown)."""
+    return {v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8}
+
+
+def redact(obj: Any, secrets: set[str] | None = None) -> Any:
+    """``obj`` (a manifest) with every value that could be a secret replaced by ``[redacted]``: fields named like
+    a key, token, password or header, strings shaped like an API key, and any secret environment value."""
+    secrets = _env_secrets() if secrets is None else secrets
+    if isinstance(obj, Mapping):
+        return {
+            str(k): ("[redacted]" if _SECRET_KEY.search(str(k)) and v not in (None, "", {}, []) else redact(v, secrets))
+            for k, v in obj.items()
+        }
+    if isinstance(obj, (list, tuple)):
+        return [redact(v, secrets) for v in obj]
+    if isinstance(obj, str):
+        out = _SECRET_VALUE.sub("[redacted]", obj)
+        for s in secrets:
+            if s in out:
+                out = out.replace(s, "[redacted]")
+        return out
+    return obj
+
+
+# ------------------------------------------------------------------ responses
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/html; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(
+        status, json.dumps(obj, ensure_ascii=False, default=_jsonable).encode(), "application/json; charset=utf-8"
+    )
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)
+
+
+class NotFound(ProbeError, LookupError):
+    """A page, run, trial or file the viewer does not have (HTTP 404)."""
+
+
+class ServeError(ProbeError, RuntimeError):
+    """The server cannot start (a port in use); the message says what to change."""
+
+
+class Refused(ProbeError, PermissionError):
+    """A path outside the run folders (HTTP 403)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    pattern: re.Pattern[str]
+    handler: Callable[..., Response]
+
+
+# ------------------------------------------------------------------ the viewer
+@dataclass
+class Viewer:
+    """The runs of one ``probe view`` and the pages about them."""
+
+    runs: list[Run]
+    renderers: list[Renderer] = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    env: Any = None
+
+    @classmethod
+    def open(cls, paths: Sequence[str | os.PathLike[str]]) -> Viewer:
+        """Open every run (a ``probe compare`` folder opens the runs of its panel); NotARunError for any other
+        folder."""
+        folders = [f for p in paths for f in run_folders(p)]
+        if not folders:
+            raise NotARunError("give at least one run folder (the --out of `probe run`)")
+        runs = [open_run(f, allow_partial=True) for f in folders]
+        return cls(runs, [Renderer(r.manifest) for r in runs])
+
+    def __post_init__(self) -> None:
+        import jinja2
+
+        if not self.renderers:
+            self.renderers = [Renderer(r.manifest) for r in self.runs]
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters["num"] = _num_filter
+        self.env.filters["query"] = _query
+        self.routes = [
+            Route(re.compile(r"^/$"), self.page_home),
+            Route(re.compile(r"^/static/([A-Za-z0-9_.-]+)$"), self.static),
+            Route(re.compile(r"^/r/(\d+)/$"), self.page_run),
+            Route(re.compile(r"^/r/(\d+)/trials$"), self.page_trials),
+            Route(re.compile(r"^/r/(\d+)/trial/([A-Za-z0-9_-]+)$"), self.page_trial),
+            Route(re.compile(r"^/r/(\d+)/table/([A-Za-z0-9_.-]+)$"), self.page_table),
+            Route(re.compile(r"^/r/(\d+)/report/([A-Za-z0-9_.-]+)$"), self.report_file),
+            Route(re.compile(r"^/api/runs$"), self.api_runs),
+            Route(re.compile(r"^/api/r/(\d+)/run$"), self.api_run),
+            Route(re.compile(r"^/api/r/(\d+)/levels$"), self.api_levels),
+            Route(re.compile(r"^/api/r/(\d+)/trials$"), self.api_trials),
+            Route(re.compile(r"^/api/r/(\d+)/trial/([A-Za-z0-9_-]+)$"), self.api_trial),
+        ]
+
+    def warm(self, log: Callable[[str], None] = print) -> None:
+        """Build (or load) every run's trial index and check its chunks, so the first page is fast."""
+        for run in self.runs:
+            t0 = time.perf_counter()
+            run.index()
+            integrity = run.integrity
+            log(f"{run.root}: {run.n_trials:,} trials, {integrity.counts_line()} ({time.perf_counter() - t0:.1f} s)")
+
+    # ------------------------------------------------------------ dispatch
+    def handle(self, target: str) -> Response:
+        """The response to ``GET target`` (path and query)."""
+        parts = urllib.parse.urlsplit(target)
+        raw = parts.path
+        path = urllib.parse.unquote(raw)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        wants_json = path.startswith("/api/")
+        try:
+            if _outside(raw) or _outside(path):
+                raise Refused(f"refused {path!r}: the viewer serves the run folders it was given, nothing outside them")
+            for route in self.routes:
+                m = route.pattern.match(path)
+                if m:
+                    with self.lock:
+                        return route.handler(*m.groups(), query=query)
+            raise NotFound(f"no page {path!r}; start at /")
+        except Refused as e:
+            return self._error(403, str(e), wants_json)
+        except (NotFound, KeyError) as e:
+            return self._error(404, str(e.args[0]) if e.args else "not found", wants_json)
+        except (FilterError, ProbeError, ValueError) as e:
+            return self._error(400, str(e), wants_json)
+        except Exception as e:  # a bug: say so on the page, keep serving
+            sys.stderr.write(f"probe view: error on {path}: {type(e).__name__}: {e}\n")
+            return self._error(500, f"internal error ({type(e).__name__}: {e}); please report it", wants_json)
+
+    def _error(self, status: int, message: str, wants_json: bool) -> Response:
+        if wants_json:
+            return _json({"error": message, "status": status}, status)
+        return Response(status, self._render("error.html", status=status, message=message, run_index=None).body)
+
+    def _render(self, template: str, **ctx: Any) -> Response:
+        base = {"runs": [(i, r.name) for i, r in enumerate(self.runs)]}
+        return Response(200, self.env.get_template(template).render(**base, **ctx).encode())
+
+    def _run(self, i: str) -> tuple[int, Run]:
+        k = int(i)
+        if not 0 <= k < len(self.runs):
+            raise NotFound(f"no run {k}; this viewer has runs 0-{len(self.runs) - 1}")
+        return k, self.runs[k]
+
+    # ------------------------------------------------------------ files
+    def static(self, name: str, query: Any) -> Response:
+        path = STATIC / name
+        if name.startswith(".") or not path.is_file() or path.resolve().parent != STATIC:
+            raise NotFound(f"no static file {name!r}")
+        return _file(path)
+
+    def report_file(self, i: str, name: str, query: Any) -> Response:
+        _, run = self._run(i)
+        return _file(_report_path(run, name))
+
+    # ------------------------------------------------------------ run data
+    def run_info(self, k: int) -> dict[str, Any]:
+        run = self.runs[k]
+        integrity = run.integrity
+        man = redact(run.manifest)
+        engine = man.get("engine") or {}
+        report = run.report_dir()
+        files = (
+            sorted(p.name for p in report.iterdir() if p.is_file() and not p.name.startswith("."))
+            if report.is_dir()
+            else []
+        )
+        return {
+            "index": k,
+            "name": run.name,
+            "path": str(run.root),
+            "experiment": run.experiment,
+            "model": run.model,
+            "engine": engine.get("engine"),
+            "created": man.get("created"),
+            "project_commit": man.get("project_commit"),
+            "run_key": man.get("run_key"),
+            "n_trials": run.n_trials,
+            "integrity": {
+                "complete": integrity.complete,
+                "line": integrity.counts_line(),
+                "chunks": len(integrity.chunks),
+                "verified": len(integrity.verified),
+                "damaged": [
+                    {"chunk": c.chunk, "trials": list(c.trials), "reason": c.reason} for c in integrity.damaged
+                ],
+                "missing": len(integrity.missing),
+                "found_trials": integrity.found_trials,
+            },
+            "report": {
+                "summary": "summary.md" in files,
+                "tables": [f for f in files if f.endswith(".csv")],
+                "figures": [f for f in files if f.endswith(".png")],
+            },
+            "manifest": man,
+        }
+
+    def levels(self, run: Run) -> dict[str, list[str]]:
+        return {k: list(v) for k, v in run.levels.items()}
+
+    def cell_link(self, k: int) -> markdown.CellFn:
+        """(header, value) -> the trials URL of a report cell that names an item or a factor level."""
+        run = self.runs[k]
+        items = set(run.levels["item"])
+
+        def link(header: str, value: str) -> str | None:
+            value = value.strip().strip("`")
+            if header.strip().lower() in ITEM_COLUMNS and value in items:
+                return f"/r/{k}/trials?" + _query([("item", value)])
+            return None
+
+        return link
+
+    def row_filter(self, k: int, header: Sequence[str], row: Sequence[str]) -> list[tuple[str, str]]:
+        """The filter of the trials behind one report row: its item and the factor levels it names."""
+        run = self.runs[k]
+        lv = run.levels
+        pairs: list[tuple[str, str]] = []
+        for h, v in zip(header, row, strict=False):
+            h, v = h.strip(), str(v).strip()
+            if h.lower() in ITEM_COLUMNS and v in lv["item"] and not any(p[0] == "item" for p in pairs):
+                pairs.append(("item", v))
+            elif h in run.factor_names and v in lv[h]:
+                pairs.append((factor_column(h), v))
+        return pairs
+
+    # ------------------------------------------------------------ pages
+    def page_home(self, query: Any) -> Response:
+        if len(self.runs) == 1:
+            return Response(302, b"", headers=(("Location", "/r/0/"),))
+        return self._render("home.html", infos=[self.run_info(k) for k in range(len(self.runs))], run_index=None)
+
+    def page_run(self, i: str, query: Any) -> Response:
+        k, run = self._run(i)
+        info = self.run_info(k)
+        summary = ""
+        path = run.report_dir() / "summary.md"
+        if path.is_file():
+            summary = markdown.render(
+                path.read_text(encoding="utf-8", errors="replace"),
+                link=lambda u: _report_url(k, u),
+                cell=self.cell_link(k),
+            )
+        manifest_json = json.dumps(info["manifest"], indent=2, sort_keys=True, default=str)
+        return self._render("run.html", run_index=k, info=info, summary=summary, manifest_json=manifest_json)
+
+    def page_table(self, i: str, name: str, query: Any) -> Response:
+        import csv
+        import io
+
+        k, run = self._run(i)
+        path = _report_path(run, name)
+        if path.suffix != ".csv":
+            raise NotFound(f"{name} is not a report table (CSV)")
+        rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8", errors="replace"))))
+        header, body = (rows[0], rows[1:]) if rows else ([], [])
+        links = [self.row_filter(k, header, r) for r in body]
+        return self._render(
+            "table.html",
+            run_index=k,
+            info=self.run_info(k),
+            name=name,
+            header=header,
+            rows=list(zip(body, links, strict=True)),
+        )
+
+    def trials_context(self, k: int, query: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        run = self.runs[k]
+        offset, limit, pairs = _paging(query)
+        flt = TrialFilter.parse(pairs)
+        page = run.page(flt, offset, limit)
+        rows = page.rows.to_dict("records") if len(page.rows) else []
+        for r in rows:
+            for key in ("greedy_prob", "coverage"):
+                if r.get(key) is not None and isinstance(r[key], float) and math.isnan(r[key]):
+                    r[key] = None
+        return {"filter": flt.pairs(), "total": page.total, "offset": offset, "limit": limit, "rows": rows}
+
+    def page_trials(self, i: str, query: Any) -> Response:
+        k, run = self._run(i)
+        error = None
+        try:
+            ctx = self.trials_context(k, query)
+        except FilterError as e:
+            error = str(e)
+            pairs = [(a, b) for a, b in query if a not in ("offset", "limit")]
+            ctx = {"filter": pairs, "total": 0, "offset": 0, "limit": PAGE_SIZE, "rows": []}
+        selected: dict[str, list[str]] = {}
+        for a, b in ctx["filter"]:
+            selected.setdefault(a, []).append(b)
+        resp = self._render(
+            "trials.html",
+            run_index=k,
+            info=self.run_info(k),
+            levels=self.levels(run),
+            factor_names=[(factor_column(n), n) for n in run.factor_names],
+            statuses=SAMPLE_STATUSES,
+            selected=selected,
+            error=error,
+            **ctx,
+        )
+        return Response(400, resp.body) if error else resp
+
+    def trial_context(self, k: int, trial_id: str) -> dict[str, Any]:
+        run = self.runs[k]
+        try:
+            view = trial_view(run, trial_id, self.renderers[k])
+        except KeyError:
+            raise NotFound(f"run {run.name} has no trial {trial_id!r}") from None
+        others = side_by_side(self.runs, view, k) if len(self.runs) > 1 else []
+        return {"trial": view, "others": others}
+
+    def page_trial(self, i: str, trial_id: str, query: Any) -> Response:
+        k, _ = self._run(i)
+        ctx = self.trial_context(k, trial_id)
+        back = [(factor_column(n), str(v)) for n, v in ctx["trial"]["factors"].items()]
+        return self._render(
+            "trial.html",
+            run_index=k,
+            info=self.run_info(k),
+            back=[("item", ctx["trial"]["item_id"])],
+            same_form=back,
+            **ctx,
+        )
+
+    # ------------------------------------------------------------ JSON
+    def api_runs(self, query: Any) -> Response:
+        infos = [self.run_info(k) for k in range(len(self.runs))]
+        return _json({"runs": [{key: v for key, v in info.items() if key != "manifest"} for info in infos]})
+
+    def api_run(self, i: str, query: Any) -> Response:
+        k, _ = self._run(i)
+        return _json(self.run_info(k))
+
+    def api_levels(self, i: str, query: Any) -> Response:
+        _, run = self._run(i)
+        return _json({"levels": self.levels(run), "statuses": list(SAMPLE_STATUSES), "factors": list(run.factor_names)})
+
+    def api_trials(self, i: str, query: Any) -> Response:
+        k, _ = self._run(i)
+        return _json(self.trials_context(k, query))
+
+    def api_trial(self, i: str, trial_id: str, query: Any) -> Response:
+        k, _ = self._run(i)
+        return _json(self.trial_context(k, trial_id))
+
+
+# ------------------------------------------------------------------ helpers
+def _outside(path: str) -> bool:
+    """A path that points outside what the viewer serves: ``..`` segments, backslashes, NUL, or ``//``."""
+    segs = path.split("/")
+    return ".." in segs or "\\" in path or "\x00" in path or "//" in path or any(s.startswith("~") for s in segs)
+
+
+def _report_path(run: Run, name: str) -> Path:
+    report = run.report_dir().resolve()
+    path = (report / name).resolve()
+    if name.startswith(".") or path.parent != report:
+        raise Refused(f"refused {name!r}: only files of the run's report folder are served")
+    if not path.is_file():
+        raise NotFound(f"run {run.name} has no report file {name!r}")
+    return path
+
+
+def _report_url(k: int, url: str) -> str | None:
+    """A report's relative link, pointed at its file in the run's report folder (None: not a report file)."""
+    name = url.split("#", 1)[0].split("?", 1)[0]
+    if "/" in name or name.startswith(".") or not name:
+        return None
+    return f"/r/{k}/report/{urllib.parse.quote(name)}"
+
+
+def _file(path: Path) -> Response:
+    ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    if ctype.startswith("text/") or ctype in ("application/javascript", "text/javascript"):
+        ctype += "; charset=utf-8"
+    return Response(200, path.read_bytes(), ctype, (("Cache-Control", "no-cache"),))
+
+
+def _paging(query: Sequence[tuple[str, str]]) -> tuple[int, int, list[tuple[str, str]]]:
+    offset, limit, pairs = 0, PAGE_SIZE, []
+    for key, value in query:
+        if key in ("offset", "limit"):
+            try:
+                n = int(value)
+            except ValueError:
+                raise FilterError(f"{key} must be a whole number, got {value!r}") from None
+            if key == "offset":
+                offset = max(n, 0)
+            else:
+                limit = min(max(n, 1), MAX_PAGE)
+        else:
+            pairs.append((key, value))
+    return offset, limit, pairs
+
+
+def _query(pairs: Any, **more: Any) -> str:
+    items = list(pairs) + [(k, str(v)) for k, v in more.items() if v is not None]
+    return urllib.parse.urlencode(items)
+
+
+def _num_filter(x: Any, spec: str = ".4f") -> str:
+    if x is None:
+        return "-"
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return html.escape(str(x))
+    return "-" if math.isnan(f) else format(f, spec)
+
+
+# ------------------------------------------------------------------ the server
+class _Handler(BaseHTTPRequestHandler):
+    viewer: Viewer
+    server_version = "probe-view"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        resp = self.viewer.handle(self.path)
+        self.send_response(resp.status)
+        self.send_header("Content-Type", resp.content_type)
+        self.send_header("Content-Length", str(len(resp.body)))
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header(
+            "Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'"
+        )
+        for k, v in resp.headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(resp.body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per error only
+        if args and str(args[1] if len(args) > 1 else "").startswith(("4", "5")):
+            sys.stderr.write(f"probe view: {self.address_string()} {format % args}\n")
+
+
+def make_server(viewer: Viewer, port: int = 0) -> ThreadingHTTPServer:
+    """A server for ``viewer`` on 127.0.0.1 (``port`` 0: a free one)."""
+    handler = type("Handler", (_Handler,), {"viewer": viewer})
+    server = ThreadingHTTPServer((HOST, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve(paths: Sequence[str], port: int = 0, *, log: Callable[[str], None] = print) -> int:
+    viewer = Viewer.open(paths)
+    viewer.warm(log)
+    try:
+        server = make_server(viewer, port)
+    except OSError as e:
+        raise ServeError(
+            f"cannot listen on {HOST}:{port} ({e.strerror}); pick another --port, or 0 for a free one"
+        ) from None
+    bound = int(server.server_address[1])
+    log(f"probe view: http://{HOST}:{bound}/  ({len(viewer.runs)} run(s); Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        log("probe view: stopped")
+    finally:
+        server.server_close()
+    return 0
+
+
+# ------------------------------------------------------------------ the command line
+def cmd_view(a: argparse.Namespace) -> int:
+    return serve(a.runs, a.port)
+
+
+def register(sub: Any) -> None:
+    """``probe view`` (and ``probe show``, :mod:`probe.app.show`) on the CLI's subparsers."""
+    v = sub.add_parser(
+        "view",
+        help="browse runs in the web browser: manifest, report, every trial (local server)",
+        description="Start a local web server (127.0.0.1 only) that shows each run's manifest, progress and integrity, "
+        "its report (summary, sortable tables, figures), and a trial browser: filter by item, factor levels, option, "
+        "parse status, low coverage or greedy-vs-sampled disagreement, and open any trial to see its exact prompt, "
+        "option probabilities, sampled replies and verdicts. Several runs (or a `probe compare` folder) show the "
+        "same trial side by side. Ctrl-C stops it.",
+        epilog="examples:\n  probe view runs/battery-smol\n  probe view runs/q8 runs/q8-think --port 8765\n"
+        "  probe view runs/compare-q8        # the runs of a comparison\n"
+        "  ssh -L 8765:127.0.0.1:8765 login-node 'probe view runs/x --port 8765'   # from a cluster",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v.add_argument("runs", nargs="+", help="run folders (the --out of `probe run`) or a `probe compare` folder")
+    v.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: 0, a free one; the URL is printed)")
+    v.set_defaults(func=cmd_view)
+    from probe.app import show
+
+    show.register(sub)
