@@ -161,7 +161,7 @@ EXPERIMENTS = (
         add_arguments=_add_arguments,
         spec_from_args=_spec_from_args,
         expand=expand,
-        report=lazy("analysis.report:yesno_report"),
+        report=lazy("analysis.battery.report:yesno_report"),
         compare=lazy("analysis.battery.compare:compare_yesno"),
     ),
 )
