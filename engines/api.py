@@ -71,7 +71,7 @@ from engines.api_providers import (
     openai_body,
     parse_reply,
 )
-from engines.base import ProgressFn, require
+from engines.base import EngineSettings, ProgressFn, require
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
@@ -129,27 +129,20 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 # --------------------------------------------------------------- settings
 @dataclass(frozen=True)
-class ApiSettings:
-    """Settings of the API engine (all recorded in the run manifest; see :meth:`ApiEngine.identity`)."""
+class ApiSettings(EngineSettings):
+    """Settings of the API engine (all recorded in the run manifest; see :meth:`ApiEngine.identity`).
+
+    Of the shared settings: ``think`` asks the model to reason (Anthropic adaptive thinking, ``enable_thinking``
+    on a compatible server), and ``max_new_tokens`` is per call, with ``think_budget`` added when the model reasons.
+    """
 
     provider: str
-    model: str
     base_url: str | None = None
     """The endpoint of an openai-compatible model (None: the provider's default)."""
-    system_prompt: str | None = None
-    """Added as the system prompt of trials that have none."""
-    max_new_tokens: int = 32
-    """Answer tokens per call; a reasoning allowance is added when the model reasons."""
-    think: bool = False
-    """Ask the model to reason: Anthropic adaptive thinking; ``enable_thinking`` on a compatible server."""
-    think_budget: int = 512
-    """Reasoning allowance added to the token limit when the model reasons (``--think-budget``)."""
     thinking_budget: int | None = None
     """Anthropic manual extended thinking with this many budget tokens (>= 1024)."""
     reasoning_effort: str | None = None
     """OpenAI ``reasoning_effort`` / Anthropic ``output_config.effort``."""
-    seed: int = 0
-    """Seeds the per-(trial, draw) seeds sent to compatible servers."""
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     """Extra request fields merged into every request (e.g. a server's ``top_k``)."""
     api_key_env: str | None = None

@@ -16,6 +16,7 @@ keeps the readout's prompt caches for the draws; speed only).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from probe.errors import ProbeError
@@ -23,6 +24,32 @@ from probe.types import Readout, Sample, Trial
 
 ProgressFn = Callable[[int], None]
 """Called with the number of trials (or samples) just finished."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """What every engine is configured with; each backend's settings extend it with their own fields.
+
+    Engine configuration only: what one request asks for (how many draws, the
+    temperature, a reply cap for one call) is passed to :meth:`Engine.sample`,
+    never stored here. Keyword-only, so a backend's own fields keep their
+    positions (``ApiSettings(provider, model=...)``); the manifest and the run
+    key serialize settings as sorted JSON, so the field order that the base
+    class changes changes neither.
+    """
+
+    model: str
+    """The model: a built-in tiny name, a local folder, a Hugging Face id, or the API's model name."""
+    think: bool = False
+    """Reason first (up to ``think_budget`` tokens), then answer or read the slot."""
+    think_budget: int = 512
+    """Most reasoning tokens in think mode (``--think-budget``)."""
+    system_prompt: str | None = None
+    """Added as a system turn to trials that have none."""
+    max_new_tokens: int = 32
+    """Answer tokens allowed to ``sample()`` after any reasoning (``--max-new-tokens``)."""
+    seed: int = 0
+    """Seed of the per-(trial, draw) sampling."""
 
 
 @runtime_checkable

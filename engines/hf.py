@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engines.base import ProgressFn, require
+from engines.base import EngineSettings, ProgressFn, require
 from engines.render import (
     checked_option_ids,
     close_reasoning,
@@ -79,11 +79,9 @@ SAMPLE_PATHS = ("auto", "tree", "shared", "plain")
 
 
 @dataclass(frozen=True)
-class HFSettings:
+class HFSettings(EngineSettings):
     """Settings of the Transformers engine (all recorded in the run manifest)."""
 
-    model: str
-    """A built-in tiny model name, a local folder, or a Hugging Face id."""
     dtype: str = "auto"
     """Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16. Softmax is always float32."""
     device: str = "auto"
@@ -92,17 +90,8 @@ class HFSettings:
     """Most trials per forward pass."""
     max_batch_tokens: int = 32768
     """Most padded prompt tokens per forward pass (bounds activation memory)."""
-    think: bool = False
-    """Reason first (greedy, up to ``think_budget`` tokens), then read the slot."""
-    think_budget: int = 512
-    system_prompt: str | None = None
-    """Added as a system turn to trials that have none."""
     top_other: int = 5
     """How many of the most likely non-option tokens to report."""
-    max_new_tokens: int = 32
-    """Answer tokens allowed to ``sample()`` after any reasoning."""
-    seed: int = 0
-    """Seed of the per-(trial, draw) sampling generators."""
     revision: str | None = None
     trust_remote_code: bool = False
     readout_path: str = "auto"

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-from engines.base import ProgressFn, require
+from engines.base import EngineSettings, ProgressFn, require
 from engines.render import close_reasoning, option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
 from probe.errors import ModelError, ProbeError
@@ -92,11 +92,9 @@ def start_hint(model: str, device: str, err: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class VLLMSettings:
+class VLLMSettings(EngineSettings):
     """Settings of the vLLM engine (all recorded in the run manifest)."""
 
-    model: str
-    """A built-in tiny model name, a local folder, or a Hugging Face id (without the ``vllm:`` scheme)."""
     dtype: str = "auto"
     """Weights and activation dtype: auto, float32, bfloat16, float16. auto is the Transformers engine's rule:
     float32 on CPU (so readouts equal ``--model tiny``'s), vLLM's choice on a GPU (bfloat16 for float32 checkpoints)."""
@@ -124,17 +122,8 @@ class VLLMSettings:
     """Skip CUDA-graph capture: a faster start, slower steps (useful for tiny models and tests)."""
     trust_remote_code: bool = False
     revision: str | None = None
-    think: bool = False
-    """Reason first (greedy, up to ``think_budget`` tokens), then read the slot."""
-    think_budget: int = 512
-    system_prompt: str | None = None
-    """Added as a system turn to trials that have none."""
     top_other: int = 5
     """How many of the most likely non-option tokens to report (0 saves one request per trial)."""
-    max_new_tokens: int = 32
-    """Answer tokens allowed to ``sample()`` after any reasoning."""
-    seed: int = 0
-    """Seed of the per-(trial, draw) sampling requests."""
     max_logprobs: int = 128
     """vLLM's cap on top-k logprobs per request (raised from vLLM's 20 for the top-k path)."""
     logprob_request: str = "auto"

@@ -56,7 +56,8 @@ import yaml
 
 from engines import engine_kind
 from experiments import Experiment, lazy
-from experiments.influence.build import split_list, stable_hash
+from experiments.influence import BENCHMARK_OF
+from experiments.influence.build import COND, split_list, stable_hash
 from probe.errors import ProbeError, StoreError
 from probe.store import RunStore, chunk_bounds
 from probe.types import Message, Trial, make_trial_id
@@ -68,9 +69,8 @@ if TYPE_CHECKING:
 NAME: Final[str] = "followup"
 DATA: Final[Path] = Path(__file__).resolve().parent / "data" / "followup.yaml"
 CLASSES: Final[tuple[str, ...]] = ("backfire", "compliance", "no_effect", "baseline")
-SOURCES: Final[dict[str, str]] = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}
+SOURCES: Final[dict[str, str]] = BENCHMARK_OF
 """Experiments a follow-up can start from, and their benchmark name in :mod:`analysis.influence.audit`."""
-COND_KEYS: Final[tuple[str, ...]] = ("pair", "influence", "variant", "kind", "position", "bracket")
 
 
 class FollowupError(ProbeError, ValueError):
@@ -248,7 +248,7 @@ def effect_cells(audit: Any, spec: FollowupSpec) -> pd.DataFrame:
         for s, bf, t in zip(sig, eff["backfire"].astype(bool), tested, strict=True)
     ]
     eff["cell"] = cls
-    eff["cell_key"] = ["|".join(str(r[k]) for k in (*COND_KEYS, "direction")) for _, r in eff.iterrows()]
+    eff["cell_key"] = ["|".join(str(r[k]) for k in (*COND, "direction")) for _, r in eff.iterrows()]
     return eff[eff["cell"] != ""].reset_index(drop=True)
 
 
@@ -299,7 +299,7 @@ def readout_answer(trial: Trial, option: str, reasoning: str) -> str:
 
 def _members(trials: Sequence[Trial], row: Mapping[str, Any], benchmark: str) -> list[str]:
     """Trial ids asked in the cell of effect ``row`` (DailyDilemmas cells are per value: both sides' trials)."""
-    same = [t for t in trials if all(t.factors.get(k) == row[k] for k in COND_KEYS if k != "pair")]
+    same = [t for t in trials if all(t.factors.get(k) == row[k] for k in COND if k != "pair")]
     d = row["direction"]
     if benchmark != "dd":
         return [t.trial_id for t in same if t.factors["pair"] == row["pair"] and t.factors["direction"] == d]

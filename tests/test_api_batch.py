@@ -66,7 +66,7 @@ def _store(tmp_path: Path, trials: list[Trial]) -> RunStore:
 
 def _engine(fake: FakeProvider, provider: str) -> ApiEngine:
     model = "gpt-5.5" if provider == "openai" else "claude-sonnet-4-6"
-    settings = ApiSettings(provider, model, batch=True, batch_poll=0.01)
+    settings = ApiSettings(provider, model=model, batch=True, batch_poll=0.01)
     return ApiEngine(settings, log=lambda m: None, retry_policy=RetryPolicy(max_retries=1, base_delay=0.01)).load()
 
 

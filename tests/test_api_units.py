@@ -49,21 +49,21 @@ def test_model_specs() -> None:
 
 def test_settings_validate_and_name_the_flag() -> None:
     with pytest.raises(ValueError, match="--thinking-budget must be >= 1024"):
-        ApiSettings("anthropic", "claude", thinking_budget=100)
+        ApiSettings("anthropic", model="claude", thinking_budget=100)
     with pytest.raises(ValueError, match="--thinking-budget is Anthropic"):
-        ApiSettings("openai", "gpt", thinking_budget=2048)
+        ApiSettings("openai", model="gpt", thinking_budget=2048)
     with pytest.raises(ValueError, match="--reasoning-effort instead of --think"):
-        ApiSettings("openai", "gpt", think=True)
+        ApiSettings("openai", model="gpt", think=True)
     with pytest.raises(ValueError, match="--max-cost"):
-        ApiSettings("openai", "gpt", max_cost=-1)
+        ApiSettings("openai", model="gpt", max_cost=-1)
     with pytest.raises(ValueError, match="needs a base URL"):
-        ApiSettings("openai-compatible", "tiny")
+        ApiSettings("openai-compatible", model="tiny")
     with pytest.raises(ValueError, match="--reasoning-effort must be one of"):
-        ApiSettings("openai", "gpt", reasoning_effort="extreme")
+        ApiSettings("openai", model="gpt", reasoning_effort="extreme")
     # the token limit adds the reasoning allowance only when the model reasons
-    assert ApiSettings("openai", "gpt", max_new_tokens=32).max_tokens == 32
-    assert ApiSettings("openai", "gpt", max_new_tokens=32, reasoning_effort="low", think_budget=900).max_tokens == 932
-    assert ApiSettings("anthropic", "c", max_new_tokens=32, thinking_budget=2048).max_tokens == 2080
+    assert ApiSettings("openai", model="gpt", max_new_tokens=32).max_tokens == 32
+    assert ApiSettings("openai", model="gpt", max_new_tokens=32, reasoning_effort="low", think_budget=900).max_tokens == 932
+    assert ApiSettings("anthropic", model="c", max_new_tokens=32, thinking_budget=2048).max_tokens == 2080
 
 
 def test_key_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,15 +72,15 @@ def test_key_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     with pytest.raises(ValueError, match="set the environment variable OPENAI_API_KEY"):
-        ApiEngine(ApiSettings("openai", "gpt-5.5"))._api_key()
+        ApiEngine(ApiSettings("openai", model="gpt-5.5"))._api_key()
     with pytest.raises(ValueError, match="OPENROUTER_API_KEY"):
-        ApiEngine(ApiSettings("openai-compatible", "m", base_url="https://openrouter.ai/api/v1"))._api_key()
+        ApiEngine(ApiSettings("openai-compatible", model="m", base_url="https://openrouter.ai/api/v1"))._api_key()
     with pytest.raises(ValueError, match="MY_KEY"):
-        ApiEngine(ApiSettings("openai-compatible", "m", base_url="http://x:1/v1", api_key_env="MY_KEY"))._api_key()
+        ApiEngine(ApiSettings("openai-compatible", model="m", base_url="http://x:1/v1", api_key_env="MY_KEY"))._api_key()
     # a self-hosted server needs none
-    assert ApiEngine(ApiSettings("openai-compatible", "m", base_url="http://127.0.0.1:1/v1"))._api_key() == "EMPTY"
+    assert ApiEngine(ApiSettings("openai-compatible", model="m", base_url="http://127.0.0.1:1/v1"))._api_key() == "EMPTY"
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-    assert ApiEngine(ApiSettings("anthropic", "c"))._api_key() == "sk-test"
+    assert ApiEngine(ApiSettings("anthropic", model="c"))._api_key() == "sk-test"
 
 
 def test_call_seeds_differ_per_draw_and_repeat_per_call() -> None:

@@ -8,9 +8,46 @@ backfire. Prompt and cue wordings are data (``experiments/data/influence``).
 
 from __future__ import annotations
 
-from experiments.influence.bbq import EXPERIMENT as BBQ
-from experiments.influence.dd import EXPERIMENT as DD
+from experiments.influence import bbq, dd, triage
+from experiments.influence.build import ARMS, COND, Benchmark, audit_experiment
 from experiments.influence.imported import EXPERIMENT as IMPORTED
-from experiments.influence.triage import EXPERIMENT as TRIAGE
 
-EXPERIMENTS = (TRIAGE, BBQ, DD, IMPORTED)
+__all__ = ["ARMS", "BENCHMARKS", "BENCHMARK_OF", "COND", "EXPERIMENTS", "TITLES", "Benchmark"]
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark(
+        name=triage.NAME,
+        key="triage",
+        title="moral triage",
+        summary="influence audit on moral triage: baseline vs cue toward A vs toward B (paper 000)",
+        add_arguments=triage.add_arguments,
+        spec_from_args=triage.spec_from_args,
+        expand=triage.expand,
+    ),
+    Benchmark(
+        name=bbq.NAME,
+        key="bbq",
+        title="BBQ",
+        summary="influence audit on BBQ ambiguous questions, unknown answer dropped (paper 000)",
+        add_arguments=bbq.add_arguments,
+        spec_from_args=bbq.spec_from_args,
+        expand=bbq.expand,
+    ),
+    Benchmark(
+        name=dd.NAME,
+        key="dd",
+        title="DailyDilemmas",
+        summary="influence audit on DailyDilemmas with value-level cues (paper 000)",
+        add_arguments=dd.add_arguments,
+        spec_from_args=dd.spec_from_args,
+        expand=dd.expand,
+    ),
+)
+"""The influence benchmarks, one row each: every experiment, map and title below is derived from it."""
+
+BENCHMARK_OF: dict[str, str] = {b.name: b.key for b in BENCHMARKS}
+"""Experiment name -> benchmark key (``influence-triage`` -> ``triage``)."""
+TITLES: dict[str, str] = {b.key: b.title for b in BENCHMARKS}
+"""Benchmark key -> what reports call it."""
+
+EXPERIMENTS = (*(audit_experiment(b) for b in BENCHMARKS), IMPORTED)

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from experiments.influence.build import (
     AuditSpec,
@@ -35,7 +35,6 @@ from experiments.influence.build import (
     Scenario,
     Side,
     add_audit_arguments,
-    audit_experiment,
     audit_from_args,
     demo,
     expand_scenarios,
@@ -45,9 +44,6 @@ from experiments.influence.build import (
 from experiments.influence.design import Design, DesignError, article, load_design
 from probe.errors import ProbeError
 from probe.types import Trial
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "influence-bbq"
 POLARITIES = ("neg", "nonneg")
@@ -404,7 +400,7 @@ def expand(spec: BBQSpec, count_tokens: Callable[[str], int] | None = None) -> l
     return expand_scenarios(NAME, bd.design, spec.audit, scs, demos, count_tokens=count_tokens)
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("BBQ")
     g.add_argument(
         "--bbq", required=True, help="a BBQ .jsonl file (upstream data/<Category>.jsonl) or a folder of them"
@@ -417,7 +413,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_audit_arguments(p, "bbq")
 
 
-def _spec_from_args(a: argparse.Namespace) -> BBQSpec:
+def spec_from_args(a: argparse.Namespace) -> BBQSpec:
     return BBQSpec(
         bbq=str(Path(a.bbq).resolve()),
         audit=audit_from_args(a),
@@ -427,13 +423,3 @@ def _spec_from_args(a: argparse.Namespace) -> BBQSpec:
         limit=a.bbq_limit,
         seed=a.bbq_seed,
     )
-
-
-EXPERIMENT = audit_experiment(
-    NAME,
-    "bbq",
-    "influence audit on BBQ ambiguous questions, unknown answer dropped (paper 000)",
-    _add_arguments,
-    _spec_from_args,
-    expand,
-)

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from experiments.influence.build import (
     ORDERS,
@@ -37,7 +37,6 @@ from experiments.influence.build import (
     Scenario,
     Side,
     add_audit_arguments,
-    audit_experiment,
     audit_from_args,
     demo,
     expand_scenarios,
@@ -47,9 +46,6 @@ from experiments.influence.build import (
 from experiments.influence.design import Design, DesignError, article, load_design
 from probe.errors import ProbeError
 from probe.types import Trial
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "influence-dd"
 PER_ACTION = "dilemmas_with_detail_by_action.csv"
@@ -318,7 +314,7 @@ def expand(spec: DDSpec, count_tokens: Callable[[str], int] | None = None) -> li
     )
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("DailyDilemmas")
     g.add_argument("--dd", required=True, help="the DailyDilemmas data folder (or its per-action CSV)")
     g.add_argument(
@@ -341,7 +337,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_audit_arguments(p, "dd")
 
 
-def _spec_from_args(a: argparse.Namespace) -> DDSpec:
+def spec_from_args(a: argparse.Namespace) -> DDSpec:
     return DDSpec(
         dd=str(Path(a.dd).resolve()),
         audit=audit_from_args(a),
@@ -351,13 +347,3 @@ def _spec_from_args(a: argparse.Namespace) -> DDSpec:
         order=a.dd_order,
         seed=a.dd_seed,
     )
-
-
-EXPERIMENT = audit_experiment(
-    NAME,
-    "dd",
-    "influence audit on DailyDilemmas with value-level cues (paper 000)",
-    _add_arguments,
-    _spec_from_args,
-    expand,
-)

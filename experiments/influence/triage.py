@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from experiments.influence.build import (
     AuditSpec,
@@ -24,7 +24,6 @@ from experiments.influence.build import (
     Scenario,
     Side,
     add_audit_arguments,
-    audit_experiment,
     audit_from_args,
     demo,
     expand_scenarios,
@@ -32,9 +31,6 @@ from experiments.influence.build import (
 )
 from experiments.influence.design import Design, DesignError, article, load_design, template_fields
 from probe.types import Trial
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "influence-triage"
 _GROUP_KEYS = frozenset({"key", "plural", "singular", "label", "role"})
@@ -219,7 +215,7 @@ def expand(spec: TriageSpec, count_tokens: Callable[[str], int] | None = None) -
     )
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("triage")
     g.add_argument("--factors", default=None, help="comma-separated factors (default: all in the design)")
     g.add_argument(
@@ -230,15 +226,5 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_audit_arguments(p, "triage")
 
 
-def _spec_from_args(a: argparse.Namespace) -> TriageSpec:
+def spec_from_args(a: argparse.Namespace) -> TriageSpec:
     return TriageSpec(audit=audit_from_args(a), factors=split_list(a.factors), sizes=parse_sizes(a.sizes))
-
-
-EXPERIMENT = audit_experiment(
-    NAME,
-    "triage",
-    "influence audit on moral triage: baseline vs cue toward A vs toward B (paper 000)",
-    _add_arguments,
-    _spec_from_args,
-    expand,
-)
