@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -46,10 +47,13 @@ def cluster_weights(strata: Sequence[str] | NDArray[np.str_], n_boot: int, rng: 
     return w
 
 
-def quantile_ci(reps: ArrayLike, level: float = 0.95, axis: int | None = None) -> tuple[Array, Array]:
-    """The central ``level`` interval of bootstrap replicates: ``numpy.quantile`` at ``(1 - level) / 2`` and its mirror."""
+def quantile_ci(reps: ArrayLike, level: float = 0.95, axis: int | None = None) -> tuple[Any, Any]:
+    """The central ``level`` interval of bootstrap replicates: ``numpy.quantile`` at ``(1 - level) / 2`` and its mirror.
+
+    Scalars for 1-d replicates (``axis`` None), arrays along ``axis`` otherwise.
+    """
     alpha = (1 - level) / 2
-    lo, hi = np.quantile(reps, [alpha, 1 - alpha], axis=axis)
+    lo, hi = np.quantile(np.asarray(reps, dtype=float), [alpha, 1 - alpha], axis=axis)
     return lo, hi
 
 
