@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     coding.register(sub)
     serve.register(sub)
     importer.register(sub)
+    from probe.app import view  # probe view and probe show
+
+    view.register(sub)
     return p
 
 
