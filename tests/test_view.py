@@ -197,7 +197,7 @@ def test_paths_outside_the_run_folders_are_refused(server: tuple[str, int], path
 
 
 def test_report_files_are_served_and_rows_link_to_their_trials(server: tuple[str, int], run_a: Path) -> None:
-    status, ctype, body = get(server, "/r/0/report/summary.md")
+    status, _, body = get(server, "/r/0/report/summary.md")
     assert status == 200 and body == (run_a / "report" / "summary.md").read_text()
     run_page = get(server, "/r/0/")[2]
     assert 'id="summary"' in run_page and "<h1>yes/no battery: sim</h1>" in run_page
