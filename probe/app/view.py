@@ -25,6 +25,7 @@ shown as ``[redacted]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import json
 import math
@@ -212,7 +213,7 @@ class Viewer:
             for route in self.routes:
                 m = route.pattern.match(path)
                 if m:
-                    with self.lock:
+                    with self.lock, self._snapshot(path):
                         return route.handler(*m.groups(), query=query)
             raise NotFound(f"no page {path!r}; start at /")
         except Refused as e:
@@ -224,6 +225,12 @@ class Viewer:
         except Exception as e:  # a bug: say so on the page, keep serving
             sys.stderr.write(f"probe view: error on {path}: {type(e).__name__}: {e}\n")
             return self._error(500, f"internal error ({type(e).__name__}: {e}); please report it", wants_json)
+
+    def _snapshot(self, path: str) -> contextlib.AbstractContextManager[None]:
+        """The run a path is about checks its chunks once for the whole request."""
+        m = re.match(r"^(?:/api)?/r/(\d+)/", path)
+        k = int(m.group(1)) if m else -1
+        return self.runs[k].snapshot() if 0 <= k < len(self.runs) else contextlib.nullcontext()
 
     def _error(self, status: int, message: str, wants_json: bool) -> Response:
         if wants_json:
