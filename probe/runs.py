@@ -663,19 +663,36 @@ class Run:
 
     def narrow(self, table: str, columns: Sequence[str]) -> pa.Table:
         """``columns`` of ``table`` over every verified chunk: each chunk's file read once (those columns only)
-        and kept, so the next filter costs no read."""
+        and kept, so the next filter costs no read.
+
+        The chunks not read yet are read in one Arrow dataset scan (threaded; a run of 1,500 chunks reads in a
+        fraction of the time file by file), which keeps the files' order, and split back into chunks by the row
+        counts of their receipts (a receipt-less legacy chunk is read on its own).
+        """
         import pyarrow as pa
+        import pyarrow.dataset as ds
         import pyarrow.parquet as pq
 
         key = (table, tuple(columns))
         cache: dict[int, pa.Table] = self._memo.setdefault(key, {})
-        parts = []
-        for c in self.integrity.verified:
-            if table not in c.tables:
-                continue
+        held = [c for c in self.integrity.verified if table in c.tables]
+        todo = [c for c in held if c.chunk not in cache]
+        counted = [c for c in todo if c.receipt is not None]
+        rows = [c.receipt.tables[table].rows for c in counted if c.receipt is not None]
+        try:  # one schema for all files (a column that is all missing in one chunk has another type there)
+            paths = [str(self.store.table_path(c.chunk, table)) for c in counted]
+            whole = ds.dataset(paths, format="parquet").to_table(columns=list(columns)) if counted else None
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            whole = None  # read file by file below
+        if whole is not None and whole.num_rows == sum(rows):
+            start = 0
+            for c, n in zip(counted, rows, strict=True):
+                cache[c.chunk] = whole.slice(start, n)
+                start += n
+        for c in todo:
             if c.chunk not in cache:
                 cache[c.chunk] = pq.read_table(self.store.table_path(c.chunk, table), columns=list(columns))
-            parts.append(cache[c.chunk])
+        parts = [cache[c.chunk] for c in held]
         if not parts:
             return pa.table({c: pa.array([], type=pa.float64() if c == "coverage" else pa.string()) for c in columns})
         return pa.concat_tables(parts, promote_options="permissive")

@@ -286,3 +286,27 @@ def test_the_python_fallback_reads_what_arrow_cannot(tmp_path: Path, yesno: Path
     arrow = runs_mod._arrow_records(yesno / "trials.jsonl")
     python = runs_mod._python_records(yesno / "trials.jsonl")
     assert arrow.select(sorted(arrow.column_names)).equals(python.select(sorted(python.column_names)))
+
+
+def test_chunks_whose_columns_differ_in_type_are_read_file_by_file(tmp_path: Path) -> None:
+    """A chunk where no reply parsed stores ``option`` as Parquet's null type; the one-scan read of all chunks
+    cannot cast the others' strings to it, so those chunks are read one by one, and nothing is lost."""
+    from probe.types import Message, Trial
+
+    trials = [
+        Trial(f"t{i}", "x", "item", {"k": "v"}, (Message("user", f"q{i}"),), ("Yes", "No"), ("cbr", "anti"))
+        for i in range(4)
+    ]
+    store = RunStore.open(tmp_path / "run", {"run_key": "k", "n_trials": 4, "chunk_size": 2, "experiment": "x"}, trials)
+
+    def samples(ids: list[str], option: str | None, status: str) -> pd.DataFrame:
+        return pd.DataFrame({"trial_id": ids, "draw": 0, "option": [option] * len(ids), "status": status, "text": "t",
+                             "reasoning": "", "prompt_tokens": 1, "completion_tokens": 1, "token_ids": [[1]] * len(ids),
+                             "truncated": False})  # fmt: skip
+
+    store.write_chunk(0, {"samples": samples(["t0", "t1"], None, "refusal")})
+    store.write_chunk(1, {"samples": samples(["t2", "t3"], "Yes", "ok")})
+    run = open_run(store.root)
+    assert run.narrow_samples()["option"].to_pylist() == [None, None, "Yes", "Yes"]
+    assert list(run.page(TrialFilter(status="refusal")).rows["trial_id"]) == ["t0", "t1"]
+    assert list(run.samples["status"].astype(str)) == ["refusal", "refusal", "ok", "ok"]

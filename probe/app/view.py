@@ -178,6 +178,7 @@ class Viewer:
         self.env.filters["query"] = _query
         self.routes = [
             Route(re.compile(r"^/$"), self.page_home),
+            Route(re.compile(r"^/favicon\.ico$"), lambda query: Response(204, b"", "image/x-icon")),
             Route(re.compile(r"^/static/([A-Za-z0-9_.-]+)$"), self.static),
             Route(re.compile(r"^/r/(\d+)/$"), self.page_run),
             Route(re.compile(r"^/r/(\d+)/trials$"), self.page_trials),
