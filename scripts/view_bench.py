@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 
 def fetch(port: int, path: str) -> tuple[float, int, int]:

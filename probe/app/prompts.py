@@ -126,7 +126,7 @@ class Renderer:
         elif think:
             note = (
                 f"{len(ids)} tokens up to where the reasoning starts; the reasoning, the closing of the think block and "
-                "the assistant prefix follow it (shown below as text: their ids are not stored)"
+                "the assistant prefix follow it, shown below as text: their ids are not stored"
             )
         source = f"decode of the rendered token ids (chat template and tokenizer of {self.model_path})"
         return RenderedPrompt(text, source, True, len(ids), opts, note)

@@ -77,6 +77,8 @@ def view_of(run: Run, data: TrialData, renderer: Renderer) -> dict[str, Any]:
         }
         for r in (data.samples.to_dict("records") if len(data.samples) else [])
     ]
+    for smp in samples:  # a reply whose text keeps its think block needs no second copy of the reasoning
+        smp["reasoning_in_text"] = bool(smp["reasoning"]) and smp["reasoning"].strip() in smp["text"]
     codes = [
         {
             "task": str(r["task"]),
@@ -214,7 +216,8 @@ def format_trial(view: Mapping[str, Any]) -> str:
     for s in view["samples"]:
         trunc = ", truncated at the token cap" if s["truncated"] else ""
         head = f"{s['source'][:-1]} {s['draw']}: {s['status']}, option {s['option']!r}{trunc}"
-        body = (f"<think>{s['reasoning']}</think>\n" if s["reasoning"] else "") + s["text"]
+        shown = s["reasoning"] and not s.get("reasoning_in_text")
+        body = (f"<think>{s['reasoning']}</think>\n" if shown else "") + s["text"]
         lines += _block(head, body)
     for c in view["codes"]:
         lines.append(f"{c['task']} (draw {c['draw']}, judge {c['judge']}): {c['label']} p={_fmt(c['p_label'], '.3f')}")
