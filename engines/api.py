@@ -71,7 +71,7 @@ from engines.api_providers import (
     openai_body,
     parse_reply,
 )
-from engines.base import EngineSettings, ProgressFn, require
+from engines.base import Draws, EngineSettings, ProgressFn, Sampler, require
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
@@ -344,7 +344,7 @@ class _Progress:
 
 
 # ----------------------------------------------------------------- engine
-class ApiEngine:
+class ApiEngine(Sampler):
     """Sampling through a provider's API; see the module docstring."""
 
     name = "api"
@@ -666,16 +666,7 @@ class ApiEngine:
         return "\n".join(lines)
 
     # ----------------------------------------------------------- sample
-    def sample(
-        self,
-        trials: Sequence[Trial],
-        n: int,
-        temperature: float,
-        progress: ProgressFn | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        stop_at_answer: bool = False,
-    ) -> list[Sample]:
+    def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
         """``n`` answers per trial at ``temperature``, one call each, trial-major, in input order.
 
         ``stop_at_answer``: forced answers are parsed up to their answer end
@@ -688,20 +679,18 @@ class ApiEngine:
         a call is rejected, or transport retries run out; the next run
         resumes from the journal.
         """
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not (temperature >= 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-        if max_new_tokens is not None and max_new_tokens != self.settings.max_new_tokens:
+        draws.check()
+        n, cap = draws.n, draws.max_new_tokens
+        if cap is not None and cap != self.settings.max_new_tokens:
             saved = self.settings  # every request of this call is built from the settings: cap them for its length
-            self.settings = replace(saved, max_new_tokens=max_new_tokens)
+            self.settings = replace(saved, max_new_tokens=cap)
             try:
-                return self.sample(trials, n, temperature, progress, stop_at_answer=stop_at_answer)
+                return self._sample(trials, replace(draws, max_new_tokens=None), progress)
             finally:
                 self.settings = saved
         if self._client is None:
             self.load()
-        temperature = float(temperature)
+        temperature = float(draws.temperature)
         pairs = [(t, d) for t in trials for d in range(n)]
         todo = [(t, d) for t, d in pairs if (t.trial_id, d, temperature) not in self._journal]
         prog = _Progress(len(pairs), len(pairs) - len(todo), self.spent(), progress, self._log)
@@ -714,7 +703,7 @@ class ApiEngine:
                     self._call(todo, temperature, prog)
         finally:
             self._write_stats()
-        return [self._sample_of(t, d, temperature, stop_at_answer) for t, d in pairs]
+        return [self._sample_of(t, d, temperature, draws.stop_at_answer) for t, d in pairs]
 
     def _call(self, todo: list[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
         """Batch what may be batched (single-turn trials, with --batch-api); call the rest directly."""

@@ -15,6 +15,7 @@ keeps the readout's prompt caches for the draws; speed only).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -50,6 +51,53 @@ class EngineSettings:
     """Answer tokens allowed to ``sample()`` after any reasoning (``--max-new-tokens``)."""
     seed: int = 0
     """Seed of the per-(trial, draw) sampling."""
+
+
+@dataclass(frozen=True)
+class Draws:
+    """What one :meth:`Engine.sample` call asks for, as one value.
+
+    Per request, never engine settings (see :class:`EngineSettings`); the
+    public ``sample`` signature stays the contract's, and a backend's
+    ``_sample`` receives this instead of repeating it.
+    """
+
+    n: int
+    """Draws per trial (``Sample.replicate`` 0..n-1)."""
+    temperature: float
+    """Sampling temperature; 0 is greedy."""
+    max_new_tokens: int | None = None
+    """This call's reply cap; ``None`` keeps the engine's ``--max-new-tokens``."""
+    stop_at_answer: bool = False
+    """The trials ask for one of their options: parse each reply up to where its answer ends."""
+
+    def check(self) -> None:
+        """Refuse what no engine can draw (a backend with a narrower temperature range checks that first)."""
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+
+
+class Sampler:
+    """The contract's ``sample`` written once: an engine inherits it and implements ``_sample``."""
+
+    def sample(
+        self,
+        trials: Sequence[Trial],
+        n: int,
+        temperature: float,
+        progress: ProgressFn | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        stop_at_answer: bool = False,
+    ) -> list[Sample]:
+        """See :meth:`Engine.sample`; the backend's ``_sample`` says how it draws."""
+        return self._sample(trials, Draws(n, temperature, max_new_tokens, stop_at_answer), progress)
+
+    def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
+        """The backend's sampling: ``draws.n`` answers per trial, trial-major, in input order."""
+        raise NotImplementedError
 
 
 @runtime_checkable

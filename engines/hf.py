@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engines.base import EngineSettings, ProgressFn, require
+from engines.base import Draws, EngineSettings, ProgressFn, Sampler, require
 from engines.render import (
     checked_option_ids,
     close_reasoning,
@@ -447,7 +447,7 @@ def token_rows(
     return rows
 
 
-class HFEngine:
+class HFEngine(Sampler):
     """Answer-slot readouts and samples from a Transformers causal LM."""
 
     name = "hf"
@@ -998,16 +998,7 @@ class HFEngine:
         allows it, else shared)."""
         return self._tree_where_possible("sample_path", "shared", ("shared", "plain"))
 
-    def sample(
-        self,
-        trials: Sequence[Trial],
-        n: int,
-        temperature: float,
-        progress: ProgressFn | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        stop_at_answer: bool = False,
-    ) -> list[Sample]:
+    def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
         """``n`` raw samples per trial at ``temperature`` (no top-k/top-p), parsed; trial-major order.
 
         ``Sample.replicate`` is the draw index 0..n-1; draw d of a trial is
@@ -1019,15 +1010,13 @@ class HFEngine:
         think mode a draw stops there (:func:`probe.parse.answer_scan`), which
         changes no parse; free-text replies get their whole budget.
         """
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not (temperature >= 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        draws.check()
+        n, temperature = draws.n, draws.temperature
         torch = require("torch", "hf")
         s = self.settings
-        budget = (max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
+        budget = (draws.max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
         stops = self._stop_ids()
-        answer_stop = stop_at_answer and not s.think
+        answer_stop = draws.stop_at_answer and not s.think
         base = {t.trial_id: self.render(t) for t in trials}
         rows = [
             _Draw(
@@ -1070,7 +1059,7 @@ class HFEngine:
                     think=s.think,
                     token_ids=body,
                     truncated=cut,
-                    stop_at_answer=stop_at_answer,
+                    stop_at_answer=draws.stop_at_answer,
                 )
             )
         return out

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.base import ProgressFn
+from engines.base import Draws, ProgressFn, Sampler
 from probe.errors import ProbeError
 from probe.parse import Parsed, parse_answer
 from probe.types import OptionScore, Readout, Sample, Trial
@@ -371,7 +371,7 @@ def _form_key(t: Trial) -> list[object]:
     return [t.item_id, sorted(t.factors.items())]
 
 
-class SimEngine:
+class SimEngine(Sampler):
     """A logit engine whose answers come from :class:`SimParams` (see the module docstring)."""
 
     name = "sim"
@@ -520,16 +520,7 @@ class SimEngine:
         return out
 
     # -------------------------------------------------------------- sampling
-    def sample(
-        self,
-        trials: Sequence[Trial],
-        n: int,
-        temperature: float,
-        progress: ProgressFn | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        stop_at_answer: bool = False,
-    ) -> list[Sample]:
+    def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
         """``n`` answers per trial drawn from softmax(z / (temperature * T)) (argmax at 0), parsed; trial-major.
 
         ``stop_at_answer`` changes nothing here: a sim reply is its answer and nothing after it.
@@ -538,10 +529,8 @@ class SimEngine:
         non-commitment, option), always all three, so changing a rate does not
         move the other draws, and a draw does not depend on the batch.
         """
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not (temperature >= 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        draws.check()
+        n, temperature = draws.n, draws.temperature
         p = self.params
         out = []
         for t in trials:

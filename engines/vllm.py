@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-from engines.base import EngineSettings, ProgressFn, require
+from engines.base import Draws, EngineSettings, ProgressFn, Sampler, require
 from engines.render import close_reasoning, option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
 from probe.errors import ModelError, ProbeError
@@ -574,7 +574,7 @@ def _seed_for(seed: int, trial_id: str, draw: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
 
 
-class VLLMEngine:
+class VLLMEngine(Sampler):
     """Answer-slot readouts and samples from a vLLM ``LLM``.
 
     ``llm``, ``tokenizer`` and ``params`` (the ``SamplingParams`` class) can be
@@ -948,16 +948,7 @@ class VLLMEngine:
         )
 
     # -------------------------------------------------------------- sampling
-    def sample(
-        self,
-        trials: Sequence[Trial],
-        n: int,
-        temperature: float,
-        progress: ProgressFn | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        stop_at_answer: bool = False,
-    ) -> list[Sample]:
+    def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
         """``n`` raw samples per trial at ``temperature`` (no top-k/top-p/min-p, no penalties), parsed; trial-major.
 
         Each (trial, draw) is its own request with its own seed, so a draw does
@@ -967,6 +958,7 @@ class VLLMEngine:
         (:func:`probe.parse.answer_end`), as every engine parses them; vLLM
         still generates the whole reply.
         """
+        n, temperature = draws.n, draws.temperature
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not (math.isfinite(temperature) and 0 <= temperature <= MAX_SAMPLING_TEMPERATURE):
@@ -974,7 +966,9 @@ class VLLMEngine:
         if not trials:
             return []
         if self.settings.data_parallel_size > 1:
-            out = self._replicas().call("sample", list(trials), n, temperature, max_new_tokens, stop_at_answer)
+            out = self._replicas().call(
+                "sample", list(trials), n, temperature, draws.max_new_tokens, draws.stop_at_answer
+            )
             if progress:
                 progress(len(trials) * n)
             return out
@@ -983,7 +977,7 @@ class VLLMEngine:
         base = {t.trial_id: self.render(t) for t in trials}
         prompts = [base[t.trial_id] for t, _ in rows]
         stops = self._stops()
-        budget = (max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
+        budget = (draws.max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
         params = [sample_params(temperature, _seed_for(s.seed, t.trial_id, d), budget, stops) for t, d in rows]
         outs = self._generate_seeded(prompts, params)
         samples = []
@@ -1002,7 +996,7 @@ class VLLMEngine:
                     think=s.think,
                     token_ids=body,
                     truncated=cut,
-                    stop_at_answer=stop_at_answer,
+                    stop_at_answer=draws.stop_at_answer,
                 )
             )
         if progress:

@@ -12,11 +12,13 @@ import argparse
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from probe.store import RunStore
     from probe.types import Trial
 
@@ -25,6 +27,20 @@ class Spec(Protocol):
     """What an experiment spec provides: a frozen dataclass that serializes to the manifest."""
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+class ManifestSpec:
+    """The manifest form of a frozen spec dataclass, written once: ``{"experiment": name, **fields}``.
+
+    A spec class names its experiment in ``experiment_name``, a ``ClassVar`` so that
+    :func:`dataclasses.asdict` leaves it out: the manifest (and the run key) hold the
+    experiment name once and then exactly the spec's fields.
+    """
+
+    experiment_name: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.experiment_name, **asdict(cast("DataclassInstance", self))}
 
 
 @dataclass(frozen=True)

@@ -25,22 +25,22 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
-from experiments import Experiment, lazy
-from experiments.dilemmas import Dilemma, load_dilemmas
+from experiments import Experiment, ManifestSpec, lazy
+from experiments.dilemmas import Dilemma, load_dilemmas, select_dilemmas
 from experiments.yesno import (
     add_dilemma_arguments,
     add_salt_arguments,
     dilemma_path,
     salts_from_args,
 )
-from probe.errors import ProbeError
+from probe.errors import ProbeError, at_least
 from probe.grid import Grid
 from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
@@ -113,8 +113,10 @@ after 2 tokens), so the cap costs only where a model needs it."""
 
 
 @dataclass(frozen=True)
-class BatterySpec:
+class BatterySpec(ManifestSpec):
     """What the battery asks (serialized into the run manifest). Empty tuples mean "all"."""
+
+    experiment_name: ClassVar[str] = NAME
 
     dilemmas: str | None = None
     corpus: str | None = None
@@ -134,8 +136,7 @@ class BatterySpec:
     salts: SaltSpec = field(default_factory=SaltSpec)
 
     def __post_init__(self) -> None:
-        if self.choice_tokens < 1:
-            raise ValueError(f"--choice-tokens must be >= 1, got {self.choice_tokens}")
+        at_least("--choice-tokens", self.choice_tokens, 1)
         bad = [i for i in self.instruments if i not in INSTRUMENTS]
         if bad or not self.instruments:
             raise ValueError(f"unknown instruments {bad or '(none)'}; choose from {list(INSTRUMENTS)}")
@@ -146,9 +147,6 @@ class BatterySpec:
         _pick("forms", self.label_forms, c["binary"]["forms"])
         _pick("label pairs", self.label_pairs, c["binary"]["labels"])
         _pick("framings", self.framings, c["choice"]["framings"])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": NAME, **asdict(self)}
 
 
 REDUCED = {
@@ -303,13 +301,7 @@ def _cells(spec: BatterySpec, corpus: Mapping[str, Any]) -> list[tuple[dict[str,
 def expand(spec: BatterySpec, count_tokens: Callable[[str], int] | None = None) -> list[Trial]:
     """All trials, in a fixed order: item, then instrument cells, then salt replicate."""
     corpus = load_corpus(spec.corpus)
-    dilemmas = load_dilemmas(spec.dilemmas)
-    if spec.items:
-        known = {d.id for d in dilemmas}
-        missing = [i for i in spec.items if i not in known]
-        if missing:
-            raise ValueError(f"unknown dilemma ids {missing}; known: {sorted(known)}")
-        dilemmas = tuple(d for d in dilemmas if d.id in spec.items)
+    dilemmas = select_dilemmas(load_dilemmas(spec.dilemmas), spec.items)
     salts = [make_salt(r, spec.salts, count_tokens) for r in range(spec.salts.count)]
     cells = _cells(spec, corpus)
     trials: list[Trial] = []

@@ -155,6 +155,20 @@ def load_dilemmas(path: str | pathlib.Path | None = None) -> tuple[Dilemma, ...]
     return _parse(_parse_yaml(text, name), name, None)
 
 
+def select_dilemmas(dilemmas: tuple[Dilemma, ...], ids: Sequence[str]) -> tuple[Dilemma, ...]:
+    """The dilemmas named in ``ids`` (``--items``), in file order; all of them when ``ids`` is empty.
+
+    An unknown id fails here, listing the known ones, before any trial is built.
+    """
+    if not ids:
+        return dilemmas
+    known = {d.id for d in dilemmas}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise ValueError(f"unknown dilemma ids {missing}; known: {sorted(known)}")
+    return tuple(d for d in dilemmas if d.id in ids)
+
+
 def parse_dilemmas(records: list[object], source: str) -> tuple[Dilemma, ...]:
     """Validate already-decoded records; ``source`` names them in errors.
 

@@ -48,17 +48,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import yaml
 
 from engines import engine_kind
-from experiments import Experiment, lazy
+from experiments import Experiment, ManifestSpec, lazy
 from experiments.influence import BENCHMARK_OF
 from experiments.influence.build import COND, split_list, stable_hash
-from probe.errors import ProbeError, StoreError
+from probe.errors import ProbeError, StoreError, at_least
 from probe.store import RunStore, chunk_bounds
 from probe.types import Message, Trial, make_trial_id
 
@@ -134,8 +134,10 @@ def load_wordings(path: str | Path | None = None) -> Wordings:
 
 # ================================================================================ spec
 @dataclass(frozen=True)
-class FollowupSpec:
+class FollowupSpec(ManifestSpec):
     """What the follow-up asks of which trials. Serialized into the run manifest."""
+
+    experiment_name: ClassVar[str] = NAME
 
     source: str
     """The source influence run (absolute path)."""
@@ -166,17 +168,12 @@ class FollowupSpec:
         bad = [c for c in self.select if c not in CLASSES]
         if bad or not self.select:
             raise ValueError(f"--select takes {', '.join(CLASSES)} (comma-separated), got {list(self.select)}")
-        if self.per_cell < 1:
-            raise ValueError(f"--per-cell must be >= 1, got {self.per_cell}")
+        at_least("--per-cell", self.per_cell, 1)
         if self.significance not in ("raw", "bh"):
             raise ValueError(f"--significance must be raw or bh, got {self.significance!r}")
         if self.answers not in ("auto", "samples", "readout"):
             raise ValueError(f"--answers must be auto, samples or readout, got {self.answers!r}")
-        if self.n_boot < 2:
-            raise ValueError(f"n_boot must be >= 2, got {self.n_boot}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": NAME, **asdict(self)}
+        at_least("n_boot", self.n_boot, 2)
 
 
 # ============================================================================== source

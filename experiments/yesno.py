@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
-from experiments import Experiment, lazy
-from experiments.dilemmas import Dilemma, load_dilemmas
+from experiments import Experiment, ManifestSpec, lazy
+from experiments.dilemmas import Dilemma, load_dilemmas, select_dilemmas
 from probe.grid import Grid
 from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
@@ -44,8 +44,10 @@ ORDERS = ("yes_first", "no_first")
 
 
 @dataclass(frozen=True)
-class YesNoSpec:
+class YesNoSpec(ManifestSpec):
     """What the yes/no battery asks. Serialized into the run manifest."""
+
+    experiment_name: ClassVar[str] = NAME
 
     dilemmas: str | None = None
     """Path of a dilemma file (YAML/JSONL); None = the project's own set."""
@@ -62,9 +64,6 @@ class YesNoSpec:
             raise ValueError(f"unknown yes/no forms {bad or '(none given)'}; choose from {sorted(FORMS)}")
         if len(self.labels) != 2 or self.labels[0] == self.labels[1] or not all(self.labels):
             raise ValueError(f"labels must be two distinct non-empty strings, got {self.labels!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": NAME, **asdict(self)}
 
 
 def question(d: Dilemma, form: str, verb: str, order: str, labels: tuple[str, str]) -> tuple[str, tuple[str, str]]:
@@ -84,13 +83,7 @@ def meaning(d: Dilemma, verb: str, option_is_yes: bool) -> str:
 
 def expand(spec: YesNoSpec, count_tokens: Callable[[str], int] | None = None) -> list[Trial]:
     """All trials of the battery, in a fixed order (item, form, verb, order, replicate)."""
-    dilemmas = load_dilemmas(spec.dilemmas)
-    if spec.items:
-        known = {d.id for d in dilemmas}
-        missing = [i for i in spec.items if i not in known]
-        if missing:
-            raise ValueError(f"unknown dilemma ids {missing}; known: {sorted(known)}")
-        dilemmas = tuple(d for d in dilemmas if d.id in spec.items)
+    dilemmas = select_dilemmas(load_dilemmas(spec.dilemmas), spec.items)
     grid = Grid.of({"form": spec.forms, "verb": VERBS, "order": ORDERS})
     salts = [make_salt(r, spec.salts, count_tokens) for r in range(spec.salts.count)]
     label_pair = "/".join(spec.labels)

@@ -32,3 +32,13 @@ class ModelError(ProbeError, ValueError):
 
     Here so that :mod:`probe.models` and its :mod:`probe.models.gguf` both raise it and import each other one way.
     """
+
+
+def at_least(name: str, value: int, low: int, note: str = "") -> None:
+    """Refuse ``value`` below ``low``, naming the parameter, the bound and the value received.
+
+    A plain ``ValueError`` (as the specs' checks always raised): the command line
+    reports it as a bad argument. ``note`` explains the bound, e.g. ``" (0 = all)"``.
+    """
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}{note}, got {value}")

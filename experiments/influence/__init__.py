@@ -15,33 +15,14 @@ from experiments.influence.imported import EXPERIMENT as IMPORTED
 __all__ = ["ARMS", "BENCHMARKS", "BENCHMARK_OF", "COND", "EXPERIMENTS", "TITLES", "Benchmark"]
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark(
-        name=triage.NAME,
-        key="triage",
-        title="moral triage",
-        summary="influence audit on moral triage: baseline vs cue toward A vs toward B (paper 000)",
-        add_arguments=triage.add_arguments,
-        spec_from_args=triage.spec_from_args,
-        expand=triage.expand,
+    Benchmark.of(
+        triage,
+        "triage",
+        "moral triage",
+        "influence audit on moral triage: baseline vs cue toward A vs toward B (paper 000)",
     ),
-    Benchmark(
-        name=bbq.NAME,
-        key="bbq",
-        title="BBQ",
-        summary="influence audit on BBQ ambiguous questions, unknown answer dropped (paper 000)",
-        add_arguments=bbq.add_arguments,
-        spec_from_args=bbq.spec_from_args,
-        expand=bbq.expand,
-    ),
-    Benchmark(
-        name=dd.NAME,
-        key="dd",
-        title="DailyDilemmas",
-        summary="influence audit on DailyDilemmas with value-level cues (paper 000)",
-        add_arguments=dd.add_arguments,
-        spec_from_args=dd.spec_from_args,
-        expand=dd.expand,
-    ),
+    Benchmark.of(bbq, "bbq", "BBQ", "influence audit on BBQ ambiguous questions, unknown answer dropped (paper 000)"),
+    Benchmark.of(dd, "dd", "DailyDilemmas", "influence audit on DailyDilemmas with value-level cues (paper 000)"),
 )
 """The influence benchmarks, one row each: every experiment, map and title below is derived from it."""
 

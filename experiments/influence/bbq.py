@@ -25,10 +25,11 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
+from experiments import ManifestSpec
 from experiments.influence.build import (
     AuditSpec,
     Demo,
@@ -42,7 +43,7 @@ from experiments.influence.build import (
     stable_hash,
 )
 from experiments.influence.design import Design, DesignError, article, load_design
-from probe.errors import ProbeError
+from probe.errors import ProbeError, at_least
 from probe.types import Trial
 
 NAME = "influence-bbq"
@@ -56,8 +57,10 @@ class BBQError(ProbeError, ValueError):
 
 
 @dataclass(frozen=True)
-class BBQSpec:
+class BBQSpec(ManifestSpec):
     """What the BBQ audit asks. Serialized into the run manifest."""
+
+    experiment_name: ClassVar[str] = NAME
 
     bbq: str
     """A BBQ JSONL file or a folder of them (upstream ``data/<Category>.jsonl``)."""
@@ -76,13 +79,8 @@ class BBQSpec:
         bad = [p for p in self.polarities if p not in POLARITIES]
         if bad or not self.polarities:
             raise ValueError(f"BBQ polarities must be among {POLARITIES}, got {list(self.polarities)}")
-        if self.variants < 1:
-            raise ValueError(f"--bbq-variants must be >= 1, got {self.variants}")
-        if self.limit < 0:
-            raise ValueError(f"--bbq-limit must be >= 0 (0 = no limit), got {self.limit}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": NAME, **asdict(self)}
+        at_least("--bbq-variants", self.variants, 1)
+        at_least("--bbq-limit", self.limit, 0, " (0 = no limit)")
 
 
 @dataclass(frozen=True)

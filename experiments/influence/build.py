@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 from experiments import Experiment, lazy
@@ -402,6 +403,14 @@ class Benchmark:
     spec_from_args: Callable[[argparse.Namespace], Any]
     expand: Callable[..., list[Trial]]
     """Load, select, build scenarios and demonstrations, then :func:`expand_scenarios`."""
+
+    @classmethod
+    def of(cls, module: ModuleType, key: str, title: str, summary: str) -> Benchmark:
+        """The row of a benchmark module: its ``NAME``, ``add_arguments``, ``spec_from_args`` and ``expand``.
+
+        Each benchmark module defines those four under the same names, so the table names only what is not code.
+        """
+        return cls(module.NAME, key, title, summary, module.add_arguments, module.spec_from_args, module.expand)
 
 
 def audit_experiment(b: Benchmark) -> Experiment:

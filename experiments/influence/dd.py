@@ -27,8 +27,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
+from experiments import ManifestSpec
 from experiments.influence.build import (
     ORDERS,
     Arm,
@@ -44,7 +45,7 @@ from experiments.influence.build import (
     stable_hash,
 )
 from experiments.influence.design import Design, DesignError, article, load_design
-from probe.errors import ProbeError
+from probe.errors import ProbeError, at_least
 from probe.types import Trial
 
 NAME = "influence-dd"
@@ -58,8 +59,10 @@ class DDError(ProbeError, ValueError):
 
 
 @dataclass(frozen=True)
-class DDSpec:
+class DDSpec(ManifestSpec):
     """What the DailyDilemmas audit asks. Serialized into the run manifest."""
+
+    experiment_name: ClassVar[str] = NAME
 
     dd: str
     """The DailyDilemmas data folder (or its per-action CSV file)."""
@@ -75,15 +78,10 @@ class DDSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.min_count < 1:
-            raise ValueError(f"--dd-min-count must be >= 1, got {self.min_count}")
-        if self.limit < 0:
-            raise ValueError(f"--dd-limit must be >= 0 (0 = all), got {self.limit}")
+        at_least("--dd-min-count", self.min_count, 1)
+        at_least("--dd-limit", self.limit, 0, " (0 = all)")
         if self.order not in ("balanced", "random"):
             raise ValueError(f"--dd-order must be balanced or random, got {self.order!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": NAME, **asdict(self)}
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
+from experiments import ManifestSpec
 from experiments.influence.build import (
     AuditSpec,
     Demo,
@@ -37,8 +38,10 @@ _GROUP_KEYS = frozenset({"key", "plural", "singular", "label", "role"})
 
 
 @dataclass(frozen=True)
-class TriageSpec:
+class TriageSpec(ManifestSpec):
     """What the triage audit asks. Serialized into the run manifest."""
+
+    experiment_name: ClassVar[str] = NAME
 
     audit: AuditSpec = field(default_factory=AuditSpec)
     factors: tuple[str, ...] = ()
@@ -54,9 +57,6 @@ class TriageSpec:
             raise ValueError(f"group sizes must be >= 1, got {bad}")
         if len(set(self.sizes)) != len(self.sizes):
             raise ValueError(f"sizes repeat a value: {list(self.sizes)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": NAME, **asdict(self)}
 
 
 @dataclass(frozen=True)
