@@ -54,8 +54,8 @@ def other_splits(folder: Path, count: int) -> list[str]:
 
 def status(folder: Path, experiment: str, model: str, run_args: list[str]) -> int:
     """COMPLETE or TODO for ``folder``; :class:`Refused` when it holds another run or sits beside another split."""
-    from probe.errors import StoreError
     from probe.app.request import identity_differences, parse_run_args, requested_identity
+    from probe.errors import StoreError
     from probe.store import RunStore
 
     m = _SHARD.match(folder.name)
