@@ -16,7 +16,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -67,35 +66,46 @@ def serving_folder(model_path: Path, root: Path) -> Path:
 
 def start_server(root: Path, *, timeout: float = 180.0) -> Server:
     """Start the server and wait until it serves the model; fail with its log if it cannot."""
+    from probe.app.serve import serve_command, transformers_exe
     from probe.tiny import ensure_tiny
 
-    exe = Path(sys.executable).with_name("transformers")
-    if not exe.exists():
-        raise RuntimeError(f"{exe} not found; install transformers (pip install -e '.[dev]')")
     try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as e:
-        raise RuntimeError(f"transformers serve needs fastapi and uvicorn ({e}); pip install -e '.[dev]'") from e
+        exe = transformers_exe()
+    except ValueError as e:  # probe serve's own check, as a failure to start
+        raise RuntimeError(str(e)) from e
     folder = serving_folder(ensure_tiny("tiny"), root)
     port = free_port()
     log = root / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    cmd = [str(exe), "serve", "tiny", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    cmd += ["--reasoning", "off", "--log-level", "warning"]
+    cmd = [*serve_command(exe, "tiny", "127.0.0.1", port, "cpu"), "--log-level", "warning"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=folder.parent, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(f"http://127.0.0.1:{port}/v1", proc, log, folder)
+    try:
+        wait_until_serving(server.url, "tiny", proc, log, what="transformers serve", timeout=timeout, poll=0.2)
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
+
+
+def wait_until_serving(
+    url: str, name: str, proc: subprocess.Popen, log: Path, *, what: str, timeout: float, poll: float
+) -> None:
+    """Return once ``url``/models lists the model ``name``; else raise with the tail of the server's ``log``.
+
+    A server that exits, or does not list the model within ``timeout`` s, is a
+    RuntimeError that says which (``what`` names the server in the message).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"transformers serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(f"{server.url}/models", timeout=2) as r:
-                if any(m.get("id") == "tiny" for m in json.load(r).get("data", [])):
-                    return server
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as r:
+                if any(m.get("id") == name for m in json.load(r).get("data", [])):
+                    return
         except OSError:
             pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"transformers serve did not come up within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+        time.sleep(poll)
+    raise RuntimeError(f"{what} did not come up within {timeout:.0f} s:\n{log.read_text()[-3000:]}")

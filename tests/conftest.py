@@ -7,10 +7,13 @@ repeated test runs reuse the models; set ``PROBE_CACHE`` to put it elsewhere.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import re
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +82,38 @@ DRAW_SOURCES = re.compile(
 )
 SAMPLE_SOURCES = re.compile(r"\.sample\(|\"--samples\"|samples=[1-9]|FaultProxy|chisquare")
 """The narrower set: the test samples answers through an engine (or the fault proxy's schedule)."""
+
+
+def first_token_draws(loaded, trial, n: int):
+    """(engine, readout, ``n`` draws at T = 1) of ``trial`` from the weights of ``loaded``, one new token a draw.
+
+    A sampling check compares the first drawn token with the readout, so one
+    new token is all it needs; the new engine shares the loaded model and
+    tokenizer instead of loading the weights again.
+    """
+    from engines.hf import HFEngine
+
+    e = HFEngine(
+        loaded.settings.__class__(model=loaded.settings.model, max_new_tokens=1, batch_size=64),
+        model=loaded.model,
+        tokenizer=loaded.tokenizer,
+    ).load()
+    return e, e.readout([trial])[0], e.sample([trial], n=n, temperature=1.0)
+
+
+def readout_cells(r):
+    """The readout's probabilities of the three cells a first-token check counts: option 1, option 2, anything else."""
+    return np.array([math.exp(r.scores[0].logprob), math.exp(r.scores[1].logprob), 1 - r.coverage])
+
+
+def readout_tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(readout_options, readout_trials) of a run, sorted by trial (and option), so that two runs compare row by row."""
+    from probe.store import RunStore
+
+    s = RunStore(run)
+    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
+    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
+    return opts, per
 
 
 def _matches(fn: object, pattern: re.Pattern[str], depth: int = 2) -> bool:

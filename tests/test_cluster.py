@@ -19,6 +19,7 @@ import pytest
 
 from probe.shards import Shard, merge_shards
 from probe.store import RunStore
+from tests.conftest import readout_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM = ROOT / "scripts" / "slurm"
@@ -32,13 +33,6 @@ def spec():
     from experiments.yesno import YesNoSpec
 
     return YesNoSpec(items=ITEMS, forms=FORMS)
-
-
-def tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    s = RunStore(run)
-    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
-    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
-    return opts, per
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +61,8 @@ def test_n_shards_merge_to_exactly_the_one_run(engine, reference, tmp_path, n):
     merged = merge_shards(out)
     assert merged.manifest()["run_key"] == RunStore(reference).manifest()["run_key"]
     assert merged.trial_ids() == RunStore(reference).trial_ids()  # same trials, same order
-    ref_opts, ref_per = tables(reference)
-    opts, per = tables(out)
+    ref_opts, ref_per = readout_tables(reference)
+    opts, per = readout_tables(out)
     assert len(per) == N_TRIALS and per["trial_id"].is_unique
     pd.testing.assert_frame_equal(opts, ref_opts, check_exact=True)
     pd.testing.assert_frame_equal(per, ref_per, check_exact=True)
@@ -77,7 +71,7 @@ def test_n_shards_merge_to_exactly_the_one_run(engine, reference, tmp_path, n):
 def test_run_records_throughput_in_the_manifest(reference):
     man = json.loads((reference / "manifest.json").read_text())
     tp = man["throughput"]
-    _, per = tables(reference)
+    _, per = readout_tables(reference)
     assert tp["trials"] == N_TRIALS and tp["seconds"] > 0
     assert tp["computed_tokens"] == int(per["computed_tokens"].sum()) > tp["trials"]
     assert tp["prompt_tokens"] == int(per["prompt_tokens"].sum())
@@ -310,8 +304,8 @@ def test_array_tasks_resume_only_unfinished_shards_then_merge(reference, tmp_pat
     merged = bash("merge.sbatch", str(out), "tiny", env=slurm_env(tmp_path))
     assert merged.returncode == 0, merged.stderr[-2000:]
     assert (out / "tiny" / "report" / "summary.md").exists()
-    ref_opts, ref_per = tables(reference)
-    opts, per = tables(out / "tiny")
+    ref_opts, ref_per = readout_tables(reference)
+    opts, per = readout_tables(out / "tiny")
     pd.testing.assert_frame_equal(opts, ref_opts, check_exact=True)
     pd.testing.assert_frame_equal(per, ref_per, check_exact=True)
 

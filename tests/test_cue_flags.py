@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis.cue import flags as fl
+from tests.cue_store import sampled_cue_report
 
 
 def _pairs(rows: list[tuple[str, str, float, float]], gender: str = "man", race: str = "Asian") -> pd.DataFrame:
@@ -220,10 +221,7 @@ def _store(tmp_path: Path, degenerate: bool) -> str:
     Otherwise (planted effects): every what-if answer, Direct and Puzzled, reverses the Neutral one (benefit on
     the first and third dilemma, harm on the second), and every check answers the truth.
     """
-    from analysis.cue.report import cue_report
     from experiments.cue import CueSpec, expand
-    from probe.app.runner import sample_table
-    from probe.store import RunStore
     from probe.types import Sample
 
     items = ("rent_arrears", "fallen_fence", "last_dose")
@@ -241,18 +239,7 @@ def _store(tmp_path: Path, degenerate: bool) -> str:
             neutral, flipped = (benefit, harm) if items.index(t.item_id) % 2 == 0 else (harm, benefit)
             answer = neutral if degenerate or cond == "neutral" else flipped
         samples += [Sample(t.trial_id, d, answer, answer, "ok") for d in range(2)]
-    manifest = {
-        "run_key": "test",
-        "experiment": "cue",
-        "spec": spec.to_dict(),
-        "plan": {"readout": False, "samples": 2, "temperature": 1.0},
-        "engine": {"settings": {"model": "synthetic"}},
-        "n_trials": len(trials),
-    }
-    store = RunStore.open(tmp_path / "run", manifest, trials)
-    store.write_chunk(0, {"samples": sample_table(samples)})
-    cue_report(store, tmp_path / "run" / "report", n_boot=20)
-    return (tmp_path / "run" / "report" / "summary.md").read_text()
+    return (sampled_cue_report(tmp_path / "run", spec, trials, samples, draws=2) / "summary.md").read_text()
 
 
 def test_report_flags_a_degenerate_run(tmp_path: Path) -> None:

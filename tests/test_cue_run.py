@@ -16,6 +16,7 @@ import pytest
 from analysis.common.frames import choice_probs, open_run
 from analysis.cue.metrics import decision_frame, run_gap_table
 from probe.app.cli import main
+from tests.cue_store import sampled_cue_report
 
 
 def _run(out: Path, *extra: str) -> None:
@@ -88,10 +89,7 @@ def test_report_on_a_sampled_store_uses_parsed_frequencies(tmp_path: Path) -> No
     Per answer: Direct favor = (1/3 * 1) / (1/3) = 1, against = 0; Puzzled favor 0, against = (2/3 * 1) / (2/3) = 1.
     So every group's Gap = (1 - 0) - (0 - 1) = 2. One what-if trial never parses: an abstention, left out.
     """
-    from analysis.cue.report import cue_report
     from experiments.cue import CueSpec, expand
-    from probe.app.runner import sample_table
-    from probe.store import RunStore
     from probe.types import Sample
 
     spec = CueSpec(
@@ -114,26 +112,16 @@ def test_report_on_a_sampled_store_uses_parsed_frequencies(tmp_path: Path) -> No
             abstained, answers = t.trial_id, [None] * 3
         for d, a in enumerate(answers):
             samples.append(Sample(t.trial_id, d, a or "maybe", a, "ok" if a else "invalid"))
-    manifest = {
-        "run_key": "test",
-        "experiment": "cue",
-        "spec": spec.to_dict(),
-        "plan": {"readout": False, "samples": 3, "temperature": 1.0},
-        "engine": {"settings": {"model": "synthetic"}},
-        "n_trials": len(trials),
-    }
-    store = RunStore.open(tmp_path / "run", manifest, trials)
-    store.write_chunk(0, {"samples": sample_table(samples)})
-    cue_report(store, tmp_path / "run" / "report", n_boot=20)
-    summary = (tmp_path / "run" / "report" / "summary.md").read_text()
+    report = sampled_cue_report(tmp_path / "run", spec, trials, samples, draws=3)
+    summary = (report / "summary.md").read_text()
     assert "probabilities from: samples (3 samples per trial at T = 1.0)" in summary
     assert "abstentions (trials without a parsed answer, left out): decision 0, what_if 1" in summary
-    bias = pd.read_csv(tmp_path / "run" / "report" / "cue_bias.csv")
+    bias = pd.read_csv(report / "cue_bias.csv")
     exp = bias[bias["reading"] == "expected"]
     d = exp[(exp["arm"] == "direct") & (exp["group"] != "macro")]
     assert (d["favor"] == 1).all() and (d["against"] == 0).all()
     assert d["n"].sum() == 2 * (2 * 4 - 1)  # 8 what-if answers, one abstained, counted per gender and per race
-    gap = pd.read_csv(tmp_path / "run" / "report" / "cue_gap.csv")
+    gap = pd.read_csv(report / "cue_gap.csv")
     g = gap[gap["reading"] == "expected"]
     assert set(g["arm"]) == {"puzzled-hard"}
     assert (g["gap"] == 2).all() and (g["d_against"] == 1).all() and (g["d_favor"] == -1).all()

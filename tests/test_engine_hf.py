@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from tests.conftest import make_trial
+from tests.conftest import first_token_draws, make_trial, readout_cells
 
 YESNO = "You are on a bridge. Is it morally acceptable to push the man? Answer with Yes or No."
 SCALE = "How acceptable is it? On a scale from 0 to 100, answer with a number only."
@@ -154,17 +154,9 @@ def test_option_errors_are_clear(tiny_engine):
 @pytest.mark.trained
 def test_sampled_frequencies_match_readout(tiny_engine):
     """First-token frequencies at T=1 against the readout (exact binomial test of each cell)."""
-    from engines.hf import HFEngine
-
-    e = HFEngine(
-        tiny_engine.settings.__class__(model="tiny", max_new_tokens=1, batch_size=64),
-        model=tiny_engine.model,
-        tokenizer=tiny_engine.tokenizer,
-    ).load()
     trial = make_trial(YESNO, ["Yes", "No"])
-    r = e.readout([trial])[0]
     n = 3000
-    samples = e.sample([trial], n=n, temperature=1.0)
+    e, r, samples = first_token_draws(tiny_engine, trial, n)
     assert [s.replicate for s in samples] == list(range(n))
     # Counted by the drawn token id, not by the parsed answer: the parser also takes "yes" for "Yes", and the
     # tiny model puts some mass on such tokens, which the readout counts as non-option mass.
@@ -172,7 +164,7 @@ def test_sampled_frequencies_match_readout(tiny_engine):
     drawn = [s.token_ids[0] if s.token_ids else -1 for s in samples]
     counts = np.array([sum(d == t for d in drawn) for t in first] + [0])
     counts[2] = n - counts[:2].sum()
-    p = np.array([math.exp(r.scores[0].logprob), math.exp(r.scores[1].logprob), 1 - r.coverage])
+    p = readout_cells(r)
     # Each cell (Yes, No, any other first token) against its readout probability, by an exact binomial test: valid
     # at any expected count, where a chi-square needs every expected count >= 50 and the trained weights decide
     # whether the non-option cell reaches it (on AVX-512 weights it expected 22). Per-(trial, draw) seeds make these
@@ -180,8 +172,10 @@ def test_sampled_frequencies_match_readout(tiny_engine):
     # at least uniform, so min p * 3 (Bonferroni over the cells) > 1e-6 has false-failure rate <= 1e-6. A sampler
     # whose P(Yes) is 5 points off fails it (binomial p ~ 1e-8 at n = 3,000 near P = 0.5).
     pvalues = [stats.binomtest(int(k), n, float(q)).pvalue for k, q in zip(counts, p, strict=True)]
-    print(f"\nsampling vs readout tiny (Transformers): counts {counts.tolist()}, expected {np.round(p * n, 1).tolist()}, "
-          f"p = {[f'{v:.3g}' for v in pvalues]}")
+    print(
+        f"\nsampling vs readout tiny (Transformers): counts {counts.tolist()}, expected {np.round(p * n, 1).tolist()}, "
+        f"p = {[f'{v:.3g}' for v in pvalues]}"
+    )
     assert min(pvalues) * len(pvalues) > 1e-6, (counts, p * n, pvalues)
     again = e.sample([trial], n=50, temperature=1.0)
     assert [s.text for s in again] == [s.text for s in samples[:50]]  # per-draw seeding: reproducible

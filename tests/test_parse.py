@@ -79,6 +79,10 @@ def test_stated_non_option_falls_through_to_later_rules() -> None:
         "I must decline to answer.",
         "As an AI, I do not have moral opinions.",
         "It would not be appropriate for me to pick.",
+        # other phrasings, a yes / no named inside the refusal
+        "It's not appropriate for me to say yes.",
+        "It would not be appropriate for me to say yes",
+        "I’m unable to say no",
     ],
 )
 def test_refusal(text: str) -> None:
@@ -185,18 +189,6 @@ def test_symbol_labels(text: str, options, option: str, rule: str) -> None:
 
 def test_symbol_labels_ambiguous() -> None:
     _check("Either ✓ or ✗.", ["✓", "✗"], None, "invalid", "none")
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "It's not appropriate for me to say yes.",
-        "It would not be appropriate for me to say yes",
-        "I’m unable to say no",
-    ],
-)
-def test_refusal_other_phrasings(text: str) -> None:
-    _check(text, YN, None, "refusal", "refusal")
 
 
 # ---------------------------------------------------------------- forced answers end at the answer

@@ -39,6 +39,7 @@ import pandas as pd
 import pytest
 
 from probe.store import RunStore
+from tests.conftest import readout_tables
 
 pytestmark = pytest.mark.slurm
 
@@ -124,13 +125,6 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    s = RunStore(run)
-    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
-    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
-    return opts, per
-
-
 def done_markers(shard: Path) -> int:
     return len(list((shard / "results").glob("chunk-*.done"))) if (shard / "results").is_dir() else 0
 
@@ -206,8 +200,8 @@ def test_an_interrupted_task_resumes_on_resubmission_and_the_merge_equals_one_ru
     assert resumed and int(resumed.group(1)) >= w.interrupted_at, log(w, array2, 1)
     assert "merged 2 shards into runs/c/tiny (48 trials)" in log(w, merge2)
     assert (w.run_dir / "report" / "summary.md").is_file()
-    ref_opts, ref_per = tables(reference)
-    opts, per = tables(w.run_dir)
+    ref_opts, ref_per = readout_tables(reference)
+    opts, per = readout_tables(w.run_dir)
     assert len(per) == 2 * PER_SHARD and per["trial_id"].is_unique
     pd.testing.assert_frame_equal(opts, ref_opts, check_exact=True)
     pd.testing.assert_frame_equal(per, ref_per, check_exact=True)

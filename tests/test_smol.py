@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tests.conftest import make_trial
+from tests.conftest import first_token_draws, make_trial, readout_cells
 from tests.test_engine_hf import SCALE, SCALE_OPTIONS, YESNO, brute_force
 
 LIE = "Is it acceptable to lie to protect a friend? Answer with Yes or No."
@@ -224,20 +224,11 @@ def test_conversion_is_deterministic(tmp_path):
 @pytest.mark.slow
 def test_sampled_first_tokens_match_the_readout_at_T1(smol_engine):
     """First-token frequencies at T = 1 against the readout (chi-square), the raw softmax of the hf engine."""
-    from engines.hf import HFEngine
-
-    e = HFEngine(
-        smol_engine.settings.__class__(model="smol", max_new_tokens=1, batch_size=64),
-        model=smol_engine.model,
-        tokenizer=smol_engine.tokenizer,
-    ).load()
-    trial = make_trial(LIE, ["Yes", "No"])
-    r = e.readout([trial])[0]
     n = 2000
-    samples = e.sample([trial], n=n, temperature=1.0)
+    _, r, samples = first_token_draws(smol_engine, make_trial(LIE, ["Yes", "No"]), n)
     counts = np.array([sum(s.option == o for s in samples) for o in ("Yes", "No")] + [0])
     counts[2] = n - counts[:2].sum()
-    p = np.array([math.exp(r.scores[0].logprob), math.exp(r.scores[1].logprob), 1 - r.coverage])
+    p = readout_cells(r)
     res = stats.chisquare(counts, p * n)
     # Seeded per (trial, draw): the same 2,000 draws every run. Were they fresh, a correct sampler's p-value would
     # be uniform (smallest expected count ~ 700, the chi-square law holds): false-failure rate 1e-6.

@@ -8,19 +8,16 @@ samples through the OpenAI-compatible API engine.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from tests.conftest import make_trial
+from tests.conftest import make_trial, readout_cells
 
 LIE = "Is it acceptable to lie to protect a friend? Answer with Yes or No."
 
@@ -77,28 +74,13 @@ def test_identical_draws_at_temperature_are_flagged():
     assert not repeated_draws(same.iloc[:12]).suspicious(1.0)  # 4 trials: a confident model may do that
 
 
-def _wait_for(url: str, name: str, proc: subprocess.Popen, log: Path, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"probe serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/models", timeout=2) as r:
-                if any(m.get("id") == name for m in json.load(r).get("data", [])):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"probe serve did not come up within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.mark.slow
 def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine):
     """`probe serve smol` as the README says; first-token frequencies at T = 1 against the readout (about 2 min)."""
     pytest.importorskip("openai")
     from engines.api import ApiEngine, ApiSettings
     from engines.api_providers import ApiRequestError
-    from tests.api_serve import free_port
+    from tests.api_serve import free_port, wait_until_serving
 
     port = free_port()
     log = tmp_path / "serve.log"
@@ -108,7 +90,7 @@ def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        _wait_for(url, "smol", proc, log)
+        wait_until_serving(url, "smol", proc, log, what="probe serve", timeout=240.0, poll=0.5)
         trial = make_trial(LIE, ["Yes", "No"])
         e = ApiEngine(
             ApiSettings(provider="openai-compatible", model="smol", base_url=url, max_new_tokens=1, concurrency=1)
@@ -119,7 +101,7 @@ def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine
         r = smol_engine.readout([trial])[0]
         counts = np.array([sum(s.option == o for s in samples) for o in ("Yes", "No")] + [0])
         counts[2] = n - counts[:2].sum()
-        p = np.array([math.exp(r.scores[0].logprob), math.exp(r.scores[1].logprob), 1 - r.coverage])
+        p = readout_cells(r)
         res = stats.chisquare(counts, p * n)
         # Each draw sends its own seed (per trial and draw), so the counts are the same every run; for fresh
         # draws a correct server's p-value is uniform (smallest expected count ~ 100): false-failure rate 1e-6.

@@ -16,6 +16,7 @@ import pytest
 from probe.errors import StoreError
 from probe.shards import Shard
 from probe.store import RunStore, chunk_bounds
+from tests.conftest import readout_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = "mine_cart_bridge,pond_child,dam_spillway"
@@ -40,13 +41,6 @@ def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -
     return p
 
 
-def results(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    s = RunStore(run)
-    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
-    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
-    return opts, per
-
-
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "run"
@@ -60,7 +54,7 @@ def test_run_writes_manifest_trials_results_and_report(reference_run: Path):
     assert man["engine"]["model_class"] == "Qwen3MoeForCausalLM"
     assert man["packages"]["torch"] and man["packages"]["transformers"]
     assert man["identity"]["model_fingerprint"]
-    opts, per = results(reference_run)
+    opts, per = readout_tables(reference_run)
     assert len(per) == man["n_trials"] and per["trial_id"].is_unique
     assert len(opts) == 2 * man["n_trials"]
     assert opts.groupby("trial_id")["prob"].sum().sub(1).abs().max() < 1e-9
@@ -91,8 +85,8 @@ def test_sigkill_then_resume_gives_identical_results(reference_run: Path, tmp_pa
     p = run_cli(*args)
     assert "resuming" in p.stdout
     assert f"took over a stale lock left by pid {proc.pid}" in p.stdout  # the killed run's lock, named
-    opts, per = results(out)
-    ref_opts, ref_per = results(reference_run)
+    opts, per = readout_tables(out)
+    ref_opts, ref_per = readout_tables(reference_run)
     assert per["trial_id"].is_unique and len(per) == len(ref_per)
     pd.testing.assert_frame_equal(opts, ref_opts)  # bit-identical, not merely close
     pd.testing.assert_frame_equal(per, ref_per)
@@ -116,8 +110,8 @@ def test_shards_merge_to_the_unsharded_run(reference_run: Path, tmp_path: Path):
         run_cli(*base, "--shard", f"{i}/3")
     assert sorted(p.name for p in out.iterdir()) == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
     run_cli("merge", str(out))
-    opts, per = results(out)
-    ref_opts, ref_per = results(reference_run)
+    opts, per = readout_tables(out)
+    ref_opts, ref_per = readout_tables(reference_run)
     cols = ["trial_id", "option", "prob"]
     merged = opts[cols].merge(ref_opts[cols], on=["trial_id", "option"], suffixes=("", "_ref"))
     assert len(merged) == len(ref_opts)

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,7 +42,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 from engines.vllm import VLLMEngine, VLLMSettings, _vllm_device  # noqa: E402
 from probe.store import RunStore  # noqa: E402
 from scripts.vllm_parity import PARITY, SCALE, YESNO, bf16_bound, bf16_factor, parity, parity_trials  # noqa: E402
-from tests.conftest import make_trial  # noqa: E402
+from tests.conftest import make_trial, readout_tables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = _vllm_device()
@@ -360,6 +361,11 @@ def probe_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "probe.app.cli", *args]
 
 
+def start_probe(args: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen:
+    """``probe ARGS`` started from the repository root in a new session: its own process group, reaped as a whole."""
+    return subprocess.Popen(probe_cmd(*args), env=env, cwd=ROOT, start_new_session=True, **popen)
+
+
 def default_sigint() -> None:
     """Ctrl-C as in a terminal: a shell that started pytest in the background left SIGINT ignored, and an ignored
     SIGINT is inherited (Python then installs no KeyboardInterrupt handler, while vLLM's processes install theirs)."""
@@ -369,13 +375,6 @@ def default_sigint() -> None:
 def run_args(out: Path) -> list[str]:
     items = "mine_cart_bridge,pond_child,dam_spillway"
     return ["run", "yesno", "--model", "vllm:tiny", "--out", str(out), "--items", items, "--salts", "2", *VLLM_FLAGS]
-
-
-def tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    s = RunStore(run)
-    opts = s.load("readout_options").sort_values(["trial_id", "option_index"]).reset_index(drop=True)
-    per = s.load("readout_trials").sort_values("trial_id").reset_index(drop=True)
-    return opts, per
 
 
 def report_tables(run: Path) -> dict[str, pd.DataFrame]:
@@ -394,8 +393,8 @@ def single_run(engines, tmp_path_factory):
 
 
 def assert_same_run(run: Path, ref: Path) -> None:
-    opts, per = tables(run)
-    ref_opts, ref_per = tables(ref)
+    opts, per = readout_tables(run)
+    ref_opts, ref_per = readout_tables(ref)
     assert per["trial_id"].tolist() == ref_per["trial_id"].tolist() and per["trial_id"].is_unique
     assert opts[["trial_id", "option"]].equals(ref_opts[["trial_id", "option"]])
     assert (opts["logprob"] - ref_opts["logprob"]).abs().max() <= PARITY  # tiny
@@ -414,14 +413,7 @@ def test_a_sigkilled_run_resumes_to_the_same_tables(single_run, tmp_path):
     args = [*run_args(out), "--chunk-size", "2", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     before = shm()
-    proc = subprocess.Popen(
-        probe_cmd(*args),
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_probe(args, env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 400
     while time.time() < deadline:  # kill -9 the run once a chunk is committed
         if len(list((out / "results").glob("*.done"))) >= 1:
@@ -499,16 +491,7 @@ def run_and_reap(args: list[str], *, interrupt_after: str | None = None) -> tupl
     left. ``interrupt_after``: send Ctrl-C (SIGINT) once this text is on stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     before = shm()
-    proc = subprocess.Popen(
-        probe_cmd(*args),
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=default_sigint,
-    )
+    proc = start_probe(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     if interrupt_after is None:
         out, err = proc.communicate(timeout=400)
     else:

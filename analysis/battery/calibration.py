@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, special, stats
 
+from analysis.common.bootstrap import check_bootstrap
 from probe.parse import parse_answer
 from probe.types import Trial
 
@@ -96,8 +97,7 @@ def readout_temperature(
     skipped. The likelihood is unimodal in log T for these models, so a
     bounded scalar search on log T in [1e-3, 1e3] finds the optimum.
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_bootstrap(level)
     ls, ns = _arrays(logprobs, counts)
     if not ls:
         raise ValueError("no trial has both sampled answers and distinct option logprobs; nothing to fit")

@@ -50,7 +50,7 @@ from scipy.optimize import least_squares
 from scipy.special import expit
 
 from analysis.battery.yesno import Dropped, empty_cells, p_cbr
-from analysis.common.bootstrap import quantile_ci, resample_index
+from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
 
 SIDES: dict[str, str] = {
     "order": "cbr_first",
@@ -124,6 +124,24 @@ def binary_trials(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFram
     return out.reset_index(drop=True)
 
 
+def select_trials(
+    binary: pd.DataFrame, family: str | None, pairs: Sequence[str] | None, replicate: int | None
+) -> pd.DataFrame:
+    """The binary trials of one label family, label pairs and replicate; None leaves that filter out.
+
+    The per-channel and the joint fits select their trials the same way, so
+    that a channel's two estimates rest on the same trials.
+    """
+    df = binary
+    if family is not None:
+        df = df[df["family"] == family]
+    if pairs is not None:
+        df = df[df["labels"].isin(pairs)]
+    if replicate is not None:
+        df = df[df["replicate"] == replicate]
+    return df
+
+
 def channel_trials(
     binary: pd.DataFrame,
     channel: str,
@@ -148,13 +166,7 @@ def channel_trials(
         raise ValueError(f"labels must be 'default', None or a tuple of label pairs, got {labels!r}")
     else:
         pairs = labels
-    df = binary
-    if fam is not None:
-        df = df[df["family"] == fam]
-    if pairs is not None:
-        df = df[df["labels"].isin(pairs)]
-    if replicate is not None:
-        df = df[df["replicate"] == replicate]
+    df = select_trials(binary, fam, pairs, replicate)
     if df.empty:
         raise ValueError(
             f"no binary trials for channel {channel!r} (family {fam!r}, label pairs {pairs}, replicate {replicate})"
@@ -445,10 +457,7 @@ def fit_channel(
     resamples whose fit does not converge are counted in ``n_boot_failed``
     and left out of the CI.
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if n_boot < 0:
-        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    check_bootstrap(level, n_boot)
     df = pd.concat([theta.rename("theta"), sides[["p_plus", "p_minus", "z"]]], axis=1, join="inner").dropna()
     n = len(df)
     if n < 3:
@@ -648,11 +657,7 @@ def joint_cells(
         raise ValueError(f"labels must be 'default', None or a tuple of label pairs, got {labels!r}")
     pairs = JOINT_LABELS.get(family) if labels == "default" else labels
     fitted = JOINT_CHANNELS[family] if channels is None else channels
-    df = binary[binary["family"] == family]
-    if pairs is not None:
-        df = df[df["labels"].isin(pairs)]
-    if replicate is not None:
-        df = df[df["replicate"] == replicate]
+    df = select_trials(binary, family, pairs, replicate)
     if df.empty:
         raise ValueError(f"no binary trials in label family {family!r} (pairs {pairs}, replicate {replicate})")
     kept: list[str] = []
@@ -876,10 +881,7 @@ def fit_joint_data(
     from the point estimate (see :func:`refit_joint_resamples`); resamples
     that do not converge are counted in ``n_boot_failed`` and left out.
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if n_boot < 0:
-        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    check_bootstrap(level, n_boot)
     n, n_ch = len(data.items), len(data.channels)
     if n < 3:
         raise ValueError(f"the joint fit of family {data.family!r} needs at least 3 items with theta, got {n}")

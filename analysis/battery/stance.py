@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.common.bootstrap import quantile_ci, resample_index
+from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
 
 FORM = ("scale", "wording", "anchor", "pole")
 """The factors that make a graded form (condition)."""
@@ -578,8 +578,7 @@ def pearson_ci(a: pd.Series, b: pd.Series, *, n_boot: int = 2000, seed: int = 0,
 
     Resamples in which either series is constant have no r and are skipped.
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_bootstrap(level)
     df = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
     n = len(df)
     if n < 3:

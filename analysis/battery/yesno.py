@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.common.bootstrap import quantile_ci, resample_index
+from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
 
 CELLS = [("approve", "yes_first"), ("approve", "no_first"), ("oppose", "yes_first"), ("oppose", "no_first")]
 
@@ -164,10 +164,7 @@ def story_mean_ci(values: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0, le
     of that column. Columns: ``mean``, ``lo``, ``hi``, ``n`` (the paper's
     "bootstrap 95% CIs" on the story-averaged biases, Figs. 2, 5, 6).
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    check_bootstrap(level, n_boot, min_boot=1)
     rows = {}
     for col in values.columns:
         x = values[col].dropna().to_numpy(float)

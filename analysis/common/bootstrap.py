@@ -26,6 +26,18 @@ from numpy.typing import ArrayLike, NDArray
 Array = NDArray[np.float64]
 
 
+def check_bootstrap(level: float, n_boot: int | None = None, min_boot: int = 0) -> None:
+    """Refuse a CI ``level`` outside (0, 1), or ``n_boot`` under ``min_boot``, naming the value received.
+
+    Every estimate with a bootstrap CI takes these two; checking them in one
+    place keeps the messages the same across the papers.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if n_boot is not None and n_boot < min_boot:
+        raise ValueError(f"n_boot must be >= {min_boot}, got {n_boot}")
+
+
 def resample_index(n: int, n_boot: int, seed: int) -> NDArray[np.int64]:
     """Resampled positions ``0..n-1`` with replacement, shape ``(n_boot, n)``, from ``default_rng(seed)``."""
     return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))

@@ -6,12 +6,14 @@ wrote); :func:`run_sections` runs them so that one that cannot be computed
 says why while the others still run, and :func:`write_summary` writes
 ``summary.md`` atomically. :func:`panel_md`, :func:`dropped_md` and
 :func:`write_dropped` are the panel table and the dropped-items log of every
-``probe compare`` report.
+``probe compare`` report; :func:`write_tables` is the one CSV writer of the
+reports, and :func:`write_panel_report` the shared order of a comparison's
+files (tables, dropped items, figures, then the summary that names them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,3 +97,36 @@ def dropped_md(dropped: pd.DataFrame, n_shared: int, what: str = "items") -> lis
 
 def write_dropped(dropped: pd.DataFrame, out: Path) -> None:
     atomic_write_text(out / "dropped_items.csv", dropped.to_csv(index=False))
+
+
+def write_tables(out: Path, tables: Mapping[str, pd.DataFrame | None], float_format: str = "%.6g") -> None:
+    """Write each frame of ``tables`` to ``out/<name>.csv`` atomically, without the index; None writes no file.
+
+    One writer, so that every table of a report is written the same way; the
+    number format is the report's own (``%.6g``; the battery and cue reports
+    keep ``%.6f``) and must not change, or the saved reports would.
+    """
+    for name, df in tables.items():
+        if df is not None:
+            atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format=float_format))
+
+
+def write_panel_report(
+    out: Path,
+    tables: Mapping[str, pd.DataFrame | None],
+    dropped: pd.DataFrame,
+    figures: Callable[[Path], Sequence[Path]],
+    summary: Callable[[list[str]], str],
+) -> list[Path]:
+    """Write a comparison into ``out``: its CSV ``tables``, ``dropped_items.csv``, the figures, then ``summary.md``.
+
+    The figures are drawn before the summary because the summary names them
+    (``summary`` gets the figure file names). Returns :func:`report_files`.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_tables(out, tables)
+    write_dropped(dropped, out)
+    names = [p.name for p in figures(out)]
+    write_summary(out, summary(names))
+    return report_files(out)

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot, save_figure
-from analysis.common.report import report_files, write_summary
+from analysis.common.report import write_panel_report
 from analysis.common.tables import md_table
 from analysis.cue.metrics import Decision
 from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
@@ -431,13 +431,8 @@ def compare_cue(
     panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy"
 ) -> list[Path]:
     """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
-    from analysis.common.report import write_dropped
-    from probe.files import atomic_write_text
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     res = compare_cue_frames(panel, n_boot=n_boot, seed=seed, decision=decision)
-    tables: dict[str, pd.DataFrame | None] = {
+    tables = {
         "cue_rankings": res.models,
         "cue_kendall": res.kendall,
         "cue_sign_tests": res.sign_tests,
@@ -447,13 +442,9 @@ def compare_cue(
         "cue_attributes": res.attributes,
         "cue_gap_ols": res.ols,
     }
-    for name, df in tables.items():
-        if df is not None:
-            atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
-    write_dropped(res.dropped, out)
-    figures = _figures(res, out)
-    write_summary(out, _summary_md(panel, res, n_boot, [p.name for p in figures]))
-    return report_files(out)
+    return write_panel_report(
+        out, tables, res.dropped, lambda o: _figures(res, o), lambda figs: _summary_md(panel, res, n_boot, figs)
+    )
 
 
 # ---------------------------------------------------------------------------- figures

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot, save_figure
-from analysis.common.tables import md_table
-from probe.files import atomic_write_text
+from analysis.common.report import write_tables
+from analysis.influence.tables import table_md, table_section
 from probe.store import RunStore
 
 TRACE_TASKS = ("compliance", "rationale")
@@ -352,20 +352,9 @@ def coded_report(store: RunStore, eff: pd.DataFrame, out: Path) -> str:
         if task == "rationale":
             arm = rationale_by_arm(coded)
             cond = rationale_by_condition(coded)
-            atomic_write_text(out / "coded_rationale_by_arm.csv", arm.to_csv(index=False, float_format="%.6g"))
-            atomic_write_text(out / "coded_rationale_by_condition.csv", cond.to_csv(index=False, float_format="%.6g"))
-            lines += [
-                "### Primary rationale, no cue vs cued",
-                "",
-                md_table(_short(arm, task), nan="n/a", yes_no=True, escape=True),
-                "",
-            ]
-            lines += [
-                "### Primary rationale by condition",
-                "",
-                md_table(_short(cond, task), nan="n/a", yes_no=True, escape=True),
-                "",
-            ]
+            write_tables(out, {"coded_rationale_by_arm": arm, "coded_rationale_by_condition": cond})
+            lines += table_section("### Primary rationale, no cue vs cued", _short(arm, task))
+            lines += table_section("### Primary rationale by condition", _short(cond, task))
             fig = _figure_shares(arm, "arm", "primary rationale by arm", out / "fig_coded_rationale.png")
             lines += [f"Figure: `{fig.name}`", ""]
         if "direction" not in coded.columns:
@@ -375,30 +364,17 @@ def coded_report(store: RunStore, eff: pd.DataFrame, out: Path) -> str:
             continue
         if task == "compliance":
             per, by_label = compliance_vs_effect(joined)
-            atomic_write_text(out / "coded_compliance_vs_effect.csv", per.to_csv(index=False, float_format="%.6g"))
-            atomic_write_text(out / "coded_compliance_by_label.csv", by_label.to_csv(index=False, float_format="%.6g"))
-            lines += [
-                "### Compliance vs effect, by compliance label",
-                "",
-                md_table(by_label, nan="n/a", yes_no=True, escape=True),
-                "",
-            ]
-            lines += [
-                "### Compliance vs effect, by condition",
-                "",
-                md_table(_short(per, task), nan="n/a", yes_no=True, escape=True),
-                "",
-            ]
+            write_tables(out, {"coded_compliance_vs_effect": per, "coded_compliance_by_label": by_label})
+            lines += table_section("### Compliance vs effect, by compliance label", by_label)
+            lines += table_section("### Compliance vs effect, by condition", _short(per, task))
             fig = _figure_effect(joined, out / "fig_coded_compliance_effect.png")
             lines += [f"Figure: `{fig.name}`", ""]
         else:
             pat = backfire_patterns(joined)
-            atomic_write_text(out / "coded_backfire_patterns.csv", pat.to_csv(index=False, float_format="%.6g"))
+            write_tables(out, {"coded_backfire_patterns": pat})
             lines += ["### Backfire patterns by factor (traces in conditions with s(d) < 0)", ""]
             lines += [
-                md_table(_short(pat, task), nan="n/a", yes_no=True, escape=True)
-                if len(pat)
-                else "No backfiring condition has coded traces.",
+                table_md(_short(pat, task)) if len(pat) else "No backfiring condition has coded traces.",
                 "",
             ]
     return "\n".join(lines)

@@ -45,7 +45,7 @@ import pandas as pd
 
 from analysis.common.bootstrap import cluster_weights, percentile_ci
 from analysis.common.figures import pyplot, save_figure
-from analysis.common.report import report_files, write_summary
+from analysis.common.report import write_panel_report
 from analysis.common.tables import md_table
 from analysis.influence.asym import STRUCTURES, AsymFit, asym_fits, asym_frame
 from analysis.influence.flags import PRACTICAL_SHIFT
@@ -422,13 +422,8 @@ def compare_influence(
     panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
 ) -> list[Path]:
     """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
-    from analysis.common.report import write_dropped
-    from probe.files import atomic_write_text
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     res = compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
-    csvs: dict[str, pd.DataFrame] = {
+    csvs = {
         "conditions": res.conditions,
         **res.tables,
         "reasoning_change": res.change,
@@ -437,12 +432,10 @@ def compare_influence(
         "asym_regression_data": res.asym_data,
         "dropped_conditions": pd.concat([m.dropped_conditions for m in res.matched], ignore_index=True),
     }
-    for name, df in csvs.items():
-        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
-    write_dropped(pd.concat([m.dropped_items for m in res.matched], ignore_index=True), out)
-    figures = _figures(res, out)
-    write_summary(out, _summary_md(panel, res, n_boot, [p.name for p in figures]))
-    return report_files(out)
+    dropped = pd.concat([m.dropped_items for m in res.matched], ignore_index=True)
+    return write_panel_report(
+        out, csvs, dropped, lambda o: _figures(res, o), lambda figs: _summary_md(panel, res, n_boot, figs)
+    )
 
 
 # ---------------------------------------------------------------------------- figures

@@ -25,11 +25,10 @@ import pandas as pd
 
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.frames import trial_meta
-from analysis.common.report import report_files, write_summary
-from analysis.common.tables import md_table
+from analysis.common.report import report_files, write_summary, write_tables
 from analysis.influence import stats as st
 from analysis.influence.audit import cluster_bootstrap_mean
-from probe.files import atomic_write_text
+from analysis.influence.tables import table_section
 from probe.store import RunStore
 
 CODES: Final[tuple[str, ...]] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
@@ -219,8 +218,7 @@ def report(store: RunStore, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED
         tables["answers"] = coded[[*tables["answers"].columns, "label", "judge"]]
         if len(counts):
             figures.append(stacked_figure(shares, counts, out / "fig_followup_labels.png").name)
-    for name, df in tables.items():
-        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    write_tables(out, tables)
     write_summary(out, _summary(store, tables, coded, figures, n_boot))
     return report_files(out)
 
@@ -249,15 +247,12 @@ def _summary(
         "- each trial is the source conversation, the model's own first answer kept (exact token ids where the source "
         "stored them), and the follow-up question; cell = the class of the source effect (condition x cue direction).",
         "",
-        "## Cells",
-        "",
-        md_table(tables["classes"], nan="n/a", yes_no=True, escape=True),
-        "",
+        *table_section("## Cells", tables["classes"]),
         "said_yes / said_no: a crude reading of the reply (it says Yes / No); the codes below are the measurement.",
         "",
     ]
     sel = tables["selection"]
-    lines += ["## Selection (per cell)", "", md_table(sel.head(40), nan="n/a", yes_no=True, escape=True), ""]
+    lines += table_section("## Selection (per cell)", sel.head(40))
     if len(sel) > 40:
         lines += [f"(first 40 of {len(sel)}; all in selection.csv)", ""]
     if coded is None:
@@ -294,14 +289,8 @@ def _summary(
         lines += [
             f"Judge: {', '.join(judges) or '?'}; uncoded replies: {uncoded}. Bootstrap: {n_boot} replicates.",
             "",
-            "### Labels per cell class (counts)",
-            "",
-            md_table(tables["crosstab_counts"], nan="n/a", yes_no=True, escape=True),
-            "",
-            "### Labels per cell class (shares)",
-            "",
-            md_table(tables["crosstab_shares"], nan="n/a", yes_no=True, escape=True),
-            "",
+            *table_section("### Labels per cell class (counts)", tables["crosstab_counts"]),
+            *table_section("### Labels per cell class (shares)", tables["crosstab_shares"]),
         ]
     if figures:
         lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]

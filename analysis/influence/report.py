@@ -15,7 +15,7 @@ import pandas as pd
 
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.frames import open_run
-from analysis.common.report import report_files, write_summary
+from analysis.common.report import report_files, write_summary, write_tables
 from analysis.common.tables import md_table
 from analysis.influence import flags
 from analysis.influence.asym import FORMULA, AsymFit, asym_fits, asym_frame
@@ -37,7 +37,7 @@ from analysis.influence.audit import (
     summary_by,
 )
 from analysis.influence.imported import ambiguous_frame, imported_conditions
-from probe.files import atomic_write_text
+from analysis.influence.tables import table_md, table_section
 from probe.store import RunStore
 
 
@@ -130,8 +130,7 @@ def influence_report(
         tables["controls_negated"] = negation_match(c)
     if audit.flips is not None:
         tables["flip_rates"] = audit.flips
-    for name, df in tables.items():
-        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    write_tables(out, tables)
     figures = _figures(audit, out)
     from analysis.influence.coding import coded_report
 
@@ -208,7 +207,7 @@ def _summary_md(
         "",
         *checks,
         *([""] if checks else []),
-        md_table(head, nan="n/a", yes_no=True, escape=True),
+        table_md(head),
         "",
     ]
     orders = tables["order_readouts"]
@@ -226,27 +225,17 @@ def _summary_md(
                 else "."
             ),
             "",
-            md_table(orders.drop(columns=["label", "confounded"]), nan="n/a", yes_no=True, escape=True),
+            table_md(orders.drop(columns=["label", "confounded"])),
             "",
         ]
-    lines += ["## By influence type", "", md_table(tables["by_influence"], nan="n/a", yes_no=True, escape=True), ""]
-    lines += [
-        "## By pair (factor / sub-experiment / value)",
-        "",
-        md_table(tables["by_pair"], nan="n/a", yes_no=True, escape=True),
-        "",
-    ]
-    lines += [
-        "## Conditions (main cues)",
-        "",
-        md_table(c[c["variant"] == "cue"][_SHOW].head(60), nan="n/a", yes_no=True, escape=True),
-        "",
-    ]
+    lines += table_section("## By influence type", tables["by_influence"])
+    lines += table_section("## By pair (factor / sub-experiment / value)", tables["by_pair"])
+    lines += table_section("## Conditions (main cues)", c[c["variant"] == "cue"][_SHOW].head(60))
     if len(c[c["variant"] == "cue"]) > 60:
         lines += [f"(first 60 of {int((c['variant'] == 'cue').sum())}; all in conditions.csv)", ""]
     noise = tables["noise_floor"]
     if len(noise):
-        lines += ["## Noise floor (baseline re-run)", "", md_table(noise, nan="n/a", yes_no=True, escape=True), ""]
+        lines += table_section("## Noise floor (baseline re-run)", noise)
         if audit.source == "readout" and float(noise["abs_diff"].max()) == 0.0:
             lines += [
                 "A readout is deterministic, so an unsalted re-run is identical; use --rerun-salt for a floor.",
@@ -258,8 +247,8 @@ def _summary_md(
         ("flip_rates", "Sample-level flip rates"),
     ):
         if key in tables:
-            lines += [f"## {title}", "", md_table(tables[key], nan="n/a", yes_no=True, escape=True), ""]
-    lines += ["## Response quality", "", md_table(tables["response_quality"], nan="n/a", yes_no=True, escape=True), ""]
+            lines += table_section(f"## {title}", tables[key])
+    lines += table_section("## Response quality", tables["response_quality"])
     if figures:
         lines += [
             "Figures (f_A(B), f_0(B), f_B(B) per condition; s(A) vs s(B)): " + ", ".join(f"`{f}`" for f in figures),
@@ -319,8 +308,7 @@ def imported_report(store: Any, out: Path, *, n_boot: int = 1000, seed: int = 0)
         "ambiguous": ambiguous,
     }
     out.mkdir(parents=True, exist_ok=True)
-    for name, df in tables.items():
-        atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format="%.6g"))
+    write_tables(out, tables)
     prov = man.get("provenance", {})
     lines = [
         "# Influence audit, imported per-condition results",
@@ -340,28 +328,17 @@ def imported_report(store: Any, out: Path, *, n_boot: int = 1000, seed: int = 0)
         "",
         "## Headline per benchmark",
         "",
-        md_table(
-            panel["headline"][["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]],
-            nan="n/a",
-            yes_no=True,
-            escape=True,
-        ),
+        table_md(panel["headline"][["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]]),
         "",
         *_variance_lines(main),
-        "## Per model and reasoning mode (main cues)",
-        "",
-        md_table(panel["by_model"], nan="n/a", yes_no=True, escape=True),
-        "",
-        "## By influence type",
-        "",
-        md_table(panel["by_influence"], nan="n/a", yes_no=True, escape=True),
-        "",
+        *table_section("## Per model and reasoning mode (main cues)", panel["by_model"]),
+        *table_section("## By influence type", panel["by_influence"]),
         "## |Asym| against |baseline bias|",
         "",
         *asym_md(fits, "crossed"),
     ]
     if len(ambiguous):
-        lines += ["## Ambiguous rows (left out)", "", md_table(ambiguous, nan="n/a", yes_no=True, escape=True), ""]
+        lines += table_section("## Ambiguous rows (left out)", ambiguous)
     write_summary(out, "\n".join(lines))
     return report_files(out)
 
