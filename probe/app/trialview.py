@@ -78,7 +78,8 @@ def view_of(run: Run, data: TrialData, renderer: Renderer) -> dict[str, Any]:
         for r in (data.samples.to_dict("records") if len(data.samples) else [])
     ]
     for smp in samples:  # a reply whose text keeps its think block needs no second copy of the reasoning
-        smp["reasoning_in_text"] = bool(smp["reasoning"]) and smp["reasoning"].strip() in smp["text"]
+        reasoning, text = str(smp["reasoning"]), str(smp["text"])
+        smp["reasoning_in_text"] = bool(reasoning) and reasoning.strip() in text
     codes = [
         {
             "task": str(r["task"]),
