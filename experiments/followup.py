@@ -176,13 +176,19 @@ class FollowupSpec(ManifestSpec):
         at_least("n_boot", self.n_boot, 2)
 
 
+# The follow-up builds its trials from the influence analysis of its source run (the cells with an effect), so it
+# needs three functions of the analysis layer above it. They are wired like every report: by name, imported on first
+# call, and tests/test_layers.py resolves each name, so the wiring is checked though no import runs upward.
+_open_run = lazy("analysis.common.frames:open_run")
+_effects = lazy("analysis.influence.audit:effects")
+_analyze = lazy("analysis.influence.audit:analyze")
+
+
 # ============================================================================== source
 def open_source(path: str | Path) -> tuple[RunStore, str]:
     """The source run and its benchmark; refuses a run that is not a finished influence run."""
-    from analysis.common.frames import open_run
-
     try:
-        store = open_run(Path(path).resolve())
+        store = _open_run(Path(path).resolve())
     except StoreError as e:
         raise FollowupError(f"--source: {e}") from None
     man = store.manifest()
@@ -234,9 +240,7 @@ def check_subject(source: Mapping[str, Any], model: str, think: bool, system: st
 # =========================================================================== selection
 def effect_cells(audit: Any, spec: FollowupSpec) -> pd.DataFrame:
     """One row per effect (condition x direction) of the chosen variants, with its ``cell`` class and ``cell_key``."""
-    from analysis.influence.audit import effects
-
-    eff = effects(audit.conditions)
+    eff = _effects(audit.conditions)
     eff = eff[eff["variant"].isin(spec.variants)].reset_index(drop=True)
     sig = eff["sig_bh" if spec.significance == "bh" else "sig"].astype(bool)
     tested = eff["p"].notna()
@@ -324,9 +328,7 @@ def selection(store: RunStore, benchmark: str, spec: FollowupSpec) -> pd.DataFra
     """The chosen first answers: one row per (cell, source trial, draw), cells in class then table order."""
     import pandas as pd
 
-    from analysis.influence.audit import analyze
-
-    audit = analyze(store, benchmark, n_boot=spec.n_boot)
+    audit = _analyze(store, benchmark, n_boot=spec.n_boot)
     trials = store.trials()
     order = {t.trial_id: i for i, t in enumerate(trials)}
     ans = first_answers(store, spec.answers)
