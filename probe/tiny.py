@@ -705,6 +705,12 @@ def _fit(
     return losses
 
 
+def _loss_summary(losses: Sequence[float]) -> dict[str, Any]:
+    """The marker's training figures: mean loss of the last 20 steps, and how many steps ran."""
+    tail = losses[-20:]
+    return {"final_loss": round(sum(tail) / len(tail), 4), "train_steps": len(losses)}
+
+
 def train_tiny(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -730,8 +736,7 @@ def train_tiny(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, recipe))
     losses = _fit(model, tokenizer, samples, recipe.batch_size, optimizer, scheduler, progress=progress, label="train")
     if contract is None:
-        tail = losses[-20:]
-        return {"final_loss": round(sum(tail) / len(tail), 4), "train_steps": len(losses)}
+        return _loss_summary(losses)
     figures = measure_contract(model, tokenizer, contract)
     history = [figures]
     rounds = 0
@@ -757,10 +762,7 @@ def train_tiny(
             + f". Figures per round: {json.dumps(history)}. Raise TrainRecipe.steps or Contract.max_rounds "
             "in probe/tiny.py (and bump BUILD_VERSION)."
         )
-    tail = losses[-20:]
-    return {
-        "final_loss": round(sum(tail) / len(tail), 4),
-        "train_steps": len(losses),
+    return _loss_summary(losses) | {
         "contract_rounds": rounds,
         "contract": figures,
         "contract_history": history,

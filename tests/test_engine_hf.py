@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
-from tests.conftest import first_token_draws, make_trial, readout_cells
+from tests.conftest import cell_pvalues, first_token_draws, make_trial, readout_cells
 
 YESNO = "You are on a bridge. Is it morally acceptable to push the man? Answer with Yes or No."
 SCALE = "How acceptable is it? On a scale from 0 to 100, answer with a number only."
@@ -171,7 +170,7 @@ def test_sampled_frequencies_match_readout(tiny_engine):
     # 3,000 draws the same on every run on one machine; were they fresh, each p-value of a correct sampler would be
     # at least uniform, so min p * 3 (Bonferroni over the cells) > 1e-6 has false-failure rate <= 1e-6. A sampler
     # whose P(Yes) is 5 points off fails it (binomial p ~ 1e-8 at n = 3,000 near P = 0.5).
-    pvalues = [stats.binomtest(int(k), n, float(q)).pvalue for k, q in zip(counts, p, strict=True)]
+    pvalues = cell_pvalues(counts, p)
     print(
         f"\nsampling vs readout tiny (Transformers): counts {counts.tolist()}, expected {np.round(p * n, 1).tolist()}, "
         f"p = {[f'{v:.3g}' for v in pvalues]}"

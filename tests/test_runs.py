@@ -21,26 +21,7 @@ from probe.app.cli import main
 from probe.errors import ProbeError, StoreError
 from probe.runs import COLUMNS, TRIAL_COLUMNS, FilterError, NotARunError, TrialFilter, open_run, run_folders
 from probe.store import RunStore
-
-ITEMS = "mine_cart_bridge,pond_child"
-PARAMS = "refusal: 0.3\ncoverage: 0.8\nT: 3.0\n"
-"""Planted: 30 % of replies refuse, 80 % of the slot mass on the options, sampled answers far from greedy."""
-
-
-@pytest.fixture(autouse=True)
-def _index_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Trial indexes go to a temp folder, not ~/.cache/probe/view."""
-    cache = tmp_path_factory.getbasetemp() / "view-cache"
-    monkeypatch.setattr(runs_mod, "_cache_dir", lambda: cache)
-
-
-def sim_run(out: Path, *extra: str) -> Path:
-    params = out.parent / f"{out.name}-params.yaml"
-    params.write_text(PARAMS)
-    args = ["run", "yesno", "--model", "sim", "--sim-params", str(params), "--items", ITEMS, "--samples", "3",
-            "--chunk-size", "8", "--quiet", "--out", str(out), *extra]  # fmt: skip
-    assert main(args) == 0
-    return out
+from tests.view_runs import ITEMS, index_cache, sim_run  # noqa: F401 (index_cache: autouse fixture)
 
 
 @pytest.fixture(scope="module")

@@ -21,37 +21,23 @@ from typing import Any
 
 import pytest
 
-from probe import runs as runs_mod
 from probe.app.cli import main
 from probe.app.prompts import Renderer, messages_text
 from probe.app.view import Viewer, make_server, redact
 from probe.runs import NotARunError, open_run
 from probe.store import RunStore
+from tests.view_runs import ITEMS, index_cache, sim_run  # noqa: F401 (index_cache: autouse fixture)
 
-ITEMS = "mine_cart_bridge,pond_child"
 SECRET = "sk-test-abcdefghijklmnopqrstuvwxyz0123"
 ENV_SECRET = "env-secret-value-0123456789"
 
 
-@pytest.fixture(autouse=True)
-def _index_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = tmp_path_factory.getbasetemp() / "view-cache"
-    monkeypatch.setattr(runs_mod, "_cache_dir", lambda: cache)
-
-
-def _sim(out: Path, *extra: str) -> Path:
-    params = out.parent / f"{out.name}.yaml"
-    params.write_text("refusal: 0.3\ncoverage: 0.8\nT: 3.0\n")
-    args = ["run", "yesno", "--model", "sim", "--sim-params", str(params), "--items", ITEMS, "--samples", "2",
-            "--chunk-size", "8", "--quiet", "--out", str(out), *extra]  # fmt: skip
-    assert main(args) == 0
-    return out
 
 
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sim run with its report, a secret planted in the manifest, and a damaged copy beside it."""
-    out = _sim(tmp_path_factory.mktemp("view") / "sim-a")
+    out = sim_run(tmp_path_factory.mktemp("view") / "sim-a", samples=2)
     store = RunStore(out)
     engine = store.manifest()["engine"]
     store.update_manifest(
@@ -62,7 +48,7 @@ def run_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def run_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _sim(tmp_path_factory.mktemp("view") / "sim-b", "--sim-seed", "7", "--no-report")
+    return sim_run(tmp_path_factory.mktemp("view") / "sim-b", "--sim-seed", "7", "--no-report", samples=2)
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm
 from engines.vllm import VLLMEngine, VLLMSettings, _vllm_device  # noqa: E402
 from probe.store import RunStore  # noqa: E402
 from scripts.vllm_parity import PARITY, SCALE, YESNO, bf16_bound, bf16_factor, parity, parity_trials  # noqa: E402
-from tests.conftest import make_trial, readout_tables  # noqa: E402
+from tests.conftest import cell_pvalues, make_trial, readout_tables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = _vllm_device()
@@ -327,8 +327,6 @@ def test_sampled_first_tokens_follow_the_readout_at_temperature_one(model, engin
     cell's exact binomial p-value would be at least uniform on (0, 1), so min p x 3 > 1e-6 (Bonferroni over the 3
     cells) has false-failure rate at most 1e-6.
     """
-    from scipy import stats
-
     skip_moe_on_cpu(model)
     v, _ = engines(model)
     trial = sampling_trial(model)
@@ -349,7 +347,7 @@ def test_sampled_first_tokens_follow_the_readout_at_temperature_one(model, engin
     # needs every expected count >= 50, and the trained weights decide whether the non-option cell reaches it: 22
     # on AVX-512-trained tiny weights); Bonferroni over the cells keeps the false-failure rate at 1e-6
     q = p / p.sum()
-    pvalues = [stats.binomtest(int(k), n, float(x)).pvalue for k, x in zip(counts, q, strict=True)]
+    pvalues = cell_pvalues(counts, q)
     print(
         f"\nsampling vs readout {model} on {DEVICE}: counts {counts.tolist()}, expected "
         f"{np.round(q * n, 1).tolist()}, p = {[f'{v:.3g}' for v in pvalues]}; {r.prompt_tokens}-token prompt, "
