@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from probe.errors import ProbeError
+from probe.files import read_yaml
+
 DEFAULT_PRICES = Path(__file__).resolve().parent / "data" / "prices.yaml"
 
 
@@ -85,6 +88,10 @@ class Price:
         return usd * (self.batch if batch else 1.0)
 
 
+class PriceTableError(ProbeError, ValueError):
+    """A price table that cannot be read: missing, not YAML, or an entry without input and output prices."""
+
+
 class PriceTable:
     """The price table: ``provider:model[@host]`` keys (wildcards allowed) to :class:`Price`."""
 
@@ -95,34 +102,29 @@ class PriceTable:
     @classmethod
     def load(cls, path: str | Path | None = None) -> PriceTable:
         """Read a price YAML (``prices: {key: {input, output, ...}}``); None = the shipped table."""
-        import yaml
-
         p = Path(path) if path is not None else DEFAULT_PRICES
-        try:
-            doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"price table {p} does not exist; pass --prices with an existing YAML") from None
-        except yaml.YAMLError as e:
-            raise ValueError(f"price table {p} is not valid YAML ({e}); fix it or pass another --prices") from None
+        doc = read_yaml(p, "price table", PriceTableError, "pass --prices with an existing price YAML")
         entries = doc.get("prices") if isinstance(doc, dict) else None
         if not isinstance(entries, dict):
-            raise ValueError(f"price table {p} needs a top-level 'prices:' mapping of 'provider:model' to prices")
+            raise PriceTableError(f"price table {p} needs a top-level 'prices:' mapping of 'provider:model' to prices")
         known = {"input", "output", "cached_input", "cache_write", "batch"}
         out = {}
         for key, rec in entries.items():
             if not isinstance(rec, dict) or not {"input", "output"} <= set(rec):
-                raise ValueError(f"price table {p}: entry {key!r} needs at least input and output (USD per 1M tokens)")
+                raise PriceTableError(
+                    f"price table {p}: entry {key!r} needs at least input and output (USD per 1M tokens)"
+                )
             unknown = set(rec) - known
             if unknown:
-                raise ValueError(
+                raise PriceTableError(
                     f"price table {p}: entry {key!r} has unknown fields {sorted(unknown)}; use {sorted(known)}"
                 )
             if rec["input"] is None or rec["output"] is None:
-                raise ValueError(f"price table {p}: entry {key!r} needs numbers for input and output, got {rec}")
+                raise PriceTableError(f"price table {p}: entry {key!r} needs numbers for input and output, got {rec}")
             try:
                 nums = {k: (float(v) if v is not None else None) for k, v in rec.items()}
             except (TypeError, ValueError):
-                raise ValueError(f"price table {p}: entry {key!r} has a non-numeric price: {rec}") from None
+                raise PriceTableError(f"price table {p}: entry {key!r} has a non-numeric price: {rec}") from None
             out[str(key)] = Price(
                 input=nums["input"] or 0.0,
                 output=nums["output"] or 0.0,

@@ -57,6 +57,7 @@ import numpy as np
 
 from engines.base import Draws, ProgressFn, Sampler
 from probe.errors import ProbeError
+from probe.files import read_yaml
 from probe.parse import Parsed, parse_answer
 from probe.types import OptionScore, Readout, Sample, Trial
 
@@ -236,15 +237,8 @@ class SimParams:
 
 def load_params(path: str | Path) -> SimParams:
     """Planted parameters from a YAML file (a mapping of :class:`SimParams` fields)."""
-    import yaml
-
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SimParamsError(f"sim parameter file {p} does not exist; pass an existing YAML file") from None
-    except yaml.YAMLError as e:
-        raise SimParamsError(f"sim parameter file {p} is not valid YAML: {e}") from None
+    doc = read_yaml(p, "sim parameter file", SimParamsError, "pass --sim-params with an existing YAML file")
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

@@ -30,8 +30,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import yaml
-
 from experiments import Experiment, ManifestSpec, lazy
 from experiments.dilemmas import Dilemma, load_dilemmas, select_dilemmas
 from experiments.yesno import (
@@ -41,6 +39,7 @@ from experiments.yesno import (
     salts_from_args,
 )
 from probe.errors import ProbeError, at_least
+from probe.files import read_yaml
 from probe.grid import Grid
 from probe.salts import SaltSpec, make_salt, salted_trials
 from probe.types import Trial
@@ -65,12 +64,7 @@ class CorpusError(ProbeError, ValueError):
 def load_corpus(path: str | None = None) -> dict[str, Any]:
     """Read and check the corpus (wordings, scales, forms, labels, framings)."""
     p = Path(path) if path else DEFAULT_CORPUS
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CorpusError(f"battery corpus {p} does not exist") from None
-    except yaml.YAMLError as e:
-        raise CorpusError(f"battery corpus {p} is not valid YAML: {e}") from None
+    doc = read_yaml(p, "battery corpus", CorpusError, "pass --corpus with an existing corpus YAML")
     for key in ("graded", "binary", "choice"):
         if not isinstance(doc, dict) or not isinstance(doc.get(key), dict):
             raise CorpusError(f"{p}: missing section {key!r}")

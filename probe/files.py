@@ -11,6 +11,7 @@ import hashlib
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,42 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def read_yaml(path: Path, what: str, error: Callable[[str], Exception], fix: str) -> Any:
+    """The parsed YAML at ``path``; a missing file or invalid YAML raises ``error`` naming ``what``, the path and ``fix``."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist; {fix}") from None
+    except yaml.YAMLError as e:
+        raise error(f"{what} {path} is not valid YAML ({e}); {fix}") from None
+
+
+def build_once(dest: Path, is_complete: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+    """``dest``, built by ``build(dest)`` unless complete: once across processes, under a file lock.
+
+    A cheap check on the hot path; builders are serialised by a lock beside
+    ``dest``, and the one that gets it first clears crash leftovers (temporary
+    ``.<name>.tmp-*`` siblings and an incomplete ``dest``) before building.
+    """
+    if is_complete(dest):
+        return dest
+    import shutil
+
+    from filelock import FileLock  # a hard dependency of huggingface_hub
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest.parent / f".{dest.name}.lock")):
+        if not is_complete(dest):
+            for tmp in dest.parent.glob(f".{dest.name}.tmp-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+            if dest.exists():
+                shutil.rmtree(dest)
+            build(dest)
+    return dest
 
 
 def human_bytes(n: int) -> str:

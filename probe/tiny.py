@@ -59,6 +59,7 @@ import torch
 
 from probe import tiny_corpus
 from probe.errors import ProbeError
+from probe.files import build_once
 from probe.tiny_corpus import Sample
 
 if TYPE_CHECKING:  # transformers is imported lazily: `import probe.tiny` stays cheap
@@ -188,9 +189,7 @@ NEMOTRON_H_CONFIG: dict[str, Any] = {
 # experts (a non-gated relu2 activation: "is_act_and_mul=False is supported only for CUDA, XPU and ROCm"), so
 # this is the hybrid that vLLM runs on CPU.
 NEMOTRON_H_DENSE_CONFIG: dict[str, Any] = {
-    k: v
-    for k, v in NEMOTRON_H_CONFIG.items()
-    if not k.startswith(("n_routed", "num_experts", "n_shared", "moe_"))
+    k: v for k, v in NEMOTRON_H_CONFIG.items() if not k.startswith(("n_routed", "num_experts", "n_shared", "moe_"))
 } | {"hybrid_override_pattern": "M*-M*-"}
 
 
@@ -277,28 +276,7 @@ def ensure_tiny(name: str, root: pathlib.Path | None = None, *, progress: bool =
     file lock so two pytest workers do not both spend CPU on the same build
     (and :func:`build_tiny` is atomic anyway, should a lock be bypassed).
     """
-    dest = model_dir(name, root)
-    if is_complete(dest):
-        return dest
-    from filelock import FileLock  # hard dependency of huggingface_hub
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(dest.parent / f".{dest.name}.lock")):
-        if not is_complete(dest):
-            _remove_stale(dest)
-            build_tiny(name, dest, progress=progress)
-    return dest
-
-
-def _remove_stale(dest: pathlib.Path) -> None:
-    """Clear crash leftovers: temp folders of ``dest`` and an unmarked ``dest``.
-
-    Only called while holding the build lock, so no live builder owns them.
-    """
-    for tmp in dest.parent.glob(f".{dest.name}.tmp-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-    if dest.exists():
-        shutil.rmtree(dest)
+    return build_once(model_dir(name, root), is_complete, lambda dest: build_tiny(name, dest, progress=progress))
 
 
 def build_tiny(name: str, dest: pathlib.Path, *, progress: bool = False) -> None:
@@ -514,7 +492,12 @@ class Contract:
     n_mass: int = 24
     #: Mean answer-slot probability on the offered labels' first tokens (no think), per kind.
     #: Chance is about 2/1283 for a two-way choice.
-    floors: tuple[tuple[tiny_corpus.Kind, float], ...] = (("yesno", 0.85), ("choice", 0.85), ("option", 0.85), ("rating", 0.6))
+    floors: tuple[tuple[tiny_corpus.Kind, float], ...] = (
+        ("yesno", 0.85),
+        ("choice", 0.85),
+        ("option", 0.85),
+        ("rating", 0.6),
+    )
     #: The smallest label mass on any single held-out yes/no or choice prompt.
     min_pair_mass: float = 0.5
     #: Held-out prompts (mixed kinds) generated greedily, with and without a think block: every

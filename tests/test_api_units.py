@@ -14,7 +14,7 @@ import pytest
 from engines.api import ApiSettings, call_seed, parse_model_spec
 from engines.api_journal import AppendLog, CallRecord, Journal
 from engines.api_limits import AdaptiveLimiter, RetryPolicy, parse_retry_after
-from engines.api_pricing import Price, PriceTable, Usage, estimate_prompt_tokens
+from engines.api_pricing import Price, PriceTable, PriceTableError, Usage, estimate_prompt_tokens
 from engines.api_providers import (
     ApiRequestError,
     ProviderRefusal,
@@ -62,7 +62,10 @@ def test_settings_validate_and_name_the_flag() -> None:
         ApiSettings("openai", model="gpt", reasoning_effort="extreme")
     # the token limit adds the reasoning allowance only when the model reasons
     assert ApiSettings("openai", model="gpt", max_new_tokens=32).max_tokens == 32
-    assert ApiSettings("openai", model="gpt", max_new_tokens=32, reasoning_effort="low", think_budget=900).max_tokens == 932
+    assert (
+        ApiSettings("openai", model="gpt", max_new_tokens=32, reasoning_effort="low", think_budget=900).max_tokens
+        == 932
+    )
     assert ApiSettings("anthropic", model="c", max_new_tokens=32, thinking_budget=2048).max_tokens == 2080
 
 
@@ -76,9 +79,13 @@ def test_key_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="OPENROUTER_API_KEY"):
         ApiEngine(ApiSettings("openai-compatible", model="m", base_url="https://openrouter.ai/api/v1"))._api_key()
     with pytest.raises(ValueError, match="MY_KEY"):
-        ApiEngine(ApiSettings("openai-compatible", model="m", base_url="http://x:1/v1", api_key_env="MY_KEY"))._api_key()
+        ApiEngine(
+            ApiSettings("openai-compatible", model="m", base_url="http://x:1/v1", api_key_env="MY_KEY")
+        )._api_key()
     # a self-hosted server needs none
-    assert ApiEngine(ApiSettings("openai-compatible", model="m", base_url="http://127.0.0.1:1/v1"))._api_key() == "EMPTY"
+    assert (
+        ApiEngine(ApiSettings("openai-compatible", model="m", base_url="http://127.0.0.1:1/v1"))._api_key() == "EMPTY"
+    )
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
     assert ApiEngine(ApiSettings("anthropic", model="c"))._api_key() == "sk-test"
 
@@ -191,8 +198,11 @@ def test_price_table_lookup_and_errors(tmp_path) -> None:
     f.write_text('prices:\n  "openai:x": {input: 1, output: 1, cahced: 1}\n')
     with pytest.raises(ValueError, match="unknown fields"):
         PriceTable.load(f)
-    with pytest.raises(FileNotFoundError, match="--prices"):
+    with pytest.raises(PriceTableError, match="does not exist; pass --prices"):
         PriceTable.load(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("prices: [\n")
+    with pytest.raises(PriceTableError, match="is not valid YAML"):
+        PriceTable.load(tmp_path / "bad.yaml")
     assert estimate_prompt_tokens(["abcd" * 10]) == 10 + 4 + 3
 
 

