@@ -15,6 +15,7 @@ from engines import add_engine_arguments, make_engine
 from experiments import all_experiments, get_experiment
 from probe.app import importer, serve
 from probe.app.check import check_run
+from probe.app.verbs import add_no_report, add_verb, report_unless_skipped
 from probe.errors import ProbeError
 from probe.shards import Shard, merge_shards
 from probe.types import Message, Trial
@@ -51,11 +52,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     )
     print(f"wrote {store.root}")
     _warn_coverage(store)
-    if shard is None and not a.no_report:
-        from analysis.report import write_report
-
-        paths = write_report(store.root)
-        print(f"report: {paths[0].parent}")
+    if shard is None:
+        report_unless_skipped(a, store.root)
     return 0
 
 
@@ -86,6 +84,10 @@ def _warn_coverage(store: Any) -> None:
 
 
 def cmd_readout(a: argparse.Namespace) -> int:
+    """print the answer-slot distribution of one prompt
+
+    Render one prompt through the model's chat template and print the probability of each option at the answer slot.
+    """
     options = tuple(o for o in a.options.split(a.sep))
     if not a.options or any(not o for o in options):
         raise ValueError(f"--options needs non-empty options separated by {a.sep!r}, got {a.options!r}")
@@ -137,19 +139,24 @@ def cmd_readout(a: argparse.Namespace) -> int:
 
 
 def cmd_merge(a: argparse.Namespace) -> int:
+    """join the shard-i-of-n folders of a run
+
+    Join OUT/shard-*-of-n (from --shard runs) into OUT, after checking that every shard is present, complete and from
+    the same run.
+    """
     store = merge_shards(Path(a.run))
     print(
         f"merged {len(store.manifest()['merged_from'])} shards into {store.root} ({store.manifest()['n_trials']} trials)"
     )
-    if not a.no_report:
-        from analysis.report import write_report
-
-        paths = write_report(store.root)
-        print(f"report: {paths[0].parent}")
+    report_unless_skipped(a, store.root)
     return 0
 
 
 def cmd_analyze(a: argparse.Namespace) -> int:
+    """write a run's report (CSV tables and a Markdown summary)
+
+    Read a run directory and write RUN/report/.
+    """
     from analysis.report import write_report
 
     paths = write_report(Path(a.run), allow_partial=a.allow_partial)
@@ -161,16 +168,29 @@ def cmd_analyze(a: argparse.Namespace) -> int:
 
 
 def cmd_check(a: argparse.Namespace) -> int:
+    """verify a run folder: chunks done, verified, damaged, missing
+
+    Re-hash every table of RUN against its chunk's receipt, scan the API journal for damaged lines and show who holds
+    the writer lock. Read-only. Exit 0 when every chunk verifies and the journal is clean, 1 otherwise.
+    """
     lines, ok = check_run(Path(a.run))
     print("\n".join(lines))
     return 0 if ok else 1
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
+    """one report across runs of an experiment (a model panel)
+
+    Line up runs of one experiment (models, reasoning off / on, logit vs sampled) in one report: CSV tables, summary.md
+    and PNG figures in --out. Runs are matched on the items they share; the report says what was dropped. Give run
+    folders (names, models and the reasoning flag are read from their manifests) or a panel file.
+    """
     from analysis.compare import runs_from_args, write_comparison
 
     panel = runs_from_args(a.runs, a.panel, a.names, a.humans, a.attributes)
-    paths = write_comparison(panel, Path(a.out), n_boot=a.n_boot, seed=a.seed, asym_model=a.asym_model, decision=a.decision)
+    paths = write_comparison(
+        panel, Path(a.out), n_boot=a.n_boot, seed=a.seed, asym_model=a.asym_model, decision=a.decision
+    )
     summary = Path(a.out) / "summary.md"
     if summary.exists() and not a.quiet:
         print(summary.read_text())
@@ -179,6 +199,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def cmd_tiny(a: argparse.Namespace) -> int:
+    """build the built-in tiny models (done automatically on first use)
+
+    Build the locally trained tiny test models into the cache ($PROBE_CACHE or ~/.cache/probe).
+    """
     from probe import tiny
 
     for name in a.names or tiny.TINY_NAMES:
@@ -204,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exps = r.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     for exp in all_experiments().values():
-        e = exps.add_parser(exp.name, help=exp.summary, description=exp.summary)
+        e = add_verb(exps, exp.name, cmd_run, help=exp.summary, description=exp.summary)
         e.add_argument("--out", required=True, help="run directory (created; reused to resume)")
         add_engine_arguments(e)
         exp.add_arguments(e)
@@ -226,44 +250,27 @@ def build_parser() -> argparse.ArgumentParser:
             "--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n"
         )
         g.add_argument("--chunk-size", type=int, default=256, help="trials per committed chunk (default: 256)")
-        g.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+        add_no_report(g, "at the end")
         g.add_argument("--quiet", action="store_true", help="no progress bar")
         g.add_argument(
             "--wait-for-lock",
             action="store_true",
             help="if another probe process is writing this --out, wait for it (default: exit 2 naming it)",
         )
-        e.set_defaults(func=cmd_run)
 
-    o = sub.add_parser(
-        "readout",
-        help="print the answer-slot distribution of one prompt",
-        description="Render one prompt through the model's chat template and print the "
-        "probability of each option at the answer slot.",
-    )
+    o = add_verb(sub, "readout", cmd_readout)
     o.add_argument("--prompt", required=True, help="the user message")
     o.add_argument("--options", required=True, help="the options, separated by --sep (default ',')")
     o.add_argument("--sep", default=",", help="separator of --options (default ',')")
     o.add_argument("--assistant-prefix", default="", help="text the reply starts with before the slot, e.g. 'Answer:'")
     o.add_argument("--json", action="store_true", help="machine-readable output with token ids")
     add_engine_arguments(o)
-    o.set_defaults(func=cmd_readout)
 
-    m = sub.add_parser(
-        "merge",
-        help="join the shard-i-of-n folders of a run",
-        description="Join OUT/shard-*-of-n (from --shard runs) into OUT, after checking that every "
-        "shard is present, complete and from the same run.",
-    )
+    m = add_verb(sub, "merge", cmd_merge)
     m.add_argument("run", help="the --out folder the shards were written under")
-    m.add_argument("--no-report", action="store_true", help="do not write the report after merging")
-    m.set_defaults(func=cmd_merge)
+    add_no_report(m, "after merging")
 
-    n = sub.add_parser(
-        "analyze",
-        help="write a run's report (CSV tables and a Markdown summary)",
-        description="Read a run directory and write RUN/report/.",
-    )
+    n = add_verb(sub, "analyze", cmd_analyze)
     n.add_argument("run", help="run directory")
     n.add_argument(
         "--allow-partial",
@@ -271,25 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="report on the verified chunks of an incomplete or damaged run (the summary says so); "
         "default: refuse, saying how to repair",
     )
-    n.set_defaults(func=cmd_analyze)
 
-    k = sub.add_parser(
-        "check",
-        help="verify a run folder: chunks done, verified, damaged, missing",
-        description="Re-hash every table of RUN against its chunk's receipt, scan the API journal for damaged "
-        "lines and show who holds the writer lock. Read-only. Exit 0 when every chunk verifies and the journal "
-        "is clean, 1 otherwise.",
-    )
+    k = add_verb(sub, "check", cmd_check)
     k.add_argument("run", help="run directory (or a folder of shard-i-of-n runs)")
-    k.set_defaults(func=cmd_check)
 
-    c = sub.add_parser(
+    c = add_verb(
+        sub,
         "compare",
-        help="one report across runs of an experiment (a model panel)",
-        description="Line up runs of one experiment (models, reasoning off / on, logit vs sampled) in one report: "
-        "CSV tables, summary.md and PNG figures in --out. Runs are matched on the items they share; the report "
-        "says what was dropped. Give run folders (names, models and the reasoning flag are read from their "
-        "manifests) or a panel file.",
+        cmd_compare,
         epilog="panel file (YAML; paths relative to the file):\n"
         "  runs:\n"
         "    - {run: runs/q8, name: Qwen3-8B, model: Qwen3-8B, reasoning: false}\n"
@@ -298,7 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
         "  attributes: attrs.csv     # optional, one row per model (cue visibility)\n\n"
         "example:\n  probe compare runs/q8 runs/q8-think --out runs/compare-q8\n"
         "  probe compare --panel panel.yaml --out runs/panel",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("runs", nargs="*", help="run folders (the --out of `probe run`)")
     c.add_argument("--panel", help="a panel file listing runs with names and reasoning flags (instead of RUNS)")
@@ -327,15 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="cue panels: greedy decisions (default, the paper's temperature 0) or expected decisions",
     )
     c.add_argument("--quiet", action="store_true", help="do not print the summary")
-    c.set_defaults(func=cmd_compare)
 
-    t = sub.add_parser(
-        "tiny",
-        help="build the built-in tiny models (done automatically on first use)",
-        description="Build the locally trained tiny test models into the cache ($PROBE_CACHE or ~/.cache/probe).",
-    )
+    t = add_verb(sub, "tiny", cmd_tiny)
     t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
-    t.set_defaults(func=cmd_tiny)
     from probe.app import coding  # imports pandas: loaded when the parser is built, not on `import probe.app.cli`
 
     coding.register(sub)

@@ -26,6 +26,7 @@ import re
 import sys
 from pathlib import Path
 
+from probe.app.verbs import add_verb
 from probe.models import resolve_model
 from probe.models.gguf import SAMPLING
 
@@ -76,6 +77,12 @@ def transformers_exe() -> Path:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    """serve a local model with transformers serve, sampling on (for the API engine)
+
+    Prepare a serving folder for MODEL (its files linked, a generation config with sampling on and no top-k/top-p) and
+    run `transformers serve` on it, pinned to NAME. Requests then name the model NAME: --model
+    openai-compatible:NAME@http://HOST:PORT/v1. Ctrl-C stops the server.
+    """
     from probe.tiny import cache_root
 
     ref = resolve_model(a.model)
@@ -99,17 +106,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s = sub.add_parser(
-        "serve",
-        help="serve a local model with transformers serve, sampling on (for the API engine)",
-        description="Prepare a serving folder for MODEL (its files linked, a generation config with sampling on and "
-        "no top-k/top-p) and run `transformers serve` on it, pinned to NAME. Requests then name the model NAME: "
-        "--model openai-compatible:NAME@http://HOST:PORT/v1. Ctrl-C stops the server.",
-    )
+    s = add_verb(sub, "serve", cmd_serve)
     s.add_argument("model", help="tiny, tiny-hybrid, smol, a local model folder or a .gguf file")
     s.add_argument("--name", default=None, help="the model name requests use (default: from MODEL, e.g. smol)")
     s.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="listen port (default: 8000)")
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     s.add_argument("--root", default=None, help="where serving folders live (default: $PROBE_CACHE/serve)")
-    s.set_defaults(func=cmd_serve)

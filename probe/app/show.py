@@ -16,7 +16,16 @@ from typing import Any
 
 from probe.app.prompts import Renderer
 from probe.app.trialview import format_trial, trial_view
+from probe.app.verbs import add_verb
 from probe.runs import FilterError, TrialFilter, open_run
+
+#: The epilog of ``probe show --help``: examples and the ``--where`` keys.
+EXAMPLES = """examples:
+  probe show runs/battery-smol 8c2f0e1d9a7b3c45
+  probe show runs/battery-smol --item pond_child --where instrument=binary --where order=yes_first
+  probe show runs/x --where coverage_below=0.5 --limit 3
+--where keys: a factor name, option (the greedy option), status (a sampled reply's parse status), \
+coverage_below, disagree=1 (greedy differs from the sampled majority), chunk (verified/damaged/missing)"""
 
 
 def where_pairs(where: Sequence[str]) -> list[tuple[str, str]]:
@@ -75,22 +84,16 @@ def _describe(flt: TrialFilter) -> str:
 
 
 def cmd_show(a: argparse.Namespace) -> int:
+    """print trials of a run in the terminal: exact prompt, option probabilities, replies, verdicts
+
+    Print one or more trials of RUN as `probe view` shows them: by id, or the first --limit trials that --item and
+    --where select.
+    """
     return show(a.run, a.trial_ids, items=a.item or (), where=a.where or (), limit=a.limit, as_json=a.json)
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser(
-        "show",
-        help="print trials of a run in the terminal: exact prompt, option probabilities, replies, verdicts",
-        description="Print one or more trials of RUN as `probe view` shows them: by id, or the first --limit trials "
-        "that --item and --where select.",
-        epilog="examples:\n  probe show runs/battery-smol 8c2f0e1d9a7b3c45\n"
-        "  probe show runs/battery-smol --item pond_child --where instrument=binary --where order=yes_first\n"
-        "  probe show runs/x --where coverage_below=0.5 --limit 3\n"
-        "--where keys: a factor name, option (the greedy option), status (a sampled reply's parse status), "
-        "coverage_below, disagree=1 (greedy differs from the sampled majority), chunk (verified/damaged/missing)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    s = add_verb(sub, "show", cmd_show, epilog=EXAMPLES)
     s.add_argument("run", help="run folder")
     s.add_argument("trial_ids", nargs="*", help="trial ids (default: the trials --item / --where select)")
     s.add_argument("--item", action="append", help="an item id (repeatable: any of them)")
@@ -99,4 +102,3 @@ def register(sub: Any) -> None:
     )
     s.add_argument("--limit", type=int, default=5, help="trials to print when selecting by filter (default: 5)")
     s.add_argument("--json", action="store_true", help="the trial view as JSON (what `probe view` serves)")
-    s.set_defaults(func=cmd_show)

@@ -45,6 +45,7 @@ from typing import Any
 from probe.app import markdown
 from probe.app.prompts import Renderer
 from probe.app.trialview import side_by_side, trial_view
+from probe.app.verbs import add_verb
 from probe.errors import ProbeError
 from probe.runs import (
     SAMPLE_STATUSES,
@@ -569,28 +570,31 @@ def serve(paths: Sequence[str], port: int = 0, *, log: Callable[[str], None] = p
 
 
 # ------------------------------------------------------------------ the command line
+#: The epilog of ``probe view --help``.
+EXAMPLES = """examples:
+  probe view runs/battery-smol
+  probe view runs/q8 runs/q8-think --port 8765
+  probe view runs/compare-q8        # the runs of a comparison
+  ssh -L 8765:127.0.0.1:8765 login-node 'probe view runs/x --port 8765'   # from a cluster"""
+
+
 def cmd_view(a: argparse.Namespace) -> int:
+    """browse runs in the web browser: manifest, report, every trial (local server)
+
+    Start a local web server (127.0.0.1 only) that shows each run's manifest, progress and integrity, its report
+    (summary, sortable tables, figures), and a trial browser: filter by item, factor levels, option, parse status, low
+    coverage or greedy-vs-sampled disagreement, and open any trial to see its exact prompt, option probabilities,
+    sampled replies and verdicts. Several runs (or a `probe compare` folder) show the same trial side by side. Ctrl-C
+    stops it.
+    """
     return serve(a.runs, a.port)
 
 
 def register(sub: Any) -> None:
     """``probe view`` (and ``probe show``, :mod:`probe.app.show`) on the CLI's subparsers."""
-    v = sub.add_parser(
-        "view",
-        help="browse runs in the web browser: manifest, report, every trial (local server)",
-        description="Start a local web server (127.0.0.1 only) that shows each run's manifest, progress and integrity, "
-        "its report (summary, sortable tables, figures), and a trial browser: filter by item, factor levels, option, "
-        "parse status, low coverage or greedy-vs-sampled disagreement, and open any trial to see its exact prompt, "
-        "option probabilities, sampled replies and verdicts. Several runs (or a `probe compare` folder) show the "
-        "same trial side by side. Ctrl-C stops it.",
-        epilog="examples:\n  probe view runs/battery-smol\n  probe view runs/q8 runs/q8-think --port 8765\n"
-        "  probe view runs/compare-q8        # the runs of a comparison\n"
-        "  ssh -L 8765:127.0.0.1:8765 login-node 'probe view runs/x --port 8765'   # from a cluster",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    v = add_verb(sub, "view", cmd_view, epilog=EXAMPLES)
     v.add_argument("runs", nargs="+", help="run folders (the --out of `probe run`) or a `probe compare` folder")
     v.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: 0, a free one; the URL is printed)")
-    v.set_defaults(func=cmd_view)
     from probe.app import show
 
     show.register(sub)
