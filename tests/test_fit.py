@@ -182,7 +182,7 @@ def test_noiseless_sides_give_back_s_and_m_exactly():
     assert f.s == pytest.approx(0.25, abs=1e-8) and f.m == pytest.approx(-0.12, abs=1e-8)
     assert f.r2 == pytest.approx(1.0) and f.rmse < 1e-8
     assert f.s_lo == pytest.approx(0.25, abs=1e-6) and f.m_hi == pytest.approx(-0.12, abs=1e-6)
-    assert f.converged and not f.clip_limited
+    assert f.quality.converged and not f.clip_limited
 
 
 def test_fit_matches_an_independent_optimizer_and_hand_r2():
@@ -227,12 +227,12 @@ def test_flags_saturated_degenerate_and_items_near_the_tie():
     # a decisive model far from its tie: almost every p is clipped at 0 or 1
     th, sides = _sides(np.array([-0.9, -0.8, -0.7, 0.7, 0.8, 0.9]), 0.05, 0.02)
     f = fit.fit_channel(th, sides, n_boot=0)
-    assert f.saturated and f.clip_limited and f.n_near_tie == 0
+    assert f.quality.saturated and f.clip_limited and f.n_near_tie == 0
     # a model whose verdict ignores its scale: flat at 0.5, s runs to its bound
     th2, _ = _sides(np.linspace(-0.9, 0.9, 8), 1.0, 0.0)
     flat = pd.DataFrame({"p_plus": 0.5, "p_minus": 0.5, "z": 0.0}, index=th2.index)
     g = fit.fit_channel(th2, flat, n_boot=0)
-    assert g.degenerate and g.s == pytest.approx(fit.S_BOUNDS[1], rel=0.02)
+    assert g.quality.degenerate and g.s == pytest.approx(fit.S_BOUNDS[1], rel=0.02)
     # |z| < 0.9 by hand: z = 0.95, -0.5, 0.89, -0.95 -> two items near the tie
     th3 = pd.Series([0.1, 0.2, 0.3, 0.4], index=list("abcd"))
     s3 = pd.DataFrame({"p_plus": [0.98, 0.3, 0.95, 0.02], "p_minus": [0.97, 0.2, 0.94, 0.03]}, index=list("abcd"))
@@ -369,7 +369,7 @@ def test_joint_fit_recovers_s_where_the_per_channel_fit_reads_high():
         assert lo <= planted <= hi and lo <= m <= hi
     lexical = fit.fit_channel(th, fit.channel_sides(bt, "lexical"), n_boot=0)
     assert lexical.s > j.s * 1.04  # its sides average over the order offset: flatter, larger s
-    assert j.converged and not j.clip_limited and j.n_boot_failed == 0 and j.excluded == ()
+    assert j.quality.converged and not j.clip_limited and j.quality.n_boot_failed == 0 and j.excluded == ()
 
 
 def test_joint_bootstrap_is_seeded_and_matches_refits_by_least_squares():

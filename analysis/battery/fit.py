@@ -40,7 +40,7 @@ has an offset. The joint s does not, and its m's are adjusted for each other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -250,44 +250,101 @@ def channel_sides(
 
 # ------------------------------------------------------------------ the fit
 @dataclass(frozen=True)
-class ChannelFit:
-    """The (s, m) fit of one bias channel, with percentile bootstrap CIs over items and quality flags."""
+class FitQuality:
+    """How far a fit can be read: saturation, bounds and convergence of its point estimate, and its bootstrap.
 
-    channel: str
-    s: float
-    m: float
-    s_lo: float
-    s_hi: float
-    m_lo: float
-    m_hi: float
-    r2: float
-    """1 - SS_res / SS_tot on the stacked p+ and p- of all items."""
-    rmse: float
-    n_items: int
-    n_near_tie: int
-    """Items with |z| < ``tie`` (the story stance near the tie: where m is identified)."""
-    tie: float
+    The per-channel and the joint fit flag their estimates by the same rules
+    (:meth:`measure`), so a flag means the same in both tables.
+    """
+
     frac_saturated: float
-    """Share of the stacked p within ``clip`` of 0 or 1."""
+    """Share of the fitted P (the stacked p+ and p-, or every fitted cell) within ``clip`` of 0 or 1."""
     saturated: bool
-    """Most (> half) of the stacked p are clipped: s reads small, m attenuated."""
+    """Most (> half) of the fitted P are clipped: s reads small, m attenuated."""
     degenerate: bool
-    """s at a bound, m at its bound, or the optimizer did not converge."""
+    """s at a bound, an m at its bound, or the optimizer did not converge."""
     converged: bool
+    """The optimizer of the point estimate converged."""
     level: float
+    """The level of the percentile bootstrap CIs."""
     n_boot: int
+    """Bootstrap resamples drawn (0: no CIs)."""
     n_boot_failed: int
+    """Resamples whose refit did not converge, left out of the CIs."""
     seed: int
-    unidentified: str = ""
-    """Why the items cannot separate s from m (:func:`unidentified_reason`); "" when they can."""
+    """The seed of the item resamples."""
 
     @property
     def clip_limited(self) -> bool:
         """Absolute s (and m) are not interpretable; only rankings and within-model differences are."""
         return self.saturated or self.degenerate
 
+    @classmethod
+    def measure(
+        cls,
+        p: np.ndarray,
+        x: np.ndarray,
+        converged: bool,
+        *,
+        clip: float,
+        level: float,
+        n_boot: int,
+        failed: int,
+        seed: int,
+    ) -> FitQuality:
+        """The flags of a fit of the probabilities ``p`` at parameters ``x`` = (s, m_1..m_C)."""
+        frac_sat = float(np.mean((p < clip) | (p > 1 - clip)))
+        return cls(
+            frac_saturated=frac_sat,
+            saturated=frac_sat > 0.5,
+            degenerate=(not converged) or _at_bound(x),
+            converged=converged,
+            level=level,
+            n_boot=n_boot,
+            n_boot_failed=failed,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class ChannelFit:
+    """The (s, m) fit of one bias channel, with percentile bootstrap CIs over items and quality flags."""
+
+    channel: str
+    s: float
+    """Decisiveness: the scale of the sigmoid on the theta axis (small s: sharp answers)."""
+    m: float
+    """Framing susceptibility: the channel's offset on the theta axis (positive: toward the p+ side)."""
+    s_lo: float
+    s_hi: float
+    """The bootstrap CI of s (NaN without resamples); likewise ``m_lo``, ``m_hi`` of m."""
+    m_lo: float
+    m_hi: float
+    r2: float
+    """1 - SS_res / SS_tot on the stacked p+ and p- of all items."""
+    rmse: float
+    """Root mean squared residual of the stacked p+ and p-."""
+    n_items: int
+    """Items with theta and both sides, the units of the bootstrap."""
+    n_near_tie: int
+    """Items with |z| < ``tie`` (the story stance near the tie: where m is identified)."""
+    tie: float
+    quality: FitQuality
+    """Saturation, bounds, convergence and bootstrap of the fit (one column each in the row of :meth:`to_dict`)."""
+    unidentified: str = ""
+    """Why the items cannot separate s from m (:func:`unidentified_reason`); "" when they can."""
+
+    @property
+    def clip_limited(self) -> bool:
+        """Absolute s (and m) are not interpretable; only rankings and within-model differences are."""
+        return self.quality.clip_limited
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "clip_limited": self.clip_limited}
+        """One flat row of ``fit_sm.csv``: the fields in order, the quality flags in place of ``quality``."""
+        row: dict[str, Any] = {}
+        for k, v in asdict(self).items():
+            row.update(v if k == "quality" else {k: v})
+        return {**row, "clip_limited": self.clip_limited}
 
 
 def predict(theta: np.ndarray, s: float, m: float) -> tuple[np.ndarray, np.ndarray]:
@@ -431,9 +488,42 @@ def unidentified_reason(
     return "; ".join(why)
 
 
-def _at_bound(s: float, m: float) -> bool:
+def _at_bound(x: np.ndarray) -> bool:
+    """s (``x[0]``) at a bound of :data:`S_BOUNDS`, or an m (``x[1:]``) at +/- :data:`M_BOUND`."""
     lo, hi = S_BOUNDS
-    return s <= lo * 1.01 or s >= hi * 0.99 or abs(m) >= M_BOUND * 0.99
+    return bool(x[0] <= lo * 1.01 or x[0] >= hi * 0.99 or np.any(np.abs(x[1:]) >= M_BOUND * 0.99))
+
+
+def _goodness(p: np.ndarray, residuals: np.ndarray) -> tuple[float, float]:
+    """(r2, rmse) of a fit of the probabilities ``p``: r2 = 1 - SS_res / SS_tot (NaN when p does not vary)."""
+    ss_tot = float(np.sum((p - p.mean()) ** 2))
+    ss_res = float(np.sum(residuals**2))
+    return (1 - ss_res / ss_tot if ss_tot > 0 else float("nan")), float(np.sqrt(ss_res / p.size))
+
+
+def _bootstrap(
+    refit: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    n: int,
+    n_par: int,
+    *,
+    n_boot: int,
+    seed: int,
+    level: float,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(lo, hi, failed): percentile CIs of the ``n_par`` parameters over ``n_boot`` resamples of ``n`` items.
+
+    ``refit`` takes the resampled positions (:func:`resample_index`) and
+    returns (params per resample, converged); resamples that did not converge
+    are counted in ``failed`` and left out. NaN CIs without resamples.
+    """
+    lo = hi = np.full(n_par, np.nan)
+    failed = 0
+    if n_boot:
+        boots, ok = refit(resample_index(n, n_boot, seed))
+        failed = int((~ok).sum())
+        if ok.any():
+            lo, hi = quantile_ci(boots[ok], level, axis=0)
+    return lo, hi, failed
 
 
 def fit_channel(
@@ -468,43 +558,26 @@ def fit_channel(
     starts = [(s0, m0) for s0 in (0.1, 0.3, 1.0) for m0 in (-0.2, 0.0, 0.2)]
     x, ok = _solve(th, pp, pm, starts)
     s, m = float(x[0]), float(x[1])
-    res = _residuals(x, th, pp, pm)
     stacked = np.concatenate([pp, pm])
-    ss_tot = float(np.sum((stacked - stacked.mean()) ** 2))
-    ss_res = float(np.sum(res**2))
-    frac_sat = float(np.mean((stacked < clip) | (stacked > 1 - clip)))
-
-    failed = 0
-    s_lo = s_hi = m_lo = m_hi = float("nan")
-    if n_boot:
-        idx = resample_index(n, n_boot, seed)
-        boots, ok_b = refit_resamples(th, pp, pm, idx, (s, m))
-        failed = int((~ok_b).sum())
-        if ok_b.any():
-            kept = boots[ok_b]
-            (s_lo, s_hi), (m_lo, m_hi) = (quantile_ci(kept[:, k], level) for k in range(2))
+    r2, rmse = _goodness(stacked, _residuals(x, th, pp, pm))
+    lo, hi, failed = _bootstrap(
+        lambda idx: refit_resamples(th, pp, pm, idx, (s, m)), n, 2, n_boot=n_boot, seed=seed, level=level
+    )
     return ChannelFit(
         channel=channel,
         s=s,
         m=m,
-        s_lo=float(s_lo),
-        s_hi=float(s_hi),
-        m_lo=float(m_lo),
-        m_hi=float(m_hi),
-        r2=1 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
-        rmse=float(np.sqrt(ss_res / (2 * n))),
+        s_lo=float(lo[0]),
+        s_hi=float(hi[0]),
+        m_lo=float(lo[1]),
+        m_hi=float(hi[1]),
+        r2=r2,
+        rmse=rmse,
         n_items=n,
         n_near_tie=int(np.sum(np.abs(df["z"].to_numpy(float)) < tie)),
         tie=tie,
-        frac_saturated=frac_sat,
-        saturated=frac_sat > 0.5,
-        degenerate=(not ok) or _at_bound(s, m),
-        converged=ok,
-        level=level,
-        n_boot=n_boot,
-        n_boot_failed=failed,
-        seed=seed,
-        unidentified=unidentified_reason(th, float(s_lo), float(s_hi), [float(m_lo)], [float(m_hi)]),
+        quality=FitQuality.measure(stacked, x, ok, clip=clip, level=level, n_boot=n_boot, failed=failed, seed=seed),
+        unidentified=unidentified_reason(th, float(lo[0]), float(hi[0]), [float(lo[1])], [float(hi[1])]),
     )
 
 
@@ -706,9 +779,12 @@ class JointFit:
 
     family: str
     channels: tuple[str, ...]
+    """The channels fitted (those of :data:`JOINT_CHANNELS` the design identifies), in the order of ``m``."""
     s: float
+    """Decisiveness, one for every channel of the family."""
     s_lo: float
     s_hi: float
+    """The bootstrap CI of s (NaN without resamples); likewise ``m_lo``, ``m_hi`` per channel."""
     m: tuple[float, ...]
     """Per channel of ``channels``, adjusted for the others."""
     m_lo: tuple[float, ...]
@@ -716,21 +792,17 @@ class JointFit:
     r2: float
     """1 - SS_res / SS_tot over all fitted cells."""
     rmse: float
+    """Root mean squared residual over all fitted cells."""
     n_items: int
+    """Items with theta and at least one usable cell, the units of the bootstrap."""
     n_cells: int
     """Fitted (item, cell) values."""
     n_near_tie: int
     """Items with every cell usable and |z| < ``tie``, z = mean of 2 P(CBR) - 1 over the item's cells (a story
     with an empty cell has no balanced z and is not counted)."""
     tie: float
-    frac_saturated: float
-    saturated: bool
-    degenerate: bool
-    converged: bool
-    level: float
-    n_boot: int
-    n_boot_failed: int
-    seed: int
+    quality: FitQuality
+    """Saturation, bounds, convergence and bootstrap of the fit (the same rules as the per-channel fit)."""
     excluded: tuple[tuple[str, str], ...] = ()
     """Channels of the family the design does not identify, with the reason."""
     unidentified: str = ""
@@ -738,7 +810,8 @@ class JointFit:
 
     @property
     def clip_limited(self) -> bool:
-        return self.saturated or self.degenerate
+        """Absolute s (and m) are not interpretable; only rankings and within-model differences are."""
+        return self.quality.clip_limited
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per channel of the family (left-out channels with NaN numbers and the reason in ``note``)."""
@@ -753,13 +826,13 @@ class JointFit:
             "n_items": self.n_items,
             "n_cells": self.n_cells,
             "n_near_tie": self.n_near_tie,
-            "frac_saturated": self.frac_saturated,
+            "frac_saturated": self.quality.frac_saturated,
             "clip_limited": self.clip_limited,
             "unidentified": self.unidentified,
-            "converged": self.converged,
-            "n_boot": self.n_boot,
-            "n_boot_failed": self.n_boot_failed,
-            "seed": self.seed,
+            "converged": self.quality.converged,
+            "n_boot": self.quality.n_boot,
+            "n_boot_failed": self.quality.n_boot_failed,
+            "seed": self.quality.seed,
         }
         out = [
             {**common, "channel": ch, "m": m, "m_lo": lo, "m_hi": hi, "note": ""}
@@ -889,50 +962,33 @@ def fit_joint_data(
     ok = np.isfinite(p)
     starts = [np.array([s0, *[m0] * n_ch]) for s0 in (0.1, 0.3, 1.0) for m0 in (-0.2, 0.0, 0.2)]
     x, conv = _joint_solve(th, p, sg, starts)
-    res = _joint_residuals(x, th, p, sg, ok)
     stacked = p[ok]
-    ss_tot = float(np.sum((stacked - stacked.mean()) ** 2))
-    ss_res = float(np.sum(res**2))
-    frac_sat = float(np.mean((stacked < clip) | (stacked > 1 - clip)))
+    r2, rmse = _goodness(stacked, _joint_residuals(x, th, p, sg, ok))
     # z of a story with an empty cell would be an unbalanced mean (its stance leaks the missing cell's
     # offsets), so only the stories with every cell count toward the items near the tie (issue 27)
     complete = ok.all(axis=1)
     z = (2 * p[complete] - 1).mean(axis=1)
-
-    failed = 0
-    lo_q = hi_q = np.full(1 + n_ch, np.nan)
-    if n_boot:
-        idx = resample_index(n, n_boot, seed)
-        boots, ok_b = refit_joint_resamples(data, idx, x)
-        failed = int((~ok_b).sum())
-        if ok_b.any():
-            lo_q, hi_q = quantile_ci(boots[ok_b], level, axis=0)
-    at_bound = x[0] <= S_BOUNDS[0] * 1.01 or x[0] >= S_BOUNDS[1] * 0.99 or bool(np.any(np.abs(x[1:]) >= M_BOUND * 0.99))
+    lo, hi, failed = _bootstrap(
+        lambda idx: refit_joint_resamples(data, idx, x), n, 1 + n_ch, n_boot=n_boot, seed=seed, level=level
+    )
     return JointFit(
         family=data.family,
         channels=data.channels,
         s=float(x[0]),
-        s_lo=float(lo_q[0]),
-        s_hi=float(hi_q[0]),
+        s_lo=float(lo[0]),
+        s_hi=float(hi[0]),
         m=tuple(float(v) for v in x[1:]),
-        m_lo=tuple(float(v) for v in lo_q[1:]),
-        m_hi=tuple(float(v) for v in hi_q[1:]),
-        r2=1 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
-        rmse=float(np.sqrt(ss_res / stacked.size)),
+        m_lo=tuple(float(v) for v in lo[1:]),
+        m_hi=tuple(float(v) for v in hi[1:]),
+        r2=r2,
+        rmse=rmse,
         n_items=n,
         n_cells=int(stacked.size),
         n_near_tie=int(np.sum(np.abs(z) < tie)),
         tie=tie,
-        frac_saturated=frac_sat,
-        saturated=frac_sat > 0.5,
-        degenerate=(not conv) or at_bound,
-        converged=conv,
-        level=level,
-        n_boot=n_boot,
-        n_boot_failed=failed,
-        seed=seed,
+        quality=FitQuality.measure(stacked, x, conv, clip=clip, level=level, n_boot=n_boot, failed=failed, seed=seed),
         excluded=data.excluded,
-        unidentified=unidentified_reason(th, float(lo_q[0]), float(hi_q[0]), lo_q[1:].tolist(), hi_q[1:].tolist()),
+        unidentified=unidentified_reason(th, float(lo[0]), float(hi[0]), lo[1:].tolist(), hi[1:].tolist()),
     )
 
 
