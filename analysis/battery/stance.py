@@ -30,14 +30,15 @@ returned by :mod:`analysis.common.frames`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
+from analysis.common.records import Record
 
 FORM = ("scale", "wording", "anchor", "pole")
 """The factors that make a graded form (condition)."""
@@ -240,15 +241,12 @@ def bipolar_contrast(forms: pd.DataFrame) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class BipolarSummary:
+class BipolarSummary(Record):
     """The measured bipolar contrast over items: the signed mean and the paper's mean |theta_bipolar - theta|."""
 
     mean: float
     mean_abs: float
     n_items: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def bipolar_summary(contrast: pd.DataFrame) -> BipolarSummary:
@@ -328,7 +326,7 @@ def incoherence(forms: pd.DataFrame, *, include_bipolar: bool = False, by: str =
 
 
 @dataclass(frozen=True)
-class PooledIncoherence:
+class PooledIncoherence(Record):
     """The per-model aggregate incoherence (the paper's headline and Fig. 1b): variances pooled over items, then sqrt.
 
     The mean of per-item sigma_repro is lower by Jensen's inequality
@@ -354,9 +352,6 @@ class PooledIncoherence:
     n_forms: int
     sigma_value: float = float("nan")
     """sqrt(pooled Var_samp): the standard error of one form's value (sigma_repeat / sqrt(N) for N draws)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def pooled_incoherence(inc: pd.DataFrame) -> PooledIncoherence:
@@ -402,7 +397,7 @@ def pooled_incoherence(inc: pd.DataFrame) -> PooledIncoherence:
 
 
 @dataclass(frozen=True)
-class Generalizability:
+class Generalizability(Record):
     """G = Var_items(theta) / (Var_items(theta) + mean sigma_repro^2): an ICC for one randomly chosen form."""
 
     G: float
@@ -411,9 +406,6 @@ class Generalizability:
     mean_sigma2: float
     """Mean per-item sigma_repro^2."""
     n_items: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def generalizability(inc: pd.DataFrame) -> Generalizability:
@@ -450,7 +442,7 @@ def salt_spread(values: pd.DataFrame, value: str, form: Sequence[str]) -> pd.Dat
 
 
 @dataclass(frozen=True)
-class SaltFloor:
+class SaltFloor(Record):
     """Within-form spread under salts against the between-form spread (paper 003, salt replication)."""
 
     within_sd_mean: float
@@ -462,9 +454,6 @@ class SaltFloor:
     """between_sd_mean / within_sd_mean (inf when the floor is exactly zero)."""
     n_forms: int
     n_items: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def salt_floor(spread: pd.DataFrame) -> SaltFloor:
@@ -484,7 +473,7 @@ def salt_floor(spread: pd.DataFrame) -> SaltFloor:
 
 
 @dataclass(frozen=True)
-class SaltInvariance:
+class SaltInvariance(Record):
     """What salting does to the graded forms (paper 003: "69% of forms exactly invariant", "r = 0.993")."""
 
     invariant: float
@@ -493,9 +482,6 @@ class SaltInvariance:
     r_theta: float
     """Pearson r over items of theta from the salted replicates (pooled) against the unsalted theta."""
     n_items: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def salt_invariance(trials: pd.DataFrame) -> SaltInvariance:
@@ -532,7 +518,7 @@ def salt_invariance(trials: pd.DataFrame) -> SaltInvariance:
 
 # ------------------------------------------------------- convergent validity
 @dataclass(frozen=True)
-class Correlation:
+class Correlation(Record):
     """Pearson r between two per-item series, with a percentile bootstrap CI over items."""
 
     r: float
@@ -543,9 +529,6 @@ class Correlation:
     level: float
     n_boot: int
     seed: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 MIN_CORRELATION_ITEMS = 5

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
+from analysis.common.records import Record
 
 CELLS = [("approve", "yes_first"), ("approve", "no_first"), ("oppose", "yes_first"), ("oppose", "no_first")]
 
@@ -268,7 +269,7 @@ def parity_split(per_trial: pd.DataFrame, pcbr: pd.Series, forms: Sequence[str])
 
 # ---------------------------------------------------- I-3 resampling diagnostics
 @dataclass(frozen=True)
-class Resampling:
+class Resampling(Record):
     """How much repetition of one form shows, against the spread across forms (paper 003, Methods / SI S3).
 
     Readings taken: a *cell* is one trial (item x form x verb x printed
@@ -286,9 +287,6 @@ class Resampling:
     opposite_majority: float
     """Share of items with two equivalent forms whose majority verdicts (P(CBR) > or < 1/2) are opposite."""
     n_items: int
-
-    def to_dict(self) -> dict[str, float | int]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def resampling_diagnostics(per_trial: pd.DataFrame, options: pd.DataFrame) -> Resampling:
