@@ -58,14 +58,26 @@ def file_sha256(path: Path) -> str:
 
 def read_yaml(path: Path, what: str, error: Callable[[str], Exception], fix: str) -> Any:
     """The parsed YAML at ``path``; a missing file or invalid YAML raises ``error`` naming ``what``, the path and ``fix``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a folder, not a file; {fix}") from None
+    return parse_yaml(text, f"{what} {path}", error, fix)
+
+
+def parse_yaml(data: str | bytes, name: str, error: Callable[[str], Exception], fix: str) -> Any:
+    """``data`` parsed as YAML; invalid YAML raises ``error`` naming the file (``name``) and ``fix``.
+
+    For a caller that keeps the bytes it parsed (e.g. to hash them); others use :func:`read_yaml`.
+    """
     import yaml
 
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise error(f"{what} {path} does not exist; {fix}") from None
+        return yaml.safe_load(data)
     except yaml.YAMLError as e:
-        raise error(f"{what} {path} is not valid YAML ({e}); {fix}") from None
+        raise error(f"{name} is not valid YAML ({e}); {fix}") from None
 
 
 def build_once(dest: Path, is_complete: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:

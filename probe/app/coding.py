@@ -59,8 +59,9 @@ import pandas as pd
 
 from engines import add_loading_arguments, available_modules
 from experiments.judge import judge_engine
+from probe.app.verbs import add_verb
 from probe.errors import ProbeError
-from probe.files import atomic_write_parquet, atomic_write_text
+from probe.files import atomic_write_parquet, atomic_write_text, parse_yaml, read_yaml
 from probe.parse import split_reasoning
 from probe.store import RunStore, canonical_json
 from probe.types import Message, Trial
@@ -167,19 +168,14 @@ def template_fields(template: str) -> set[str]:
 
 def load_taxonomy(task_or_path: str | Path) -> Taxonomy:
     """Load and validate a taxonomy: a task name (the shipped file) or a path to a YAML file."""
-    import yaml
-
     path = Path(task_or_path)
     if str(task_or_path) in TASKS and not path.exists():
         path = TAXONOMY_DIR / f"{task_or_path}.yaml"
     if not path.is_file():
         raise TaxonomyError(f"taxonomy {str(task_or_path)!r} is neither a task ({', '.join(TASKS)}) nor a YAML file")
-    data = path.read_bytes()
+    data = path.read_bytes()  # parsed and hashed: the coding records which taxonomy it used
     src = str(path)
-    try:
-        doc = yaml.safe_load(data)
-    except yaml.YAMLError as e:
-        raise TaxonomyError(f"{src}: not valid YAML ({e})") from None
+    doc = parse_yaml(data, src, TaxonomyError, "docs/coding.md describes the taxonomy format")
     if not isinstance(doc, Mapping):
         raise TaxonomyError(f"{src}: the top level must be a mapping with task, prompt, codes")
     unknown = sorted(set(doc) - _TOP_KEYS)
@@ -719,12 +715,19 @@ def code_run(
 # ================================================================ validation
 @dataclass(frozen=True)
 class ValidationItem:
+    """One hand-labelled text of a validation set (``experiments/data/validation/<task>.yaml``)."""
+
     id: str
     text: str
+    """The text the judge codes (a follow-up answer or a reasoning trace)."""
     gold: str
+    """The code id a person gave it."""
     context: Mapping[str, str]
+    """The other judge-prompt fields of the item (the question, the cue, ...): :data:`FIELDS` less ``text``."""
     benchmark: str | None = None
+    """Whose added codes apply (None: the taxonomy's base codes only)."""
     note: str = ""
+    """Why the gold code is what it is (for the reader; the judge never sees it)."""
 
 
 _VAL_KEYS = {"id", "text", "gold", "benchmark", "note", *(FIELDS - {"codes", "code_ids", "text"})}
@@ -732,12 +735,8 @@ _VAL_KEYS = {"id", "text", "gold", "benchmark", "note", *(FIELDS - {"codes", "co
 
 def load_validation(task: str, path: str | Path | None = None, tax: Taxonomy | None = None) -> list[ValidationItem]:
     """The hand-labelled validation set of a task (``experiments/data/validation/<task>.yaml`` by default)."""
-    import yaml
-
     p = Path(path) if path else VALIDATION_DIR / f"{task}.yaml"
-    if not p.is_file():
-        raise TaxonomyError(f"validation file {p} does not exist")
-    doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    doc = read_yaml(p, "validation file", TaxonomyError, "pass --validation with an existing validation YAML")
     if not isinstance(doc, Mapping) or doc.get("task") != task or not isinstance(doc.get("items"), list):
         raise TaxonomyError(f"{p}: expected a mapping with task: {task} and a list of items")
     tax = tax or load_taxonomy(task)
@@ -827,6 +826,12 @@ def _add_judge_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_code(a: argparse.Namespace) -> int:
+    """label a run's follow-up answers or reasoning traces with a judge model
+
+    Code the texts of a run with a judge: follow-up answers (task followup), or reasoning traces (compliance: how the
+    trace treats the cue; rationale: its primary rationale). Writes RUN/coding/TASK.parquet (label, one p_<code> column
+    per code, the judge prompt and raw output) and TASK.json; resumes if killed.
+    """
     judge = make_coder(a.judge, a, a.samples, a.temperature)
     res = code_run(
         Path(a.run),
@@ -850,6 +855,11 @@ def cmd_code(a: argparse.Namespace) -> int:
 
 
 def cmd_agreement(a: argparse.Namespace) -> int:
+    """measure a judge against the hand-labelled validation set of a coding task
+
+    Run the judge over experiments/data/validation/TASK.yaml and print accuracy, Cohen's kappa (with a percentile
+    bootstrap CI and the asymptotic standard error), the confusion matrix and per-code recall.
+    """
     from analysis.influence.coding import agreement, agreement_text
 
     judge = make_coder(a.judge, a, a.samples, a.temperature)
@@ -869,13 +879,7 @@ def cmd_agreement(a: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``probe code`` and ``probe judge-agreement`` to the CLI's subparsers."""
-    c = sub.add_parser(
-        "code",
-        help="label a run's follow-up answers or reasoning traces with a judge model",
-        description="Code the texts of a run with a judge: follow-up answers (task followup), or reasoning traces "
-        "(compliance: how the trace treats the cue; rationale: its primary rationale). Writes RUN/coding/TASK.parquet "
-        "(label, one p_<code> column per code, the judge prompt and raw output) and TASK.json; resumes if killed.",
-    )
+    c = add_verb(sub, "code", cmd_code)
     c.add_argument("run", help="run directory")
     c.add_argument("--task", required=True, choices=TASKS, help="what to code")
     c.add_argument("--source", default="auto", choices=SOURCES, help="which table's texts to code (default: auto)")
@@ -884,17 +888,10 @@ def register(sub: Any) -> None:
     c.add_argument("--limit", type=int, default=None, help="code only the first N texts")
     c.add_argument("--overwrite", action="store_true", help="replace a coding by another judge or taxonomy")
     _add_judge_engine_arguments(c)
-    c.set_defaults(func=cmd_code)
 
-    g = sub.add_parser(
-        "judge-agreement",
-        help="measure a judge against the hand-labelled validation set of a coding task",
-        description="Run the judge over experiments/data/validation/TASK.yaml and print accuracy, Cohen's kappa "
-        "(with a percentile bootstrap CI and the asymptotic standard error), the confusion matrix and per-code recall.",
-    )
+    g = add_verb(sub, "judge-agreement", cmd_agreement)
     g.add_argument("--task", required=True, choices=TASKS, help="coding task")
     g.add_argument("--validation", default=None, help="validation YAML (default: the shipped set of the task)")
     g.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates of the kappa CI (default: 2000)")
     g.add_argument("--out", default=None, help="write the per-item labels as CSV here")
     _add_judge_engine_arguments(g)
-    g.set_defaults(func=cmd_agreement)
