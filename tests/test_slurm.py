@@ -138,13 +138,22 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Workflow:
+    """What the documented workflow left behind: two submissions of one sharded run, the first interrupted."""
+
     submit_dir: Path
+    """The folder the jobs were submitted from (it had no ``logs/`` before)."""
     run_dir: Path
+    """The run's ``--out`` folder, with its shard folders."""
     first: tuple[str, str]
+    """The first submission's job ids: the array, then the merge."""
     first_states: dict[str, str]
+    """Its jobs' final states, by job id (``<array>_<task>`` for a task)."""
     interrupted_at: int
+    """The chunks shard 1 had committed when it was stopped and cancelled."""
     second: tuple[str, str]
+    """The resubmission's job ids: the array, then the merge."""
     second_states: dict[str, str]
+    """Its jobs' final states, by job id."""
 
 
 @pytest.fixture(scope="module")

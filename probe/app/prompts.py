@@ -48,6 +48,7 @@ class RenderedPrompt:
     exact: bool
     """True when ``text`` is the decode of the very ids the engine scored."""
     n_tokens: int | None = None
+    """The length of ``text`` in tokens (None where there is no tokenizer to count them)."""
     option_ids: tuple[tuple[int, ...], ...] | None = None
     """Each option's token ids at the slot, in print order (tokenizer engines only)."""
     note: str = ""

@@ -58,10 +58,13 @@ class GgufSource:
     """Where a GGUF came from (recorded in the conversion marker and so in every run manifest)."""
 
     path: Path
+    """The ``.gguf`` file converted."""
     sha256: str
+    """Its SHA-256 (hex): a changed file is a different model."""
     wheel: str | None = None
     """The PyPI distribution that shipped the file (``None`` for a user's own file)."""
     wheel_version: str | None = None
+    """That distribution's installed version."""
 
     def record(self) -> dict[str, Any]:
         return {
