@@ -71,7 +71,7 @@ from engines.api_providers import (
     openai_body,
     parse_reply,
 )
-from engines.base import Draws, EngineSettings, ProgressFn, Sampler, require
+from engines.base import Draws, Engine, EngineSettings, ProgressFn, require, settings_from_flags
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
@@ -255,34 +255,26 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 def from_args(model: str, a: argparse.Namespace) -> ApiEngine:
     spec = parse_model_spec(model)
-
-    def get(name: str, default: Any) -> Any:
-        return getattr(a, name, default)
-
-    return ApiEngine(
-        ApiSettings(
-            provider=spec.provider,
-            model=spec.model,
-            base_url=spec.base_url,
-            system_prompt=get("system", None),
-            max_new_tokens=get("max_new_tokens", 32),
-            think=get("think", False),
-            think_budget=get("think_budget", 512),
-            thinking_budget=get("thinking_budget", None),
-            reasoning_effort=get("reasoning_effort", None),
-            seed=get("seed", 0),
-            extra_body=_extra_body(get("api_extra_body", None)),
-            api_key_env=get("api_key_env", None),
-            concurrency=get("concurrency", 16),
-            timeout=get("api_timeout", 300.0),
-            max_retries=get("api_retries", 8),
-            max_cost=get("max_cost", None),
-            dry_run=get("dry_run", False),
-            prices=get("prices", None),
-            batch=get("batch_api", False),
-            batch_poll=get("batch_poll", 30.0),
-        )
+    settings = settings_from_flags(
+        ApiSettings,
+        a,
+        (
+            "thinking_budget",
+            "reasoning_effort",
+            "api_key_env",
+            "concurrency",
+            "max_cost",
+            "dry_run",
+            "prices",
+            "batch_poll",
+        ),
+        {"timeout": "api_timeout", "max_retries": "api_retries", "batch": "batch_api"},
+        provider=spec.provider,
+        model=spec.model,
+        base_url=spec.base_url,
+        extra_body=_extra_body(getattr(a, "api_extra_body", None)),
     )
+    return ApiEngine(settings)
 
 
 def call_seed(seed: int, trial_id: str, draw: int) -> int:
@@ -344,7 +336,7 @@ class _Progress:
 
 
 # ----------------------------------------------------------------- engine
-class ApiEngine(Sampler):
+class ApiEngine(Engine):
     """Sampling through a provider's API; see the module docstring."""
 
     name = "api"

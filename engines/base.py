@@ -1,7 +1,8 @@
 """The engine contract: lists in, lists out, same order.
 
-A logit engine implements ``readout``; every engine implements ``sample``.
-Nothing else is required beyond ``load``, ``describe`` and ``identity`` (for
+A logit engine implements ``readout``; every engine provides ``sample``
+(a backend subclasses :class:`Engine`, inherits ``sample`` and implements
+``_sample``). Nothing else is required beyond ``load``, ``describe`` and ``identity`` (for
 the run manifest). Engines import their heavy libraries lazily so that a
 CPU-only or API-only install works.
 
@@ -15,10 +16,11 @@ keeps the readout's prompt caches for the draws; speed only).
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from probe.errors import ProbeError
 from probe.types import Readout, Sample, Trial
@@ -53,6 +55,37 @@ class EngineSettings:
     """Seed of the per-(trial, draw) sampling."""
 
 
+SHARED_FLAGS: Mapping[str, str] = {
+    "think": "think",
+    "think_budget": "think_budget",
+    "system_prompt": "system",
+    "max_new_tokens": "max_new_tokens",
+    "seed": "seed",
+}
+"""The :class:`EngineSettings` field each shared CLI flag sets (its ``argparse`` name: ``--system`` sets
+``system_prompt``); every backend reads them the same way."""
+
+S = TypeVar("S", bound=EngineSettings)
+
+
+def settings_from_flags(
+    cls: type[S],
+    a: argparse.Namespace,
+    same: Iterable[str] = (),
+    renamed: Mapping[str, str] | None = None,
+    **given: Any,
+) -> S:
+    """``cls`` built from parsed flags: the shared ones (:data:`SHARED_FLAGS`), the fields ``same`` (flag named as
+    the field) and ``renamed`` (field -> flag name), and the values ``given``.
+
+    A flag the namespace lacks (one built without the CLI, or without this backend's flags) leaves its field at the
+    dataclass default, so each default is written once, on its field.
+    """
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(cls)}
+    flags = {**SHARED_FLAGS, **{name: name for name in same}, **(renamed or {})}
+    return cls(**{field: getattr(a, flag, defaults[field]) for field, flag in flags.items()}, **given)
+
+
 @dataclass(frozen=True)
 class Draws:
     """What one :meth:`Engine.sample` call asks for, as one value.
@@ -79,30 +112,13 @@ class Draws:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
 
 
-class Sampler:
-    """The contract's ``sample`` written once: an engine inherits it and implements ``_sample``."""
-
-    def sample(
-        self,
-        trials: Sequence[Trial],
-        n: int,
-        temperature: float,
-        progress: ProgressFn | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        stop_at_answer: bool = False,
-    ) -> list[Sample]:
-        """See :meth:`Engine.sample`; the backend's ``_sample`` says how it draws."""
-        return self._sample(trials, Draws(n, temperature, max_new_tokens, stop_at_answer), progress)
-
-    def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
-        """The backend's sampling: ``draws.n`` answers per trial, trial-major, in input order."""
-        raise NotImplementedError
-
-
 @runtime_checkable
 class Engine(Protocol):
-    """What every backend provides."""
+    """What every backend provides.
+
+    A backend subclasses it and so inherits :meth:`sample` as written here, the contract's signature once; it
+    implements ``_sample``, which receives the request as one :class:`Draws`.
+    """
 
     name: str
 
@@ -128,6 +144,10 @@ class Engine(Protocol):
         (:func:`probe.parse.answer_end`), and an engine that can may stop generating there; free-text replies
         (False) are parsed whole.
         """
+        return self._sample(trials, Draws(n, temperature, max_new_tokens, stop_at_answer), progress)
+
+    def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
+        """The backend's sampling: ``draws.n`` answers per trial, trial-major, in input order."""
         ...
 
     def describe(self) -> dict[str, Any]:

@@ -41,16 +41,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from engines.base import Draws, EngineSettings, ProgressFn, Sampler, require
+from engines.base import Draws, EngineSettings, ProgressFn, require, settings_from_flags
+from engines.local import LocalEngine, Prepared, draw_seed, folder_info, reply_sample, slot_readout, with_reasoning
 from engines.render import (
     checked_option_ids,
-    close_reasoning,
     encode_option,
     option_texts,
     render_ids,
@@ -66,12 +65,13 @@ from engines.sampling import (
     register_grouped_attention,
     reserve_cache,
 )
-from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
+from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError
-from probe.models import folder_fingerprint, resolve_model
-from probe.models.gguf import manifest_record
-from probe.parse import answer_scan, parsed_sample, split_reasoning
-from probe.types import OptionScore, Readout, Sample, Trial
+from probe.models import resolve_model
+from probe.parse import answer_scan, split_reasoning
+from probe.types import Readout, Sample, Trial
+
+T = TypeVar("T")
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 READOUT_PATHS = ("auto", "tree", "branch", "plain")
@@ -157,17 +157,6 @@ class _Draw:
     """The assistant prefix the parser puts back in front of the reply (outside think mode)."""
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    """A trial rendered to ids, with its option token sequences."""
-
-    ids: tuple[int, ...]
-    options: tuple[tuple[int, ...], ...]
-    reasoning: str = ""
-    reasoning_tokens: int = 0
-    hit_budget: bool = False
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The Transformers engine's own flags (speed only; the values do not change)."""
     g = p.add_argument_group("Transformers engine")
@@ -201,39 +190,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
-    return HFEngine(
-        HFSettings(
-            model=model,
-            dtype=a.dtype,
-            device=a.device,
-            batch_size=a.batch_size,
-            think=a.think,
-            think_budget=a.think_budget,
-            system_prompt=a.system,
-            max_new_tokens=a.max_new_tokens,
-            seed=a.seed,
-            revision=a.revision,
-            trust_remote_code=a.trust_remote_code,
-            readout_path=getattr(a, "hf_readout_path", "auto"),
-            tree_tokens=getattr(a, "hf_tree_tokens", 1024),
-            sample_path=getattr(a, "hf_sample_path", "auto"),
-            sample_rows=getattr(a, "hf_sample_rows", 1024),
-            sample_cache_tokens=getattr(a, "hf_sample_cache_tokens", 131072),
-            group_draws=not getattr(a, "hf_no_group_draws", False),
-        )
+    """The engine the parsed flags ask for (the ``--hf-*`` ones set the field of that name)."""
+    own = ("readout_path", "tree_tokens", "sample_path", "sample_rows", "sample_cache_tokens")
+    settings = settings_from_flags(
+        HFSettings,
+        a,
+        ("dtype", "device", "batch_size", "revision", "trust_remote_code"),
+        {name: f"hf_{name}" for name in own},
+        model=model,
+        group_draws=not getattr(a, "hf_no_group_draws", False),
     )
+    return HFEngine(settings)
 
 
 GROUP_FROM = 2
 """Group the draws of a prompt from this many on. A lone reply gains nothing: 64 free-choice replies of up to 200 tokens
 took 64.8 s grouped and 65.3 s with a row each on 2 CPU cores (the same tokens)."""
-
-# Settings that change values (the rest, like batch size and device, only change speed).
-_IDENTITY_SETTINGS = ("model", "think", "think_budget", "system_prompt", "revision", "trust_remote_code", "seed")
-
-
-def _seed_for(seed: int, trial_id: str, draw: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
 
 
 def balanced(count: int, most: int) -> int:
@@ -248,20 +220,34 @@ def balanced(count: int, most: int) -> int:
     return -(-count // batches)
 
 
+def cut_runs(items: Iterable[T], cut: Callable[[list[T], T], int]) -> list[list[T]]:
+    """``items`` cut into consecutive runs, greedily.
+
+    Before each item joins the current run, ``cut(run, item)`` says how many of
+    the run's first items close as a run of their own (0: none, the item joins
+    the run; ``len(run)``: the item starts a new one).
+    """
+    runs: list[list[T]] = []
+    cur: list[T] = []
+    for item in items:
+        at = cut(cur, item) if cur else 0
+        if at:
+            runs.append(cur[:at])
+            cur = cur[at:]
+        cur.append(item)
+    if cur:
+        runs.append(cur)
+    return runs
+
+
 def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[list[int]]:
     """Group indices into batches of similar length (longest first), bounded in rows and padded tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        width = lengths[cur[0]] if cur else lengths[i]  # longest first: the first row sets the width
-        if cur and (len(cur) >= batch_size or width * (len(cur) + 1) > max_tokens):
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
+
+    def full(batch: list[int], i: int) -> int:
+        width = lengths[batch[0]]  # longest first: the first row sets the width
+        return len(batch) if len(batch) >= batch_size or width * (len(batch) + 1) > max_tokens else 0
+
+    return cut_runs(sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)), full)
 
 
 def shared_prefix_lengths(seqs: Sequence[Sequence[int]]) -> list[int]:
@@ -379,16 +365,11 @@ def tree_paths(tree: TokenTree) -> list[list[int]]:
 
 def _fill(parts: Sequence[Sequence[int]], most: int) -> list[list[Sequence[int]]]:
     """Consecutive parts grouped so that each group holds at most ``most`` items (a larger part alone)."""
-    groups: list[list[Sequence[int]]] = []
-    size = 0
-    for part in parts:
-        if groups and size + len(part) <= most:
-            groups[-1].append(part)
-            size += len(part)
-        else:
-            groups.append([part])
-            size = len(part)
-    return groups
+
+    def full(group: list[Sequence[int]], part: Sequence[int]) -> int:
+        return len(group) if sum(len(p) for p in group) + len(part) > most else 0
+
+    return cut_runs(parts, full)
 
 
 def prefix_groups(seqs: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
@@ -428,29 +409,22 @@ def token_rows(
     def cost(i: int, first: bool) -> int:
         return lengths[i] + extra[i] - (0 if first else shared[i])
 
-    rows: list[list[int]] = []
-    cur: list[int] = []
-    for i in range(len(lengths)):
-        size = sum(cost(k, n == 0) for n, k in enumerate(cur))
-        if cur and (len(cur) >= max_items or size + cost(i, False) > max_tokens):
-            # cut before the item of the row that shares least with its predecessor, if it shares less than i
-            j = min(range(1, len(cur)), key=lambda n: (shared[cur[n]], -n), default=0)
-            if j and shared[cur[j]] < shared[i]:
-                rows.append(cur[:j])
-                cur = cur[j:]
-            else:
-                rows.append(cur)
-                cur = []
-        cur.append(i)
-    if cur:
-        rows.append(cur)
-    return rows
+    def cut(row: list[int], i: int) -> int:
+        size = sum(cost(k, n == 0) for n, k in enumerate(row))
+        if len(row) < max_items and size + cost(i, False) <= max_tokens:
+            return 0
+        # cut before the item of the row that shares least with its predecessor, if it shares less than i
+        j = min(range(1, len(row)), key=lambda n: (shared[row[n]], -n), default=0)
+        return j if j and shared[row[j]] < shared[i] else len(row)
+
+    return cut_runs(range(len(lengths)), cut)
 
 
-class HFEngine(Sampler):
+class HFEngine(LocalEngine):
     """Answer-slot readouts and samples from a Transformers causal LM."""
 
     name = "hf"
+    settings: HFSettings
 
     def __init__(self, settings: HFSettings, *, model: Any = None, tokenizer: Any = None) -> None:
         self.settings = settings
@@ -507,11 +481,7 @@ class HFEngine(Sampler):
         tok = self._tok
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
-        if not getattr(tok, "chat_template", None):
-            raise ValueError(
-                f"model {self.settings.model!r} has no chat template; probe renders every trial as a chat. "
-                "Use an instruction-tuned model (or add a chat_template to its tokenizer_config.json)."
-            )
+        self._check_chat_template()
 
     @property
     def model(self) -> Any:
@@ -520,24 +490,8 @@ class HFEngine(Sampler):
         return self._model
 
     @property
-    def tokenizer(self) -> Any:
-        if self._tok is None:
-            self.load()
-        return self._tok
-
-    @property
     def device(self) -> Any:
         return self.model.get_input_embeddings().weight.device
-
-    def identity(self) -> dict[str, Any]:
-        """What determines the values (enters the run key): model, its fingerprint, dtype, value settings."""
-        d = self.describe()
-        return {
-            "engine": self.name,
-            "dtype": d["dtype"],
-            "model_fingerprint": d.get("fingerprint") or d.get("commit_hash"),
-            **{k: getattr(self.settings, k) for k in _IDENTITY_SETTINGS},
-        }
 
     def describe(self) -> dict[str, Any]:
         """Model, revision, dtype and settings for the manifest."""
@@ -553,20 +507,11 @@ class HFEngine(Sampler):
             "commit_hash": getattr(m.config, "_commit_hash", None),
             "n_parameters": sum(p.numel() for p in m.parameters()),
         }
-        from pathlib import Path
-
-
-        if path and Path(path).is_dir():
-            info["fingerprint"] = folder_fingerprint(path)
-            if (gguf := manifest_record(path)) is not None:
-                info["gguf"] = gguf
+        info.update(folder_info(path))
         info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
 
     # ------------------------------------------------------------- rendering
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
-
     def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
         """The prompt token ids up to the answer slot (or to where reasoning starts); cached per distinct prompt."""
         think = self.settings.think if think is None else think
@@ -599,21 +544,17 @@ class HFEngine(Sampler):
         gen = getattr(self.model, "generation_config", None)
         return stop_ids(self.tokenizer, getattr(gen, "eos_token_id", None))
 
-    def prepare(self, trials: Sequence[Trial]) -> list[_Prepared]:
+    def prepare(self, trials: Sequence[Trial]) -> list[Prepared]:
         """Render trials; in think mode, generate and append the reasoning."""
         base = [self.render(t) for t in trials]
         opts = [self.option_ids(t) for t in trials]
         if not self.settings.think:
-            return [_Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
+            return [Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
         end_id = self._think_end_id()
         budget = self.settings.think_budget
         stops = self._stop_ids()
         gens = self._greedy(base, budget, stops | {end_id})
-        out = []
-        for t, ids, o, gen in zip(trials, base, opts, gens, strict=True):
-            r = close_reasoning(self.tokenizer, t, ids, gen, end_id=end_id, stops=stops, budget=budget)
-            out.append(_Prepared(r.ids, o, r.reasoning, r.reasoning_tokens, r.hit_budget))
-        return out
+        return with_reasoning(self.tokenizer, trials, base, opts, gens, end_id=end_id, stops=stops, budget=budget)
 
     # ------------------------------------------------------------ the forward
     def _pad_left(self, seqs: Sequence[Sequence[int]]) -> tuple[Any, Any]:
@@ -764,7 +705,7 @@ class HFEngine(Sampler):
                         progress(len(batch))
         return [r for r in results if r is not None]
 
-    def _batches(self, trials: Sequence[Trial], prepared: Sequence[_Prepared], path: str) -> list[list[int]]:
+    def _batches(self, trials: Sequence[Trial], prepared: Sequence[Prepared], path: str) -> list[list[int]]:
         """Indices per forward batch: length buckets (plain), or runs of sorted prompts so shared prefixes meet.
 
         The sort key is the prompt ids, then the options and the trial id, so
@@ -783,7 +724,7 @@ class HFEngine(Sampler):
         rows = token_rows([len(x) for x in ids], shared_prefix_lengths(ids), extra, cap, s.batch_size)
         return [[order[j] for j in row] for row in rows]
 
-    def _readout_tree(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:
+    def _readout_tree(self, trials: Sequence[Trial], prepared: Sequence[Prepared]) -> list[Readout]:
         """One forward over the batch's token tree: every prompt and option prefix, each shared token once."""
         tries = [build_trie(p.options) for p in prepared]
         seqs: list[tuple[int, ...]] = []
@@ -813,7 +754,7 @@ class HFEngine(Sampler):
             computed[asks[tree.first[k]][0]] += n
         return self._finish(trials, prepared, tries, cond, roots, computed)
 
-    def _readout_branch(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:
+    def _readout_branch(self, trials: Sequence[Trial], prepared: Sequence[Prepared]) -> list[Readout]:
         """Shared prefixes once, their cache gathered per trial, suffixes of equal length together, then the trie."""
         torch = require("torch", "hf")
         tries = [build_trie(p.options) for p in prepared]
@@ -844,7 +785,7 @@ class HFEngine(Sampler):
                 computed[b] += length + expanded[j]
         return self._finish(trials, prepared, tries, cond, torch.stack(roots), computed)
 
-    def _readout_plain(self, trials: Sequence[Trial], prepared: Sequence[_Prepared]) -> list[Readout]:
+    def _readout_plain(self, trials: Sequence[Trial], prepared: Sequence[Prepared]) -> list[Readout]:
         """Every prompt whole (left-padded), then the trie one token per step on its cache."""
         ids, mask = self._pad_left([p.ids for p in prepared])
         root_lp, cache = self._forward(ids, mask, None)
@@ -902,7 +843,7 @@ class HFEngine(Sampler):
     def _finish(
         self,
         trials: Sequence[Trial],
-        prepared: Sequence[_Prepared],
+        prepared: Sequence[Prepared],
         tries: Sequence[Trie],
         cond: Sequence[dict[Prefix, dict[int, float]]],
         roots: Any,
@@ -910,7 +851,7 @@ class HFEngine(Sampler):
     ) -> list[Readout]:
         others = self._top_other(roots, tries)
         return [
-            self._assemble(t, p, trie, c, o, n)
+            slot_readout(t, p, trie, c, top_other=o, computed=n)
             for t, p, trie, c, o, n in zip(trials, prepared, tries, cond, others, computed, strict=True)
         ]
 
@@ -929,35 +870,6 @@ class HFEngine(Sampler):
             tuple((self._token_text(i), math.exp(v)) for v, i in zip(vr, ir, strict=True))
             for vr, ir in zip(vals.tolist(), idx.tolist(), strict=True)
         ]
-
-    def _assemble(
-        self,
-        trial: Trial,
-        prep: _Prepared,
-        trie: Trie,
-        cond: dict[Prefix, dict[int, float]],
-        other: tuple[tuple[str, float], ...],
-        computed: int,
-    ) -> Readout:
-        lps = option_logprobs(prep.options, trie, cond)
-        probs, coverage = normalize(lps)
-        best = max(range(len(lps)), key=lambda i: (lps[i], -i))
-        return Readout(
-            trial_id=trial.trial_id,
-            scores=tuple(
-                OptionScore(o, ids, lp, p)
-                for o, ids, lp, p in zip(trial.options, prep.options, lps, probs, strict=True)
-            ),
-            coverage=coverage,
-            greedy_option=trial.options[best],
-            top_other=other,
-            prompt_tokens=len(prep.ids),
-            computed_tokens=computed,
-            reasoning=prep.reasoning,
-            reasoning_tokens=prep.reasoning_tokens,
-            hit_budget=prep.hit_budget,
-            prompt_ids=prep.ids,
-        )
 
     # -------------------------------------------------------------- sampling
     def _greedy(self, prompts: Sequence[Sequence[int]], max_new: int, stops: set[int]) -> list[list[int]]:
@@ -1023,7 +935,7 @@ class HFEngine(Sampler):
                 k,
                 d,
                 base[t.trial_id],
-                _seed_for(s.seed, t.trial_id, d),
+                draw_seed(s.seed, t.trial_id, d),
                 tuple(t.options) if answer_stop else None,
                 t.assistant_prefix,
             )
@@ -1043,26 +955,20 @@ class HFEngine(Sampler):
                     gens[r] = gen
                 if progress:
                     progress(len(batch))
-        out = []
-        for row, gen in zip(rows, gens, strict=True):
-            t = trials[row.trial]
-            body = [g for g in gen if g not in stops]
-            text = self.tokenizer.decode(body, skip_special_tokens=False)
-            cut = len(gen) >= budget and gen[-1] not in stops  # ran out of tokens, not ended by the model
-            out.append(
-                parsed_sample(
-                    t,
-                    row.draw,
-                    text,
-                    len(row.prompt),
-                    len(gen),
-                    think=s.think,
-                    token_ids=body,
-                    truncated=cut,
-                    stop_at_answer=draws.stop_at_answer,
-                )
+        return [
+            reply_sample(
+                self.tokenizer,
+                trials[row.trial],
+                row.draw,
+                len(row.prompt),
+                gen,
+                stops,
+                think=s.think,
+                truncated=len(gen) >= budget and gen[-1] not in stops,  # ran out of tokens, not ended by the model
+                stop_at_answer=draws.stop_at_answer,
             )
-        return out
+            for row, gen in zip(rows, gens, strict=True)
+        ]
 
     def _sample_prefills(
         self, rows: Sequence[_Draw], n: int, path: str, budget: int, kept: dict[tuple[int, ...], Any] | None = None

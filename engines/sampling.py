@@ -19,6 +19,7 @@ No torch at import time: the engine imports this module lazily.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -26,18 +27,9 @@ from typing import Any
 from engines.base import require
 
 
+@functools.cache
 def reserved_layer_class() -> type:
     """:class:`ReservedLayer`, defined on first use (it subclasses Transformers' ``DynamicLayer``)."""
-    global _RESERVED
-    if _RESERVED is None:
-        _RESERVED = _define_reserved()
-    return _RESERVED
-
-
-_RESERVED: type | None = None
-
-
-def _define_reserved() -> type:
     torch = require("torch", "hf")
     cache_utils = require("transformers.cache_utils", "hf")
 
@@ -275,18 +267,9 @@ class _Groups:
         return self._masks[key]
 
 
+@functools.cache
 def shared_prompt_layer_class() -> type:
     """:class:`SharedPromptLayer`, defined on first use (it subclasses Transformers' ``DynamicLayer``)."""
-    global _SHARED
-    if _SHARED is None:
-        _SHARED = _define_shared()
-    return _SHARED
-
-
-_SHARED: type | None = None
-
-
-def _define_shared() -> type:
     torch = require("torch", "hf")
     cache_utils = require("transformers.cache_utils", "hf")
 

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.base import Draws, ProgressFn, Sampler
+from engines.base import Draws, Engine, ProgressFn
 from probe.errors import ProbeError
 from probe.files import read_yaml
 from probe.parse import Parsed, parse_answer
@@ -365,7 +365,7 @@ def _form_key(t: Trial) -> list[object]:
     return [t.item_id, sorted(t.factors.items())]
 
 
-class SimEngine(Sampler):
+class SimEngine(Engine):
     """A logit engine whose answers come from :class:`SimParams` (see the module docstring)."""
 
     name = "sim"

@@ -41,14 +41,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-from engines.base import Draws, EngineSettings, ProgressFn, Sampler, require
-from engines.render import close_reasoning, option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
-from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
+from engines.base import Draws, EngineSettings, ProgressFn, require, settings_from_flags
+from engines.local import LocalEngine, Prepared, draw_seed, folder_info, reply_sample, slot_readout, with_reasoning
+from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
+from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError, ProbeError
-from probe.models import folder_fingerprint, resolve_model
-from probe.models.gguf import manifest_record
-from probe.parse import parsed_sample
-from probe.types import OptionScore, Readout, Sample, Trial
+from probe.models import resolve_model
+from probe.types import Readout, Sample, Trial
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAMBA_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -204,34 +203,30 @@ def strip_scheme(model: str) -> str:
 
 
 def settings_from_args(model: str, a: argparse.Namespace) -> VLLMSettings:
-    def get(name: str, default: Any) -> Any:
-        return getattr(a, name, default)
-
-    if get("device", "auto") not in ("auto", "cuda"):
+    if getattr(a, "device", "auto") not in ("auto", "cuda"):
         raise ValueError(
             f"--device {a.device} is not used by the vLLM engine (it places the model itself); "
             "choose GPUs with CUDA_VISIBLE_DEVICES and --tensor-parallel-size"
         )
-    return VLLMSettings(
+    return settings_from_flags(
+        VLLMSettings,
+        a,
+        (
+            "dtype",
+            "tensor_parallel_size",
+            "data_parallel_size",
+            "gpu_memory_utilization",
+            "kv_cache_gib",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "mamba_cache_dtype",
+            "enforce_eager",
+            "trust_remote_code",
+            "revision",
+            "max_logprobs",
+        ),
         model=strip_scheme(model),
-        dtype=get("dtype", "auto"),
-        tensor_parallel_size=get("tensor_parallel_size", 1),
-        data_parallel_size=get("data_parallel_size", 1),
-        gpu_memory_utilization=get("gpu_memory_utilization", None),
-        kv_cache_gib=get("kv_cache_gib", None),
-        max_num_batched_tokens=get("max_num_batched_tokens", None),
-        max_model_len=get("max_model_len", None),
-        mamba_cache_dtype=get("mamba_cache_dtype", "auto"),
-        enable_prefix_caching=not get("no_prefix_caching", False),
-        enforce_eager=get("enforce_eager", False),
-        trust_remote_code=get("trust_remote_code", False),
-        revision=get("revision", None),
-        think=get("think", False),
-        think_budget=get("think_budget", 512),
-        system_prompt=get("system", None),
-        max_new_tokens=get("max_new_tokens", 32),
-        seed=get("seed", 0),
-        max_logprobs=get("max_logprobs", 128),
+        enable_prefix_caching=not getattr(a, "no_prefix_caching", False),
     )
 
 
@@ -546,35 +541,7 @@ def sampled_token(output: Any) -> int:
     return int(output.outputs[0].token_ids[0])
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    ids: tuple[int, ...]
-    options: tuple[tuple[int, ...], ...]
-    reasoning: str = ""
-    reasoning_tokens: int = 0
-    hit_budget: bool = False
-
-
-_IDENTITY_SETTINGS = (
-    "model",
-    "think",
-    "think_budget",
-    "system_prompt",
-    "revision",
-    "trust_remote_code",
-    "seed",
-    "mamba_cache_dtype",
-)
-
-
-def _seed_for(seed: int, trial_id: str, draw: int) -> int:
-    """The same per-(trial, draw) seed as the Transformers engine (a resumed run redraws the same)."""
-    import hashlib
-
-    return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
-
-
-class VLLMEngine(Sampler):
+class VLLMEngine(LocalEngine):
     """Answer-slot readouts and samples from a vLLM ``LLM``.
 
     ``llm``, ``tokenizer`` and ``params`` (the ``SamplingParams`` class) can be
@@ -583,6 +550,9 @@ class VLLMEngine(Sampler):
     """
 
     name = "vllm"
+    settings: VLLMSettings
+    value_settings = (*LocalEngine.value_settings, "mamba_cache_dtype")
+    """The Transformers engine's value settings, and the dtype of a hybrid model's Mamba state."""
 
     def __init__(
         self,
@@ -629,11 +599,7 @@ class VLLMEngine(Sampler):
                     "Pass a built-in name (tiny, tiny-hybrid), a local model folder, or a Hugging Face id "
                     "that is in the local hub cache (compute nodes usually run with HF_HUB_OFFLINE=1)."
                 ) from e
-        if not getattr(self._tok, "chat_template", None):
-            raise ValueError(
-                f"model {s.model!r} has no chat template; probe renders every trial as a chat. "
-                "Use an instruction-tuned model (or add a chat_template to its tokenizer_config.json)."
-            )
+        self._check_chat_template()
         if self._generation_eos is None:
             self._generation_eos = self._read_generation_eos()
         if s.data_parallel_size > 1:
@@ -685,12 +651,6 @@ class VLLMEngine(Sampler):
         return REPLY_ROWS
 
     @property
-    def tokenizer(self) -> Any:
-        if self._tok is None:
-            self.load()
-        return self._tok
-
-    @property
     def llm(self) -> Any:
         if self._llm is None and self._pool is None:
             self.load()
@@ -719,9 +679,6 @@ class VLLMEngine(Sampler):
 
     def describe(self) -> dict[str, Any]:
         """Model, path, dtype, settings and vLLM version for the manifest."""
-        from pathlib import Path
-
-
         self.tokenizer  # noqa: B018 - resolves the path
         info: dict[str, Any] = {
             "engine": self.name,
@@ -731,29 +688,12 @@ class VLLMEngine(Sampler):
             "logprob_request": self._pool.info["logprob_request"] if self._pool is not None else self._logprob_kind(),
             "vllm_version": _vllm_version(),
         }
-        if self._path and Path(self._path).is_dir():
-            info["fingerprint"] = folder_fingerprint(self._path)
-            if (gguf := manifest_record(self._path)) is not None:
-                info["gguf"] = gguf
-        else:
-            info["commit_hash"] = _hub_commit(str(self._path), self.settings.revision)
+        local = folder_info(self._path)
+        info.update(local or {"commit_hash": _hub_commit(str(self._path), self.settings.revision)})
         info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
 
-    def identity(self) -> dict[str, Any]:
-        """What determines the values (enters the run key)."""
-        d = self.describe()
-        return {
-            "engine": self.name,
-            "dtype": d["dtype"],
-            "model_fingerprint": d.get("fingerprint") or d.get("commit_hash"),
-            **{k: getattr(self.settings, k) for k in _IDENTITY_SETTINGS},
-        }
-
     # ------------------------------------------------------------- rendering
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
-
     def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
         think = self.settings.think if think is None else think
         return render_ids(self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt)
@@ -818,24 +758,19 @@ class VLLMEngine(Sampler):
         budget = getattr(cfg, "max_num_batched_tokens", None) or self.settings.max_num_batched_tokens or 2048
         return int(budget), int(getattr(cfg, "max_num_seqs", None) or 256)
 
-    def prepare(self, trials: Sequence[Trial]) -> list[_Prepared]:
+    def prepare(self, trials: Sequence[Trial]) -> list[Prepared]:
         """Render trials; in think mode, generate the reasoning greedily and append it as ids."""
         opts = [self.option_ids(t) for t in trials]
         base = [self.render(t) for t in trials]
         if not self.settings.think:
-            return [_Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
+            return [Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
         tok = self.tokenizer
         end_id = think_end_id(tok, self.settings.model)
         stops = self._stops()
         budget = self.settings.think_budget
         params = think_params(budget, stops | {end_id})
-        outs = self._generate(base, [params] * len(base))
-        out = []
-        for t, ids, o, res in zip(trials, base, opts, outs, strict=True):
-            gen = generated_ids(res, end_id)
-            r = close_reasoning(tok, t, ids, gen, end_id=end_id, stops=stops, budget=budget)
-            out.append(_Prepared(r.ids, o, r.reasoning, r.reasoning_tokens, r.hit_budget))
-        return out
+        gens = [generated_ids(res, end_id) for res in self._generate(base, [params] * len(base))]
+        return with_reasoning(tok, trials, base, opts, gens, end_id=end_id, stops=stops, budget=budget)
 
     # -------------------------------------------------------------- readouts
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
@@ -861,7 +796,7 @@ class VLLMEngine(Sampler):
         return out
 
     def _read_nodes(
-        self, prepared: Sequence[_Prepared], tries: Sequence[Trie]
+        self, prepared: Sequence[Prepared], tries: Sequence[Trie]
     ) -> tuple[list[dict[Prefix, dict[int, float]]], list[dict[int, float]]]:
         """Conditional logprobs of every trie node's children, and everything seen at each slot.
 
@@ -922,30 +857,14 @@ class VLLMEngine(Sampler):
         return node_queries(q.row, q.prefix, missing, "force")
 
     def _assemble(
-        self, trial: Trial, prep: _Prepared, trie: Trie, cond: dict[Prefix, dict[int, float]], seen: dict[int, float]
+        self, trial: Trial, prep: Prepared, trie: Trie, cond: dict[Prefix, dict[int, float]], seen: dict[int, float]
     ) -> Readout:
-        lps = option_logprobs(prep.options, trie, cond)
-        probs, coverage = normalize(lps)
-        best = max(range(len(lps)), key=lambda i: (lps[i], -i))
+        """The readout of one trial; ``top_other`` from the slot's returned tokens that start no option."""
         first = set(trie[()])
         ranked = sorted(((lp, t) for t, lp in seen.items() if t not in first), key=lambda x: (-x[0], x[1]))
         other = tuple((self.tokenizer.decode([t]), math.exp(lp)) for lp, t in ranked[: self.settings.top_other])
-        return Readout(
-            trial_id=trial.trial_id,
-            scores=tuple(
-                OptionScore(o, ids, lp, p)
-                for o, ids, lp, p in zip(trial.options, prep.options, lps, probs, strict=True)
-            ),
-            coverage=coverage,
-            greedy_option=trial.options[best],
-            top_other=other,
-            prompt_tokens=len(prep.ids),
-            computed_tokens=len(prep.ids) + sum(1 for node in trie if node),
-            reasoning=prep.reasoning,
-            reasoning_tokens=prep.reasoning_tokens,
-            hit_budget=prep.hit_budget,
-            prompt_ids=prep.ids,
-        )
+        computed = len(prep.ids) + sum(1 for node in trie if node)
+        return slot_readout(trial, prep, trie, cond, top_other=other, computed=computed)
 
     # -------------------------------------------------------------- sampling
     def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
@@ -978,27 +897,22 @@ class VLLMEngine(Sampler):
         prompts = [base[t.trial_id] for t, _ in rows]
         stops = self._stops()
         budget = (draws.max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
-        params = [sample_params(temperature, _seed_for(s.seed, t.trial_id, d), budget, stops) for t, d in rows]
+        params = [sample_params(temperature, draw_seed(s.seed, t.trial_id, d), budget, stops) for t, d in rows]
         outs = self._generate_seeded(prompts, params)
-        samples = []
-        for (t, d), p, res in zip(rows, prompts, outs, strict=True):
-            gen = [int(g) for g in res.outputs[0].token_ids]
-            body = [g for g in gen if g not in stops]
-            text = self.tokenizer.decode(body, skip_special_tokens=False)
-            cut = res.outputs[0].finish_reason == "length"  # hit the token cap, not ended by the model
-            samples.append(
-                parsed_sample(
-                    t,
-                    d,
-                    text,
-                    len(p),
-                    len(gen),
-                    think=s.think,
-                    token_ids=body,
-                    truncated=cut,
-                    stop_at_answer=draws.stop_at_answer,
-                )
+        samples = [
+            reply_sample(
+                self.tokenizer,
+                t,
+                d,
+                len(p),
+                [int(g) for g in res.outputs[0].token_ids],
+                stops,
+                think=s.think,
+                truncated=res.outputs[0].finish_reason == "length",  # hit the token cap, not ended by the model
+                stop_at_answer=draws.stop_at_answer,
             )
+            for (t, d), p, res in zip(rows, prompts, outs, strict=True)
+        ]
         if progress:
             progress(len(rows))
         return samples

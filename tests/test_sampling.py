@@ -182,9 +182,9 @@ def _near_tie(engine, trial, draw: int, prefix: tuple[int, ...], a: int, b: int)
     tokens ``a`` and ``b`` two paths drew after ``prefix``: the step's distribution recomputed on one row, plain."""
     import torch
 
-    from engines.hf import _seed_for
+    from engines.local import draw_seed
 
-    gen = torch.Generator(device="cpu").manual_seed(_seed_for(engine.settings.seed, trial.trial_id, draw))
+    gen = torch.Generator(device="cpu").manual_seed(draw_seed(engine.settings.seed, trial.trial_id, draw))
     u = torch.rand(len(prefix) + 1, dtype=torch.float64, generator=gen)[-1]
     ids = torch.tensor([[*engine.render(trial), *prefix]])
     with torch.inference_mode():

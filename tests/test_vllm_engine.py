@@ -340,14 +340,14 @@ def test_think_mode_reads_the_slot_on_the_concatenated_ids(tok):
 
 
 def test_sampling_requests_are_raw_seeded_per_draw_and_parsed(tok):
-    from engines.vllm import _seed_for
+    from engines.local import draw_seed
 
     e, llm = make_engine(tok, max_new_tokens=6, seed=7)
     trials = [make_trial(LETTERS, ["A", "B"], trial_id="a"), make_trial(YESNO, ["Yes", "No"], trial_id="b")]
     samples = e.sample(trials, n=3, temperature=0.8)
     assert [(s.trial_id, s.replicate) for s in samples] == [(t, d) for t in "ab" for d in range(3)]
     sps = [sp for _, sp in llm.requests]
-    assert [sp.seed for sp in sps] == [_seed_for(7, t, d) for t in "ab" for d in range(3)]
+    assert [sp.seed for sp in sps] == [draw_seed(7, t, d) for t in "ab" for d in range(3)]
     assert len({sp.seed for sp in sps}) == 6
     for sp in sps:
         assert (sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.n, sp.max_tokens) == (0.8, 0, 1.0, 0.0, 1, 6)
