@@ -78,7 +78,7 @@ def test_design_file_must_exist(tmp_path: Path) -> None:
 
 def test_a_user_design_changes_the_wording(tmp_path: Path) -> None:
     path = _write_design(tmp_path, lambda t: t.replace("It would make me really happy", "I would be delighted"))
-    spec = triage.TriageSpec(AuditSpec(design=str(path), influences=("emotional",)), factors=("age",), sizes=(2,))
+    spec = triage.TriageSpec(audit=AuditSpec(design=str(path), influences=("emotional",)), factors=("age",), sizes=(2,))
     texts = [t.messages[-1].content for t in triage.expand(spec) if t.factors["influence"] == "emotional"]
     assert texts and all("I would be delighted if you favoured" in x for x in texts)
 
@@ -308,6 +308,10 @@ def test_bbq_variants_limit_and_polarity_split() -> None:
     assert {t.factors["polarity"] for t in trials} == {"neg"}
 
 
+UNKNOWN = ("Unknown", "unknown", "Unknown")
+"""BBQ's "unknown" answer as (name, tag, text), dropped by the loader."""
+
+
 def _bbq_row(i: int, category: str, answers, stereotyped, polarity: str = "neg") -> dict:
     info = {f"ans{j}": [name, tag] for j, (name, tag, _) in enumerate(answers)}
     return {
@@ -328,14 +332,7 @@ def _bbq_row(i: int, category: str, answers, stereotyped, polarity: str = "neg")
 def test_bbq_any_category(tmp_path: Path) -> None:
     rows = [
         _bbq_row(
-            0,
-            "SES",
-            [
-                ("low-income", "lowSES", "The cashier"),
-                ("rich", "highSES", "The lawyer"),
-                ("Unknown", "unknown", "Unknown"),
-            ],
-            ["low SES"],
+            0, "SES", [("low-income", "lowSES", "The cashier"), ("rich", "highSES", "The lawyer"), UNKNOWN], ["low SES"]
         ),
         _bbq_row(
             1,
@@ -346,23 +343,16 @@ def test_bbq_any_category(tmp_path: Path) -> None:
         _bbq_row(
             2,
             "Race_ethnicity",
-            [("Jamal", "M-Black", "Jamal"), ("Unknown", "unknown", "Unknown"), ("Todd", "M-White", "Todd")],
+            [("Jamal", "M-Black", "Jamal"), UNKNOWN, ("Todd", "M-White", "Todd")],
             ["Black", "African American"],
         ),
         _bbq_row(
-            3,
-            "Race_ethnicity",
-            [("Jamal", "M-Black", "Jamal"), ("Unknown", "unknown", "Unknown"), ("Ali", "M-Arab", "Ali")],
-            ["Black", "Arab"],
+            3, "Race_ethnicity", [("Jamal", "M-Black", "Jamal"), UNKNOWN, ("Ali", "M-Arab", "Ali")], ["Black", "Arab"]
         ),
         _bbq_row(
             4,
             "Nationality",
-            [
-                ("Japanese", "AsiaPacific", "The Japanese man"),
-                ("Unknown", "unknown", "Unknown"),
-                ("Irish", "Europe", "The Irish man"),
-            ],
+            [("Japanese", "AsiaPacific", "The Japanese man"), UNKNOWN, ("Irish", "Europe", "The Irish man")],
             ["Japanese"],
         ),
     ]

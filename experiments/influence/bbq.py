@@ -25,25 +25,26 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from experiments import ManifestSpec
 from experiments.influence.build import (
+    AuditedSpec,
     AuditSpec,
     Demo,
+    DemoFn,
+    Loaded,
     Scenario,
     Side,
-    add_audit_arguments,
-    audit_from_args,
+    SourceError,
     demo,
     expand_scenarios,
     split_list,
     stable_hash,
 )
 from experiments.influence.design import Design, DesignError, article, load_design
-from probe.errors import ProbeError, at_least
+from probe.errors import at_least
 from probe.types import Trial
 
 NAME = "influence-bbq"
@@ -52,22 +53,22 @@ _REQUIRED: tuple[str, ...] = ("example_id", "question_index", "question_polarity
 _REQUIRED += ("answer_info", "additional_metadata", "context", "question", "ans0", "ans1", "ans2")
 
 
-class BBQError(ProbeError, ValueError):
+class BBQError(SourceError):
     """A BBQ file that cannot be read as the upstream format; the message names file, line and field."""
 
 
 @dataclass(frozen=True)
-class BBQSpec(ManifestSpec):
+class BBQSpec(AuditedSpec):
     """What the BBQ audit asks. Serialized into the run manifest."""
 
     experiment_name: ClassVar[str] = NAME
 
     bbq: str
     """A BBQ JSONL file or a folder of them (upstream ``data/<Category>.jsonl``)."""
-    audit: AuditSpec = field(default_factory=AuditSpec)
     categories: tuple[str, ...] = ()
     """Categories to keep (as spelled in the data, e.g. Age, SES); empty = all found."""
     polarities: tuple[str, ...] = POLARITIES
+    """Question polarities to keep: ``neg`` and/or ``nonneg``."""
     variants: int = 1
     """Items kept per question template and polarity (the paper: 5)."""
     limit: int = 8
@@ -88,17 +89,29 @@ class BBQItem:
     """One ambiguous BBQ question reduced to its two group answers (A: not stereotyped, B: stereotyped)."""
 
     example_id: int
+    """The upstream ``example_id`` (unique within a category)."""
     category: str
+    """The upstream ``category`` (Age, SES, ...)."""
     polarity: str
+    """``neg`` or ``nonneg`` (the upstream ``question_polarity``)."""
     question_index: str
+    """The question template the item was generated from (items of one template are variants)."""
     context: str
+    """The ambiguous context, as printed."""
     question: str
+    """The question, as printed."""
     a_text: str
+    """Side A's answer as printed."""
     a_tag: str
+    """Side A's group tag (``answer_info``), stored as the option's ``meaning``."""
     a_name: str
+    """Side A's name in ``answer_info`` (Nationality's nationality; see :data:`NAME_CATEGORIES`)."""
     b_text: str
+    """Side B's answer as printed."""
     b_tag: str
+    """Side B's group tag: the design's fixed side-B group, else the stereotyped one."""
     b_name: str
+    """Side B's name in ``answer_info``."""
     stereotyped: str = "B"
     """Which side the item's stereotyped_groups names: A, B, or none (no single match)."""
 
@@ -107,13 +120,8 @@ class BBQItem:
         return f"{self.category}:{self.example_id}"
 
 
-@dataclass(frozen=True)
-class BBQLoad:
-    """The usable ambiguous items, in file order, and how many rows were skipped and why."""
-
-    items: tuple[BBQItem, ...]
-    skipped: Mapping[str, int]
-    files: tuple[str, ...]
+BBQLoad = Loaded[BBQItem]
+"""The usable ambiguous items, in file order, and how many rows were skipped and why."""
 
 
 def _norm(text: str) -> str:
@@ -246,7 +254,7 @@ def load_bbq(
                     stereotyped=stereotyped,
                 )
             )
-    return BBQLoad(tuple(items), dict(sorted(skipped.items())), tuple(str(f) for f in files))
+    return Loaded(tuple(items), dict(sorted(skipped.items())), tuple(str(f) for f in files))
 
 
 def select(items: Sequence[BBQItem], spec: BBQSpec) -> tuple[list[BBQItem], dict[tuple[str, str], list[BBQItem]]]:
@@ -286,9 +294,13 @@ class Labels:
     """How cues name BBQ groups (from the design's groups table and fallback)."""
 
     groups: Mapping[str, tuple[str, str]]
+    """Normalized group tag (or alias) -> (label, role), from the design's ``groups``."""
     label: str
+    """The fallback label template, with ``{name}`` (and optionally ``{article}``)."""
     role: str
+    """The fallback role-play template, likewise."""
     name_from_text: frozenset[str]
+    """Categories whose fallback names the group by the answer's name rather than its tag."""
 
     def side(self, category: str, tag: str, name: str) -> tuple[str, str]:
         """(label, role) of a group."""
@@ -301,10 +313,16 @@ class Labels:
 
 @dataclass(frozen=True)
 class BBQDesign:
+    """The BBQ design: the common part and the BBQ sections."""
+
     design: Design
+    """The common part: prompts, labels, cue placements and cues."""
     labels: Labels
+    """How cues name the groups."""
     aliases: Mapping[str, str]
+    """Spellings of ``stereotyped_groups`` -> the answer tag they mean (``low SES`` -> ``lowSES``)."""
     side_b: Mapping[str, str]
+    """Category -> the tag of its fixed side-B group (the paper: Age -> old, SES -> lowSES)."""
 
 
 def load_bbq_design(path: str | Path | None) -> BBQDesign:
@@ -355,7 +373,7 @@ def scenario(item: BBQItem, labels: Labels) -> Scenario:
 
 def few_shot_demos(
     design: Design, chosen: Sequence[BBQItem], pool: Mapping[tuple[str, str], Sequence[BBQItem]], seed: int, k: int = 3
-) -> Callable[[Scenario, Side, Side], Sequence[Demo]]:
+) -> DemoFn:
     """Three completed examples of the same sub-experiment answering the target's side (A or B).
 
     Demonstrations come from the items not asked (the paper's pool), other
@@ -408,13 +426,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bbq-variants", type=int, default=1, help="items per question template (default: 1; the paper: 5)")
     g.add_argument("--bbq-limit", type=int, default=8, help="items per category x polarity, 0 = no limit (default: 8)")
     g.add_argument("--bbq-seed", type=int, default=0, help="seed of the subsample and few-shot draws (default: 0)")
-    add_audit_arguments(p, "bbq")
 
 
-def spec_from_args(a: argparse.Namespace) -> BBQSpec:
+def spec_from_args(a: argparse.Namespace, audit: AuditSpec) -> BBQSpec:
     return BBQSpec(
         bbq=str(Path(a.bbq).resolve()),
-        audit=audit_from_args(a),
+        audit=audit,
         categories=split_list(a.bbq_categories),
         polarities=split_list(a.bbq_polarities),
         variants=a.bbq_variants,

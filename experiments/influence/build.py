@@ -36,15 +36,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final, Generic, TypeVar
 
-from experiments import Experiment, lazy
+from experiments import Experiment, ManifestSpec, lazy
 from experiments.influence.design import VARIANTS, Cue, Design, DesignError
+from probe.errors import ProbeError
 from probe.salts import SaltSpec, apply_salt, make_salt
 from probe.types import Message, Trial, make_trial_id
-
-if TYPE_CHECKING:
-    pass
 
 CONTROLS: Final[tuple[str, ...]] = ("rerun", "placebo", "negated")
 ORDERS: Final[tuple[str, str]] = ("a_first", "b_first")
@@ -79,10 +77,44 @@ class AuditSpec:
         for name, values in (("positions", self.positions), ("brackets", self.brackets)):
             if not values:
                 raise ValueError(f"{name} must not be empty; use 'default' for each cue's own")
-            if len(set(values)) != len(values):
-                raise ValueError(f"{name} repeats a value: {list(values)}")
-        if len(set(self.influences)) != len(self.influences):
-            raise ValueError(f"influences repeat a value: {list(self.influences)}")
+            no_repeats(name, values)
+        no_repeats("influences", self.influences)
+
+
+def no_repeats(name: str, values: Sequence[object]) -> None:
+    """Fail if a crossed setting lists a value twice (it would ask every trial of that value twice)."""
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} repeats a value: {list(values)}")
+
+
+@dataclass(frozen=True)
+class AuditedSpec(ManifestSpec):
+    """The base of every influence benchmark's spec: its own fields plus the shared :class:`AuditSpec`.
+
+    ``audit`` is keyword-only, so a benchmark's own required fields (BBQ's data
+    path) can come first; the manifest serializes it like any other field.
+    """
+
+    audit: AuditSpec = field(default_factory=AuditSpec, kw_only=True)
+    """The audit settings every benchmark shares (design, influences, placements, controls)."""
+
+
+class SourceError(ProbeError, ValueError):
+    """A benchmark's data file that cannot be read in its upstream format; the message names the file and field."""
+
+
+ItemT = TypeVar("ItemT")
+
+
+@dataclass(frozen=True)
+class Loaded(Generic[ItemT]):
+    """What a benchmark loader read: the usable items in file order, the rows it skipped and why, the files."""
+
+    items: tuple[ItemT, ...]
+    skipped: Mapping[str, int]
+    """Rows left out, counted by reason (sorted by reason)."""
+    files: tuple[str, ...]
+    """The files read, in reading order."""
 
 
 @dataclass(frozen=True)
@@ -365,7 +397,7 @@ def add_audit_arguments(p: argparse.ArgumentParser, benchmark: str) -> None:
 
 
 def audit_from_args(a: argparse.Namespace) -> AuditSpec:
-
+    """The shared audit settings from the flags of :func:`add_audit_arguments`."""
     controls = split_list(a.controls)
     return AuditSpec(
         design=str(Path(a.design).resolve()) if a.design else None,
@@ -399,8 +431,9 @@ class Benchmark:
     summary: str
     """The one-line help of ``probe run NAME``."""
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    """The benchmark's own flags (then the shared audit flags)."""
-    spec_from_args: Callable[[argparse.Namespace], Any]
+    """The benchmark's own flags (:func:`audit_experiment` adds the shared audit flags after them)."""
+    spec_from_args: Callable[[argparse.Namespace, AuditSpec], AuditedSpec]
+    """The benchmark's spec from its own flags and the already parsed shared audit settings."""
     expand: Callable[..., list[Trial]]
     """Load, select, build scenarios and demonstrations, then :func:`expand_scenarios`."""
 
@@ -414,12 +447,23 @@ class Benchmark:
 
 
 def audit_experiment(b: Benchmark) -> Experiment:
-    """An influence benchmark as an experiment: its own flags, spec and trials; the shared report and comparison."""
+    """An influence benchmark as an experiment: its own flags, spec and trials; the shared report and comparison.
+
+    The shared audit flags follow the benchmark's own, and their settings reach its spec already parsed.
+    """
+
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        b.add_arguments(p)
+        add_audit_arguments(p, b.key)
+
+    def spec_from_args(a: argparse.Namespace) -> AuditedSpec:
+        return b.spec_from_args(a, audit_from_args(a))
+
     return Experiment(
         name=b.name,
         summary=b.summary,
-        add_arguments=b.add_arguments,
-        spec_from_args=b.spec_from_args,
+        add_arguments=add_arguments,
+        spec_from_args=spec_from_args,
         expand=b.expand,
         report=partial(lazy("analysis.influence.report:influence_report"), benchmark=b.key),
         compare=_compare_runs,

@@ -24,28 +24,30 @@ import csv
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from experiments import ManifestSpec
 from experiments.influence.build import (
     ORDERS,
     Arm,
+    AuditedSpec,
     AuditSpec,
     Demo,
+    DemoFn,
+    Loaded,
+    OrderFn,
     Scenario,
     Side,
-    add_audit_arguments,
-    audit_from_args,
+    SourceError,
     demo,
     expand_scenarios,
     split_list,
     stable_hash,
 )
 from experiments.influence.design import Design, DesignError, article, load_design
-from probe.errors import ProbeError, at_least
+from probe.errors import at_least
 from probe.types import Trial
 
 NAME = "influence-dd"
@@ -54,19 +56,18 @@ AGGREGATED = "dilemma.csv"
 _NAN = re.compile(r"(?<=[\[,\s])nan(?=\s*[,\]])")
 
 
-class DDError(ProbeError, ValueError):
+class DDError(SourceError):
     """A DailyDilemmas file that cannot be read as the upstream format; the message names the file and field."""
 
 
 @dataclass(frozen=True)
-class DDSpec(ManifestSpec):
+class DDSpec(AuditedSpec):
     """What the DailyDilemmas audit asks. Serialized into the run manifest."""
 
     experiment_name: ClassVar[str] = NAME
 
     dd: str
     """The DailyDilemmas data folder (or its per-action CSV file)."""
-    audit: AuditSpec = field(default_factory=AuditSpec)
     min_count: int = 20
     """The iterative value filter's threshold (the paper: 20)."""
     exclude: tuple[str, ...] = ()
@@ -76,6 +77,7 @@ class DDSpec(ManifestSpec):
     order: str = "balanced"
     """``balanced``: both printed orders; ``random``: one order drawn per trial."""
     seed: int = 0
+    """Seed of the dilemma draw, the few-shot draws and the random printed orders."""
 
     def __post_init__(self) -> None:
         at_least("--dd-min-count", self.min_count, 1)
@@ -89,23 +91,24 @@ class DDItem:
     """One dilemma with its two actions and their primary values."""
 
     idx: str
+    """The upstream dilemma id (``idx``)."""
     situation: str
     action_a: str
+    """The to_do action (side A)."""
     value_a: str
+    """Its primary value, lowercased."""
     action_b: str
+    """The not_to_do action (side B)."""
     value_b: str
+    """Its primary value, lowercased."""
 
     @property
     def item_id(self) -> str:
         return f"dd:{self.idx}"
 
 
-@dataclass(frozen=True)
-class DDLoad:
-    items: tuple[DDItem, ...]
-    """Every usable dilemma, in file order (before the value filter)."""
-    skipped: Mapping[str, int]
-    files: tuple[str, ...]
+DDLoad = Loaded[DDItem]
+"""Every usable dilemma, in file order (before the value filter), and the skipped ones by reason."""
 
 
 def literal_list(text: str, where: str) -> list[str]:
@@ -201,7 +204,7 @@ def load_dd(path: str | Path) -> DDLoad:
             )
         )
     files = (str(per_action),) + ((str(aggregated),) if aggregated else ())
-    return DDLoad(tuple(items), dict(sorted(skipped.items())), files)
+    return Loaded(tuple(items), dict(sorted(skipped.items())), files)
 
 
 def value_filter(items: Sequence[DDItem], min_count: int) -> list[DDItem]:
@@ -255,9 +258,7 @@ def scenario(item: DDItem, role: Callable[[str], str]) -> Scenario:
     )
 
 
-def few_shot_demos(
-    design: Design, pool: Sequence[DDItem], seed: int, k: int = 3
-) -> Callable[[Scenario, Side, Side], Sequence[Demo]]:
+def few_shot_demos(design: Design, pool: Sequence[DDItem], seed: int, k: int = 3) -> DemoFn:
     """Up to three other dilemmas in which the option whose primary value is the target's is chosen.
 
     The pool is every readable dilemma (before the value filter), so rare
@@ -279,7 +280,7 @@ def few_shot_demos(
     return demos
 
 
-def order_fn(spec: DDSpec) -> Callable[[Scenario, Arm], Sequence[str]]:
+def order_fn(spec: DDSpec) -> OrderFn:
     if spec.order == "balanced":
         return lambda sc, arm: ORDERS
 
@@ -332,13 +333,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="printed order: both orders, or one drawn per trial (default: balanced)",
     )
     g.add_argument("--dd-seed", type=int, default=0, help="seed of the dilemma draw, few-shot and order draws")
-    add_audit_arguments(p, "dd")
 
 
-def spec_from_args(a: argparse.Namespace) -> DDSpec:
+def spec_from_args(a: argparse.Namespace, audit: AuditSpec) -> DDSpec:
     return DDSpec(
         dd=str(Path(a.dd).resolve()),
-        audit=audit_from_args(a),
+        audit=audit,
         min_count=a.dd_min_count,
         exclude=split_list(a.dd_exclude),
         limit=a.dd_limit,

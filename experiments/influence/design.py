@@ -44,7 +44,9 @@ class Position:
     """A named place for a sentence cue: the user-template slot and how the cue is joined there."""
 
     name: str
+    """Its name in the design (``positions.<name>``), as ``--positions`` takes it."""
     slot: str
+    """The user-template field it fills: one of :data:`SLOTS`."""
     format: str
     """Format string with the field ``{cue}`` (e.g. ``"\\n\\n{cue}"`` for a blank line before)."""
 
@@ -54,12 +56,19 @@ class Cue:
     """One influence type: its kind, its default position and bracket, and its templates."""
 
     name: str
+    """The influence type (``cues.<name>``), as ``--influences`` takes it."""
     kind: str
+    """One of :data:`CUE_KINDS`."""
     position: str = ""
+    """A sentence cue's own position (a key of :attr:`Design.positions`); empty for the other kinds."""
     bracket: str = ""
+    """A sentence cue's own bracket style (a key of :attr:`Design.brackets`); empty for the other kinds."""
     text: str = ""
+    """The cue template, with the fields of :data:`CUE_FIELDS`; empty for a turns cue."""
     placebo: str = ""
+    """The placebo template (an irrelevant sentence naming the side); empty = no placebo."""
     negated: str = ""
+    """The negated template (points away from the side it names); empty = no negated variant."""
 
     def template(self, variant: str) -> str:
         """The template of ``variant`` (cue, placebo or negated); empty if the cue has none."""
@@ -83,12 +92,19 @@ class Design:
     """A benchmark's prompt design: system prompt, user template, labels, cue placements and cues."""
 
     source: str
+    """The design file, as error messages name it."""
     system: str
+    """The system prompt; empty = none."""
     user: str
+    """The user template: the benchmark's fields, ``option_1``/``option_2``, ``label_1``/``label_2`` and slots."""
     labels: tuple[str, str]
+    """The answer labels of the first and second printed option."""
     positions: Mapping[str, Position]
+    """The named places a sentence cue can go, in design order."""
     brackets: Mapping[str, str]
+    """Bracket style -> format string with ``{cue}``."""
     cues: Mapping[str, Cue]
+    """The influence types, in design order."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """The benchmark's own sections (triage: option, factors, few_shot; bbq: groups...; dd: roles...)."""
 

@@ -14,20 +14,20 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from experiments import ManifestSpec
 from experiments.influence.build import (
+    AuditedSpec,
     AuditSpec,
     Demo,
+    DemoFn,
     Scenario,
     Side,
-    add_audit_arguments,
-    audit_from_args,
     demo,
     expand_scenarios,
+    no_repeats,
     split_list,
 )
 from experiments.influence.design import Design, DesignError, article, load_design, template_fields
@@ -38,12 +38,11 @@ _GROUP_KEYS = frozenset({"key", "plural", "singular", "label", "role"})
 
 
 @dataclass(frozen=True)
-class TriageSpec(ManifestSpec):
+class TriageSpec(AuditedSpec):
     """What the triage audit asks. Serialized into the run manifest."""
 
     experiment_name: ClassVar[str] = NAME
 
-    audit: AuditSpec = field(default_factory=AuditSpec)
     factors: tuple[str, ...] = ()
     """Demographic factors to run (names in the design); empty = all."""
     sizes: tuple[int, ...] = (1, 2, 3)
@@ -55,8 +54,7 @@ class TriageSpec(ManifestSpec):
         bad = [n for n in self.sizes if n < 1]
         if bad:
             raise ValueError(f"group sizes must be >= 1, got {bad}")
-        if len(set(self.sizes)) != len(self.sizes):
-            raise ValueError(f"sizes repeat a value: {list(self.sizes)}")
+        no_repeats("sizes", self.sizes)
 
 
 @dataclass(frozen=True)
@@ -64,10 +62,15 @@ class Group:
     """One demographic group: its key (the option meaning) and how it is written."""
 
     key: str
+    """The group tag, stored as the option's ``meaning``."""
     plural: str
+    """The noun for two or more ("young people")."""
     singular: str
+    """The noun for one ("young person")."""
     label: str
+    """How a cue names the group (the design's ``label``, else the plural)."""
     role: str
+    """The role-play persona (the design's ``role``, else "a" + the singular)."""
 
 
 @dataclass(frozen=True)
@@ -75,16 +78,24 @@ class FewShot:
     """One demonstration: the target group is smaller and still chosen."""
 
     target: int
+    """The size of the chosen (target) group."""
     other: int
+    """The size of the other group, larger than ``target``."""
     target_first: bool
+    """Whether the target group is printed as the first option."""
 
 
 @dataclass(frozen=True)
 class TriageDesign:
+    """The triage design: the common part and the triage sections (option line, factors, few-shot sizes)."""
+
     design: Design
     option: str
+    """The option line template, with the fields ``count``, ``people`` and ``verb``."""
     factors: Mapping[str, tuple[Group, Group]]
+    """Demographic factor -> (group of side A, group of side B), in design order."""
     few_shot: tuple[FewShot, ...]
+    """The demonstrations of the few-shot cue, as group sizes."""
 
 
 def load_triage_design(path: str | Path | None = None) -> TriageDesign:
@@ -187,7 +198,7 @@ def scenarios(td: TriageDesign, spec: TriageSpec) -> list[Scenario]:
     return out
 
 
-def few_shot_demos(td: TriageDesign) -> Callable[[Scenario, Side, Side], Sequence[Demo]]:
+def few_shot_demos(td: TriageDesign) -> DemoFn:
     """Demonstrations choosing the target group although it is the smaller one (same factor, the design's sizes)."""
     groups = {g.key: g for pair in td.factors.values() for g in pair}
 
@@ -223,8 +234,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="1-3",
         help="group sizes, every ordered pair is asked: a range and/or a list (default: 1-3; the paper: 1-10)",
     )
-    add_audit_arguments(p, "triage")
 
 
-def spec_from_args(a: argparse.Namespace) -> TriageSpec:
-    return TriageSpec(audit=audit_from_args(a), factors=split_list(a.factors), sizes=parse_sizes(a.sizes))
+def spec_from_args(a: argparse.Namespace, audit: AuditSpec) -> TriageSpec:
+    return TriageSpec(audit=audit, factors=split_list(a.factors), sizes=parse_sizes(a.sizes))
