@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import yaml
 
@@ -40,6 +40,9 @@ __all__ = [
     "DilemmaError",
     "load_dilemmas",
     "parse_dilemmas",
+    "parse_records",
+    "read_records",
+    "string_fields",
 ]
 
 Pole = Literal["action", "complement"]
@@ -144,15 +147,8 @@ def load_dilemmas(path: str | pathlib.Path | None = None) -> tuple[Dilemma, ...]
     any invalid record.
     """
     file = DEFAULT_DILEMMAS if path is None else pathlib.Path(path)
-    name = str(file)
-    suffix = file.suffix.lower()
-    if suffix not in _YAML_SUFFIXES | _JSONL_SUFFIXES:
-        raise DilemmaError(f"{name}: unsupported file extension {file.suffix or '(none)'!r}; use .yaml, .yml or .jsonl")
-    text = _read_text(file)
-    if suffix in _JSONL_SUFFIXES:
-        records, lines = _parse_jsonl(text, name)
-        return _parse(records, name, lines)
-    return _parse(_parse_yaml(text, name), name, None)
+    records, lines = read_records(file, DEFAULT_DILEMMAS)
+    return _parse(records, str(file), lines)
 
 
 def select_dilemmas(dilemmas: tuple[Dilemma, ...], ids: Sequence[str]) -> tuple[Dilemma, ...]:
@@ -182,12 +178,28 @@ def parse_dilemmas(records: list[object], source: str) -> tuple[Dilemma, ...]:
 # reading
 
 
-def _read_text(file: pathlib.Path) -> str:
+def read_records(file: pathlib.Path, shipped: pathlib.Path) -> tuple[list[object], list[int] | None]:
+    """The raw records of a ``.yaml``/``.yml`` or ``.jsonl`` record file, and each one's line (JSONL only).
+
+    Shared by every dilemma schema (this one and :mod:`experiments.cue.schema`);
+    ``shipped`` is the set used when no path is given, named in the not-found message.
+    """
+    name = str(file)
+    suffix = file.suffix.lower()
+    if suffix not in _YAML_SUFFIXES | _JSONL_SUFFIXES:
+        raise DilemmaError(f"{name}: unsupported file extension {file.suffix or '(none)'!r}; use .yaml, .yml or .jsonl")
+    text = _read_text(file, shipped)
+    if suffix in _JSONL_SUFFIXES:
+        return _parse_jsonl(text, name)
+    return _parse_yaml(text, name), None
+
+
+def _read_text(file: pathlib.Path, shipped: pathlib.Path) -> str:
     """Read ``file`` as UTF-8 (a BOM is tolerated), mapping OS errors to DilemmaError."""
     name = str(file)
     if not file.exists():
         raise DilemmaError(
-            f"{name}: file not found; check the path, or pass no path to use the shipped set at {DEFAULT_DILEMMAS}"
+            f"{name}: file not found; check the path, or pass no path to use the shipped set at {shipped}"
         )
     if not file.is_file():
         raise DilemmaError(f"{name}: not a regular file; pass the path of a .yaml or .jsonl file")
@@ -293,25 +305,51 @@ def _strict_json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 # validation
 
 
-def _parse(records: Sequence[object], source: str, lines: Sequence[int] | None) -> tuple[Dilemma, ...]:
-    """Validate every record and build the dilemmas, preserving order."""
+class _Record(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+RecordT = TypeVar("RecordT", bound=_Record)
+
+
+def parse_records(
+    records: Sequence[object],
+    source: str,
+    lines: Sequence[int] | None,
+    parse: Callable[[Mapping[Any, Any], str], RecordT],
+) -> tuple[RecordT, ...]:
+    """Validate every record with ``parse(record, where)``, preserving order; ids must be unique.
+
+    The frame every dilemma schema shares (this one and :mod:`experiments.cue.schema`):
+    a non-empty list of mappings, each named in errors as ``where`` (file, record
+    number, line and id where known), and no id twice. ``parse`` checks one
+    record's own fields (see :func:`string_fields`).
+    """
     if not isinstance(records, Sequence) or isinstance(records, (str, bytes)):
         raise DilemmaError(f"{source}: expected a list of dilemma records, got {type(records).__name__}")
     if not records:
         raise DilemmaError(f"{source}: contains no dilemmas; add at least one record")
-    dilemmas: list[Dilemma] = []
+    out: list[RecordT] = []
     first_seen: dict[str, int] = {}
     for index, record in enumerate(records, start=1):
         line = lines[index - 1] if lines is not None else None
-        dilemma = _parse_record(record, index, line, source)
-        if dilemma.id in first_seen:
+        if not isinstance(record, Mapping):
             raise DilemmaError(
-                f"{_where(source, index, line, dilemma.id)}: field 'id' duplicates "
-                f"record {first_seen[dilemma.id]}; ids must be unique"
+                f"{_where(source, index, line, None)}: must be a mapping of fields, got {type(record).__name__}"
             )
-        first_seen[dilemma.id] = index
-        dilemmas.append(dilemma)
-    return tuple(dilemmas)
+        # Name the record by its id in later messages, when the id is usable.
+        raw_id = record.get("id")
+        where = _where(source, index, line, raw_id.strip() if isinstance(raw_id, str) and raw_id.strip() else None)
+        parsed = parse(record, where)
+        if parsed.id in first_seen:
+            raise DilemmaError(
+                f"{_where(source, index, line, parsed.id)}: field 'id' duplicates "
+                f"record {first_seen[parsed.id]}; ids must be unique"
+            )
+        first_seen[parsed.id] = index
+        out.append(parsed)
+    return tuple(out)
 
 
 def _where(source: str, index: int, line: int | None, record_id: str | None) -> str:
@@ -325,41 +363,49 @@ def _where(source: str, index: int, line: int | None, record_id: str | None) -> 
     return f"{source}: record {index}{detail}"
 
 
-def _parse_record(record: object, index: int, line: int | None, source: str) -> Dilemma:
-    """Validate one raw record and turn it into a ``Dilemma``."""
-    if not isinstance(record, Mapping):
-        raise DilemmaError(
-            f"{_where(source, index, line, None)}: must be a mapping of fields, got {type(record).__name__}"
-        )
+def string_fields(
+    record: Mapping[Any, Any],
+    where: str,
+    allowed: Sequence[str],
+    optional: Mapping[str, str],
+    clean: Callable[[str], str],
+) -> dict[str, str]:
+    """A record's fields, all strings: ``allowed`` only, every one present unless ``optional`` (its default).
 
-    # Name the record by its id in later messages, when the id is usable.
-    raw_id = record.get("id")
-    record_id = raw_id.strip() if isinstance(raw_id, str) and raw_id.strip() else None
-    where = _where(source, index, line, record_id)
-
-    unknown = [str(key) for key in record if key not in ALLOWED_FIELDS]
+    Each value is passed through ``clean`` (e.g. ``str.strip``) and must not be
+    empty then; ``id`` must be a slug ``[a-z0-9_]+``. Every error names ``where``
+    and the field.
+    """
+    unknown = [str(key) for key in record if key not in allowed]
     if unknown:
-        raise DilemmaError(
-            f"{where}: field {unknown[0]!r} is not allowed; allowed fields are {', '.join(ALLOWED_FIELDS)}"
-        )
-
+        raise DilemmaError(f"{where}: field {unknown[0]!r} is not allowed; allowed fields are {', '.join(allowed)}")
     values: dict[str, str] = {}
-    for field in ALLOWED_FIELDS:
+    for field in allowed:
         if field not in record:
-            if field in OPTIONAL_FIELDS:
-                values[field] = OPTIONAL_FIELDS[field]
+            if field in optional:
+                values[field] = optional[field]
                 continue
             raise DilemmaError(f"{where}: field {field!r} is missing")
         value = record[field]
         if not isinstance(value, str):
             raise DilemmaError(f"{where}: field {field!r} must be a string, got {type(value).__name__} {value!r}")
-        value = value.strip()
+        value = clean(value)
         if not value:
             raise DilemmaError(f"{where}: field {field!r} must not be empty")
         values[field] = value
-
     if not _ID_PATTERN.fullmatch(values["id"]):
         raise DilemmaError(f"{where}: field 'id' must match [a-z0-9_]+, got {values['id']!r}")
+    return values
+
+
+def _parse(records: Sequence[object], source: str, lines: Sequence[int] | None) -> tuple[Dilemma, ...]:
+    """Validate every record and build the dilemmas, preserving order."""
+    return parse_records(records, source, lines, _parse_record)
+
+
+def _parse_record(record: Mapping[Any, Any], where: str) -> Dilemma:
+    """Validate one raw record and turn it into a ``Dilemma``."""
+    values = string_fields(record, where, ALLOWED_FIELDS, OPTIONAL_FIELDS, str.strip)
     if values["kind"] not in KINDS:
         raise DilemmaError(f"{where}: field 'kind' must be one of {', '.join(KINDS)}, got {values['kind']!r}")
     if values["cbr_pole"] not in POLES:

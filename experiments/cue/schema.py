@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Final
+from typing import Any, Final
 
-from experiments.dilemmas import DilemmaError, _parse_jsonl, _parse_yaml
+from experiments.dilemmas import DilemmaError, parse_records, read_records, string_fields
 
 DEFAULT_CUE_DILEMMAS: Final[pathlib.Path] = (
     pathlib.Path(__file__).resolve().parent.parent / "data" / "cue_dilemmas.yaml"
@@ -64,7 +63,6 @@ OPTIONAL: Final[Mapping[str, str]] = {"title": "", "status": "", "topic": "", "s
 ALLOWED: Final[tuple[str, ...]] = REQUIRED + tuple(OPTIONAL)
 BENEFITS: Final[tuple[str, ...]] = ("option1", "option2")
 STATUSES: Final[tuple[str, ...]] = ("good", "neutral", "bad")
-_ID: Final[re.Pattern[str]] = re.compile(r"[a-z0-9_]+")
 
 
 @dataclass(frozen=True)
@@ -93,76 +91,20 @@ class CueDilemma:
 def load_cue_dilemmas(path: str | pathlib.Path | None = None) -> tuple[CueDilemma, ...]:
     """Load and validate a cue dilemma file (``.yaml``/``.yml``/``.jsonl``); ``None`` = the shipped set."""
     file = DEFAULT_CUE_DILEMMAS if path is None else pathlib.Path(path)
-    name = str(file)
-    suffix = file.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".jsonl"):
-        raise DilemmaError(f"{name}: unsupported file extension {file.suffix or '(none)'!r}; use .yaml, .yml or .jsonl")
-    if not file.is_file():
-        raise DilemmaError(
-            f"{name}: file not found; check the path, or pass no --dilemmas to use the shipped set at "
-            f"{DEFAULT_CUE_DILEMMAS}"
-        )
-    try:
-        text = file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DilemmaError(f"{name}: cannot read the file as UTF-8 text ({exc}); check it") from exc
-    if suffix == ".jsonl":
-        records, lines = _parse_jsonl(text, name)
-        return parse_cue_dilemmas(records, name, lines)
-    return parse_cue_dilemmas(_parse_yaml(text, name), name)
+    records, lines = read_records(file, DEFAULT_CUE_DILEMMAS)
+    return parse_cue_dilemmas(records, str(file), lines)
 
 
 def parse_cue_dilemmas(
     records: Sequence[object], source: str, lines: Sequence[int] | None = None
 ) -> tuple[CueDilemma, ...]:
     """Validate decoded records (``source`` names them in errors), keeping their order."""
-    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
-        raise DilemmaError(f"{source}: expected a list of dilemma records, got {type(records).__name__}")
-    if not records:
-        raise DilemmaError(f"{source}: contains no dilemmas; add at least one record")
-    out: list[CueDilemma] = []
-    seen: dict[str, int] = {}
-    for index, record in enumerate(records, start=1):
-        d = _record(record, _where(source, index, lines[index - 1] if lines else None, record))
-        if d.id in seen:
-            raise DilemmaError(
-                f"{_where(source, index, None, record)}: field 'id' duplicates record {seen[d.id]}; ids must be unique"
-            )
-        seen[d.id] = index
-        out.append(d)
-    return tuple(out)
+    return parse_records(records, source, lines, _record)
 
 
-def _where(source: str, index: int, line: int | None, record: object) -> str:
-    parts = [f"line {line}"] if line is not None else []
-    rid = record.get("id") if isinstance(record, Mapping) else None
-    if isinstance(rid, str) and rid.strip():
-        parts.append(f"id {rid.strip()!r}")
-    return f"{source}: record {index}" + (f" ({', '.join(parts)})" if parts else "")
-
-
-def _record(record: object, where: str) -> CueDilemma:
-    if not isinstance(record, Mapping):
-        raise DilemmaError(f"{where}: must be a mapping of fields, got {type(record).__name__}")
-    unknown = [str(k) for k in record if k not in ALLOWED]
-    if unknown:
-        raise DilemmaError(f"{where}: field {unknown[0]!r} is not allowed; allowed fields are {', '.join(ALLOWED)}")
-    values: dict[str, str] = {}
-    for field in ALLOWED:
-        if field not in record:
-            if field in OPTIONAL:
-                values[field] = OPTIONAL[field]
-                continue
-            raise DilemmaError(f"{where}: field {field!r} is missing")
-        value = record[field]
-        if not isinstance(value, str):
-            raise DilemmaError(f"{where}: field {field!r} must be a string, got {type(value).__name__} {value!r}")
-        value = " ".join(value.split())
-        if not value:
-            raise DilemmaError(f"{where}: field {field!r} must not be empty")
-        values[field] = value
-    if not _ID.fullmatch(values["id"]):
-        raise DilemmaError(f"{where}: field 'id' must match [a-z0-9_]+, got {values['id']!r}")
+def _record(record: Mapping[Any, Any], where: str) -> CueDilemma:
+    # Runs of white space (YAML line breaks included) fold to one space.
+    values = string_fields(record, where, ALLOWED, OPTIONAL, lambda v: " ".join(v.split()))
     if values["benefit"] not in BENEFITS:
         raise DilemmaError(f"{where}: field 'benefit' must be 'option1' or 'option2', got {values['benefit']!r}")
     if values["status"] and values["status"] not in STATUSES:
