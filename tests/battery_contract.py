@@ -10,6 +10,7 @@ run directory, without writing one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import product
 
 import pandas as pd
 
@@ -17,6 +18,8 @@ from probe.app.runner import readout_tables
 from probe.types import Message, Readout, Sample, Trial, make_trial_id
 
 SCALES = {"0-10": (0, 10), "0-100": (0, 100), "bipolar-5": (-5, 5), "bipolar-50": (-50, 50)}
+ANCHORS = ("ascending", "descending")
+POLES = ("action", "complement")
 PAIRS = {
     "Yes/No": ("yesno", False),
     "A/B": ("arbitrary", True),
@@ -55,20 +58,13 @@ def graded(
     salts: int = 1,
 ) -> list[Trial]:
     out = []
-    for item in items:
-        for scale in scales:
-            lo, hi = SCALES[scale]
-            for wording in wordings:
-                for anchor in ("ascending", "descending"):
-                    for pole in ("action", "complement"):
-                        f = {"instrument": "graded", "scale": scale, "wording": wording, "anchor": anchor, "pole": pole}
-                        opts = [str(v) for v in range(lo, hi + 1)]
-                        # the CBR pole is the action for every synthetic item
-                        mean = [
-                            repr(round(stance(v, lo, hi, anchor, pole == "action"), 12) + 0.0)
-                            for v in range(lo, hi + 1)
-                        ]
-                        out += [_trial(item, f, opts, mean, r) for r in range(salts)]
+    for item, scale, wording, anchor, pole in product(items, scales, wordings, ANCHORS, POLES):
+        lo, hi = SCALES[scale]
+        f = {"instrument": "graded", "scale": scale, "wording": wording, "anchor": anchor, "pole": pole}
+        opts = [str(v) for v in range(lo, hi + 1)]
+        # the CBR pole is the action for every synthetic item
+        mean = [repr(round(stance(v, lo, hi, anchor, pole == "action"), 12) + 0.0) for v in range(lo, hi + 1)]
+        out += [_trial(item, f, opts, mean, r) for r in range(salts)]
     return out
 
 
@@ -79,28 +75,25 @@ def binary(
     salts: int = 1,
 ) -> list[Trial]:
     out = []
-    for item in items:
-        for pair in pairs:
-            family, counterbalance = PAIRS[pair]
-            pos, neg = pair.split("/")
-            for form in forms:
-                for verb in ("approve", "oppose"):
-                    for order in ("yes_first", "no_first"):
-                        for mapping in ("canonical", "swapped") if counterbalance else ("canonical",):
-                            yes, no = (pos, neg) if mapping == "canonical" else (neg, pos)
-                            printed = (yes, no) if order == "yes_first" else (no, yes)
-                            means = ["cbr" if (o == yes) == (verb == "approve") else "anti" for o in printed]
-                            f = {
-                                "instrument": "binary",
-                                "form": form,
-                                "verb": verb,
-                                "order": order,
-                                "labels": pair,
-                                "family": family,
-                                "mapping": mapping,
-                                "yes_label": yes,
-                            }
-                            out += [_trial(item, f, printed, means, r) for r in range(salts)]
+    for item, pair in product(items, pairs):
+        family, counterbalance = PAIRS[pair]
+        pos, neg = pair.split("/")
+        mappings = ("canonical", "swapped") if counterbalance else ("canonical",)
+        for form, verb, order, mapping in product(forms, ("approve", "oppose"), ("yes_first", "no_first"), mappings):
+            yes, no = (pos, neg) if mapping == "canonical" else (neg, pos)
+            printed = (yes, no) if order == "yes_first" else (no, yes)
+            means = ["cbr" if (o == yes) == (verb == "approve") else "anti" for o in printed]
+            f = {
+                "instrument": "binary",
+                "form": form,
+                "verb": verb,
+                "order": order,
+                "labels": pair,
+                "family": family,
+                "mapping": mapping,
+                "yes_label": yes,
+            }
+            out += [_trial(item, f, printed, means, r) for r in range(salts)]
     return out
 
 
