@@ -32,12 +32,12 @@ from typing import ClassVar
 from experiments.influence.build import (
     AuditedSpec,
     AuditSpec,
+    DataFileError,
     Demo,
     DemoFn,
     Loaded,
     Scenario,
     Side,
-    SourceError,
     demo,
     expand_scenarios,
     split_list,
@@ -53,7 +53,7 @@ _REQUIRED: tuple[str, ...] = ("example_id", "question_index", "question_polarity
 _REQUIRED += ("answer_info", "additional_metadata", "context", "question", "ans0", "ans1", "ans2")
 
 
-class BBQError(SourceError):
+class BBQError(DataFileError):
     """A BBQ file that cannot be read as the upstream format; the message names file, line and field."""
 
 

@@ -99,7 +99,7 @@ class AuditedSpec(ManifestSpec):
     """The audit settings every benchmark shares (design, influences, placements, controls)."""
 
 
-class SourceError(ProbeError, ValueError):
+class DataFileError(ProbeError, ValueError):
     """A benchmark's data file that cannot be read in its upstream format; the message names the file and field."""
 
 

@@ -34,13 +34,13 @@ from experiments.influence.build import (
     Arm,
     AuditedSpec,
     AuditSpec,
+    DataFileError,
     Demo,
     DemoFn,
     Loaded,
     OrderFn,
     Scenario,
     Side,
-    SourceError,
     demo,
     expand_scenarios,
     split_list,
@@ -56,7 +56,7 @@ AGGREGATED = "dilemma.csv"
 _NAN = re.compile(r"(?<=[\[,\s])nan(?=\s*[,\]])")
 
 
-class DDError(SourceError):
+class DDError(DataFileError):
     """A DailyDilemmas file that cannot be read as the upstream format; the message names the file and field."""
 
 
