@@ -309,7 +309,7 @@ def effects(cond: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
 
 
 # ======================================================================= summaries
-def _share(num: pd.Series, den: pd.Series | None = None) -> float:
+def share(num: pd.Series, den: pd.Series | None = None) -> float:
     """Share of True in ``num`` (optionally among rows where ``den`` is True); NaN when empty."""
     if den is not None:
         num = num[den]
@@ -344,9 +344,9 @@ def summary_by(cond: pd.DataFrame, by: str | Sequence[str], alpha: float = ALPHA
                 "asym": g["asym"].mean(),
                 "|asym|": g["asym"].abs().mean(),
                 "|n_asym|": g["n_asym"].abs().mean(),
-                "sig": _share(e["sig"]),
+                "sig": share(e["sig"]),
                 "practical": flags.practical_size(e["delta"]).share,
-                "bf_of_sig": _share(e["backfire"], e["sig"]),
+                "bf_of_sig": share(e["backfire"], e["sig"]),
             }
         )
     return pd.DataFrame(rows)
@@ -412,21 +412,19 @@ def headline(
         add(label, 100 * m, 100 * lo, 100 * hi, "item bootstrap" if delta_reps is not None else "cluster bootstrap")
     size = flags.practical_size(eff["delta"])
     thr = f"{100 * flags.PRACTICAL_SHIFT:g} pp"
-    add("effects with significant shift (raw)", _share(eff["sig"]), note=flags.practical_note(size))
-    add("effects with significant shift (BH-FDR)", _share(eff["sig_bh"]), note=flags.practical_note(size))
+    add("effects with significant shift (raw)", share(eff["sig"]), note=flags.practical_note(size))
+    add("effects with significant shift (BH-FDR)", share(eff["sig_bh"]), note=flags.practical_note(size))
     add(f"effects with |shift| >= {thr} (practical threshold)", size.share, note=f"{size.practical} of {size.effects}")
     big = eff["delta"].abs() >= flags.PRACTICAL_SHIFT - 1e-12
-    add(f"  significant effects (raw) with |shift| >= {thr}", _share(big, eff["sig"]))
-    add("backfire share of significant effects (raw)", _share(eff["backfire"], eff["sig"]))
-    add("backfire share of significant effects (BH-FDR)", _share(eff["backfire"], eff["sig_bh"]))
+    add(f"  significant effects (raw) with |shift| >= {thr}", share(big, eff["sig"]))
+    add("backfire share of significant effects (raw)", share(eff["backfire"], eff["sig"]))
+    add("backfire share of significant effects (BH-FDR)", share(eff["backfire"], eff["sig_bh"]))
     for rel in ("neutral", "toward_preferred", "away_from_preferred"):
         sub = eff["relation"] == rel
-        add(
-            f"backfire share of significant effects, {rel.replace('_', ' ')}", _share(eff["backfire"], eff["sig"] & sub)
-        )
+        add(f"backfire share of significant effects, {rel.replace('_', ' ')}", share(eff["backfire"], eff["sig"] & sub))
     asym_note = flags.practical_note(flags.practical_size(c["asym"], flags.PRACTICAL_ASYM), unit="log-odds")
-    add("conditions with significant asymmetry (raw)", _share(c["sig_asym"]), note=asym_note)
-    add("conditions with significant asymmetry (BH-FDR)", _share(c["sig_asym_bh"]), note=asym_note)
+    add("conditions with significant asymmetry (raw)", share(c["sig_asym"]), note=asym_note)
+    add("conditions with significant asymmetry (BH-FDR)", share(c["sig_asym_bh"]), note=asym_note)
     for col, label in (
         ("neutral_binom", "test of f0(B) = 1/2"),
         ("neutral_margin", f"|f0(B) - 0.5| < {MARGIN}"),
@@ -435,10 +433,10 @@ def headline(
         neutral = c[col].astype(bool)
         note = flags.practical_note(flags.practical_size(c.loc[neutral, "asym"], flags.PRACTICAL_ASYM), "log-odds")
         add(f"baseline-neutral conditions ({label})", int(neutral.sum()))
-        add(f"  neutral ({label}): share with significant asymmetry (raw)", _share(c["sig_asym"], neutral), note=note)
+        add(f"  neutral ({label}): share with significant asymmetry (raw)", share(c["sig_asym"], neutral), note=note)
         add(
             f"  neutral ({label}): share with significant asymmetry (BH-FDR)",
-            _share(c["sig_asym_bh"], neutral),
+            share(c["sig_asym_bh"], neutral),
             note=note,
         )
     lean, asym = c["f0_B"] - 0.5, c["asym"]
@@ -545,9 +543,9 @@ def flip_rates(cells: pd.DataFrame) -> pd.DataFrame:
             {
                 "influence": name,
                 "comparisons": len(g),
-                "overall": _share(g["flipped"]),
-                "toward": _share(g["flipped"], ~g["on_target"]),
-                "away": _share(g["flipped"], g["on_target"]),
+                "overall": share(g["flipped"]),
+                "toward": share(g["flipped"], ~g["on_target"]),
+                "away": share(g["flipped"], g["on_target"]),
             }
         )
     return pd.DataFrame(rows, columns=cols)

@@ -25,7 +25,6 @@ from analysis.influence.audit import (
     N_BOOT,
     SEED,
     Audit,
-    _share,
     analyze,
     combine_runs,
     effects,
@@ -34,6 +33,7 @@ from analysis.influence.audit import (
     panel_tables,
     placebo_gap,
     response_quality,
+    share,
     summary_by,
 )
 from analysis.influence.imported import ambiguous_frame, imported_conditions
@@ -149,7 +149,7 @@ def readout_checks(
     """
     eff = effects(main, alpha)
     size = flags.practical_size(eff["delta"])
-    sig = _share(eff["sig"])
+    sig = share(eff["sig"])
     lines = [*flags.tie_lines(flags.tie_readout(main)), *flags.following_lines(flags.following(orders))]
     lines += flags.practical_lines(sig, size, source)
     lines.append(
