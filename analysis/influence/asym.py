@@ -66,33 +66,45 @@ class AsymFit:
     """The fit of |Asym| on |baseline bias| in one scope (a benchmark, or pooled)."""
 
     scope: str
+    """A benchmark, or ``pooled`` (every benchmark, with benchmark offsets)."""
     method: str
     """``MixedLM (REML)``, ``OLS`` (no grouping with two or more levels) or ``none`` (too little data)."""
     n: int
+    """Conditions in the fit (rows of :func:`asym_frame`)."""
     levels: Mapping[str, int]
     """Levels per random-intercept grouping that entered the fit (nested: distinct levels within groups)."""
     structure: str = "crossed"
+    """The random-effect structure (:data:`STRUCTURES`)."""
     formula: str = FORMULA
+    """The fixed effects (``+ C(benchmark)`` for the pooled fit)."""
     intercept: float = math.nan
     beta: float = math.nan
+    """The slope of |Asym| on |baseline bias|, the paper's headline."""
     beta_lo: float = math.nan
     beta_hi: float = math.nan
+    """The 95% CI of beta (statsmodels' ``conf_int``; at a boundary fit a Wald CI from the GLS covariance)."""
     p_beta: float = math.nan
     var_fixed: float = math.nan
+    """Variance of the fixed-effect predictions ``X beta`` (ddof 1), Nakagawa & Schielzeth's fixed part."""
     var_bias: float = math.nan
     """Variance of the |bias| term alone, ``var(beta * baseline_bias)`` (ddof 1): without benchmark offsets."""
     var_components: Mapping[str, float] = field(default_factory=dict)
+    """The REML variance of each random-intercept grouping that entered the fit."""
     var_residual: float = math.nan
     r2_marginal: float = math.nan
+    """``var_fixed / total``, total = var_fixed + every variance component + var_residual (:func:`marginal_r2`)."""
     r2_bias: float = math.nan
     """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
     r2_conditional: float = math.nan
+    """(var_fixed + every variance component) / total."""
     converged: bool = False
+    """The optimizer that gave the fit converged (OLS: always)."""
     attempts: tuple[str, ...] = ()
     """Each optimizer run and its outcome, in order (a retry is a later entry)."""
     warnings: tuple[str, ...] = ()
     """Every warning statsmodels raised during the fit (first line each, deduplicated)."""
     note: str = ""
+    """What was left out or changed on the way (one-level groupings, a CI from the GLS covariance), cut at 300."""
 
     def row(self) -> dict[str, Any]:
         out: dict[str, Any] = {
