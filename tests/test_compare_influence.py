@@ -10,7 +10,6 @@ direct statsmodels call does.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ import pandas as pd
 import pytest
 
 from analysis.common.bootstrap import percentile_ci
-from analysis.influence import asym
 from analysis.influence import compare as ci
 from analysis.influence import stats as st
 from experiments.influence.build import AuditSpec
@@ -175,56 +173,6 @@ def test_asym_fit_equals_a_direct_statsmodels_call(planted: tuple[list[Path], ci
     var_f = float(np.var(fixed, ddof=1))
     assert fit.r2_marginal == pytest.approx(var_f / (var_f + sum(vc.values()) + direct.scale))
     assert fit.r2_conditional == pytest.approx((var_f + sum(vc.values())) / (var_f + sum(vc.values()) + direct.scale))
-
-
-def _crossed_frame(n: int = 160, seed: int = 3) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    df = pd.DataFrame(
-        {
-            "model_reasoning": rng.choice(list("abcdef"), n),
-            "factor": rng.choice(["t:g", "t:h", "t:i", "t:j"], n),
-            "influence": rng.choice(list("uvwxy"), n),
-            "baseline_bias": rng.uniform(0, 0.5, n),
-        }
-    )
-    effect = {k: rng.normal(0, 0.4) for k in [*"abcdef", "t:g", "t:h", "t:i", "t:j", *"uvwxy"]}
-    noise = rng.normal(0, 0.3, n)
-    df["abs_asym"] = 0.3 + 2.0 * df["baseline_bias"] + noise
-    for g in ("model_reasoning", "factor", "influence"):
-        df["abs_asym"] += df[g].map(effect)
-    return df
-
-
-def test_fit_asym_recovers_a_planted_slope_and_the_gls_se() -> None:
-    import statsmodels.formula.api as smf
-
-    df = _crossed_frame()
-    fit = asym.fit_asym(df, "synthetic")
-    assert fit.converged and fit.levels == {"model_reasoning": 6, "factor": 4, "influence": 5}
-    assert fit.beta_lo < 2.0 < fit.beta_hi
-    assert 0 < fit.r2_marginal < fit.r2_conditional < 1
-    model = smf.mixedlm(
-        "abs_asym ~ baseline_bias", df, groups=np.ones(len(df)), re_formula="0", vc_formula=asym.VC_FORMULA
-    )
-    res = model.fit(reml=True)
-    cov = asym.gls_cov(model.exog, df, dict(zip(model.exog_vc.names, res.vcomp, strict=True)), res.scale)
-    np.testing.assert_allclose(np.sqrt(np.diag(cov)), res.bse_fe.to_numpy(), rtol=5e-3)
-
-
-def test_marginal_r2_hand_values_and_ols_fallback() -> None:
-    import statsmodels.api as sm
-
-    assert asym.marginal_r2(1.0, [1.0, 2.0], 1.0) == pytest.approx((0.2, 0.8))  # 1/5 and (1 + 3)/5
-    assert all(math.isnan(v) for v in asym.marginal_r2(0.0, [], 0.0))
-    df = _crossed_frame().assign(model_reasoning="a", factor="t:g", influence="u")
-    fit = asym.fit_asym(df, "one of each")
-    ols = sm.OLS(df["abs_asym"], sm.add_constant(df["baseline_bias"])).fit()
-    assert fit.method == "OLS" and "left out (one level)" in fit.note
-    assert fit.beta == pytest.approx(ols.params["baseline_bias"])
-    assert (fit.beta_lo, fit.beta_hi) == pytest.approx(tuple(ols.conf_int().loc["baseline_bias"]))
-    var_f = float(np.var(ols.fittedvalues, ddof=1))
-    assert fit.r2_marginal == pytest.approx(var_f / (var_f + ols.scale))
-    assert asym.fit_asym(df.head(2), "tiny").method == "none"
 
 
 def test_runs_are_matched_on_shared_items_and_conditions(

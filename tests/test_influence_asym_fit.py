@@ -3,6 +3,7 @@ the share of |bias| alone, and the record of optimizer retries and warnings."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -14,18 +15,38 @@ import pytest
 from analysis.influence import asym
 
 
+def _groupings(
+    rng: np.random.Generator, n: int, factors: list[str], influences: list[str], benchmarks: list[str] | None = None
+) -> pd.DataFrame:
+    """The columns of :func:`asym.asym_frame` but ``abs_asym``: six model x reasoning groups, the given factors,
+    influences (and benchmarks) drawn at random, and |baseline bias| uniform on 0..0.5."""
+    cols = {
+        "model_reasoning": rng.choice(list("abcdef"), n),
+        "factor": rng.choice(factors, n),
+        "influence": rng.choice(influences, n),
+    }
+    if benchmarks is not None:
+        cols["benchmark"] = rng.choice(benchmarks, n)
+    cols["baseline_bias"] = rng.uniform(0, 0.5, n)
+    return pd.DataFrame(cols)
+
+
+def _crossed_frame(n: int = 160, seed: int = 3) -> pd.DataFrame:
+    """One intercept per model x reasoning group, factor and influence (crossed), slope 2 on |bias|."""
+    rng = np.random.default_rng(seed)
+    df = _groupings(rng, n, ["t:g", "t:h", "t:i", "t:j"], list("uvwxy"))
+    effect = {k: rng.normal(0, 0.4) for k in [*"abcdef", "t:g", "t:h", "t:i", "t:j", *"uvwxy"]}
+    noise = rng.normal(0, 0.3, n)
+    df["abs_asym"] = 0.3 + 2.0 * df["baseline_bias"] + noise
+    for g in ("model_reasoning", "factor", "influence"):
+        df["abs_asym"] += df[g].map(effect)
+    return df
+
+
 def _nested_frame(n: int = 240, seed: int = 5) -> pd.DataFrame:
     """Factor and influence intercepts drawn anew for every model x reasoning group (nested), two benchmarks."""
     rng = np.random.default_rng(seed)
-    df = pd.DataFrame(
-        {
-            "model_reasoning": rng.choice(list("abcdef"), n),
-            "factor": rng.choice(["f1", "f2", "f3", "f4"], n),
-            "influence": rng.choice(list("uvwx"), n),
-            "benchmark": rng.choice(["triage", "bbq"], n),
-            "baseline_bias": rng.uniform(0, 0.5, n),
-        }
-    )
+    df = _groupings(rng, n, ["f1", "f2", "f3", "f4"], list("uvwx"), ["triage", "bbq"])
     mr = {g: rng.normal(0, 0.5) for g in "abcdef"}
     inner = {(g, f): rng.normal(0, 0.4) for g in "abcdef" for f in ["f1", "f2", "f3", "f4", *"uvwx"]}
     y = 0.3 + 2.0 * df["baseline_bias"] + df["model_reasoning"].map(mr) + rng.normal(0, 0.3, n)
@@ -35,6 +56,38 @@ def _nested_frame(n: int = 240, seed: int = 5) -> pd.DataFrame:
     ]
     df["abs_asym"] = y + np.where(df["benchmark"] == "bbq", 1.0, 0.0)
     return df
+
+
+def test_fit_asym_recovers_a_planted_slope_and_the_gls_se() -> None:
+    import statsmodels.formula.api as smf
+
+    df = _crossed_frame()
+    fit = asym.fit_asym(df, "synthetic")
+    assert fit.converged and fit.levels == {"model_reasoning": 6, "factor": 4, "influence": 5}
+    assert fit.beta_lo < 2.0 < fit.beta_hi
+    assert 0 < fit.r2_marginal < fit.r2_conditional < 1
+    model = smf.mixedlm(
+        "abs_asym ~ baseline_bias", df, groups=np.ones(len(df)), re_formula="0", vc_formula=asym.VC_FORMULA
+    )
+    res = model.fit(reml=True)
+    cov = asym.gls_cov(model.exog, df, dict(zip(model.exog_vc.names, res.vcomp, strict=True)), res.scale)
+    np.testing.assert_allclose(np.sqrt(np.diag(cov)), res.bse_fe.to_numpy(), rtol=5e-3)
+
+
+def test_marginal_r2_hand_values_and_ols_fallback() -> None:
+    import statsmodels.api as sm
+
+    assert asym.marginal_r2(1.0, [1.0, 2.0], 1.0) == pytest.approx((0.2, 0.8))  # 1/5 and (1 + 3)/5
+    assert all(math.isnan(v) for v in asym.marginal_r2(0.0, [], 0.0))
+    df = _crossed_frame().assign(model_reasoning="a", factor="t:g", influence="u")
+    fit = asym.fit_asym(df, "one of each")
+    ols = sm.OLS(df["abs_asym"], sm.add_constant(df["baseline_bias"])).fit()
+    assert fit.method == "OLS" and "left out (one level)" in fit.note
+    assert fit.beta == pytest.approx(ols.params["baseline_bias"])
+    assert (fit.beta_lo, fit.beta_hi) == pytest.approx(tuple(ols.conf_int().loc["baseline_bias"]))
+    var_f = float(np.var(ols.fittedvalues, ddof=1))
+    assert fit.r2_marginal == pytest.approx(var_f / (var_f + ols.scale))
+    assert asym.fit_asym(df.head(2), "tiny").method == "none"
 
 
 def test_nested_fit_equals_a_direct_statsmodels_call() -> None:
