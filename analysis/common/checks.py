@@ -103,7 +103,9 @@ class RunCoverage:
     """Coverage over a run's readouts, and what holds the mass that misses the options."""
 
     n_trials: int
+    """Readout trials of the run."""
     mean: float
+    """Mean coverage over them: the answer-slot mass on the printed options (NaN without readouts)."""
     n_low: int
     """Trials with coverage below :data:`LOW_COVERAGE`."""
     off_tokens: tuple[Token, ...]
