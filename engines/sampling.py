@@ -28,12 +28,62 @@ from engines.base import require
 
 
 @functools.cache
-def reserved_layer_class() -> type:
-    """:class:`ReservedLayer`, defined on first use (it subclasses Transformers' ``DynamicLayer``)."""
+def _buffered_layer_class() -> type:
+    """:class:`BufferedLayer`, defined on first use (it subclasses Transformers' ``DynamicLayer``)."""
     torch = require("torch", "hf")
     cache_utils = require("transformers.cache_utils", "hf")
 
-    class ReservedLayer(cache_utils.DynamicLayer):  # type: ignore[misc, name-defined]
+    class BufferedLayer(cache_utils.DynamicLayer):  # type: ignore[misc, name-defined]
+        """A ``DynamicLayer`` whose keys and values live in buffers ``_k`` / ``_v`` with room after the given ones.
+
+        ``keys`` / ``values`` are views of the filled columns (the subclass's
+        ``_views`` says which), so everything that reads a ``DynamicLayer``
+        reads this one the same way. ``zeros``: the room is zero-filled (for
+        columns that attention reads, masked, before they are written),
+        else left uninitialized.
+        """
+
+        def __init__(self, keys: Any, values: Any, columns: int, *, zeros: bool) -> None:
+            super().__init__()
+            rows, heads, length, dim = keys.shape
+            self._zeros = zeros
+            self._k = self._room(keys, (rows, heads, columns, dim))
+            self._v = self._room(values, (rows, heads, columns, values.shape[-1]))
+            self._k[:, :, :length] = keys
+            self._v[:, :, :length] = values
+            self.device = keys.device
+            self.is_initialized = True
+
+        def _room(self, like: Any, shape: tuple[int, ...]) -> Any:
+            return like.new_zeros(shape) if self._zeros else like.new_empty(shape)
+
+        def _views(self) -> None:
+            raise NotImplementedError
+
+        def _grow(self, columns: int) -> None:
+            """``columns`` more columns of room, past the reserve (never wrong, only slower)."""
+            self._k = torch.cat([self._k, self._room(self._k, (*self._k.shape[:2], columns, self._k.shape[-1]))], 2)
+            self._v = torch.cat([self._v, self._room(self._v, (*self._v.shape[:2], columns, self._v.shape[-1]))], 2)
+
+        def _keep_rows(self, rows: Any) -> None:
+            self._k = self._k.index_select(0, rows.to(self._k.device))
+            self._v = self._v.index_select(0, rows.to(self._v.device))
+            self._views()
+
+        def batch_select_indices(self, indices: Any) -> None:
+            self.reorder_cache(indices)
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError(f"a {type(self).__name__} is never cropped (probe's sampler does not need it)")
+
+    return BufferedLayer
+
+
+@functools.cache
+def reserved_layer_class() -> type:
+    """:class:`ReservedLayer`, defined on first use (it subclasses Transformers' ``DynamicLayer``)."""
+
+    class ReservedLayer(_buffered_layer_class()):  # type: ignore[misc]
         """A ``DynamicLayer`` whose keys and values live in buffers with room for ``reserve`` more tokens.
 
         ``keys`` / ``values`` are views of the filled columns, so everything
@@ -41,16 +91,12 @@ def reserved_layer_class() -> type:
         the reserve falls back to growing the buffers (never wrong, only slower).
         """
 
+        _k: Any
+        _v: Any
+
         def __init__(self, keys: Any, values: Any, reserve: int) -> None:
-            super().__init__()
-            rows, heads, length, dim = keys.shape
-            self._k = keys.new_empty((rows, heads, length + reserve, dim))
-            self._v = values.new_empty((rows, heads, length + reserve, values.shape[-1]))
-            self._k[:, :, :length] = keys
-            self._v[:, :, :length] = values
-            self._len = length
-            self.device = keys.device
-            self.is_initialized = True
+            super().__init__(keys, values, keys.shape[-2] + reserve, zeros=False)
+            self._len = keys.shape[-2]
             self._views()
 
         def _views(self) -> None:
@@ -60,9 +106,7 @@ def reserved_layer_class() -> type:
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             n = key_states.shape[-2]
             if self._len + n > self._k.shape[-2]:  # past the reserve: grow (amortized doubling)
-                grow = max(n, self._k.shape[-2])
-                self._k = torch.cat([self._k, self._k.new_empty((*self._k.shape[:2], grow, self._k.shape[-1]))], 2)
-                self._v = torch.cat([self._v, self._v.new_empty((*self._v.shape[:2], grow, self._v.shape[-1]))], 2)
+                self._grow(max(n, self._k.shape[-2]))
             self._k[:, :, self._len : self._len + n] = key_states
             self._v[:, :, self._len : self._len + n] = value_states
             self._len += n
@@ -73,20 +117,12 @@ def reserved_layer_class() -> type:
             return self._len
 
         def reorder_cache(self, beam_idx: Any) -> None:
-            self._k = self._k.index_select(0, beam_idx.to(self._k.device))
-            self._v = self._v.index_select(0, beam_idx.to(self._v.device))
-            self._views()
-
-        def batch_select_indices(self, indices: Any) -> None:
-            self.reorder_cache(indices)
+            self._keep_rows(beam_idx)
 
         def batch_repeat_interleave(self, repeats: int) -> None:
             self._k = self._k.repeat_interleave(repeats, dim=0)
             self._v = self._v.repeat_interleave(repeats, dim=0)
             self._views()
-
-        def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("a ReservedLayer is never cropped (probe's sampler does not need it)")
 
     return ReservedLayer
 
@@ -270,10 +306,8 @@ class _Groups:
 @functools.cache
 def shared_prompt_layer_class() -> type:
     """:class:`SharedPromptLayer`, defined on first use (it subclasses Transformers' ``DynamicLayer``)."""
-    torch = require("torch", "hf")
-    cache_utils = require("transformers.cache_utils", "hf")
 
-    class SharedPromptLayer(cache_utils.DynamicLayer):  # type: ignore[misc, name-defined]
+    class SharedPromptLayer(_buffered_layer_class()):  # type: ignore[misc]
         """One attention layer's cache of ``n`` draws per prompt: each prompt's keys once, then its draws' replies.
 
         Columns ``[0, width)`` hold the prompt (left-padded), and step t of
@@ -284,17 +318,10 @@ def shared_prompt_layer_class() -> type:
         """
 
         def __init__(self, keys: Any, values: Any, groups: _Groups, reserve: int, layer_idx: int) -> None:
-            super().__init__()
-            prompts, heads, width, dim = keys.shape
-            n = groups.n
+            width = keys.shape[-2]
             # zeros, not empty: a column not yet written is masked, but NaN garbage would survive the mask
-            self._k = keys.new_zeros((prompts, heads, width + n * reserve, dim))
-            self._v = values.new_zeros((prompts, heads, width + n * reserve, values.shape[-1]))
-            self._k[:, :, :width] = keys
-            self._v[:, :, :width] = values
+            super().__init__(keys, values, width + groups.n * reserve, zeros=True)
             self.groups, self.width, self.steps, self.layer_idx = groups, width, 0, layer_idx
-            self.device = keys.device
-            self.is_initialized = True
             self._views()
 
         def _views(self) -> None:
@@ -308,9 +335,7 @@ def shared_prompt_layer_class() -> type:
             g = self.groups
             col = self.width + self.steps * g.n
             if col + g.n > self._k.shape[-2]:  # past the reserve: grow (amortized doubling)
-                grow = max(g.n, self._k.shape[-2] - self.width)
-                self._k = torch.cat([self._k, self._k.new_zeros((*self._k.shape[:2], grow, self._k.shape[-1]))], 2)
-                self._v = torch.cat([self._v, self._v.new_zeros((*self._v.shape[:2], grow, self._v.shape[-1]))], 2)
+                self._grow(max(g.n, self._k.shape[-2] - self.width))
             if g.full:  # rows are (prompt, slot) in order: one block write
                 prompts, heads = self._k.shape[:2]
                 self._k[:, :, col : col + g.n] = key_states[:, :, 0].reshape(prompts, g.n, heads, -1).transpose(1, 2)
@@ -329,18 +354,10 @@ def shared_prompt_layer_class() -> type:
         def reorder_cache(self, beam_idx: Any) -> None:
             keep = self.groups.select(beam_idx)
             if keep is not None:
-                self._k = self._k.index_select(0, keep.to(self._k.device))
-                self._v = self._v.index_select(0, keep.to(self._v.device))
-                self._views()
-
-        def batch_select_indices(self, indices: Any) -> None:
-            self.reorder_cache(indices)
+                self._keep_rows(keep)
 
         def batch_repeat_interleave(self, repeats: int) -> None:
             raise NotImplementedError("a SharedPromptLayer is never repeated (its draws are its rows already)")
-
-        def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("a SharedPromptLayer is never cropped (probe's sampler does not need it)")
 
     return SharedPromptLayer
 
