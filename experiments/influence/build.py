@@ -419,7 +419,7 @@ class Benchmark:
 
     The flags, the spec and the trials are each benchmark's own code (the
     sources really differ: a design's groups, BBQ's JSONL, DailyDilemmas' CSV);
-    the report and the comparison are shared.
+    the audit flags, the report and the comparison are shared.
     """
 
     name: str
