@@ -39,15 +39,17 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PEERS = ("probe", "probe-plain", "lm-eval", "transformers-decision")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,15 @@ class ProbePeer:
         return out
 
 
+def verbatim_encode_pair(lm: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's ``_encode_pair`` with the context/continuation split kept where the caller put it (lm-eval's own
+    moves the context's trailing whitespace into the continuation); each pair is kept in ``lm.seen``."""
+    whole = lm.tok_encode(context + continuation)
+    ctx = lm.tok_encode(context)
+    lm.seen.append((ctx, whole[len(ctx) :]))
+    return ctx, whole[len(ctx) :]
+
+
 class LMEvalPeer:
     def __init__(self, model: Any, tok: Any, batch_size: int) -> None:
         from lm_eval.models.huggingface import HFLM
@@ -102,11 +113,7 @@ class LMEvalPeer:
         class VerbatimHFLM(HFLM):  # type: ignore[misc]
             """lm-eval's HFLM with the context/continuation split kept where the caller put it."""
 
-            def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-                whole = self.tok_encode(context + continuation)
-                ctx = self.tok_encode(context)
-                self.seen.append((ctx, whole[len(ctx) :]))
-                return ctx, whole[len(ctx) :]
+            _encode_pair = verbatim_encode_pair
 
         self.lm = VerbatimHFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, device="cpu")
         self.lm.seen = []
@@ -219,6 +226,41 @@ def rss_mib() -> tuple[float, float]:
         return peak, peak
 
 
+def warm_up_trials() -> list[Any]:
+    """One yes/no trial outside every workload, to warm a peer up before it is timed."""
+    from probe.types import Message, Trial
+
+    question = "A warm-up question, outside the workload. Answer with Yes or No."
+    return [Trial("warm-up", "bench", "warm-up", {}, (Message("user", question),), ("Yes", "No"), ("Yes", "No"))]
+
+
+def load_model(model_path: str, threads: int) -> tuple[Any, Any]:
+    """The tokenizer and the float32 Transformers model of a folder, on ``threads`` CPU threads, logs quiet."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    tok = transformers.AutoTokenizer.from_pretrained(model_path)
+    return tok, transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def run_record(
+    seconds: float, rate: float, tokens: int, forwards: int, base: float, peak: float, exact: bool
+) -> dict[str, Any]:
+    """The numbers of one timed run, as every bench child writes them."""
+    return {
+        "seconds": seconds,
+        "matmul_gflops": rate,
+        "tokens_fed": tokens,
+        "forwards": forwards,
+        "rss_before_mib": base,
+        "peak_rss_mib": peak,
+        "peak_is_of_the_run": exact,
+    }
+
+
 class TokenCounter:
     """Counts the tokens (padding included) and forward passes a model is asked to compute."""
 
@@ -234,52 +276,43 @@ class TokenCounter:
             self.forwards += 1
 
 
+def timed_run(fn: Callable[[], T], counter: TokenCounter) -> tuple[T, dict[str, Any]]:
+    """``fn()`` under the timer, after measuring the matmul rate and resetting the peak memory and ``counter``;
+    its result and the run's numbers (:func:`run_record`)."""
+    import torch
+
+    rate = matmul_rate()
+    counter.tokens = counter.forwards = 0
+    base, _ = rss_mib()
+    exact_peak = reset_peak_rss()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        result = fn()
+    seconds = time.perf_counter() - start
+    _, peak = rss_mib()
+    return result, run_record(seconds, rate, counter.tokens, counter.forwards, base, peak, exact_peak)
+
+
 def measure(
     peer_name: str, spec: dict[str, Any], model_path: str, threads: int, batch_size: int, repeats: int
 ) -> dict[str, Any]:
     """Time ``repeats`` runs of a fresh peer on the workload (caches cold each time); keep every run's numbers."""
     import torch
-    import transformers
 
-    from probe.types import Message, Trial
     from scripts.bench.workloads import WorkloadSpec, expand_workload
 
-    torch.set_num_threads(threads)
-    transformers.logging.disable_progress_bar()
-    transformers.logging.set_verbosity_error()
-    tok = transformers.AutoTokenizer.from_pretrained(model_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    tok, model = load_model(model_path, threads)
     workload = WorkloadSpec(name=spec["name"], items=tuple(spec["items"]), salts=spec["salts"])
     trials = expand_workload(workload, count_tokens=lambda s: len(tok.encode(s, add_special_tokens=False)))
-    question = "A warm-up question, outside the workload. Answer with Yes or No."
-    warm = [Trial("warm-up", "bench", "warm-up", {}, (Message("user", question),), ("Yes", "No"), ("Yes", "No"))]
     with torch.inference_mode():
-        make_peer(peer_name, model, tok, model_path, batch_size).run(warm)
+        make_peer(peer_name, model, tok, model_path, batch_size).run(warm_up_trials())
     counter = TokenCounter(model)
     runs = []
     answers: list[Answer] = []
     for _ in range(repeats):
         peer = make_peer(peer_name, model, tok, model_path, batch_size)
-        rate = matmul_rate()
-        counter.tokens = counter.forwards = 0
-        base, _ = rss_mib()
-        exact_peak = reset_peak_rss()
-        start = time.perf_counter()
-        with torch.inference_mode():
-            answers = peer.run(trials)
-        seconds = time.perf_counter() - start
-        _, peak = rss_mib()
-        runs.append(
-            {
-                "seconds": seconds,
-                "matmul_gflops": rate,
-                "tokens_fed": counter.tokens,
-                "forwards": counter.forwards,
-                "rss_before_mib": base,
-                "peak_rss_mib": peak,
-                "peak_is_of_the_run": exact_peak,
-            }
-        )
+        answers, numbers = timed_run(partial(peer.run, trials), counter)
+        runs.append(numbers)
     return {
         "peer": peer_name,
         "workload": spec,

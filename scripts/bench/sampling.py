@@ -36,8 +36,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -182,31 +182,16 @@ def measure(
 ) -> dict[str, Any]:
     """One timed run of a fresh sampler on the first ``k`` forced-binary trials."""
     import torch
-    import transformers
 
-    from probe.types import Message, Trial
-    from scripts.bench.peers import TokenCounter, matmul_rate, reset_peak_rss, rss_mib
+    from scripts.bench.peers import TokenCounter, load_model, timed_run, warm_up_trials
 
-    torch.set_num_threads(threads)
-    transformers.logging.disable_progress_bar()
-    transformers.logging.set_verbosity_error()
-    tok = transformers.AutoTokenizer.from_pretrained(model_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    tok, model = load_model(model_path, threads)
     trials = binary_trials(lambda s: len(tok.encode(s, add_special_tokens=False)), k)
-    question = "A warm-up question, outside the workload. Answer with Yes or No."
-    warm = [Trial("warm-up", "bench", "warm-up", {}, (Message("user", question),), ("Yes", "No"), ("Yes", "No"))]
     with torch.inference_mode():
-        make_sampler(peer, model, tok, model_path, batch_size, seed).run(warm, 2, 4)
+        make_sampler(peer, model, tok, model_path, batch_size, seed).run(warm_up_trials(), 2, 4)
     sampler = make_sampler(peer, model, tok, model_path, batch_size, seed)
     counter = TokenCounter(model)
-    rate = matmul_rate()
-    base, _ = rss_mib()
-    exact_peak = reset_peak_rss()
-    start = time.perf_counter()
-    with torch.inference_mode():
-        draws = sampler.run(trials, n, max_new)
-    seconds = time.perf_counter() - start
-    _, peak = rss_mib()
+    draws, numbers = timed_run(partial(sampler.run, trials, n, max_new), counter)
     # the prompt ids each peer sampled from: an engine's own render (today's engine renders with its own code),
     # probe's render for the generate() baseline, which is given exactly those
     renderer = sampler if isinstance(sampler, EngineSampler) else sampler.engine
@@ -221,17 +206,7 @@ def measure(
         "prompt_ids": [list(renderer.render(t)) for t in trials],
         "options": [list(t.options) for t in trials],
         "draws": [{"trial": i, "tokens": g, "text": text} for i, g, text in draws],
-        "runs": [
-            {
-                "seconds": seconds,
-                "matmul_gflops": rate,
-                "tokens_fed": counter.tokens,
-                "forwards": counter.forwards,
-                "rss_before_mib": base,
-                "peak_rss_mib": peak,
-                "peak_is_of_the_run": exact_peak,
-            }
-        ],
+        "runs": [numbers],
     }
 
 

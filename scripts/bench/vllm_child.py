@@ -96,6 +96,8 @@ def tree_rss_mib() -> tuple[float, float]:
 
 def timed(fn: Any, llm: Any, rate: float) -> tuple[Any, dict[str, Any]]:
     """Run ``fn()`` once on a cold prefix cache; its result and the run's numbers."""
+    from scripts.bench.peers import run_record
+
     if llm is not None:
         llm.reset_prefix_cache()
     base, _ = tree_rss_mib()
@@ -104,16 +106,7 @@ def timed(fn: Any, llm: Any, rate: float) -> tuple[Any, dict[str, Any]]:
     result = fn()
     seconds = time.perf_counter() - start
     _, peak = tree_rss_mib()
-    run = {
-        "seconds": seconds,
-        "matmul_gflops": rate,
-        "tokens_fed": 0,
-        "forwards": 0,
-        "rss_before_mib": base,
-        "peak_rss_mib": peak,
-        "peak_is_of_the_run": exact,
-    }
-    return result, run
+    return result, run_record(seconds, rate, 0, 0, base, peak, exact)
 
 
 def readout_answers(readouts: Sequence[Any]) -> tuple[list[dict[str, float]], list[dict[str, str]]]:
@@ -128,12 +121,10 @@ def lmeval_vllm(path: str, tok: Any, kv_gib: float) -> Any:
     """lm-eval's vLLM backend with the context/continuation split kept where the caller put it."""
     from lm_eval.models.vllm_causallms import VLLM
 
+    from scripts.bench.peers import verbatim_encode_pair
+
     class VerbatimVLLM(VLLM):  # type: ignore[misc]
-        def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-            whole = self.tok_encode(context + continuation)
-            ctx = self.tok_encode(context)
-            self.seen.append((ctx, whole[len(ctx) :]))
-            return ctx, whole[len(ctx) :]
+        _encode_pair = verbatim_encode_pair
 
     lm = VerbatimVLLM(
         pretrained=path,
@@ -169,8 +160,7 @@ def run(plan: dict[str, Any], out: dict[str, Any]) -> None:
     import vllm
 
     from engines.vllm import VLLMEngine, VLLMSettings, step_batches
-    from probe.types import Message, Trial
-    from scripts.bench.peers import matmul_rate, option_text, render_text
+    from scripts.bench.peers import matmul_rate, option_text, render_text, warm_up_trials
     from scripts.bench.sampling import binary_trials
     from scripts.bench.workloads import WorkloadSpec, expand_workload
 
@@ -182,8 +172,7 @@ def run(plan: dict[str, Any], out: dict[str, Any]) -> None:
     transformers.logging.set_verbosity_error()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
-    question = "A warm-up question, outside the workload. Answer with Yes or No."
-    warm = [Trial("warm-up", "bench", "warm-up", {}, (Message("user", question),), ("Yes", "No"), ("Yes", "No"))]
+    warm = warm_up_trials()
 
     # The matmul rate of the machine, measured before vLLM starts: once it runs, its engine core keeps polling
     # on a core of its own, so a rate measured beside it would be the rate of the cores it leaves.
