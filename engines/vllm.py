@@ -453,6 +453,11 @@ def release_shared_llm() -> None:
         elif core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         del llm
+    free_device_memory()
+
+
+def free_device_memory() -> None:
+    """Collect garbage and hand the CUDA allocator's cached blocks back to the device (where torch has CUDA)."""
     import gc
 
     gc.collect()

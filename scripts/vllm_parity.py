@@ -30,7 +30,6 @@ Usage (repository root): ``python -m scripts.vllm_parity [--device cuda|cpu] [--
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import sys
@@ -132,21 +131,10 @@ def bf16_against_fp32(fp32: Sequence[Any], got: Sequence[Any], ref: Sequence[Any
     return {"max_engine_fp32_diff": worst, "worst_error_over_bound": ratio, "bf16_factor": bf16_factor(layers)}
 
 
-def free_device_memory() -> None:
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:  # pragma: no cover
-        pass
-
-
 def measure(model: str, dtypes: Sequence[str], device: str, emit: Any) -> None:
     """Every dtype of ``model``, float32 first (the bf16 rows are measured against it); one row each to ``emit``."""
     from engines.hf import HFEngine, HFSettings
-    from engines.vllm import VLLMEngine
+    from engines.vllm import VLLMEngine, free_device_memory
     from probe.models import resolve_model
 
     try:
