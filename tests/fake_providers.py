@@ -17,6 +17,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.quiet_http import QuietHandler
+
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -206,13 +208,8 @@ class FakeProvider:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _serve(self) -> None:
+        class Handler(QuietHandler):
+            def serve(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 path = self.path.split("?", 1)[0]
                 body: Any = None
@@ -235,20 +232,8 @@ class FakeProvider:
                 self._reply(status, payload, {})
 
             def _reply(self, status: int, payload: Any, headers: dict[str, str]) -> None:
-                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-                self.send_response(status)
-                ctype = "application/binary" if isinstance(payload, str) else "application/json"
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self) -> None:
-                self._serve()
-
-            def do_GET(self) -> None:
-                self._serve()
+                if isinstance(payload, str):  # a file's content
+                    return self.respond(status, payload.encode(), headers, "application/binary")
+                self.respond(status, json.dumps(payload).encode(), headers)
 
         return Handler

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
+from tests.quiet_http import QuietHandler
+
 FAULTS = ("429", "500", "503", "timeout", "drop", "truncated", "malformed")
 FORWARDED_FAULTS = frozenset({"truncated", "malformed"})
 
@@ -148,27 +150,13 @@ class FaultProxy:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _send(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(QuietHandler):
             def _kill(self) -> None:
                 self.close_connection = True
                 with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
 
-            def _relay(self) -> None:
+            def serve(self) -> None:
                 with proxy._lock:
                     proxy.in_flight += 1
                 try:
@@ -193,9 +181,9 @@ class FaultProxy:
                         proxy.faults[kind] += 1
                 if kind == "429":
                     err = b'{"error":{"message":"rate limited by the fault proxy","type":"rate_limit"}}'
-                    return self._send(429, err, {"Retry-After": proxy.retry_after})
+                    return self.respond(429, err, {"Retry-After": proxy.retry_after})
                 if kind in ("500", "503"):
-                    return self._send(int(kind), b'{"error":{"message":"injected server error"}}')
+                    return self.respond(int(kind), b'{"error":{"message":"injected server error"}}')
                 if kind == "timeout":
                     time.sleep(proxy.hang_seconds)
                     return self._kill()
@@ -207,7 +195,7 @@ class FaultProxy:
                 except OSError as e:
                     with proxy._lock:
                         proxy.upstream_errors.append(repr(e))
-                    return self._send(502, b'{"error":{"message":"upstream failed"}}')
+                    return self.respond(502, b'{"error":{"message":"upstream failed"}}')
                 if status == 200 and self.path.startswith(proxy.only_path):
                     with proxy._lock:
                         proxy.slowest_forward = max(proxy.slowest_forward, time.monotonic() - started)
@@ -222,7 +210,7 @@ class FaultProxy:
                     self.wfile.flush()
                     return self._kill()
                 if kind == "malformed":
-                    return self._send(200, data[: len(data) // 2])
+                    return self.respond(200, data[: len(data) // 2])
                 if status == 200 and self.path.startswith(proxy.only_path):
                     with proxy._lock:
                         proxy.delivered_ok += 1
@@ -236,11 +224,5 @@ class FaultProxy:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-
-            def do_POST(self) -> None:
-                self._relay()
-
-            def do_GET(self) -> None:
-                self._relay()
 
         return Handler
