@@ -128,7 +128,9 @@ class OptionScore:
     """The answer-slot score of one option (one complete answer string)."""
 
     option: str
+    """The option as the trial prints it."""
     token_ids: tuple[int, ...]
+    """The tokens the model would emit for it at the slot."""
     logprob: float
     """log P(option is the whole answer), raw model, untempered."""
     prob: float
@@ -141,18 +143,25 @@ class Readout:
 
     trial_id: str
     scores: tuple[OptionScore, ...]
+    """One score per option, in the trial's option order."""
     coverage: float
     """Option mass before normalization: how much of the model's answer lies on the options."""
     greedy_option: str
+    """The most probable option (the first of them on a tie)."""
     top_other: tuple[tuple[str, float], ...]
     """The most likely first tokens at the slot that start no option, with their probabilities."""
     prompt_tokens: int
+    """Tokens of the prompt up to the slot (in think mode the reasoning is appended to it)."""
     computed_tokens: int
     """Tokens actually run through the model for this trial (prompt + trie expansion + reasoning)."""
     reasoning: str = ""
+    """Think mode: the reasoning generated before the slot was read."""
     reasoning_tokens: int = 0
+    """Think mode: the tokens the model generated for it (its stop token included)."""
     hit_budget: bool = False
+    """Think mode: the reasoning ran out of ``--think-budget`` before the model closed it."""
     prompt_ids: tuple[int, ...] = field(default=(), repr=False)
+    """The token ids the slot was read after (local engines)."""
 
     def prob(self, option: str) -> float:
         for s in self.scores:
