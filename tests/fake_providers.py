@@ -14,10 +14,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.quiet_http import QuietHandler
+from tests.quiet_http import LocalServer, QuietHandler
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -69,7 +69,7 @@ def chat_completion(text: str, prompt: int = 12, completion: int = 2) -> dict[st
     }
 
 
-class FakeProvider:
+class FakeProvider(LocalServer):
     """Serves ``/v1/messages``, Anthropic and OpenAI batches, and OpenAI files, on localhost."""
 
     def __init__(self, answer: Answer, *, polls_before_end: int = 1) -> None:
@@ -82,18 +82,8 @@ class FakeProvider:
         self.batches: dict[str, dict[str, Any]] = {}
         self.files: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(self._handler())
+        self.start()
 
     def fail(self, path: str, status: int, headers: dict[str, str] | None = None) -> None:
         self.failures.setdefault(path, []).append((status, headers or {}))

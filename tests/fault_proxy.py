@@ -29,27 +29,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlparse
 
-from tests.quiet_http import QuietHandler
+from tests.quiet_http import LocalServer, QuietHandler
 
 FAULTS = ("429", "500", "503", "timeout", "drop", "truncated", "malformed")
 FORWARDED_FAULTS = frozenset({"truncated", "malformed"})
 
 
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A client that went away (killed, or timed out on a held connection) is part of the test, not an error."""
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)  # type: ignore[arg-type]
-
-
-class FaultProxy:
+class FaultProxy(LocalServer):
     """Forward to ``upstream`` (``http://host:port``), injecting faults at the given rates."""
 
     def __init__(
@@ -90,27 +79,7 @@ class FaultProxy:
         """The longest upstream round trip, in seconds: the margin under the client's timeout."""
         self._idle = threading.Condition(self._lock)
         """Failures talking to the upstream (answered 502): not part of the schedule, so tests expect none."""
-        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
-
-    def start(self) -> FaultProxy:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(self._handler())
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Block until no request is in flight, so counts read afterwards are final; fail after ``timeout`` s."""

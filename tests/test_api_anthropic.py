@@ -124,7 +124,7 @@ def provider(monkeypatch: pytest.MonkeyPatch):
 
     fake = FakeProvider(answer)
     yield fake
-    fake.close()
+    fake.stop()
 
 
 def _trial(tid: str, text: str) -> Trial:
@@ -132,7 +132,9 @@ def _trial(tid: str, text: str) -> Trial:
 
 
 def test_official_client_against_recorded_shapes(provider: FakeProvider) -> None:
-    settings = ApiSettings("anthropic", model="claude-sonnet-4-6", base_url=provider.url, system_prompt="Answer briefly.")
+    settings = ApiSettings(
+        "anthropic", model="claude-sonnet-4-6", base_url=provider.url, system_prompt="Answer briefly."
+    )
     eng = ApiEngine(settings, log=lambda m: None, retry_policy=RetryPolicy(max_retries=2, base_delay=0.01)).load()
     provider.fail("/v1/messages", 529, {"retry-after": "0"})  # Anthropic's "overloaded": retried
     trials = [_trial("a", "first question"), _trial("b", "second question"), _trial("c", "a forbidden question")]
@@ -162,6 +164,8 @@ def test_thinking_through_the_client(provider: FakeProvider) -> None:
 
 def test_a_rejected_key_names_the_variable(provider: FakeProvider) -> None:
     provider.fail("/v1/messages", 401)
-    eng = ApiEngine(ApiSettings("anthropic", model="claude-sonnet-4-6", base_url=provider.url), log=lambda m: None).load()
+    eng = ApiEngine(
+        ApiSettings("anthropic", model="claude-sonnet-4-6", base_url=provider.url), log=lambda m: None
+    ).load()
     with pytest.raises(ApiRequestError, match=r"\$ANTHROPIC_API_KEY"):
         eng.sample([_trial("a", "first question")], 1, 1.0)

@@ -41,7 +41,7 @@ def fake(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("OPENAI_BASE_URL", f.url + "/v1")  # the official clients read these
     monkeypatch.setenv("ANTHROPIC_BASE_URL", f.url)
     yield f
-    f.close()
+    f.stop()
 
 
 def _trials(k: int = 3) -> list[Trial]:
