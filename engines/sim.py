@@ -140,6 +140,7 @@ class SimParams:
     theta: Mapping[str, float] = field(default_factory=dict)
     """Per-item stance toward the CBR pole in [-1, 1]; items not listed draw U(-theta_range, theta_range)."""
     theta_range: float = 0.8
+    """Half-width of the uniform range the stances of items not in ``theta`` are drawn from (at most 1)."""
     s: float = 0.3
     """Decisiveness of the binary verdict (the logistic's scale on the theta axis)."""
     m_order: float = 0.0
