@@ -33,6 +33,7 @@ import pandas as pd
 from scipy import optimize, special, stats
 
 from analysis.common.bootstrap import check_bootstrap
+from analysis.common.records import Record
 from probe.parse import parse_answer
 from probe.types import Trial
 
@@ -161,7 +162,7 @@ def temperature_from_frames(readout_options: pd.DataFrame, sample_options: pd.Da
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Calibration(Record):
     """Readout versus sampled behaviour: the relative readout temperature T and the Pearson r of the two channels."""
 
     tau: float
@@ -479,19 +480,10 @@ def temperature_table(rows: Sequence[TemperatureRow]) -> pd.DataFrame:
         if c is None:
             rec.update(note=row.reason)
         else:
-            rec.update(
-                T=c.T,
-                T_lo=c.T_lo,
-                T_hi=c.T_hi,
-                level=c.level,
-                n_samples=c.n_samples,
-                n_trials=row.n_trials,
-                n_trials_r=c.n_trials,
-                r=c.r,
-                mad=c.mad,
-                mad_tempered=c.mad_tempered,
-                note="interval excludes 1" if row.excludes_one else "",
-            )
+            rec |= c.pick("T", "T_lo", "T_hi", "level", "n_samples")
+            rec |= {"n_trials": row.n_trials, "n_trials_r": c.n_trials}
+            rec |= c.pick("r", "mad", "mad_tempered")
+            rec["note"] = "interval excludes 1" if row.excludes_one else ""
         out.append(rec)
     cols = ["instrument", "answers", "T", "T_lo", "T_hi", "level", "n_samples", "n_trials", "n_trials_r", "r", "mad",
             "mad_tempered", "note"]  # fmt: skip

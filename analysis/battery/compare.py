@@ -514,13 +514,7 @@ def models_section(c: Context, out: Path) -> Section:
             row["mean_sigma_repro"] = float(sg.mean())
             with contextlib.suppress(ValueError):
                 pooled = stance.pooled_incoherence(d.inc)
-                row.update(
-                    sigma_repro=pooled.sigma_repro,
-                    sigma_dir=pooled.sigma_dir,
-                    sigma_scale=pooled.sigma_scale,
-                    sigma_repeat=pooled.sigma_repeat,
-                    sigma_tot=pooled.sigma_tot,
-                )
+                row |= pooled.pick("sigma_repro", "sigma_dir", "sigma_scale", "sigma_repeat", "sigma_tot")
             if len(inc) >= 2:
                 idx = resample_index(len(inc), c.n_boot, c.seed)
                 row["G"] = float(g_of(th, sg))
