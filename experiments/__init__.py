@@ -4,6 +4,13 @@ Every module in this package that defines ``EXPERIMENTS`` (a tuple of
 :class:`Experiment`) is found automatically, so adding an experiment means
 adding a module, not editing a central table. Experiment modules must be
 cheap to import (no torch, no engines at module level).
+
+An experiment module defines its hooks under four fixed names (``NAME``,
+``add_arguments``, ``spec_from_args``, ``expand``; :class:`ModuleHooks`) and
+registers itself with :meth:`Experiment.of`, which reads them, so the
+registration names only what is not code (the summary, the report, the
+optional hooks). The influence benchmark modules follow the same convention
+through :meth:`experiments.influence.Benchmark.of`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, cast
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -43,6 +51,41 @@ class ManifestSpec:
         return {"experiment": self.experiment_name, **asdict(cast("DataclassInstance", self))}
 
 
+HOOK_NAMES: Final[tuple[str, ...]] = ("NAME", "add_arguments", "spec_from_args", "expand")
+"""The names under which an experiment (or influence benchmark) module defines its hooks."""
+
+
+@dataclass(frozen=True)
+class ModuleHooks:
+    """The four hooks an experiment module defines under the names of :data:`HOOK_NAMES`.
+
+    The one place that knows those names: :meth:`Experiment.of` and
+    :meth:`experiments.influence.Benchmark.of` both read a module through it.
+    Their signatures are the reader's concern (a benchmark's ``spec_from_args``
+    also takes the parsed audit settings).
+    """
+
+    name: str
+    """``NAME``: the experiment name (``probe run NAME``)."""
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    """``add_arguments(parser)``: the module's own flags."""
+    spec_from_args: Callable[..., Any]
+    """``spec_from_args(args, ...)``: the spec from the parsed flags."""
+    expand: Callable[..., list[Trial]]
+    """``expand(spec, count_tokens=None)``: the trials in a fixed order."""
+
+    @classmethod
+    def of(cls, module: ModuleType) -> ModuleHooks:
+        """Read the hooks of ``module``; fail naming the module and every name it lacks."""
+        missing = [name for name in HOOK_NAMES if not hasattr(module, name)]
+        if missing:
+            raise TypeError(
+                f"experiment module {module.__name__} does not define {', '.join(missing)}; "
+                f"an experiment module defines {', '.join(HOOK_NAMES)}"
+            )
+        return cls(*(getattr(module, name) for name in HOOK_NAMES))
+
+
 @dataclass(frozen=True)
 class Experiment:
     """One runnable experiment: its CLI flags, its spec, its trials and its report."""
@@ -66,6 +109,22 @@ class Experiment:
     """``compare(panel, out, *, n_boot=..., seed=...)``: write the cross-run report of a panel of runs of this
     experiment (``probe compare``); None: not comparable. Experiments that share one function (e.g. the three
     influence benchmarks) can be compared together."""
+
+    @classmethod
+    def of(
+        cls, module: ModuleType, summary: str, *, report: Callable[[RunStore, Path], list[Path]], **optional: Any
+    ) -> Experiment:
+        """The experiment of a module that defines the four hooks of :class:`ModuleHooks` under their names.
+
+        ``optional`` sets the optional fields (``generative``, ``reply_tokens``,
+        ``judge_options``, ``compare``). A module registers itself at its end, after
+        its hooks are defined, with ``Experiment.of(sys.modules[__name__], ...)``:
+        the module object is in :data:`sys.modules` from the start of its import,
+        and passing the module (not its name) keeps this a plain read of its
+        attributes, the same as :meth:`experiments.influence.Benchmark.of`.
+        """
+        hooks = ModuleHooks.of(module)
+        return cls(hooks.name, summary, hooks.add_arguments, hooks.spec_from_args, hooks.expand, report, **optional)
 
 
 def lazy(target: str) -> Callable[..., Any]:

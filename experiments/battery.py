@@ -24,6 +24,7 @@ The trial contract (factors and meanings) is documented in
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -321,7 +322,7 @@ def _csv(text: str | None) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip()) if text else ()
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dilemma_arguments(p)
     g = p.add_argument_group("battery (empty = the preset's choice)")
     g.add_argument("--preset", default="reduced", choices=["reduced", "full"], help="reduced (default) or full design")
@@ -348,7 +349,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_salt_arguments(p)
 
 
-def _spec_from_args(a: argparse.Namespace) -> BatterySpec:
+def spec_from_args(a: argparse.Namespace) -> BatterySpec:
     preset: dict[str, tuple[str, ...]] = dict(REDUCED) if a.preset == "reduced" else {}
     chosen = {
         "scales": _csv(a.scales),
@@ -377,12 +378,9 @@ def _judge(a: argparse.Namespace) -> Any:
 
 
 EXPERIMENTS = (
-    Experiment(
-        name=NAME,
-        summary="the crossed-frame battery of paper 003: graded rating (I-1), free choice (I-2), forced binary (I-3)",
-        add_arguments=_add_arguments,
-        spec_from_args=_spec_from_args,
-        expand=expand,
+    Experiment.of(
+        sys.modules[__name__],
+        "the crossed-frame battery of paper 003: graded rating (I-1), free choice (I-2), forced binary (I-3)",
         report=lazy("analysis.battery.report:battery_report"),
         generative=is_choice,
         reply_tokens=lambda spec: spec.choice_tokens,

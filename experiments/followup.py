@@ -47,6 +47,7 @@ cross-model probe: another model reads a conversation it did not write).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,7 +399,7 @@ def expand(spec: FollowupSpec, count_tokens: Callable[[str], int] | None = None)
 
 
 # ========================================================================= command line
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("follow-up probe")
     g.add_argument("--source", required=True, help="the influence run whose trials are followed up (its --out)")
     g.add_argument(
@@ -434,7 +435,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _spec_from_args(a: argparse.Namespace) -> FollowupSpec:
+def spec_from_args(a: argparse.Namespace) -> FollowupSpec:
     store, _ = open_source(a.source)
     man = store.manifest()
     problems = check_subject(man, a.model, bool(a.think), a.system)
@@ -462,13 +463,10 @@ def _spec_from_args(a: argparse.Namespace) -> FollowupSpec:
     return spec
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
-    summary="follow-up self-report on chosen trials of an influence run: did anything influence your choice? "
+EXPERIMENT = Experiment.of(
+    sys.modules[__name__],
+    "follow-up self-report on chosen trials of an influence run: did anything influence your choice? "
     "(paper 000, Section 4.3)",
-    add_arguments=_add_arguments,
-    spec_from_args=_spec_from_args,
-    expand=expand,
     report=lazy("analysis.influence.followup:report"),
     generative=lambda t: True,
 )

@@ -17,6 +17,7 @@ it endorses the dilemma's cost-benefit pole, ``anti`` otherwise.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,7 +127,7 @@ def dilemma_path(a: argparse.Namespace) -> str | None:
     return str(Path(a.dilemmas).resolve()) if a.dilemmas else None
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dilemma_arguments(p)
     g = p.add_argument_group("yes/no battery")
     g.add_argument("--forms", default=None, help=f"comma-separated wording forms (default: all of {', '.join(FORMS)})")
@@ -134,7 +135,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_salt_arguments(p)
 
 
-def _spec_from_args(a: argparse.Namespace) -> YesNoSpec:
+def spec_from_args(a: argparse.Namespace) -> YesNoSpec:
     labels = tuple(a.labels.split(","))
     if len(labels) != 2:
         raise ValueError(f"--labels needs exactly two words separated by a comma, got {a.labels!r}")
@@ -148,12 +149,9 @@ def _spec_from_args(a: argparse.Namespace) -> YesNoSpec:
 
 
 EXPERIMENTS = (
-    Experiment(
-        name=NAME,
-        summary="forced yes/no: verb x printed order x wording form (paper 003, I-3)",
-        add_arguments=_add_arguments,
-        spec_from_args=_spec_from_args,
-        expand=expand,
+    Experiment.of(
+        sys.modules[__name__],
+        "forced yes/no: verb x printed order x wording form (paper 003, I-3)",
         report=lazy("analysis.battery.report:yesno_report"),
         compare=lazy("analysis.battery.compare:compare_yesno"),
     ),

@@ -23,6 +23,7 @@ design over the dilemma set.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -282,7 +283,7 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dilemma_arguments(p)
     g = p.add_argument_group("cue visibility")
     g.add_argument(
@@ -322,7 +323,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_salt_arguments(p)
 
 
-def _spec_from_args(a: argparse.Namespace) -> CueSpec:
+def spec_from_args(a: argparse.Namespace) -> CueSpec:
     return CueSpec(
         dilemmas=dilemma_path(a),
         items=_csv(a.items) if a.items else (),
@@ -343,12 +344,9 @@ def _spec_from_args(a: argparse.Namespace) -> CueSpec:
 
 
 EXPERIMENTS = (
-    Experiment(
-        name=NAME,
-        summary="cue visibility: Neutral / Direct / Puzzled / Named identity, could-be and what-if probes (paper 001)",
-        add_arguments=_add_arguments,
-        spec_from_args=_spec_from_args,
-        expand=expand,
+    Experiment.of(
+        sys.modules[__name__],
+        "cue visibility: Neutral / Direct / Puzzled / Named identity, could-be and what-if probes (paper 001)",
         report=lazy("analysis.cue.report:cue_report"),
         generative=lambda t: t.factors.get("probe") == "could_be_json",
         compare=lazy("analysis.cue.compare:compare_cue"),

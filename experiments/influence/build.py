@@ -38,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final, Generic, TypeVar
 
-from experiments import Experiment, ManifestSpec, lazy
+from experiments import Experiment, ManifestSpec, ModuleHooks, lazy
 from experiments.influence.design import VARIANTS, Cue, Design, DesignError
 from probe.errors import ProbeError
 from probe.salts import SaltSpec, apply_salt, make_salt
@@ -441,9 +441,12 @@ class Benchmark:
     def of(cls, module: ModuleType, key: str, title: str, summary: str) -> Benchmark:
         """The row of a benchmark module: its ``NAME``, ``add_arguments``, ``spec_from_args`` and ``expand``.
 
-        Each benchmark module defines those four under the same names, so the table names only what is not code.
+        Each benchmark module defines those four under the same names (read by
+        :class:`experiments.ModuleHooks`, as for every experiment module), so the
+        table names only what is not code.
         """
-        return cls(module.NAME, key, title, summary, module.add_arguments, module.spec_from_args, module.expand)
+        hooks = ModuleHooks.of(module)
+        return cls(hooks.name, key, title, summary, hooks.add_arguments, hooks.spec_from_args, hooks.expand)
 
 
 def audit_experiment(b: Benchmark) -> Experiment:

@@ -2,7 +2,10 @@
 
 Registered as an experiment so ``probe analyze`` and ``probe compare`` find
 its report and comparison like any other run's (see
-:mod:`analysis.influence.imported`).
+:mod:`analysis.influence.imported`). Its hooks are stubs (no flags, not
+runnable, no trials), so it is registered field by field rather than through
+:meth:`experiments.Experiment.of`, which would present them as the module's
+``add_arguments``, ``spec_from_args`` and ``expand``.
 """
 
 from __future__ import annotations
