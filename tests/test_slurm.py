@@ -137,6 +137,18 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 @dataclass(frozen=True)
+class Submission:
+    """One submission of the cluster script that has run to its end."""
+
+    array: str
+    """The array job's id (its tasks are ``<array>_<task>``)."""
+    merge: str
+    """The id of the merge job that waits for the array."""
+    states: dict[str, str]
+    """Every job's final state, by job id."""
+
+
+@dataclass(frozen=True)
 class Workflow:
     """What the documented workflow left behind: two submissions of one sharded run, the first interrupted."""
 
@@ -144,16 +156,12 @@ class Workflow:
     """The folder the jobs were submitted from (it had no ``logs/`` before)."""
     run_dir: Path
     """The run's ``--out`` folder, with its shard folders."""
-    first: tuple[str, str]
-    """The first submission's job ids: the array, then the merge."""
-    first_states: dict[str, str]
-    """Its jobs' final states, by job id (``<array>_<task>`` for a task)."""
+    first: Submission
+    """The first submission, whose task 1 was stopped and cancelled."""
     interrupted_at: int
     """The chunks shard 1 had committed when it was stopped and cancelled."""
-    second: tuple[str, str]
-    """The resubmission's job ids: the array, then the merge."""
-    second_states: dict[str, str]
-    """Its jobs' final states, by job id."""
+    second: Submission
+    """The resubmission, from the same folder."""
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +176,10 @@ def workflow(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Work
     os.kill(int(holder["pid"]), signal.SIGSTOP)  # freeze it between two chunks, then cancel it as a user would
     interrupted_at = done_markers(shard1)
     assert cluster.run("scancel", f"{array}_1").returncode == 0
-    first_states = cluster.wait(f"{array}_0", f"{array}_1", merge)
-    second = cluster.submit(submit_dir, *args, **CPU)
-    second_states = cluster.wait(f"{second[0]}_0", f"{second[0]}_1", second[1])
-    return Workflow(
-        submit_dir, submit_dir / "runs/c/tiny", (array, merge), first_states, interrupted_at, second, second_states
-    )
+    first = Submission(array, merge, cluster.wait(f"{array}_0", f"{array}_1", merge))
+    array, merge = cluster.submit(submit_dir, *args, **CPU)
+    second = Submission(array, merge, cluster.wait(f"{array}_0", f"{array}_1", merge))
+    return Workflow(submit_dir, submit_dir / "runs/c/tiny", first, interrupted_at, second)
 
 
 @pytest.fixture(scope="module")
@@ -198,12 +204,12 @@ def log(w: Workflow, job: str, task: int | None = None) -> str:
 
 def test_an_interrupted_task_resumes_on_resubmission_and_the_merge_equals_one_run(workflow, reference):
     w = workflow
-    array, merge = w.first
-    assert w.first_states == {f"{array}_0": "COMPLETED", f"{array}_1": "CANCELLED", merge: "CANCELLED"}
+    array, merge = w.first.array, w.first.merge
+    assert w.first.states == {f"{array}_0": "COMPLETED", f"{array}_1": "CANCELLED", merge: "CANCELLED"}
     assert 1 <= w.interrupted_at < PER_SHARD  # the task was stopped between two chunks
     assert not (w.submit_dir / "logs" / f"probe-merge-{merge}.out").exists()  # the merge never ran
-    array2, merge2 = w.second
-    assert set(w.second_states.values()) == {"COMPLETED"}, w.second_states
+    array2, merge2 = w.second.array, w.second.merge
+    assert set(w.second.states.values()) == {"COMPLETED"}, w.second.states
     assert "is complete; nothing to do" in log(w, array2, 0)
     resumed = re.search(r"resuming, (\d+)/24 trials already done", log(w, array2, 1))
     assert resumed and int(resumed.group(1)) >= w.interrupted_at, log(w, array2, 1)
@@ -220,7 +226,7 @@ def test_an_interrupted_task_resumes_on_resubmission_and_the_merge_equals_one_ru
 def test_submit_from_another_folder_creates_logs_and_gives_each_job_its_resources(cluster, workflow):
     w = workflow
     assert (w.submit_dir / "logs").is_dir() and w.submit_dir != ROOT  # submitted from outside the repository
-    array, merge = w.second
+    array, merge = w.second.array, w.second.merge
     task = cluster.job(f"{array}_0")
     merge_job = cluster.job(merge)
     assert (task["MinMemoryNode"], task["NumCPUs"]) == ("600M", "1")
