@@ -32,8 +32,6 @@ SECRET = "sk-test-abcdefghijklmnopqrstuvwxyz0123"
 ENV_SECRET = "env-secret-value-0123456789"
 
 
-
-
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sim run with its report, a secret planted in the manifest, and a damaged copy beside it."""
