@@ -192,7 +192,9 @@ def test_dry_run_prints_calls_and_cost_and_sends_nothing(tmp_path: Path, monkeyp
         raise AssertionError("a dry run must not open a client")
 
     eng = ApiEngine(
-        ApiSettings("openai", model="gpt-5.5", dry_run=True, max_new_tokens=10), client_factory=no_client, log=lines.append
+        ApiSettings("openai", model="gpt-5.5", dry_run=True, max_new_tokens=10),
+        client_factory=no_client,
+        log=lines.append,
     )
     eng.load()
     with pytest.raises(SystemExit) as e:
