@@ -467,7 +467,7 @@ EXPERIMENT = Experiment.of(
     sys.modules[__name__],
     "follow-up self-report on chosen trials of an influence run: did anything influence your choice? "
     "(paper 000, Section 4.3)",
-    report=lazy("analysis.influence.followup:report"),
+    report=lazy("analysis.influence.followup_report:report"),
     generative=lambda t: True,
 )
 EXPERIMENTS = (EXPERIMENT,)

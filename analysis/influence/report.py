@@ -132,7 +132,7 @@ def influence_report(
         tables["flip_rates"] = audit.flips
     write_tables(out, tables)
     figures = _figures(audit, out)
-    from analysis.influence.coding import coded_report
+    from analysis.influence.coding_report import coded_report
 
     coded = coded_report(store, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
     write_summary(out, _summary_md(store, audit, tables, n_boot, [p.name for p in figures]) + coded)
