@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -71,7 +70,7 @@ from engines.api_providers import (
     openai_body,
     parse_reply,
 )
-from engines.base import Draws, Engine, EngineSettings, ProgressFn, require, settings_from_flags
+from engines.base import Draws, Engine, EngineSettings, ProgressFn, draw_seed, require, settings_from_flags
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
@@ -278,8 +277,9 @@ def from_args(model: str, a: argparse.Namespace) -> ApiEngine:
 
 
 def call_seed(seed: int, trial_id: str, draw: int) -> int:
-    """A 31-bit seed per (run seed, trial, draw): replicates differ, a re-sent call asks for the same draw."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 33
+    """A 31-bit seed per (run seed, trial, draw): the top bits of :func:`engines.base.draw_seed`, so
+    replicates differ and a re-sent call asks for the same draw."""
+    return draw_seed(seed, trial_id, draw) >> 32
 
 
 # --------------------------------------------------------------- progress

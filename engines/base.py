@@ -17,9 +17,10 @@ keeps the readout's prompt caches for the draws; speed only).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from probe.errors import ProbeError
@@ -78,12 +79,16 @@ def settings_from_flags(
     """``cls`` built from parsed flags: the shared ones (:data:`SHARED_FLAGS`), the fields ``same`` (flag named as
     the field) and ``renamed`` (field -> flag name), and the values ``given``.
 
-    A flag the namespace lacks (one built without the CLI, or without this backend's flags) leaves its field at the
-    dataclass default, so each default is written once, on its field.
+    A flag the namespace lacks (one built without the CLI, or without this backend's flags) is not passed, so its
+    field keeps the dataclass default (or default factory), written once, on the field.
     """
-    defaults: dict[str, Any] = {f.name: f.default for f in fields(cls)}
     flags = {**SHARED_FLAGS, **{name: name for name in same}, **(renamed or {})}
-    return cls(**{field: getattr(a, flag, defaults[field]) for field, flag in flags.items()}, **given)
+    return cls(**{field: getattr(a, flag) for field, flag in flags.items() if hasattr(a, flag)}, **given)
+
+
+def draw_seed(seed: int, trial_id: str, draw: int) -> int:
+    """The 63-bit seed of draw ``draw`` of a trial: the same in every engine, and in a resumed run."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
 
 
 @dataclass(frozen=True)

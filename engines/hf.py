@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from engines.base import Draws, EngineSettings, ProgressFn, require, settings_from_flags
-from engines.local import LocalEngine, Prepared, draw_seed, folder_info, reply_sample, slot_readout, with_reasoning
+from engines.base import Draws, EngineSettings, ProgressFn, draw_seed, require, settings_from_flags
+from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
 from engines.render import (
     checked_option_ids,
     encode_option,

@@ -2,13 +2,12 @@
 
 They differ in how they compute (one forward over a token tree, or ``max_tokens=1`` requests to vLLM), and must
 agree on everything else, to the bit: how a trial is prepared for its slot, how a readout is assembled from the
-trie's conditionals, how a draw is seeded and a generated reply parsed, and what the manifest and the run key
+trie's conditionals, how a generated reply is parsed, and what the manifest and the run key
 record of the model. Each of those is written here once, so the engines cannot drift apart.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,11 +125,6 @@ def slot_readout(
         hit_budget=prep.hit_budget,
         prompt_ids=prep.ids,
     )
-
-
-def draw_seed(seed: int, trial_id: str, draw: int) -> int:
-    """The seed of draw ``draw`` of a trial: the same in both engines, and in a resumed run."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
 
 
 def reply_sample(

@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-from engines.base import Draws, EngineSettings, ProgressFn, require, settings_from_flags
-from engines.local import LocalEngine, Prepared, draw_seed, folder_info, reply_sample, slot_readout, with_reasoning
+from engines.base import Draws, EngineSettings, ProgressFn, draw_seed, require, settings_from_flags
+from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
 from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError, ProbeError

@@ -366,7 +366,7 @@ SLOT_LEVEL = 1 - 1e-6
 """The interval level of the slot checks. The profile-likelihood interval at level 1 - a misses the true T with
 probability a (Wilks: twice the log likelihood ratio at the true T is chi^2_1; hundreds of draws per trial put
 it in that regime), so for a faithful engine (true T = 1) the check fails with probability 1e-6 per fresh set
-of draws. The draws are not fresh: each is seeded by (seed, trial id, draw) (engines/local.py ``draw_seed``; the
+of draws. The draws are not fresh: each is seeded by (seed, trial id, draw) (engines/base.py ``draw_seed``; the
 vLLM engine seeds per request the same way), so the outcome is also the same on every run."""
 INFORMATIVE = (0.6, 1.6)
 """The slot interval (at level 1 - 1e-6, so wide by design) must lie inside this range: it then excludes a sampler

@@ -182,7 +182,7 @@ def _near_tie(engine, trial, draw: int, prefix: tuple[int, ...], a: int, b: int)
     tokens ``a`` and ``b`` two paths drew after ``prefix``: the step's distribution recomputed on one row, plain."""
     import torch
 
-    from engines.local import draw_seed
+    from engines.base import draw_seed
 
     gen = torch.Generator(device="cpu").manual_seed(draw_seed(engine.settings.seed, trial.trial_id, draw))
     u = torch.rand(len(prefix) + 1, dtype=torch.float64, generator=gen)[-1]

@@ -362,7 +362,7 @@ def test_slot_temperature_on_smol_contains_one(engines):
     """The readout temperature on the answers given at the slot (issue 27 F), on ``vllm:smol``: the check of
     tests/test_calibration.py (the same seven prompts, 300 draws each, at most 4 new tokens), on vLLM's draws.
     The profile interval at level 1 - 1e-6 contains 1 for a faithful sampler with probability 1 - 1e-6 (Wilks),
-    so 1e-6 is the false-failure rate; vLLM's draws are seeded per (trial, draw) (``engines.local.draw_seed``),
+    so 1e-6 is the false-failure rate; vLLM's draws are seeded per (trial, draw) (``engines.base.draw_seed``),
     so the outcome is also the same on every run on one device. The interval must be informative (inside
     INFORMATIVE there). 2,100 short draws: a few minutes on 2 CPU cores."""
     from tests.test_calibration import SLOT_DRAWS, assert_slot_temperature_is_one, slot_check

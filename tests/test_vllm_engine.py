@@ -340,7 +340,7 @@ def test_think_mode_reads_the_slot_on_the_concatenated_ids(tok):
 
 
 def test_sampling_requests_are_raw_seeded_per_draw_and_parsed(tok):
-    from engines.local import draw_seed
+    from engines.base import draw_seed
 
     e, llm = make_engine(tok, max_new_tokens=6, seed=7)
     trials = [make_trial(LETTERS, ["A", "B"], trial_id="a"), make_trial(YESNO, ["Yes", "No"], trial_id="b")]
