@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import json
 import os
 import re
@@ -42,7 +41,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from probe.errors import StoreError
-from probe.files import atomic_write_bytes, atomic_write_text, file_sha256, human_bytes, parquet_bytes, sha256_hex
+from probe.files import (
+    atomic_write_bytes,
+    atomic_write_text,
+    file_sha256,
+    human_bytes,
+    parquet_bytes,
+    read_parquet_bytes,
+    sha256_hex,
+)
 from probe.types import Trial
 
 MANIFEST = "manifest.json"
@@ -487,7 +494,7 @@ class RunStore:
             receipt = c.receipt.tables[name] if c.receipt is not None else None
             if receipt is not None and sha256_hex(data) != receipt.sha256:
                 raise StoreError(f"{path} changed while it was being read; run `probe check {self.root}`")
-            frame = pd.read_parquet(io.BytesIO(data))
+            frame = read_parquet_bytes(data)
             if receipt is not None and len(frame) != receipt.rows:
                 raise StoreError(f"{path} has {len(frame)} rows, its receipt says {receipt.rows}")
             parts.append(frame)

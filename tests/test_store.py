@@ -193,6 +193,25 @@ def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 
 
+def test_parquet_bytes_parse_from_a_copy_arrow_owns():
+    """read_parquet_bytes gives pd.read_parquet's frame, and Arrow is never handed the Python bytes object.
+
+    The abort it prevents (docs/store.md) is a race at interpreter exit, a few percent of short processes: too rare
+    to catch in a test that must not flake, so the test checks the frame and that no reference to ``data`` remains.
+    """
+    import io
+
+    from probe.files import parquet_bytes, read_parquet_bytes
+
+    frame = pd.DataFrame({"trial_id": ["a", "b"], "p": [0.25, float("nan")], "n": [1, 2], "ok": [True, False]})
+    data = parquet_bytes(frame)
+    refs = sys.getrefcount(data)
+    got = read_parquet_bytes(data)
+    pd.testing.assert_frame_equal(got, pd.read_parquet(io.BytesIO(data)), check_exact=True)
+    pd.testing.assert_frame_equal(got, frame, check_exact=True)
+    assert sys.getrefcount(data) == refs, "a reference to the bytes outlived the parse"
+
+
 def test_store_open_refuses_a_non_run_folder(tmp_path: Path):
     (tmp_path / "stuff.txt").write_text("x")
     with pytest.raises(StoreError, match="not empty"):
