@@ -385,6 +385,6 @@ EXPERIMENTS = (
         generative=is_choice,
         reply_tokens=lambda spec: spec.choice_tokens,
         judge_options=_judge,
-        compare=lazy("analysis.battery.compare:compare_battery"),
+        compare=lazy("analysis.battery.compare_report:compare_battery"),
     ),
 )

@@ -153,6 +153,6 @@ EXPERIMENTS = (
         sys.modules[__name__],
         "forced yes/no: verb x printed order x wording form (paper 003, I-3)",
         report=lazy("analysis.battery.report:yesno_report"),
-        compare=lazy("analysis.battery.compare:compare_yesno"),
+        compare=lazy("analysis.battery.compare_report:compare_yesno"),
     ),
 )

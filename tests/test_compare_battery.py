@@ -20,11 +20,11 @@ from scipy import stats
 from analysis.battery.compare import (
     HumanTableError,
     agreement,
-    compare_battery,
     framing_shift,
     g_of,
     load_humans,
 )
+from analysis.battery.compare_report import compare_battery
 from engines.sim import SimEngine, SimParams
 from experiments.battery import REDUCED, BatterySpec
 from experiments.dilemmas import load_dilemmas

@@ -1,4 +1,4 @@
-"""Cue visibility across a panel (analysis.cue.compare): planted models with known net biases and gaps.
+"""Cue visibility across a panel (analysis.cue.compare and compare_report): planted models with known net biases and gaps.
 
 The planted subject (tests/planted.py) answers the benefit option with
 probability p[condition] (and p[(condition, gender)] where set), the Neutral

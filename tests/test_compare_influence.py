@@ -1,4 +1,4 @@
-"""The influence audit across a panel (analysis.influence.compare): planted models and a planted reasoning effect.
+"""The influence audit across a panel (analysis.influence.compare and compare_report): planted models and a planted reasoning effect.
 
 The planted panel: two synthetic models (m2's steerabilities are half of
 m1's), each run with reasoning off and on, where reasoning on adds +1.0 to
@@ -19,6 +19,7 @@ import pytest
 from analysis.common.bootstrap import percentile_ci
 from analysis.influence import compare as ci
 from analysis.influence import stats as st
+from analysis.influence.compare_report import compare_influence
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
@@ -189,7 +190,7 @@ def test_runs_are_matched_on_shared_items_and_conditions(
     assert m.dropped_items["reason"].str.contains("not in run\\(s\\): m3").all()
     assert sorted(set(m.conditions["influence"])) == ["emotional", "survey"]
     assert set(m.dropped_conditions["condition"].str.split(" / ").str[1]) == {"weak_evidence"}
-    out = ci.compare_influence(panel, tmp_path / "cmp", n_boot=50)
+    out = compare_influence(panel, tmp_path / "cmp", n_boot=50)
     names = {p.name for p in out}
     assert {"dropped_items.csv", "dropped_conditions.csv", "summary.md", "asym_regression.csv"} <= names
     summary = (tmp_path / "cmp" / "summary.md").read_text()

@@ -1,35 +1,25 @@
-"""``probe compare`` for the crossed-frame battery (paper 003) and the plain yes/no battery.
+"""The panel comparison of the crossed-frame battery (paper 003) and the plain yes/no battery: the estimators.
 
-One report across the runs of a panel (``docs/panels.md``): the runs are
-matched on the items they all hold, every per-run quantity is recomputed on
-those shared items (so G, the decomposition and (s, m) describe the same item
-set in every column), and then:
-
-* **models side by side**: theta with its incoherence sigma_repro, G (with a
-  bootstrap CI over items), the yes/no decomposition (order / lexical /
-  apparent) with the logical (label-map) pull, (s, m) per channel and the
-  joint (s, m) fit per label family;
-* **agreement of the item ordering**: the pairwise r^2 matrix of theta, a
-  consensus ordering (mean over runs of theta standardized within each run),
-  the outlier items (largest spread of standardized theta across runs) and the
-  outlier models (lowest mean r with the others);
-* **deliberation**: for each (reasoning off, reasoning on) pair of one model,
-  paired item-bootstrap differences (off - on, the paper's sign) of mean sigma_repro, G, |m| and
-  s per channel and of the joint fit (every resample redraws the same items
-  for both runs and refits both);
-* **human anchors** from a user CSV (:func:`load_humans`), beside the models,
-  with the model-human agreement and the human framing shift;
-* **logit vs sampled**: a readout run and a sampled-only run of one model,
-  matched per trial: the readout temperature (:mod:`analysis.battery.calibration`)
-  and the agreement of the cell-level quantities.
-
-A section that cannot be computed says why; the others still run.
+``probe compare`` matches the runs of a panel (``docs/panels.md``) on the
+items they all hold and recomputes every per-run quantity on those shared
+items (so G, the decomposition and (s, m) describe the same item set in every
+column). This module holds that computation, as pure functions on frames:
+loading and matching the runs (:func:`panel_context`, :func:`yesno_context`,
+:func:`compute_run`), the per-run table of stance, incoherence, G and the
+decomposition (:func:`models_table`), the agreement of the item ordering
+(:func:`agreement`, :func:`consensus_reference`, :func:`mean_r2_summary`),
+the paired deliberation differences (:func:`deliberation_table`), the human
+anchors (:func:`load_humans`, :func:`humans_agreement`,
+:func:`framing_shift`) and the logit-vs-sampled matching
+(:func:`logit_sampled_pairs`, :func:`logit_sampled_rows`).
+:mod:`analysis.battery.compare_report` writes the report (Markdown, CSV,
+figures); its module docstring lists the sections.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,19 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.bootstrap import finite_ci, resample_index
-from analysis.common.figures import pyplot, save_figure
-from analysis.common.report import (
-    Section,
-    dropped_md,
-    panel_md,
-    report_files,
-    run_sections,
-    write_dropped,
-    write_summary,
-)
-from analysis.common.tables import md_table
 from probe.errors import ProbeError
-from probe.files import atomic_write_text
 from probe.panel import Panel, PanelRun, shared_items
 from probe.store import RunStore
 
@@ -466,6 +444,11 @@ def consensus_reference(panel: Panel, runs: dict[str, RunData], have: Sequence[s
 # ------------------------------------------------------------------ the comparison
 @dataclass
 class Context:
+    """What the comparison's parts share: the panel, its runs, the shared items and the dropped ones, the humans.
+
+    ``results`` holds what one part leaves for a later one (``consensus``: the consensus theta per item).
+    """
+
     panel: Panel
     runs: dict[str, RunData]
     shared: list[str]
@@ -480,27 +463,20 @@ class Context:
         return pd.DataFrame(cols).reindex(self.shared).dropna(how="all")
 
 
-def _csv(df: pd.DataFrame, path: Path, index: bool = True) -> Path:
-    atomic_write_text(path, df.to_csv(index=index, float_format="%.6f"))
-    return path
+def models_table(c: Context) -> pd.DataFrame:
+    """Per run on the shared items: stance, incoherence, G (with a bootstrap CI over items), decomposition, logic_AB.
 
-
-def matching_section(c: Context, out: Path) -> Section:
-    write_dropped(c.dropped, out)
-    lines = [
-        *panel_md(c.panel),
-        "",
-        *dropped_md(c.dropped[c.dropped["run"] != "humans"], len(c.shared), "dilemmas"),
-    ]
-    return Section("Panel and item matching", lines, [out / "dropped_items.csv"])
-
-
-def models_section(c: Context, out: Path) -> Section:
-    """Per run on the shared items: stance, incoherence, G (with CI), decomposition and the logical pull."""
+    One row per run (index ``run``): model, reasoning, source; from the graded
+    instrument n_items, mean_theta, sd_theta, mean_sigma_repro, the pooled
+    incoherence (:func:`analysis.battery.stance.pooled_incoherence`: sigma_repro,
+    sigma_dir, sigma_scale, sigma_repeat, sigma_tot) and G with G_lo, G_hi
+    (``c.n_boot`` resamples, seed ``c.seed``); z, order, lexical, apparent:
+    the yes/no decomposition, mean over items; logic_AB: the logical pull
+    with the A/B labels.
+    """
     from analysis.battery import stance
 
-    rows, files = {}, []
-    long = []
+    rows = {}
     for name, d in c.runs.items():
         row: dict[str, Any] = {
             "model": d.run.model,
@@ -519,7 +495,6 @@ def models_section(c: Context, out: Path) -> Section:
                 idx = resample_index(len(inc), c.n_boot, c.seed)
                 row["G"] = float(g_of(th, sg))
                 row["G_lo"], row["G_hi"] = finite_ci(g_of(th[idx], sg[idx]))
-            long.append(d.inc.assign(run=name).reset_index())
         if d.dec is not None:
             for k in ("z", "order", "lexical", "apparent"):
                 row[f"{k}"] = float(d.dec[k].mean())
@@ -528,165 +503,24 @@ def models_section(c: Context, out: Path) -> Section:
         rows[name] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "run"
-    files.append(_csv(table, out / "models.csv"))
-    lines = [
-        f"Every quantity on the {len(c.shared)} shared dilemmas. theta: mean signed stance over the unipolar graded "
-        "forms; sigma_repro: the per-model incoherence, the paper's headline (per-item variances pooled over "
-        "dilemmas, then sqrt), split into sigma_dir and sigma_scale in quadrature, with sigma_repeat (the SD of one "
-        "elicitation of a form: one draw in one context) and sigma_tot = sqrt(sigma_repro^2 + sigma_repeat^2); mean_sigma_repro: the mean of "
-        "per-item sigma_repro (lower by Jensen's inequality; descriptive); G = Var_items(theta) / (Var_items(theta) "
-        f"+ mean sigma_repro^2) with a {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} resamples, seed "
-        f"{c.seed}); z, order, lexical, apparent: the yes/no verb-flip decomposition, mean over items; logic_AB: "
-        "the logical (verdict-attached) pull with the fully arbitrary A/B labels, on which the paper rests "
-        "identification (every pair: the battery report's label map).",
-        "",
-        md_table(table.reset_index(), "{:+.3f}", nan="–"),
-    ]
-    missing = [f"- {n}: {k}: {why}" for n, d in c.runs.items() for k, why in d.why.items() if k != "fit"]
-    if missing:
-        lines += ["", "Not available:", *missing]
-    if long:
-        stance_long = pd.concat(long, ignore_index=True)
-        cols = ["run", "item_id", "theta", "sigma_repro", "sigma_dir", "sigma_scale", "n_forms"]
-        files.append(_csv(stance_long[cols], out / "stance_by_item.csv", index=False))
-        wide = c.theta_table()
-        if c.humans is not None and len(c.humans):
-            hum = c.humans.groupby(["item_id", "measure"])["value"].mean().unstack("measure")
-            for m in hum.columns:
-                wide[f"humans ({m})"] = hum[m].reindex(wide.index)
-        wide.index.name = "item_id"
-        files.append(_csv(wide, out / "theta_by_model.csv"))
-        files.append(_stance_figure(c, out / "fig_stance_models.png"))
-    decs = [d.dec.assign(run=n).reset_index() for n, d in c.runs.items() if d.dec is not None]
-    if decs:
-        dec = pd.concat(decs, ignore_index=True)
-        files.append(_csv(dec, out / "decomposition_by_item.csv", index=False))
-        files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
-    return Section("Models side by side: stance, incoherence, G, decomposition", lines, files)
+    return table
 
 
-def fits_section(c: Context, out: Path) -> Section:
-    rows = []
-    for name, d in c.runs.items():
-        if d.fits is None:
-            continue
-        for ch, f in d.fits.iterrows():
-            rows.append({"run": name, "channel": ch, **{k: f[k] for k in ("s", "s_lo", "s_hi", "m", "m_lo", "m_hi")}})
-            rows[-1].update(r2=f["r2"], n_items=int(f["n_items"]), clip_limited="yes" if f["clip_limited"] else "no")
-    if not rows:
-        why = "; ".join(f"{n}: {d.why.get('fit', '?')}" for n, d in c.runs.items())
-        per_channel = [f"- {n}: {u.channel}: {u.why}" for n, d in c.runs.items() for u in d.unfitted]
-        return Section(
-            "Framing susceptibility m and decisiveness s", [f"No run could be fitted ({why}).", *per_channel], []
-        )
-    table = pd.DataFrame(rows)
-    files = [_csv(table, out / "fit_sm.csv", index=False), _fit_figure(table, out / "fig_sm_models.png")]
-    lines = [
-        "Per run and channel, the joint fit of p+ = sigmoid((theta + m)/s), p- = sigmoid((theta - m)/s) on the shared "
-        f"items (theta from I-1 of the same run); {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} resamples, "
-        f"seed {c.seed}). clip_limited: read only the ranking of m.",
-        "",
-        md_table(table, "{:+.3f}", nan="–"),
-    ]
-    skipped = [f"- {n}: {d.why['fit']}" for n, d in c.runs.items() if d.fits is None and "fit" in d.why]
-    skipped += [f"- {n}: {u.channel}: {u.why}" for n, d in c.runs.items() for u in d.unfitted]
-    if skipped:
-        lines += ["", "Not fitted:", *skipped]
-    joints = [d.joint.assign(run=n) for n, d in c.runs.items() if d.joint is not None]
-    if joints:
-        joint = pd.concat(joints, ignore_index=True)
-        cols = ["run", "family", "channel", "s", "s_lo", "s_hi", "m", "m_lo", "m_hi", "r2", "n_items", "n_cells"]
-        joint = joint.reindex(columns=[*cols, "clip_limited", "note"])
-        files.append(_csv(joint, out / "fit_joint.csv", index=False))
-        show = joint.copy()
-        show["clip_limited"] = show["clip_limited"].map({True: "yes", False: "no"}).fillna("")
-        show["note"] = show["note"].fillna("")
-        for col in ("n_items", "n_cells"):
-            show[col] = show[col].map(lambda v: "" if pd.isna(v) else str(int(v)))
-        if not (show["note"] != "").any():
-            show = show.drop(columns=["note"])
-        lines += [
-            "",
-            "Joint fit per run and label family: P(CBR) of every design cell = sigmoid((theta + sum_c m_c sgn_c) / s), "
-            "one s for all channels of the family, each m adjusted for the others (same loss, bootstrap and seed). The "
-            "per-channel s above averages each side over the other channels' offsets and so reads high when another "
-            "channel has one; the joint s does not.",
-            "",
-            md_table(show, "{:+.3f}", nan="–"),
-        ]
-    return Section("Framing susceptibility m and decisiveness s", lines, files)
+def planted_r2(c: Context) -> pd.DataFrame | None:
+    """r^2 between the planted thetas of the sim runs on the consensus items; None without two sim runs or a consensus."""
+    from engines.sim import SimParams
 
-
-def dropped_stories_section(c: Context, out: Path) -> Section:
-    """Per run: the shared stories a table left out for an empty design cell (label map, (s, m) fit), and why."""
-    rows = [
-        {"run": n, "dilemma": x.item_id, "table": x.analysis, "reason": x.reason}
-        for n, d in c.runs.items()
-        for x in d.dropped
-    ]
-    if not rows:
-        return Section("Dropped stories", [], [])
-    table = pd.DataFrame(rows).drop_duplicates().sort_values(["run", "dilemma", "table"], kind="stable")
-    files = [_csv(table, out / "dropped_stories.csv", index=False)]
-    lines = [
-        "Stories left out of a table because a design cell had no usable answer (every draw refused or "
-        "unparsable): averaging the surviving cells would leak the story's stance into the bias. The runs are "
-        "still matched on the shared dilemmas; these stories are missing from the named table only.",
-        "",
-        *(f"- {r.run}: {r.dilemma}, {r.table}: {r.reason}" for r in table.itertuples()),
-    ]
-    return Section("Dropped stories", lines, files)
-
-
-def agreement_section(c: Context, out: Path) -> Section:
-    theta = c.theta_table().dropna()
-    reference, rule = consensus_reference(c.panel, c.runs, list(theta.columns))
-    r, cons, per_run = agreement(theta, reference)
-    r2 = r**2
+    sims = {n: d for n, d in c.runs.items() if d.manifest.get("engine", {}).get("engine") == "sim"}
+    if len(sims) < 2 or "consensus" not in c.results:
+        return None
+    items = list(c.results["consensus"].index)
+    planted = pd.DataFrame(
+        {n: [SimParams(**d.manifest["engine"]["params"]).item_theta(str(i)) for i in items] for n, d in sims.items()},
+        index=items,
+    )
+    r2 = planted.corr() ** 2
     r2.index.name = "run"
-    cons.index.name = "item_id"
-    files = [
-        _csv(r2, out / "agreement_r2.csv"),
-        _csv(r.rename_axis("run"), out / "agreement_r.csv"),
-        _csv(cons, out / "consensus.csv"),
-        _csv(per_run, out / "agreement_models.csv"),
-        _heatmap(r2, out / "fig_agreement_r2.png"),
-    ]
-    c.results["consensus"] = cons["consensus"]
-    human = None
-    if c.humans is not None and len(c.humans):
-        per_measure = c.humans.groupby(["item_id", "measure"])["value"].mean().unstack("measure")
-        human = per_measure["p_cbr"] if "p_cbr" in per_measure.columns else per_measure.iloc[:, 0]
-    s2_runs, s2_groups = mean_r2_summary(theta, reference, human)
-    files += [_csv(s2_runs, out / "agreement_r2_by_run.csv"), _csv(s2_groups, out / "agreement_r2_summary.csv")]
-    top = cons.sort_values("disagreement", ascending=False).head(N_OUTLIERS)
-    worst = per_run.sort_values("mean_r_with_others")
-    lines = [
-        f"Pearson r^2 of theta between runs over the {len(theta)} shared dilemmas with theta in every run "
-        "(`agreement_r.csv` keeps the sign):",
-        "",
-        md_table(r2.reset_index(), "{:.3f}", nan="–"),
-        "",
-        f"Consensus ordering: the raw mean theta over the reference runs ({', '.join(reference)}: {rule}), as "
-        "the paper's frontier-mean consensus; rank 1 = most cost-benefit. Disagreement: the SD across all runs of "
-        "theta standardized within each run (`consensus.csv` has every item).",
-        "",
-        "Outlier items (largest disagreement):",
-        "",
-        md_table(top[["rank", "consensus", "disagreement"]].reset_index(), "{:+.3f}", nan="–"),
-        "",
-        "Outlier models (lowest mean r with the other runs first); consensus_r2: the consensus-alignment r^2 "
-        "(leave-one-out for a reference run):",
-        "",
-        md_table(worst.reset_index(), "{:+.3f}", nan="–"),
-        "",
-        "Mean r^2 summaries (the paper's Table S2; descriptive, no CI): mean pairwise r^2 of per-item theta within "
-        "the reference set and with the human anchor (human 2P - 1 where given, else the rating), and the same for "
-        "the runs outside the set; per run in `agreement_r2_by_run.csv`:",
-        "",
-        md_table(s2_groups.reset_index(), "{:.3f}", nan="–"),
-    ]
-    return Section("Agreement of the item ordering across runs", lines, files)
+    return r2
 
 
 # ------------------------------------------------------------------ deliberation
@@ -801,50 +635,6 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
     return pd.DataFrame(rows)
 
 
-def deliberation_section(c: Context, out: Path) -> Section:
-    pairs = c.panel.reasoning_pairs()
-    if not pairs:
-        return Section(
-            "Deliberation: reasoning off - on",
-            [
-                "No model has both a reasoning-off and a reasoning-on run in this panel (give `model:` and "
-                "`reasoning:` in a panel file to pair runs)."
-            ],
-            [],
-        )
-    tables, lines = [], []
-    for off, on in pairs:
-        try:
-            t = deliberation_table(c.runs[off.name], c.runs[on.name], n_boot=c.n_boot, seed=c.seed)
-        except ValueError as e:
-            lines.append(f"- {off.model}: {off.name} vs {on.name}: not computed: {e}")
-            continue
-        tables.append(t.assign(model=off.model, off_run=off.name, on_run=on.name))
-    files = []
-    if tables:
-        table = pd.concat(tables, ignore_index=True)
-        cols = ["model", "off_run", "on_run", "quantity", "channel", "off", "on", "off_minus_on", "lo", "hi"]
-        cols.append("excludes_0")
-        table = table[[*cols, "n_items", "n_boot_ok"]]
-        files = [_csv(table, out / "deliberation.csv", index=False), _deliberation_figure(table, out)]
-        show = table.drop(columns=["off_run", "on_run", "n_boot_ok"]).copy()
-        show["excludes_0"] = show["excludes_0"].map({True: "yes", False: "no"})
-        lines = [
-            "Per model, reasoning off minus on (the paper's sign; positive = smaller with reasoning on) on the "
-            "items both runs hold: mean sigma_repro (incoherence), G, "
-            "per channel abs_m = |m|, m and s, and the joint fit per label family (s: channel joint:<family>; abs_m "
-            f"and m: joint:<family>:<channel>). CIs: {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} "
-            f"resamples, seed {c.seed}); each resample draws the same items for both runs and refits (s, m) in both, "
-            "so the difference is paired. The per-channel s absorbs the other channels' offsets (each side averages "
-            "over them), so a change of s that shows per channel but not in the joint s is that artefact (e.g. a "
-            "smaller m_order making the lexical s look smaller), not a change of decisiveness.",
-            "",
-            md_table(show, "{:+.3f}", nan="–"),
-            *(["", *lines] if lines else []),
-        ]
-    return Section("Deliberation: reasoning off - on", lines, files)
-
-
 # ------------------------------------------------------------------ humans
 HUMAN_VS: dict[str, tuple[str, ...]] = {"rating": ("theta",), "p_cbr": ("theta", "z")}
 """Which model quantities a human measure is compared with. The paper's anchor (Fig. 1a, "r^2 of per-item
@@ -853,18 +643,34 @@ A choice rate is also shown against the forced-binary story stance z = mean(2 P(
 rates), as a second, labelled row; a rating is compared with theta."""
 
 
-def humans_section(c: Context, out: Path) -> Section:
-    title = "Human anchors"
-    if c.panel.humans is None:
-        return Section(title, ["No human table in this panel (`--humans CSV` or `humans:` in the panel file)."], [])
-    h = c.humans
-    assert h is not None
-    h = h[h["item_id"].isin(c.shared)]
-    if h.empty:
-        return Section(title, ["None of the human items is among the shared dilemmas; check the item ids."], [])
-    per_item = h.groupby(["item_id", "measure"])["value"].mean().unstack("measure")
+def humans_per_item(h: pd.DataFrame) -> pd.DataFrame:
+    """Item x measure table of the human values on the stance axis (:func:`load_humans`), averaged over frames."""
+    return h.groupby(["item_id", "measure"])["value"].mean().unstack("measure")
+
+
+def human_anchor(humans: pd.DataFrame | None) -> pd.Series | None:
+    """The human value per item that theta is set beside: 2 p_cbr - 1 where given, else the first measure."""
+    if humans is None or not len(humans):
+        return None
+    per_measure = humans_per_item(humans)
+    return per_measure["p_cbr"] if "p_cbr" in per_measure.columns else per_measure.iloc[:, 0]
+
+
+def humans_agreement(
+    runs: dict[str, RunData], per_item: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(agreement table, values by item) of every run's quantities (:data:`HUMAN_VS`) with the human ``per_item``.
+
+    Table: one row per (run, human measure, model quantity) with the Pearson r
+    (bootstrap CI over items, :func:`analysis.battery.stance.pearson_ci`), r2,
+    the mean |diff| (:func:`mad_ci`), n_items and a note (why a row is
+    empty). By item: the human values (``humans_<measure>``) beside each
+    run's quantity (``<run> (<quantity>)``).
+    """
+    from analysis.battery.stance import pearson_ci
+
     rows, by_item = [], per_item.add_prefix("humans_")
-    for name, d in c.runs.items():
+    for name, d in runs.items():
         for measure in per_item.columns:
             for quantity in HUMAN_VS[measure]:
                 model = d.theta if quantity == "theta" else (None if d.dec is None else d.dec["z"])
@@ -874,13 +680,11 @@ def humans_section(c: Context, out: Path) -> Section:
                     continue
                 by_item[f"{name} ({quantity})"] = model.reindex(by_item.index)
                 try:
-                    from analysis.battery.stance import pearson_ci
-
-                    r = pearson_ci(model, per_item[measure], n_boot=c.n_boot, seed=c.seed)
+                    r = pearson_ci(model, per_item[measure], n_boot=n_boot, seed=seed)
                     row.update(r=r.r, r_lo=r.lo, r_hi=r.hi, r2=r.r**2)
                 except ValueError as e:
                     row["note"] = str(e)
-                mad, lo, hi, n = mad_ci(model, per_item[measure], n_boot=c.n_boot, seed=c.seed)
+                mad, lo, hi, n = mad_ci(model, per_item[measure], n_boot=n_boot, seed=seed)
                 rows.append({**row, "mean_abs_diff": mad, "mad_lo": lo, "mad_hi": hi, "n_items": n})
     table = pd.DataFrame(rows)
     for col in ("r", "r_lo", "r_hi", "r2", "mean_abs_diff", "mad_lo", "mad_hi", "n_items", "note"):
@@ -888,41 +692,16 @@ def humans_section(c: Context, out: Path) -> Section:
             table[col] = np.nan if col != "note" else ""
     table["note"] = table["note"].fillna("")
     by_item.index.name = "item_id"
-    files = [
-        _csv(table, out / "humans_agreement.csv", index=False),
-        _csv(by_item, out / "humans_by_item.csv"),
-        _humans_figure(by_item, per_item, c, out / "fig_humans.png"),
-    ]
-    lines = [
-        f"Human table `{c.panel.humans}`: {h['item_id'].nunique()} of the shared dilemmas; human values on the "
-        "stance axis [-1, 1] (p_cbr as 2 p - 1; rating as 2 (rating - lo) / (hi - lo) - 1), averaged over frames. "
-        "Both are compared with the model's graded theta, as the paper anchors its stance axis (Fig. 1a: human "
-        "2P - 1 beside theta; r^2 of per-item theta); choice rates also with the forced-binary story stance z "
-        "(row model = z). "
-        f"r: Pearson with a {LEVEL:.0%} percentile bootstrap over items; mean |diff| with the same bootstrap.",
-        "",
-        md_table(table, "{:+.3f}", nan="–"),
-    ]
-    if "p_cbr" in h["measure"].values and h["n"].notna().any():
-        pc = h[(h["measure"] == "p_cbr") & h["n"].notna()]
-        p = (pc["value"] + 1) / 2
-        se = float((2 * np.sqrt(p * (1 - p) / pc["n"])).mean())
-        lines += ["", f"Human sampling noise: mean binomial SE of 2 p_cbr - 1 = {se:.3f} ({len(pc)} rows with n)."]
-    dropped = sorted(set(c.humans["item_id"]) - set(c.shared)) if c.humans is not None else []
-    if dropped:
-        lines += ["", f"{len(dropped)} human items are not shared by every run and were dropped: {', '.join(dropped)}."]
-    frames = sorted(set(h["frame"]) - {""})
-    if frames:
-        shift = framing_shift(h, n_boot=c.n_boot, seed=c.seed)
-        files.append(_csv(shift, out / "humans_framing.csv", index=False))
-        lines += [
-            "",
-            "Framing shift of the human sample: per measure, the mean over items of (value in the frame - value in "
-            "the reference frame, the first in the file), with a bootstrap CI over items:",
-            "",
-            md_table(shift, "{:+.3f}", nan="–"),
-        ]
-    return Section(title, lines, files)
+    return table, by_item
+
+
+def human_sampling_se(h: pd.DataFrame) -> tuple[float, int] | None:
+    """(mean binomial SE of 2 p_cbr - 1, rows with n) over the p_cbr rows that give n; None when none does."""
+    if not ("p_cbr" in h["measure"].values and h["n"].notna().any()):
+        return None
+    pc = h[(h["measure"] == "p_cbr") & h["n"].notna()]
+    p = (pc["value"] + 1) / 2
+    return float((2 * np.sqrt(p * (1 - p) / pc["n"])).mean()), len(pc)
 
 
 def framing_shift(h: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
@@ -1051,226 +830,13 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
     return head, pd.DataFrame(rows)
 
 
-def logit_sampled_section(c: Context, out: Path) -> Section:
-    title = "Logit readout vs sampled behaviour (across runs)"
-    pairs = logit_sampled_pairs(list(c.runs.values()))
-    if not pairs:
-        return Section(
-            title,
-            [
-                "No pair of a readout run and a sampled-only run (`--no-readout --samples N`) of the same model and "
-                "reasoning flag with common trials (a run with both readouts and samples has this in its own report)."
-            ],
-            [],
-        )
-    heads, cells, notes = [], [], []
-    for r, s in pairs:
-        try:
-            head, q = logit_sampled_rows(r, s)
-        except ValueError as e:
-            notes.append(f"- {r.name} vs {s.name}: not computed: {e}")
-            continue
-        heads.append(head)
-        cells.append(q)
-    lines: list[str] = []
-    files = []
-    if heads:
-        ht = pd.DataFrame(heads)
-        ct = pd.concat(cells, ignore_index=True)
-        files = [
-            _csv(ht, out / "logit_vs_sampled.csv", index=False),
-            _csv(ct, out / "logit_vs_sampled_cells.csv", index=False),
-        ]
-        lines = [
-            "Trials matched by id (same spec: same trials). T = fitted readout temperature relative to the sampling "
-            f"temperature tau ({LEVEL:.0%} profile-likelihood interval; T = 1: sampling at tau draws from "
-            "softmax(logits / tau)); r_trial and mad_trial compare the readout P(CBR) with the sampled frequency per "
-            "trial (mad_trial_tempered after re-tempering the readout at the fitted T).",
-            "",
-            md_table(ht, "{:.3f}", nan="–"),
-            "",
-            "Cell-level quantities per item, readout vs sampled (z, lexical, order of the yes/no verb flip; theta "
-            "pooled over replicates):",
-            "",
-            md_table(ct, "{:+.3f}", nan="–"),
-        ]
-    return Section(title, lines + (["", *notes] if notes else []), files)
+# ------------------------------------------------------------------ contexts
+def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
+    """The runs of a battery panel, loaded, matched on their shared dilemmas and computed there (:func:`compute_run`).
 
-
-def planted_section(c: Context, out: Path) -> Section:
-    """For sim runs: r^2 of the planted thetas beside the recovered r^2 matrix."""
-    from engines.sim import SimParams
-
-    sims = {n: d for n, d in c.runs.items() if d.manifest.get("engine", {}).get("engine") == "sim"}
-    if len(sims) < 2 or "consensus" not in c.results:
-        return Section("Planted vs recovered", [], [])
-    items = list(c.results["consensus"].index)
-    planted = pd.DataFrame(
-        {n: [SimParams(**d.manifest["engine"]["params"]).item_theta(str(i)) for i in items] for n, d in sims.items()},
-        index=items,
-    )
-    r2 = planted.corr() ** 2
-    r2.index.name = "run"
-    return Section(
-        "Planted vs recovered (synthetic subjects)",
-        [
-            "r^2 of the planted thetas (compare with the recovered matrix above):",
-            "",
-            md_table(r2.reset_index(), "{:.3f}", nan="–"),
-        ],
-        [_csv(r2, out / "planted_r2.csv")],
-    )
-
-
-# ------------------------------------------------------------------ figures
-def _grid(n: int, width: float = 3.6, height: float = 3.2) -> tuple[Any, list[Any]]:
-    plt = pyplot()
-    cols = min(n, 4)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:n]
-
-
-def _save(fig: Any, path: Path, title: str) -> Path:
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
-
-
-def _item_order(c: Context) -> list[str]:
-    cons = c.results.get("consensus")
-    if cons is not None:
-        return [str(i) for i in cons.sort_values().index]
-    theta = c.theta_table()
-    return [str(i) for i in theta.mean(axis=1).sort_values().index]
-
-
-def _stance_figure(c: Context, path: Path) -> Path:
-    runs = [(n, d) for n, d in c.runs.items() if d.inc is not None]
-    order = _item_order(c)
-    fig, axes = _grid(len(runs), 3.4, 0.2 * len(order) + 1.4)
-    for ax, (name, d) in zip(axes, runs, strict=True):
-        assert d.inc is not None
-        inc = d.inc.reindex(order)
-        ax.barh(range(len(order)), inc["theta"], xerr=inc["sigma_repro"], color="#4c72b0", ecolor="#333", capsize=1.5)
-        ax.set_yticks(range(len(order)), order if ax is axes[0] else [""] * len(order), fontsize=6)
-        ax.axvline(0, color="black", lw=0.7)
-        ax.set_xlim(-1.05, 1.05)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("theta (bars: sigma_repro)", fontsize=8)
-    return _save(fig, path, "Stance theta per dilemma, items in consensus order")
-
-
-def _decomposition_figure(c: Context, path: Path) -> Path:
-    runs = [(n, d) for n, d in c.runs.items() if d.dec is not None]
-    order = [i for i in _item_order(c) if all(d.dec is not None and i in d.dec.index for _, d in runs)]
-    order = order or [str(i) for i in runs[0][1].dec.index]  # type: ignore[union-attr]
-    fig, axes = _grid(len(runs), 4.2, 3.2)
-    x = np.arange(len(order))
-    for ax, (name, d) in zip(axes, runs, strict=True):
-        assert d.dec is not None
-        dec = d.dec.reindex(order)
-        for k, col in enumerate(("order", "lexical", "apparent")):
-            ax.bar(x + (k - 1) * 0.27, dec[col].to_numpy(float), 0.27, label=col)
-        ax.axhline(0, color="black", lw=0.7)
-        ax.set_xticks(x, order, rotation=70, ha="right", fontsize=5)
-        ax.set_ylim(-1.05, 1.05)
-        ax.set_title(name, fontsize=9)
-    axes[0].legend(fontsize=6)
-    return _save(fig, path, "Yes/no bias decomposition per dilemma (apparent = order + lexical)")
-
-
-def _fit_figure(table: pd.DataFrame, path: Path) -> Path:
-    channels = list(dict.fromkeys(table["channel"]))
-    fig, axes = _grid(len(channels), 4.0, 0.35 * table["run"].nunique() + 1.6)
-    runs = list(dict.fromkeys(table["run"]))
-    for ax, ch in zip(axes, channels, strict=True):
-        t = table[table["channel"] == ch].set_index("run").reindex(runs)
-        y = np.arange(len(runs))
-        err = np.vstack([t["m"] - t["m_lo"], t["m_hi"] - t["m"]]).clip(min=0)
-        ax.errorbar(t["m"], y, xerr=err, fmt="o", color="#c44e52", label="m")
-        ax.set_yticks(y, runs, fontsize=7)
-        ax.invert_yaxis()
-        ax.axvline(0, color="black", lw=0.7)
-        ax.set_xlabel("m (95% CI)", fontsize=8)
-        ax.set_title(f"{ch}: m (s in labels)", fontsize=9)
-        for k, (_, row) in enumerate(t.iterrows()):
-            ax.annotate(f"s={row['s']:.2f}", (row["m"], k), textcoords="offset points", xytext=(4, 4), fontsize=6)
-    return _save(fig, path, "Framing susceptibility m per channel and run (s printed beside)")
-
-
-def _heatmap(r2: pd.DataFrame, path: Path) -> Path:
-    plt = pyplot()
-    n = len(r2)
-    fig, ax = plt.subplots(figsize=(1.0 * n + 2.5, 0.8 * n + 2))
-    im = ax.imshow(r2.to_numpy(float), vmin=0, vmax=1, cmap="viridis")
-    ax.set_xticks(range(n), list(r2.columns), rotation=45, ha="right", fontsize=7)
-    ax.set_yticks(range(n), list(r2.index), fontsize=7)
-    for i in range(n):
-        for j in range(n):
-            v = float(r2.iloc[i, j])
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
-    fig.colorbar(im, ax=ax, label="r^2 of theta")
-    ax.set_title("Agreement of the item ordering (r^2 of theta)", fontsize=10)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    return path
-
-
-def _deliberation_figure(table: pd.DataFrame, out: Path) -> Path:
-    models = list(dict.fromkeys(table["model"]))
-    labels = [f"{q} {ch}".strip() for q, ch in zip(table["quantity"], table["channel"], strict=True)]
-    table = table.assign(label=labels)
-    fig, axes = _grid(len(models), 4.4, 0.3 * table.groupby("model").size().max() + 1.5)
-    for ax, m in zip(axes, models, strict=True):
-        t = table[table["model"] == m]
-        y = np.arange(len(t))
-        err = np.vstack([t["off_minus_on"] - t["lo"], t["hi"] - t["off_minus_on"]]).clip(min=0)
-        ax.errorbar(t["off_minus_on"], y, xerr=err, fmt="o", color="#4c72b0")
-        ax.set_yticks(y, list(t["label"]), fontsize=7)
-        ax.invert_yaxis()
-        ax.axvline(0, color="black", lw=0.7)
-        ax.set_title(str(m), fontsize=9)
-        ax.set_xlabel("off - on (95% CI)", fontsize=8)
-    return _save(fig, out / "fig_deliberation.png", "Deliberation effects: reasoning off minus on")
-
-
-def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, c: Context, path: Path) -> Path:
-    panels = []
-    for name, _d in c.runs.items():
-        for measure in per_item.columns:
-            col = f"{name} ({HUMAN_VS[measure]})"
-            if col in by_item.columns:
-                panels.append((name, measure, col))
-    fig, axes = _grid(max(len(panels), 1), 3.2, 3.1)
-    for ax, (name, measure, col) in zip(axes, panels, strict=False):
-        ax.scatter(by_item[f"humans_{measure}"], by_item[col], s=12)
-        ax.plot([-1, 1], [-1, 1], color="grey", lw=0.8, ls="--")
-        ax.set(xlim=(-1.05, 1.05), ylim=(-1.05, 1.05))
-        ax.set_xlabel(f"humans ({measure}, stance axis)", fontsize=8)
-        ax.set_ylabel(f"{name}: {HUMAN_VS[measure]}", fontsize=8)
-        ax.set_title(name, fontsize=9)
-    return _save(fig, path, "Models against the human anchors")
-
-
-# ------------------------------------------------------------------ entry points
-SECTIONS: list[Callable[[Context, Path], Section]] = [
-    matching_section,
-    models_section,
-    fits_section,
-    dropped_stories_section,
-    agreement_section,
-    deliberation_section,
-    humans_section,
-    logit_sampled_section,
-    planted_section,
-]
-
-
-def _context(panel: Panel, *, n_boot: int, seed: int) -> Context:
+    With a human table in the panel, its values are read (:func:`load_humans`) and its items outside the
+    shared dilemmas added to the dropped table (run ``humans``).
+    """
     runs = {r.name: load_run(r) for r in panel.runs}
     shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
     if not shared:
@@ -1289,25 +855,22 @@ def _context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     return c
 
 
-def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
-    """Write the battery comparison of ``panel`` into ``out`` (CSV, ``summary.md``, PNG); returns the files."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    c = _context(panel, n_boot=n_boot, seed=seed)
-    head = [
-        f"# Crossed-frame battery: comparison of {len(panel.runs)} runs",
-        "",
-        f"- panel: {panel.source}; {len(c.shared)} shared dilemmas",
-        "- spreads (sigma_repro, disagreement) are descriptive; CIs are percentile bootstraps over items",
-        "",
-    ]
-    body, _ = run_sections(SECTIONS, c, out)
-    write_summary(out, "\n".join(head + body))
-    return report_files(out)
+def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
+    """The runs of a yes/no panel, loaded and matched on their shared dilemmas (nothing computed per run yet)."""
+    runs = {r.name: load_run(r) for r in panel.runs}
+    shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
+    if not shared:
+        raise ValueError("the runs share no dilemma")
+    return Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
 
 
-# ------------------------------------------------------------------ yes/no
-def yesno_cells_section(c: Context, out: Path) -> Section:
+def yesno_cells(c: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-run means, per item and run) of the yes/no verb-flip cells and their decomposition on the shared items.
+
+    Per run (index ``run``): model, reasoning, source and the means over items
+    of z, order, lexical, apparent. Long: one row per (run, item), the four
+    cells' P(CBR) joined with the decomposition.
+    """
     from analysis.battery.yesno import decompose
 
     parts: list[pd.DataFrame] = []
@@ -1321,50 +884,4 @@ def yesno_cells_section(c: Context, out: Path) -> Section:
         summary[name].update({k: float(dec[k].mean()) for k in ("z", "order", "lexical", "apparent")})
     table = pd.DataFrame.from_dict(summary, orient="index")
     table.index.name = "run"
-    long = pd.concat(parts, ignore_index=True)
-    files = [_csv(table, out / "models.csv"), _csv(long, out / "yesno_cells.csv", index=False)]
-    for col in ("z", "lexical", "order"):
-        wide = long.pivot(index="item_id", columns="run", values=col).reindex(columns=list(c.runs))
-        files.append(_csv(wide, out / f"yesno_{col}_by_model.csv"))
-    lines = [
-        "Per run, on the shared dilemmas: P(CBR) per (verb x printed order) cell, averaged over forms "
-        "(`yesno_cells.csv`), and the decomposition; the table shows the means over items "
-        "(z = mean 2P - 1; lexical: pull toward yes; order: pull toward the first-printed option).",
-        "",
-        md_table(table.reset_index(), "{:+.3f}", nan="–"),
-    ]
-    for name, d in c.runs.items():
-        d.dec = long[long["run"] == name].set_index("item_id")[["z", "lexical", "order", "apparent"]]
-    files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
-    return Section("Cells and decomposition side by side", lines, files)
-
-
-def yesno_agreement_section(c: Context, out: Path) -> Section:
-    z = pd.DataFrame({n: d.dec["z"] for n, d in c.runs.items() if d.dec is not None}).dropna()
-    r, cons, per_run = agreement(z)
-    r2 = (r**2).rename_axis("run")
-    files = [_csv(r2, out / "agreement_r2.csv"), _csv(cons.rename_axis("item_id"), out / "consensus.csv")]
-    lines = [
-        f"Pearson r^2 of the story stance z between runs ({len(z)} dilemmas); consensus = the mean z over the runs:",
-        "",
-        md_table(r2.reset_index(), "{:.3f}", nan="–"),
-        "",
-        md_table(per_run.reset_index(), "{:+.3f}", nan="–"),
-    ]
-    return Section("Agreement of the item ordering (z)", lines, files)
-
-
-def compare_yesno(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
-    """The yes/no comparison: cells and decomposition side by side, agreement of z, logit vs sampled."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = {r.name: load_run(r) for r in panel.runs}
-    shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
-    if not shared:
-        raise ValueError("the runs share no dilemma")
-    c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
-    head = [f"# Yes/no battery: comparison of {len(panel.runs)} runs", "", f"- {len(shared)} shared dilemmas", ""]
-    sections = [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section]
-    body, _ = run_sections(sections, c, out)
-    write_summary(out, "\n".join(head + body))
-    return report_files(out)
+    return table, pd.concat(parts, ignore_index=True)

@@ -1,6 +1,7 @@
 """Cue visibility across a panel of runs (paper 001, sections 4.1 and 4.4, appendix O).
 
-``probe compare`` on ``cue`` runs writes:
+``probe compare`` on ``cue`` runs computes, as frames (:func:`compare_cue_frames`;
+:mod:`analysis.cue.compare_report` writes them):
 
 1. **Matched items.** Runs are matched on the dilemmas they all hold; the
    decision-bias and gap tables of each run (:func:`analysis.cue.metrics.decision_bias`,
@@ -40,9 +41,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common.figures import pyplot, save_figure
-from analysis.common.report import write_panel_report
-from analysis.common.tables import md_table
 from analysis.cue.metrics import Decision
 from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
 
@@ -425,163 +423,3 @@ def _capability_arms(runs: Sequence[CueRun], arm: str, cons: str, capability: st
         for a in levels
         if all(r.solve is not None and ((r.solve["arm"] == a) & (r.solve["consequences"] == cons)).any() for r in runs)
     )
-
-
-def compare_cue(
-    panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy"
-) -> list[Path]:
-    """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
-    res = compare_cue_frames(panel, n_boot=n_boot, seed=seed, decision=decision)
-    tables = {
-        "cue_rankings": res.models,
-        "cue_kendall": res.kendall,
-        "cue_sign_tests": res.sign_tests,
-        "cue_net_by_group": res.by_group,
-        "cue_average": average_row(res.models),
-        "cue_average_by_group": average_by_group(res.by_group),
-        "cue_attributes": res.attributes,
-        "cue_gap_ols": res.ols,
-    }
-    return write_panel_report(
-        out, tables, res.dropped, lambda o: _figures(res, o), lambda figs: _summary_md(panel, res, n_boot, figs)
-    )
-
-
-# ---------------------------------------------------------------------------- figures
-def _figures(res: CueComparison, out: Path) -> list[Path]:
-    plt = pyplot()
-
-    paths = []
-    m = res.models
-    fig, ax = plt.subplots(figsize=(5, 0.3 * len(m) + 3))
-    for r in m.itertuples():
-        ax.plot([0, 1], [100 * r.direct_net, 100 * r.puzzled_net], marker="o")
-        ax.annotate(str(r.name), (1.03, 100 * r.puzzled_net), fontsize=7, va="center")
-        ax.annotate(str(r.name), (-0.03, 100 * r.direct_net), fontsize=7, va="center", ha="right")
-    ax.axhline(0, color="0.7", lw=0.8)
-    ax.set_xticks([0, 1], ["Direct", res.arm])
-    ax.set_xlim(-0.6, 1.6)
-    ax.set_ylabel("macro net bias (pp)")
-    ax.set_title(f"net bias per model ({res.consequences} consequences); crossing lines = rank changes", fontsize=8)
-    fig.tight_layout()
-    paths.append(save_figure(fig, out / "fig_cue_rankings.png", dpi=110))
-    if res.attributes is not None and res.ols is not None:
-        cols = [c for c in res.attributes.columns if c != "name"]
-        data = m[["name", "gap"]].merge(res.attributes, on="name", how="left")
-        fig, axes = plt.subplots(1, len(cols), figsize=(3.6 * len(cols), 3.4), squeeze=False)
-        for ax, col in zip(axes[0], cols, strict=True):
-            ax.scatter(data[col], 100 * data["gap"])
-            for name, x, gap in zip(data["name"], data[col], data["gap"], strict=True):
-                ax.annotate(str(name), (x, 100 * gap), fontsize=6)
-            fit = res.ols[(res.ols["fit"] == col) & (res.ols["term"] == col)]
-            if len(fit) and np.isfinite(fit["slope"].iloc[0]):
-                xs = np.linspace(float(data[col].min()), float(data[col].max()), 10)
-                ax.plot(xs, 100 * (fit["intercept"].iloc[0] + fit["slope"].iloc[0] * xs), color="black", lw=1)
-                ax.set_title(f"R² = {fit['r2'].iloc[0]:.2f}, n = {int(fit['n'].iloc[0])}", fontsize=8)
-            ax.set_xlabel(col)
-            ax.set_ylabel("Gap (pp)")
-        fig.tight_layout()
-        paths.append(save_figure(fig, out / "fig_cue_gap_vs_attributes.png", dpi=110))
-    return paths
-
-
-# ---------------------------------------------------------------------------- summary
-def _pp_frame(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
-    out = df.copy()
-    for c in cols:
-        out[c] = 100 * out[c]
-    return out
-
-
-def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence[str]) -> str:
-    from analysis.common.report import dropped_md, panel_md
-
-    pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
-    lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]
-    lines += [*dropped_md(res.dropped, len(res.items), "dilemmas"), ""]
-    lines += [
-        f"Headline arm: **{res.arm}** against Direct, {res.consequences} consequences. Net bias = Favor - Against "
-        + (
-            "(**greedy decisions**: the most probable option, the paper's temperature 0; `--decision expected` for "
-            "expected decisions)"
-            if res.decision == "greedy"
-            else "(**expected decisions** over the answer distributions; the paper's reading is greedy, the default)"
-        )
-        + ", Favor and Against over their eligible denominators"
-        ", macro = mean over gender and race groups, in pp, ± bootstrap SD over dilemmas "
-        f"({n_boot} draws). Gap = net(Direct) - net(Puzzled) = ΔAgainst - ΔFavor.",
-        "",
-        "## Rankings",
-        "",
-        "Rank 1 = most favorable net bias (Direct, Puzzled) or smallest Gap; rank change = Puzzled rank - Direct rank.",
-        "",
-    ]
-    show = _pp_frame(res.models, pp)
-    cols = [
-        "name",
-        "direct_net",
-        "rank_direct",
-        "puzzled_net",
-        "rank_puzzled",
-        "rank_change",
-        "d_against",
-        "d_favor",
-        "gap",
-        "sd_gap",
-        "rank_gap",
-    ]
-    avg = _pp_frame(average_row(res.models), list(AVERAGED))
-    lines += [md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}", nan="–"), ""]
-    lines += [
-        "Average: the mean over the runs (the paper's Average rows); per group in `cue_average_by_group.csv`.",
-        "",
-    ]
-    lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
-    lines += [md_table(res.kendall, nan="–"), ""]
-    lines += [
-        "## Sign tests across models",
-        "",
-        "Per group: how many runs shift each way (positive Gap / ΔAgainst = adverse shift), two-sided binomial p.",
-        "",
-        md_table(
-            res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]], nan="–"
-        ),
-        "",
-    ]
-    lines += ["## Gap against model attributes", ""]
-    if res.ols is None:
-        lines += [
-            "No attribute table (`--attributes CSV` or `attributes:` in the panel file) and no identity checks.",
-            "",
-        ]
-    else:
-        n = len(res.models)
-        lines += [
-            f"OLS `gap ~ attribute` (statsmodels) over {n} run(s); gap in proportion units (0.01 = 1 pp)."
-            + (
-                f" **Underpowered**: with fewer than {MIN_MODELS} models a slope's CI is wide and R² is unstable; "
-                "read this as descriptive."
-                if n < MIN_MODELS
-                else ""
-            ),
-            "",
-            md_table(res.ols, nan="–"),
-            "",
-        ]
-        if "puzzle_solve_rate" in (res.attributes.columns if res.attributes is not None else []):
-            how = (
-                "macro-averaged over " + ", ".join(res.capability_arms) + " (the paper's Capability, App. O)"
-                if res.capability == "macro"
-                else f"on {res.arm} alone"
-            )
-            lines += [
-                f"`puzzle_solve_rate`: both-correct (gender and race) identity-check accuracy, {how}, "
-                f"{res.consequences} consequences (derived from the runs).",
-                "",
-            ]
-    lines += [f"- {n}" for n in res.notes]
-    if res.notes:
-        lines.append("")
-    if figures:
-        lines += [f"![{f}]({f})" for f in figures] + [""]
-    return "\n".join(lines)

@@ -349,6 +349,6 @@ EXPERIMENTS = (
         "cue visibility: Neutral / Direct / Puzzled / Named identity, could-be and what-if probes (paper 001)",
         report=lazy("analysis.cue.report:cue_report"),
         generative=lambda t: t.factors.get("probe") == "could_be_json",
-        compare=lazy("analysis.cue.compare:compare_cue"),
+        compare=lazy("analysis.cue.compare_report:compare_cue"),
     ),
 )

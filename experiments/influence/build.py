@@ -409,7 +409,7 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
     )
 
 
-_compare_runs = lazy("analysis.influence.compare:compare_influence")
+_compare_runs = lazy("analysis.influence.compare_report:compare_influence")
 """One function for the three benchmarks, so a panel can pool them."""
 
 

@@ -1,0 +1,218 @@
+"""The influence panel report: ``probe compare`` on influence runs writes CSV tables, ``summary.md`` and figures.
+
+The quantities come from :func:`analysis.influence.compare.compare_frames`
+(its module docstring defines them); this module only writes them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.common.figures import pyplot, save_figure
+from analysis.common.report import write_panel_report
+from analysis.common.tables import md_table
+from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_frames
+from analysis.influence.flags import PRACTICAL_SHIFT
+from analysis.influence.report import asym_md
+from probe.panel import Panel
+
+
+def compare_influence(
+    panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
+) -> list[Path]:
+    """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
+    res = compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
+    csvs = {
+        "conditions": res.conditions,
+        **res.tables,
+        "reasoning_change": res.change,
+        "reasoning_change_conditions": res.change_conditions,
+        "asym_regression": pd.DataFrame([f.row() for f in res.fits]),
+        "asym_regression_data": res.asym_data,
+        "dropped_conditions": pd.concat([m.dropped_conditions for m in res.matched], ignore_index=True),
+    }
+    dropped = pd.concat([m.dropped_items for m in res.matched], ignore_index=True)
+    return write_panel_report(
+        out, csvs, dropped, lambda o: _figures(res, o), lambda figs: _summary_md(panel, res, n_boot, figs)
+    )
+
+
+# ---------------------------------------------------------------------------- figures
+def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
+    plt = pyplot()
+
+    paths = []
+    main = res.conditions[res.conditions["variant"] == "cue"]
+    for bench, g in main.groupby("benchmark", sort=False):
+        runs = list(dict.fromkeys(g["run"]))
+        infl = list(dict.fromkeys(g["influence"]))
+        cols = min(4, len(runs))
+        rows = math.ceil(len(runs) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows + 0.6), sharey=True, squeeze=False)
+        x = np.arange(len(infl))
+        for ax, run in zip(axes.flat, runs, strict=False):
+            sub = g[g["run"] == run].groupby("influence", sort=False)[["s_A", "s_B"]].mean().reindex(infl)
+            ax.bar(x - 0.2, sub["s_A"], 0.4, label="s(A)", color="tab:blue")
+            ax.bar(x + 0.2, sub["s_B"], 0.4, label="s(B)", color="tab:orange")
+            ax.axhline(0, color="0.3", lw=0.8)
+            ax.set_xticks(x, infl, rotation=45, ha="right", fontsize=7)
+            ax.set_title(run, fontsize=8)
+        for ax in list(axes.flat)[len(runs) :]:
+            ax.axis("off")
+        axes[0, 0].set_ylabel("mean steerability (log-odds)")
+        axes[0, 0].legend(fontsize=7)
+        fig.suptitle(f"{bench}: steerability per run (mean over conditions)", fontsize=9)
+        fig.tight_layout()
+        paths.append(save_figure(fig, out / f"fig_steerability_by_model_{bench}.png", dpi=110))
+    if not res.change.empty:
+        ch = res.change[res.change["direction"] != "both"]
+        for bench, g in ch.groupby("benchmark", sort=False):
+            models = list(dict.fromkeys(g["model"]))
+            fig, axes = plt.subplots(
+                1,
+                len(models),
+                figsize=(3.4 * len(models), 0.35 * g["influence"].nunique() * 2 + 1.6),
+                sharex=True,
+                squeeze=False,
+            )
+            for ax, model in zip(axes[0], models, strict=True):
+                sub = g[g["model"] == model].reset_index(drop=True)
+                y = np.arange(len(sub))[::-1]
+                colors = np.where(sub["direction"] == "A", "tab:blue", "tab:orange")
+                ax.hlines(y, sub["change_lo"], sub["change_hi"], color=colors, lw=2)
+                ax.scatter(sub["change"], y, color=colors, zorder=3, s=14)
+                ax.axvline(0, color="0.3", lw=0.8)
+                ax.set_yticks(y, [f"{r.influence} → {r.direction}" for r in sub.itertuples()], fontsize=7)
+                ax.set_title(model, fontsize=8)
+                ax.set_xlabel("s(on) - s(off), 95% CI", fontsize=8)
+            fig.suptitle(f"{bench}: reasoning on minus off", fontsize=9)
+            fig.tight_layout()
+            paths.append(save_figure(fig, out / f"fig_reasoning_change_{bench}.png", dpi=110))
+    data = res.asym_data
+    if len(data):
+        scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
+        fig, axes = plt.subplots(1, len(scopes), figsize=(4 * len(scopes), 3.6), squeeze=False)
+        for ax, fit in zip(axes[0], scopes, strict=True):
+            sub = data[data["benchmark"] == fit.scope]
+            for mr, gg in sub.groupby("model_reasoning", sort=False):
+                ax.scatter(gg["baseline_bias"], gg["abs_asym"], s=12, label=mr)
+            if math.isfinite(fit.beta):
+                xs = np.linspace(0, max(0.5, float(sub["baseline_bias"].max())), 20)
+                ax.plot(xs, fit.intercept + fit.beta * xs, color="black", lw=1)
+            r2 = f", marginal R² {fit.r2_marginal:.2f}" if math.isfinite(fit.r2_marginal) else ""
+            ax.set_title(f"{fit.scope}: β = {fit.beta:.2f}{r2}", fontsize=8)
+            ax.set_xlabel("|baseline bias| = |f0(B) - 0.5|")
+            ax.set_ylabel("|Asym| (log-odds)")
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        paths.append(save_figure(fig, out / "fig_asym_vs_bias.png", dpi=110))
+    return paths
+
+
+# ---------------------------------------------------------------------------- summary
+_BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "practical", "bf_of_sig"]
+"""Columns of the per-group tables; ``practical`` (share of effects with |shift| >= PRACTICAL_SHIFT) stands beside
+``sig``."""
+
+
+def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Sequence[str]) -> str:
+    from analysis.common.report import dropped_md, panel_md
+
+    t = res.tables
+    lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
+    lines += ["## Matching", ""]
+    if res.imported:
+        lines += [
+            f"Imported runs ({', '.join(res.imported)}) hold condition-level counts: they are not matched on items, "
+            "their conditions enter as imported, and no item bootstrap is computed for them (their share of the "
+            "headline CIs is a cluster bootstrap over (run, factor) clusters).",
+            "",
+        ]
+    for m in res.matched:
+        lines += [f"**{m.benchmark}**: {len(m.conditions)} conditions on {len(m.items)} items.", ""]
+        lines += [*dropped_md(m.dropped_items, len(m.items)), ""]
+        if len(m.dropped_conditions):
+            lines += [
+                f"{m.dropped_conditions['condition'].nunique()} conditions not in every run were dropped "
+                "(`dropped_conditions.csv`).",
+                "",
+            ]
+    lines += [
+        "Each run's conditions are recomputed on the matched items; steerability s(d) is the log-odds shift "
+        "toward d (+1/2 continuity correction), Asym = s(B) - s(A); BH-FDR within benchmark x variant x test family "
+        f"over all runs; CIs from {n_boot} cluster-bootstrap replicates of the items.",
+        "",
+        "## Headline per benchmark",
+        "",
+    ]
+    head = t["headline"]
+    if len(head):
+        keep = head[
+            head["metric"].isin(
+                [
+                    "conditions",
+                    "mean |shift| (pp), all cues",
+                    "effects with significant shift (BH-FDR)",
+                    f"effects with |shift| >= {100 * PRACTICAL_SHIFT:g} pp (practical threshold)",
+                    "conditions with significant asymmetry (BH-FDR)",
+                ]
+            )
+        ]
+        cols = ["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]
+        lines += [md_table(keep[cols].astype({"value": float}), nan="–"), ""]
+    lines += [
+        "## Per model and reasoning mode (main cues)",
+        "",
+        md_table(t["by_model"][["benchmark", "model", "think", *_BY]], nan="–"),
+        "",
+    ]
+    lines += ["## Per reasoning mode", "", md_table(t["by_reasoning"][["benchmark", "think", *_BY]], nan="–"), ""]
+    lines += [
+        "## Per influence type and reasoning mode",
+        "",
+        md_table(t["by_influence_reasoning"][["benchmark", "influence", "think", *_BY]], nan="–"),
+        "",
+    ]
+    lines += ["## Reasoning on minus off", ""]
+    if res.change.empty:
+        lines += ["No model has both a reasoning-off and a reasoning-on run in this panel.", ""]
+    else:
+        lines += [
+            "Per influence type, over both cue directions (per direction and per condition in `reasoning_change.csv` "
+            "and `reasoning_change_conditions.csv`). change = mean s(on) - s(off); |s| change = mean |s(on)| - "
+            "mean |s(off)|; 95% CIs from a paired bootstrap over items (both runs reweighted by the same draw). "
+            "amplified / dampened: the CI of the |s| change lies above / below 0.",
+            "",
+        ]
+        both = res.change[res.change["direction"] == "both"]
+        show = both[
+            [
+                "benchmark",
+                "model",
+                "influence",
+                "abs_s_off",
+                "abs_s_on",
+                "abs_change",
+                "abs_change_lo",
+                "abs_change_hi",
+                "pct_change",
+                "change",
+                "change_lo",
+                "change_hi",
+                "verdict",
+            ]
+        ]
+        lines += [md_table(show, nan="–"), ""]
+    lines += [
+        "## |Asym| against |baseline bias|",
+        "",
+        *asym_md(res.fits, res.asym_model),
+    ]
+    if figures:
+        lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]
+    return "\n".join(lines)
