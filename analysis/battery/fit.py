@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -51,6 +51,9 @@ from scipy.special import expit
 
 from analysis.battery.yesno import Dropped, empty_cells, p_cbr
 from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SIDES: dict[str, str] = {
     "order": "cbr_first",
@@ -76,10 +79,22 @@ CELL = ("cbr_first", "cbr_affirmative", "cbr_canonical")
 
 S_BOUNDS = (1e-3, 10.0)
 M_BOUND = 4.0
+"""|m| is bounded at 4 (four times the whole theta axis; a fit there is degenerate)."""
 THETA_SPREAD_MIN = 0.1
 """Range of theta over items (on its -1..1 scale) below which s and m cannot be told apart: with every item at the
 same stance, p+ = sigmoid((theta + m)/s) and p- fix only (theta +/- m)/s, one ratio for two unknowns."""
-"""|m| is bounded at 4 (four times the whole theta axis; a fit there is degenerate)."""
+
+N_BOOT = 2000
+"""Bootstrap resamples over items of both fits (:func:`fit_channel`, :func:`fit_joint_data`)."""
+LEVEL = 0.95
+"""The level of their percentile CIs."""
+TIE = 0.9
+"""An item is near the tie when its story stance has |z| below this (where m is identified)."""
+CLIP = 0.02
+"""A fitted P within this of 0 or 1 counts as saturated (:attr:`FitQuality.frac_saturated`)."""
+S_STARTS = (0.1, 0.3, 1.0)
+M_STARTS = (-0.2, 0.0, 0.2)
+"""Start values of both least-squares fits: every (s, m) of this grid (m the same for every channel of a joint fit)."""
 
 
 # --------------------------------------------------------------- the cells
@@ -142,6 +157,14 @@ def select_trials(
     return df
 
 
+class Selection(TypedDict, total=False):
+    """The selection keywords of :func:`channel_trials`, which the functions built on it pass through as they are."""
+
+    family: str | None
+    labels: tuple[str, ...] | str | None
+    replicate: int | None
+
+
 def channel_trials(
     binary: pd.DataFrame,
     channel: str,
@@ -192,27 +215,21 @@ def side_cells(df: pd.DataFrame, channel: str) -> list[str]:
     return [*(c for c in CELL if c != side and c not in confounded), side]
 
 
-def dropped_items(binary: pd.DataFrame, channel: str, **select: Any) -> tuple[Dropped, ...]:
+def dropped_items(binary: pd.DataFrame, channel: str, **select: Unpack[Selection]) -> tuple[Dropped, ...]:
     """The items :func:`channel_sides` drops (with the same selection keywords): a cell with no usable answer."""
     df = channel_trials(binary, channel, **select)
     return empty_cells(df, side_cells(df, channel), f"(s, m) fit: {channel}")
 
 
-def channel_sides(
-    binary: pd.DataFrame,
-    channel: str,
-    *,
-    family: str | None = "default",
-    labels: tuple[str, ...] | str | None = "default",
-    replicate: int | None = 0,
-) -> pd.DataFrame:
+def channel_sides(binary: pd.DataFrame, channel: str, **select: Unpack[Selection]) -> pd.DataFrame:
     """Per item: ``p_plus``, ``p_minus`` (the two sides of ``channel``), ``bias = p_plus - p_minus`` and ``z``.
 
     Forms (and label pairs, salts when ``replicate`` is None) are averaged
     within each design cell first, then cells within a side, so every cell
     weighs the same. ``z = p_plus + p_minus - 1`` is the story stance
-    ``mean(2 P(CBR) - 1)`` over the balanced cells. ``family``, ``labels``
-    and ``replicate`` select the trials (:func:`channel_trials`). A cell
+    ``mean(2 P(CBR) - 1)`` over the balanced cells. The
+    :class:`Selection` keywords select the trials, with the defaults of
+    :func:`channel_trials`. A cell
     column confounded with the side (the canonical label under a fixed
     mapping) belongs to the channel: with Yes/No the lexical channel is word
     and verdict together (:func:`side_cells`). Each
@@ -221,7 +238,7 @@ def channel_sides(
     Trials with no P(CBR) (every draw refused) are left out of their cell;
     an item with a cell left empty is dropped (:func:`dropped_items` names it).
     """
-    df = channel_trials(binary, channel, family=family, labels=labels, replicate=replicate)
+    df = channel_trials(binary, channel, **select)
     side = SIDES[channel]
     others = side_cells(df, channel)[:-1]
     grp = df.groupby(["item_id", *others, side], sort=True)["p_cbr"]
@@ -531,11 +548,11 @@ def fit_channel(
     sides: pd.DataFrame,
     *,
     channel: str = "",
-    n_boot: int = 2000,
+    n_boot: int = N_BOOT,
     seed: int = 0,
-    level: float = 0.95,
-    tie: float = 0.9,
-    clip: float = 0.02,
+    level: float = LEVEL,
+    tie: float = TIE,
+    clip: float = CLIP,
 ) -> ChannelFit:
     """Fit (s, m) jointly to both sides of a channel; percentile bootstrap over items with a fixed seed.
 
@@ -555,7 +572,7 @@ def fit_channel(
     th = df["theta"].to_numpy(float)
     pp = df["p_plus"].to_numpy(float)
     pm = df["p_minus"].to_numpy(float)
-    starts = [(s0, m0) for s0 in (0.1, 0.3, 1.0) for m0 in (-0.2, 0.0, 0.2)]
+    starts = [(s0, m0) for s0 in S_STARTS for m0 in M_STARTS]
     x, ok = _solve(th, pp, pm, starts)
     s, m = float(x[0]), float(x[1])
     stacked = np.concatenate([pp, pm])
@@ -589,7 +606,7 @@ class Unfitted:
     why: str
 
 
-def empty_cell_counts(binary: pd.DataFrame, channel: str, **select: Any) -> dict[str, int]:
+def empty_cell_counts(binary: pd.DataFrame, channel: str, **select: Unpack[Selection]) -> dict[str, int]:
     """Per design cell of ``channel`` (``verb=..., order=..., mapping=...``): how many stories have it empty.
 
     Named by the trial factors rather than the side columns, so the line reads as the design was asked.
@@ -942,11 +959,11 @@ def refit_joint_resamples(data: JointData, idx: np.ndarray, x0: np.ndarray) -> t
 def fit_joint_data(
     data: JointData,
     *,
-    n_boot: int = 2000,
+    n_boot: int = N_BOOT,
     seed: int = 0,
-    level: float = 0.95,
-    tie: float = 0.9,
-    clip: float = 0.02,
+    level: float = LEVEL,
+    tie: float = TIE,
+    clip: float = CLIP,
 ) -> JointFit:
     """Fit P(CBR)[i, k] = sigmoid((theta_i + sum_c m_c x[k, c]) / s) to every cell of every item (least squares).
 
@@ -960,7 +977,7 @@ def fit_joint_data(
         raise ValueError(f"the joint fit of family {data.family!r} needs at least 3 items with theta, got {n}")
     th, p, sg = data.theta, data.p, data.x
     ok = np.isfinite(p)
-    starts = [np.array([s0, *[m0] * n_ch]) for s0 in (0.1, 0.3, 1.0) for m0 in (-0.2, 0.0, 0.2)]
+    starts = [np.array([s0, *[m0] * n_ch]) for s0 in S_STARTS for m0 in M_STARTS]
     x, conv = _joint_solve(th, p, sg, starts)
     stacked = p[ok]
     r2, rmse = _goodness(stacked, _joint_residuals(x, th, p, sg, ok))

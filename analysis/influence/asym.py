@@ -91,12 +91,6 @@ class AsymFit:
     var_components: Mapping[str, float] = field(default_factory=dict)
     """The REML variance of each random-intercept grouping that entered the fit."""
     var_residual: float = math.nan
-    r2_marginal: float = math.nan
-    """``var_fixed / total``, total = var_fixed + every variance component + var_residual (:func:`marginal_r2`)."""
-    r2_bias: float = math.nan
-    """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
-    r2_conditional: float = math.nan
-    """(var_fixed + every variance component) / total."""
     converged: bool = False
     """The optimizer that gave the fit converged (OLS: always)."""
     attempts: tuple[str, ...] = ()
@@ -105,6 +99,27 @@ class AsymFit:
     """Every warning statsmodels raised during the fit (first line each, deduplicated)."""
     note: str = ""
     """What was left out or changed on the way (one-level groupings, a CI from the GLS covariance), cut at 300."""
+
+    @property
+    def total_variance(self) -> float:
+        """var_fixed + every variance component + var_residual: the denominator of the three R^2."""
+        return self.var_fixed + float(np.sum(list(self.var_components.values()))) + self.var_residual
+
+    @property
+    def r2_marginal(self) -> float:
+        """``var_fixed / total`` (:func:`marginal_r2`); NaN unless the total is positive."""
+        return marginal_r2(self.var_fixed, list(self.var_components.values()), self.var_residual)[0]
+
+    @property
+    def r2_conditional(self) -> float:
+        """(var_fixed + every variance component) / total."""
+        return marginal_r2(self.var_fixed, list(self.var_components.values()), self.var_residual)[1]
+
+    @property
+    def r2_bias(self) -> float:
+        """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
+        total = self.total_variance
+        return self.var_bias / total if total > 0 else math.nan
 
     def row(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -297,8 +312,6 @@ def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", ben
         attempts = ("OLS: closed form",)
     var_fixed = float(np.var(x @ fe.to_numpy(), ddof=1))
     var_bias = float(np.var(float(fe["baseline_bias"]) * frame["baseline_bias"].to_numpy(float), ddof=1))
-    r2m, r2c = marginal_r2(var_fixed, list(vcomp.values()), resid)
-    total = var_fixed + float(np.sum(list(vcomp.values()))) + resid
     return AsymFit(
         scope=scope,
         method=method,
@@ -315,9 +328,6 @@ def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", ben
         var_bias=var_bias,
         var_components=vcomp,
         var_residual=resid,
-        r2_marginal=r2m,
-        r2_bias=var_bias / total if total > 0 else math.nan,
-        r2_conditional=r2c,
         converged=converged,
         attempts=attempts,
         warnings=caught,
