@@ -97,8 +97,11 @@ def parse_yaml(data: str | bytes, name: str, error: Callable[[str], Exception], 
 
     try:
         return yaml.safe_load(data)
-    except yaml.YAMLError as e:
-        raise error(f"{name} is not valid YAML ({e}); {fix}") from None
+    except yaml.YAMLError as e:  # one line: the problem and where (PyYAML's own text spans several)
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise error(f"{name} is not valid YAML ({problem}{where}); {fix}") from None
 
 
 def build_once(dest: Path, is_complete: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:

@@ -38,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from probe.errors import ProbeError, StoreError
+from probe.files import read_yaml
 from probe.store import RunStore
 
 
@@ -193,12 +194,8 @@ def panel_from_runs(
 
 def load_panel(path: str | Path) -> Panel:
     """Read a panel file (YAML, see the module docstring); relative paths are relative to the file."""
-    import yaml
-
     p = Path(path)
-    if not p.exists():
-        raise PanelError(f"panel file {p} does not exist")
-    doc = yaml.safe_load(p.read_text())
+    doc = read_yaml(p, "panel file", PanelError, "see `probe compare --help` for its format")
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list) or not doc["runs"]:
         raise PanelError(f"{p}: a panel file needs a non-empty `runs:` list (see `probe compare --help`)")
     known = {"run", "name", "model", "reasoning", "consensus"}

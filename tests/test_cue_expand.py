@@ -9,7 +9,7 @@ import re
 import pytest
 
 from experiments.cue import CueSpec, build_design, expand
-from experiments.cue.categories import DEFAULT_NAMES, all_combos, make_attributes, pick_names
+from experiments.cue.categories import DEFAULT_NAMES, all_combos, load_names, make_attributes, pick_names
 from experiments.cue.design import n_slots, plan_items
 from experiments.cue.puzzles import INDIVIDUALS, solutions
 from experiments.cue.schema import load_cue_dilemmas
@@ -180,6 +180,23 @@ def test_names_are_distinct_and_deterministic() -> None:
     a = pick_names(people, DEFAULT_NAMES, "s")
     assert a == pick_names(people, DEFAULT_NAMES, "s")
     assert len(set(a)) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("Asian/woman: [Mei\n", r"name file .*names.yaml is not valid YAML \(.* at line 2, column 1\); give a YAML"),
+        ("[Mei, Yuki]\n", "must be a non-empty mapping"),
+        ("Asian: [Mei]\n", "must be 'race/gender'"),
+    ],
+)
+def test_a_bad_name_file_is_one_line_naming_it(tmp_path, text: str, match: str) -> None:
+    f = tmp_path / "names.yaml"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=match) as e:
+        load_names(f)
+    assert "\n" not in str(e.value)
+    assert load_names(None) is DEFAULT_NAMES
 
 
 def test_spec_validation_names_the_value() -> None:

@@ -99,6 +99,7 @@ def test_panel_file_paths_are_relative_to_the_file_and_override_the_manifest(tmp
         ("runs:\n  - a\nhumanz: h.csv\n", "unknown top-level"),
         ("runs:\n  - a\nhumans: nope.csv\n", "humans table .* does not exist"),
         ("runs:\n  - zzz\n", "not a run folder"),
+        ("runs: [a, b\n", r"not valid YAML \(expected ',' or '\]', but got '<stream end>' at line 2, column 1\)"),
     ],
 )
 def test_bad_panel_files_name_the_problem(tmp_path: Path, runs: list[Path], text: str, match: str) -> None:
@@ -106,6 +107,11 @@ def test_bad_panel_files_name_the_problem(tmp_path: Path, runs: list[Path], text
     f.write_text(text)
     with pytest.raises(PanelError, match=match):
         load_panel(f)
+
+
+def test_a_missing_panel_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(PanelError, match=r"panel file .*nope.yaml does not exist; see `probe compare --help`"):
+        load_panel(tmp_path / "nope.yaml")
 
 
 def test_shared_items_keeps_first_run_order_and_logs_every_drop() -> None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import yaml
+from probe.files import parse_yaml
 
 DEFAULT_GENDERS: Final[tuple[str, ...]] = ("man", "woman", "non-binary")
 DEFAULT_RACES: Final[tuple[str, ...]] = ("Asian", "Black", "Hispanic", "Muslim", "White")
@@ -154,7 +154,12 @@ def load_names(path: str | pathlib.Path | None) -> Names:
     file = pathlib.Path(path)
     if not file.is_file():
         raise ValueError(f"{file}: name file not found; give a YAML mapping like 'Asian/woman: [Mei, Yuki]'")
-    data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    data = parse_yaml(
+        file.read_text(encoding="utf-8"),
+        f"name file {file}",
+        ValueError,
+        "give a YAML mapping like 'Asian/woman: [Mei, Yuki]'",
+    )
     if not isinstance(data, Mapping) or not data:
         raise ValueError(f"{file}: must be a non-empty mapping 'race/gender': [first names]")
     out: dict[tuple[str, str], tuple[str, ...]] = {}
