@@ -196,6 +196,8 @@ def test_a_bad_name_file_is_one_line_naming_it(tmp_path, text: str, match: str) 
     with pytest.raises(ValueError, match=match) as e:
         load_names(f)
     assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"name file .*nope.yaml does not exist; give a YAML mapping"):
+        load_names(tmp_path / "nope.yaml")
     assert load_names(None) is DEFAULT_NAMES
 
 

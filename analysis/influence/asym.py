@@ -101,11 +101,6 @@ class AsymFit:
     """What was left out or changed on the way (one-level groupings, a CI from the GLS covariance), cut at 300."""
 
     @property
-    def total_variance(self) -> float:
-        """var_fixed + every variance component + var_residual: the denominator of the three R^2."""
-        return self.var_fixed + float(np.sum(list(self.var_components.values()))) + self.var_residual
-
-    @property
     def r2_marginal(self) -> float:
         """``var_fixed / total`` (:func:`marginal_r2`); NaN unless the total is positive."""
         return marginal_r2(self.var_fixed, list(self.var_components.values()), self.var_residual)[0]
@@ -118,7 +113,7 @@ class AsymFit:
     @property
     def r2_bias(self) -> float:
         """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
-        total = self.total_variance
+        total = variance_total(self.var_fixed, list(self.var_components.values()), self.var_residual)
         return self.var_bias / total if total > 0 else math.nan
 
     def row(self) -> dict[str, Any]:
@@ -152,6 +147,11 @@ class AsymFit:
         return out
 
 
+def variance_total(var_fixed: float, var_components: Sequence[float], var_residual: float) -> float:
+    """The denominator of every R^2 of the fit: var_fixed + every random-intercept variance + var_residual."""
+    return var_fixed + float(np.sum(var_components)) + var_residual
+
+
 def marginal_r2(var_fixed: float, var_components: Sequence[float], var_residual: float) -> tuple[float, float]:
     """Nakagawa & Schielzeth (2013): (marginal, conditional) R^2 of a linear mixed model.
 
@@ -159,7 +159,7 @@ def marginal_r2(var_fixed: float, var_components: Sequence[float], var_residual:
     (ddof 1, as MuMIn's ``r.squaredGLMM``); the total is that plus every
     random-intercept variance plus the residual variance.
     """
-    total = var_fixed + float(np.sum(var_components)) + var_residual
+    total = variance_total(var_fixed, var_components, var_residual)
     if not total > 0:
         return math.nan, math.nan
     return var_fixed / total, (var_fixed + float(np.sum(var_components))) / total

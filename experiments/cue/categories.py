@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from probe.files import parse_yaml
+from probe.files import read_yaml
 
 DEFAULT_GENDERS: Final[tuple[str, ...]] = ("man", "woman", "non-binary")
 DEFAULT_RACES: Final[tuple[str, ...]] = ("Asian", "Black", "Hispanic", "Muslim", "White")
@@ -152,14 +152,7 @@ def load_names(path: str | pathlib.Path | None) -> Names:
     if path is None:
         return DEFAULT_NAMES
     file = pathlib.Path(path)
-    if not file.is_file():
-        raise ValueError(f"{file}: name file not found; give a YAML mapping like 'Asian/woman: [Mei, Yuki]'")
-    data = parse_yaml(
-        file.read_text(encoding="utf-8"),
-        f"name file {file}",
-        ValueError,
-        "give a YAML mapping like 'Asian/woman: [Mei, Yuki]'",
-    )
+    data = read_yaml(file, "name file", ValueError, "give a YAML mapping like 'Asian/woman: [Mei, Yuki]'")
     if not isinstance(data, Mapping) or not data:
         raise ValueError(f"{file}: must be a non-empty mapping 'race/gender': [first names]")
     out: dict[tuple[str, str], tuple[str, ...]] = {}
