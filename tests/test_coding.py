@@ -15,6 +15,7 @@ import pytest
 from probe.app import coding
 from probe.app.cli import main
 from probe.store import RunStore
+from tests.report_files import assert_wrote
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -253,12 +254,18 @@ def test_probe_code_end_to_end_and_analyze(think_run: Path, tmp_path: Path, caps
     assert main(["analyze", str(run)]) == 0
     summary = (run / "report" / "summary.md").read_text()
     assert "## Coded reasoning traces: compliance" in summary and "## Coded reasoning traces: rationale" in summary
-    report = {p.name for p in (run / "report").iterdir()}
-    assert {
-        "coded_compliance_vs_effect.csv", "coded_compliance_by_label.csv", "coded_rationale_by_arm.csv",
-        "coded_rationale_by_condition.csv", "coded_backfire_patterns.csv", "fig_coded_rationale.png",
-        "fig_coded_compliance_effect.png",
-    } <= report  # fmt: skip
+    assert_wrote(
+        run / "report",
+        {
+            "coded_compliance_vs_effect.csv",
+            "coded_compliance_by_label.csv",
+            "coded_rationale_by_arm.csv",
+            "coded_rationale_by_condition.csv",
+            "coded_backfire_patterns.csv",
+            "fig_coded_rationale.png",
+            "fig_coded_compliance_effect.png",
+        },
+    )
     by_label = pd.read_csv(run / "report" / "coded_compliance_by_label.csv")
     assert by_label["traces"].sum() == 32
 

@@ -30,6 +30,7 @@ from experiments.battery import REDUCED, BatterySpec
 from experiments.dilemmas import load_dilemmas
 from probe.app.runner import Plan, run
 from probe.panel import load_panel
+from tests.report_files import assert_wrote
 
 ITEMS = tuple(d.id for d in load_dilemmas()[:12])
 A = {"seed": 1, "s": 0.3, "m_order": 0.15, "m_word": 0.05, "sigma_form": 0.12}
@@ -292,8 +293,7 @@ def test_yesno_panel_side_by_side_and_logit_vs_sampled(tmp_path: Path):
     from analysis.compare import write_comparison
 
     files = write_comparison(panel_from_runs([tmp_path / "r", tmp_path / "s"]), tmp_path / "out")
-    names = {p.name for p in files}
-    assert {"yesno_cells.csv", "models.csv", "logit_vs_sampled.csv", "fig_decomposition_models.png"} <= names
+    assert_wrote(files, {"yesno_cells.csv", "models.csv", "logit_vs_sampled.csv", "fig_decomposition_models.png"})
     cells = pd.read_csv(tmp_path / "out" / "yesno_cells.csv")
     assert len(cells) == 2 * 6
     models = pd.read_csv(tmp_path / "out" / "models.csv", index_col=0)
@@ -414,3 +414,10 @@ def test_mean_r2_summaries_by_hand():
     assert groups["n"].tolist() == [3, 3, 1, 1]
     _, no_humans = mean_r2_summary(t, ["a", "b"])
     assert np.isnan(no_humans.loc["reference-human", "mean_r2"])
+
+
+def test_assert_wrote_names_only_the_missing_files(tmp_path: Path) -> None:
+    (tmp_path / "summary.md").write_text("x")
+    assert assert_wrote(tmp_path, {"summary.md"}) == {"summary.md"}
+    with pytest.raises(AssertionError, match=r"missing from the report: a\.csv, b\.png \(written: summary\.md\)"):
+        assert_wrote(tmp_path, {"summary.md", "b.png", "a.csv"})

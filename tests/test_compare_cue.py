@@ -24,6 +24,7 @@ from experiments.cue import CueSpec, expand
 from probe.app.runner import run
 from probe.panel import panel_from_runs
 from tests.planted import PlantedCue
+from tests.report_files import assert_wrote
 
 SPEC = CueSpec(
     items=("rent_arrears", "fallen_fence", "last_dose"),
@@ -169,18 +170,20 @@ def test_tiny_panel_through_probe_compare(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     code = main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--attributes", str(attrs), "--out", str(out)])
     assert code == 0
-    names = {p.name for p in out.iterdir()}
-    assert {
-        "summary.md",
-        "cue_rankings.csv",
-        "cue_kendall.csv",
-        "cue_sign_tests.csv",
-        "cue_gap_ols.csv",
-        "fig_cue_rankings.png",
-        "fig_cue_gap_vs_attributes.png",
-        "cue_average.csv",
-        "cue_average_by_group.csv",
-    } <= names
+    assert_wrote(
+        out,
+        {
+            "summary.md",
+            "cue_rankings.csv",
+            "cue_kendall.csv",
+            "cue_sign_tests.csv",
+            "cue_gap_ols.csv",
+            "fig_cue_rankings.png",
+            "fig_cue_gap_vs_attributes.png",
+            "cue_average.csv",
+            "cue_average_by_group.csv",
+        },
+    )
     summary = (out / "summary.md").read_text()
     assert "| Average |" in summary and "greedy decisions" in summary
     ranks = pd.read_csv(out / "cue_rankings.csv")

@@ -25,6 +25,7 @@ from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
 from probe.panel import panel_from_runs
 from tests.planted import PlantedInfluence
+from tests.report_files import assert_wrote
 
 BASE = {"gender": 0.0, "age": -1.0}
 INFLUENCES = ("survey", "emotional", "weak_evidence")
@@ -167,13 +168,15 @@ def test_asym_fit_equals_a_direct_statsmodels_call(planted: tuple[list[Path], ci
     assert fit.method == "MixedLM (REML)"
     assert fit.beta == pytest.approx(direct.fe_params["baseline_bias"])
     assert fit.intercept == pytest.approx(direct.fe_params["Intercept"])
-    assert fit.var_residual == pytest.approx(direct.scale)
+    assert fit.variances.residual == pytest.approx(direct.scale)
     vc = dict(zip(model.exog_vc.names, direct.vcomp, strict=True))
-    assert dict(fit.var_components) == pytest.approx(vc)
+    assert dict(fit.variances.components) == pytest.approx(vc)
     fixed = direct.fe_params["Intercept"] + direct.fe_params["baseline_bias"] * frame["baseline_bias"]
     var_f = float(np.var(fixed, ddof=1))
-    assert fit.r2_marginal == pytest.approx(var_f / (var_f + sum(vc.values()) + direct.scale))
-    assert fit.r2_conditional == pytest.approx((var_f + sum(vc.values())) / (var_f + sum(vc.values()) + direct.scale))
+    assert fit.variances.r2_marginal == pytest.approx(var_f / (var_f + sum(vc.values()) + direct.scale))
+    assert fit.variances.r2_conditional == pytest.approx(
+        (var_f + sum(vc.values())) / (var_f + sum(vc.values()) + direct.scale)
+    )
 
 
 def test_runs_are_matched_on_shared_items_and_conditions(
@@ -191,8 +194,7 @@ def test_runs_are_matched_on_shared_items_and_conditions(
     assert sorted(set(m.conditions["influence"])) == ["emotional", "survey"]
     assert set(m.dropped_conditions["condition"].str.split(" / ").str[1]) == {"weak_evidence"}
     out = compare_influence(panel, tmp_path / "cmp", n_boot=50)
-    names = {p.name for p in out}
-    assert {"dropped_items.csv", "dropped_conditions.csv", "summary.md", "asym_regression.csv"} <= names
+    assert_wrote(out, {"dropped_items.csv", "dropped_conditions.csv", "summary.md", "asym_regression.csv"})
     summary = (tmp_path / "cmp" / "summary.md").read_text()
     assert "No model has both a reasoning-off and a reasoning-on run" in summary
     assert "8 items they all hold" in summary
@@ -207,18 +209,20 @@ def test_tiny_panel_through_probe_compare(tmp_path: Path) -> None:
     assert main([*args, "--out", str(tmp_path / "on"), "--think", "--think-budget", "2"]) == 0
     out = tmp_path / "cmp"
     assert main(["compare", str(tmp_path / "off"), str(tmp_path / "on"), "--out", str(out), "--quiet"]) == 0
-    names = {p.name for p in out.iterdir()}
-    assert {
-        "summary.md",
-        "panel.csv",
-        "conditions.csv",
-        "by_model.csv",
-        "reasoning_change.csv",
-        "asym_regression.csv",
-        "fig_steerability_by_model_triage.png",
-        "fig_reasoning_change_triage.png",
-        "fig_asym_vs_bias.png",
-    } <= names
+    assert_wrote(
+        out,
+        {
+            "summary.md",
+            "panel.csv",
+            "conditions.csv",
+            "by_model.csv",
+            "reasoning_change.csv",
+            "asym_regression.csv",
+            "fig_steerability_by_model_triage.png",
+            "fig_reasoning_change_triage.png",
+            "fig_asym_vs_bias.png",
+        },
+    )
     change = pd.read_csv(out / "reasoning_change.csv")
     assert set(change["model"]) == {"tiny"} and set(change["influence"]) == {"role_play", "few_shot"}
     summary = (out / "summary.md").read_text()

@@ -17,6 +17,7 @@ from analysis.common.frames import choice_probs, open_run
 from analysis.cue.metrics import decision_frame, run_gap_table
 from probe.app.cli import main
 from tests.cue_store import sampled_cue_report
+from tests.report_files import assert_wrote
 
 
 def _run(out: Path, *extra: str) -> None:
@@ -27,18 +28,20 @@ def test_logit_run_and_analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str
     out = tmp_path / "cue"
     _run(out, "--items", "rent_arrears,last_dose")
     report = out / "report"
-    names = {p.name for p in report.iterdir()}
-    assert {
-        "summary.md",
-        "cue_bias.csv",
-        "cue_gap.csv",
-        "cue_solve.csv",
-        "cue_status.csv",
-        "cue_net_bias.png",
-        "puzzles.jsonl",
-        "cue_topic.csv",
-        "cue_intersection.csv",
-    } <= names
+    assert_wrote(
+        report,
+        {
+            "summary.md",
+            "cue_bias.csv",
+            "cue_gap.csv",
+            "cue_solve.csv",
+            "cue_status.csv",
+            "cue_net_bias.png",
+            "puzzles.jsonl",
+            "cue_topic.csv",
+            "cue_intersection.csv",
+        },
+    )
     summary = (report / "summary.md").read_text()
     for heading in (
         "Identity recovery",

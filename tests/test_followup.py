@@ -28,6 +28,7 @@ from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
 from probe.store import RunStore
 from probe.types import Message, Trial
+from tests.report_files import assert_wrote
 
 SMALL = TriageSpec(audit=AuditSpec(influences=("emotional",)), factors=("age",), sizes=(1, 2))
 ALL = ("backfire", "compliance", "no_effect", "baseline")
@@ -244,8 +245,7 @@ def test_probe_run_followup_on_tiny_then_analyze_with_codes(
     n = store.manifest()["n_trials"]
     assert n > 0 and len(gen) == n and gen["text"].str.len().gt(0).all()
     assert store.manifest()["spec"]["source_run_key"] == sampled_source.manifest()["run_key"]
-    files = {p.name for p in (out / "report").iterdir()}
-    assert {"summary.md", "selection.csv", "classes.csv", "answers.csv"} <= files
+    assert_wrote(out / "report", {"summary.md", "selection.csv", "classes.csv", "answers.csv"})
     assert f"probe code {out} --task followup --judge MODEL" in (out / "report" / "summary.md").read_text()
     # a hand-written codes file (the part-B contract): every reply coded, the first half as backfire-like
     trials = {t.trial_id: t for t in store.trials()}
@@ -265,7 +265,7 @@ def test_probe_run_followup_on_tiny_then_analyze_with_codes(
     want = pd.Series(labels).groupby([trials[t].factors["cell"] for t in gen["trial_id"]]).value_counts()
     for (cell, lab), k in want.items():
         assert ct.loc[cell, lab] == k
-    assert "fig_followup_labels.png" in {p.name for p in (out / "report").iterdir()}
+    assert_wrote(out / "report", {"fig_followup_labels.png"})
 
 
 # ======================================================================== API engine

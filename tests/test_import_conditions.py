@@ -209,7 +209,9 @@ def test_round_trip_panel_gives_the_same_fits_and_tables(native_runs: list[Path]
     assert back.fits[0].structure == "nested" and native.fits[0].structure == "crossed"
     for key, f in by(native).items():
         g = by(back)[key]
-        assert g.beta == pytest.approx(f.beta, rel=1e-6) and g.r2_marginal == pytest.approx(f.r2_marginal, abs=1e-8)
+        assert g.beta == pytest.approx(f.beta, rel=1e-6) and g.variances.r2_marginal == pytest.approx(
+            f.variances.r2_marginal, abs=1e-8
+        )
     t1, t2 = native.tables["by_model"], back.tables["by_model"]
     np.testing.assert_allclose(t2["|steer|"].to_numpy(), t1["|steer|"].to_numpy(), rtol=1e-12)
 

@@ -65,7 +65,7 @@ def test_fit_asym_recovers_a_planted_slope_and_the_gls_se() -> None:
     fit = asym.fit_asym(df, "synthetic")
     assert fit.converged and fit.levels == {"model_reasoning": 6, "factor": 4, "influence": 5}
     assert fit.beta_lo < 2.0 < fit.beta_hi
-    assert 0 < fit.r2_marginal < fit.r2_conditional < 1
+    assert 0 < fit.variances.r2_marginal < fit.variances.r2_conditional < 1
     model = smf.mixedlm(
         "abs_asym ~ baseline_bias", df, groups=np.ones(len(df)), re_formula="0", vc_formula=asym.VC_FORMULA
     )
@@ -74,11 +74,15 @@ def test_fit_asym_recovers_a_planted_slope_and_the_gls_se() -> None:
     np.testing.assert_allclose(np.sqrt(np.diag(cov)), res.bse_fe.to_numpy(), rtol=5e-3)
 
 
-def test_marginal_r2_hand_values_and_ols_fallback() -> None:
+def test_variance_shares_hand_values_and_ols_fallback() -> None:
     import statsmodels.api as sm
 
-    assert asym.marginal_r2(1.0, [1.0, 2.0], 1.0) == pytest.approx((0.2, 0.8))  # 1/5 and (1 + 3)/5
-    assert all(math.isnan(v) for v in asym.marginal_r2(0.0, [], 0.0))
+    v = asym.Variances(fixed=1.0, bias=0.5, components={"factor": 1.0, "influence": 2.0}, residual=1.0)
+    assert (v.total, v.r2_marginal, v.r2_conditional, v.r2_bias) == pytest.approx(
+        (5.0, 0.2, 0.8, 0.1)
+    )  # 1/5, 4/5, .5/5
+    empty = asym.Variances(fixed=0.0, bias=0.0, residual=0.0)
+    assert all(math.isnan(r) for r in (empty.r2_marginal, empty.r2_conditional, empty.r2_bias))
     df = _crossed_frame().assign(model_reasoning="a", factor="t:g", influence="u")
     fit = asym.fit_asym(df, "one of each")
     ols = sm.OLS(df["abs_asym"], sm.add_constant(df["baseline_bias"])).fit()
@@ -86,7 +90,7 @@ def test_marginal_r2_hand_values_and_ols_fallback() -> None:
     assert fit.beta == pytest.approx(ols.params["baseline_bias"])
     assert (fit.beta_lo, fit.beta_hi) == pytest.approx(tuple(ols.conf_int().loc["baseline_bias"]))
     var_f = float(np.var(ols.fittedvalues, ddof=1))
-    assert fit.r2_marginal == pytest.approx(var_f / (var_f + ols.scale))
+    assert fit.variances.r2_marginal == pytest.approx(var_f / (var_f + ols.scale))
     assert asym.fit_asym(df.head(2), "tiny").method == "none"
 
 
@@ -107,12 +111,14 @@ def test_nested_fit_equals_a_direct_statsmodels_call() -> None:
     assert fit.levels == {"factor": 24, "influence": 24, "model_reasoning": 6}  # (group, level) combinations
     assert fit.beta == pytest.approx(res.fe_params["baseline_bias"], rel=1e-6)
     vc = {"model_reasoning": float(res.cov_re.iloc[0, 0]), **dict(zip(model.exog_vc.names, res.vcomp, strict=True))}
-    assert dict(fit.var_components) == pytest.approx(vc, rel=1e-5)
-    assert fit.var_residual == pytest.approx(res.scale, rel=1e-6)
+    assert dict(fit.variances.components) == pytest.approx(vc, rel=1e-5)
+    assert fit.variances.residual == pytest.approx(res.scale, rel=1e-6)
     var_f = float(np.var(model.exog @ res.fe_params.to_numpy(), ddof=1))
     total = var_f + sum(vc.values()) + res.scale
-    assert fit.r2_marginal == pytest.approx(var_f / total, rel=1e-6)
-    assert fit.r2_bias == pytest.approx(fit.r2_marginal, rel=1e-9)  # no benchmark offsets: X beta is the bias term
+    assert fit.variances.r2_marginal == pytest.approx(var_f / total, rel=1e-6)
+    assert fit.variances.r2_bias == pytest.approx(
+        fit.variances.r2_marginal, rel=1e-9
+    )  # no benchmark offsets: X beta is the bias term
     assert fit.attempts[0].startswith("default") and fit.attempts[-1].endswith("converged")
 
 
@@ -123,8 +129,8 @@ def test_crossed_and_nested_differ_on_nested_data() -> None:
     # the planted within-group factor and influence variances (0.4^2 = 0.16 each) are what nested recovers;
     # crossed sees one intercept per factor across groups, so most of that variance lands in its residual
     # (both residuals also hold the unmodelled benchmark offset, variance 0.25); fixed seed: deterministic
-    assert nested.var_residual < crossed.var_residual - 0.1
-    assert nested.var_components["factor"] > 0.05 and nested.var_components["influence"] > 0.05
+    assert nested.variances.residual < crossed.variances.residual - 0.1
+    assert nested.variances.components["factor"] > 0.05 and nested.variances.components["influence"] > 0.05
     with pytest.raises(ValueError, match="crossed, nested"):
         asym.fit_asym(df, "x", structure="random")
 
@@ -144,9 +150,11 @@ def test_pooled_fit_has_benchmark_offsets_and_the_bias_share_alone() -> None:
     var_f = float(np.var(model.exog @ res.fe_params.to_numpy(), ddof=1))
     var_b = float(np.var(res.fe_params["baseline_bias"] * df["baseline_bias"], ddof=1))
     total = var_f + vc + res.scale
-    assert fit.r2_marginal == pytest.approx(var_f / total, rel=1e-5)
-    assert fit.r2_bias == pytest.approx(var_b / total, rel=1e-5)
-    assert fit.r2_bias < fit.r2_marginal  # the benchmark offsets explain variance the |bias| term does not
+    assert fit.variances.r2_marginal == pytest.approx(var_f / total, rel=1e-5)
+    assert fit.variances.r2_bias == pytest.approx(var_b / total, rel=1e-5)
+    assert (
+        fit.variances.r2_bias < fit.variances.r2_marginal
+    )  # the benchmark offsets explain variance the |bias| term does not
 
 
 def test_asym_fits_per_structure_and_pooled() -> None:

@@ -366,6 +366,19 @@ class CueComparison:
     capability: str = "macro"
     capability_arms: tuple[str, ...] = ()
 
+    def csv_tables(self) -> dict[str, pd.DataFrame | None]:
+        """The comparison's tables by CSV name (``cue_<name>.csv``; None: not computed, no file)."""
+        return {
+            "cue_rankings": self.models,
+            "cue_kendall": self.kendall,
+            "cue_sign_tests": self.sign_tests,
+            "cue_net_by_group": self.by_group,
+            "cue_average": average_row(self.models),
+            "cue_average_by_group": average_by_group(self.by_group),
+            "cue_attributes": self.attributes,
+            "cue_gap_ols": self.ols,
+        }
+
 
 def compare_cue_frames(
     panel: Panel,

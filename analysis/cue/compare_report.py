@@ -7,6 +7,7 @@ The quantities come from :func:`analysis.cue.compare.compare_cue_frames`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,6 @@ from analysis.cue.compare import (
     N_BOOT,
     SEED,
     CueComparison,
-    average_by_group,
     average_row,
     compare_cue_frames,
 )
@@ -34,18 +34,8 @@ def compare_cue(
 ) -> list[Path]:
     """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
     res = compare_cue_frames(panel, n_boot=n_boot, seed=seed, decision=decision)
-    tables = {
-        "cue_rankings": res.models,
-        "cue_kendall": res.kendall,
-        "cue_sign_tests": res.sign_tests,
-        "cue_net_by_group": res.by_group,
-        "cue_average": average_row(res.models),
-        "cue_average_by_group": average_by_group(res.by_group),
-        "cue_attributes": res.attributes,
-        "cue_gap_ols": res.ols,
-    }
     return write_panel_report(
-        out, tables, res.dropped, lambda o: _figures(res, o), lambda figs: _summary_md(panel, res, n_boot, figs)
+        out, res.csv_tables(), res.dropped, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
     )
 
 

@@ -62,6 +62,48 @@ RETRY_METHODS = ("powell", "nm")
 
 
 @dataclass(frozen=True)
+class Variances:
+    """Nakagawa & Schielzeth's (2013) parts of the |Asym| variance in one fit, and the R^2 they give.
+
+    The total is ``fixed`` plus every random-intercept variance plus the
+    residual; ``fixed`` has ddof 1, as MuMIn's ``r.squaredGLMM``. Every R^2 is
+    NaN unless the total is positive.
+    """
+
+    fixed: float = math.nan
+    """Variance of the fixed-effect predictions ``X beta`` (ddof 1), the fixed part."""
+    bias: float = math.nan
+    """Variance of the |bias| term alone, ``var(beta * baseline_bias)`` (ddof 1): without benchmark offsets."""
+    components: Mapping[str, float] = field(default_factory=dict)
+    """The REML variance of each random-intercept grouping that entered the fit."""
+    residual: float = math.nan
+
+    @property
+    def total(self) -> float:
+        """The denominator of every R^2: fixed + every random-intercept variance + residual."""
+        return self.fixed + float(np.sum(list(self.components.values()))) + self.residual
+
+    def _share(self, part: float) -> float:
+        total = self.total
+        return part / total if total > 0 else math.nan
+
+    @property
+    def r2_marginal(self) -> float:
+        """``fixed / total``: what the fixed effects explain."""
+        return self._share(self.fixed)
+
+    @property
+    def r2_conditional(self) -> float:
+        """(fixed + every variance component) / total."""
+        return self._share(self.fixed + float(np.sum(list(self.components.values()))))
+
+    @property
+    def r2_bias(self) -> float:
+        """``bias / total``: the share the |bias| term alone explains (less than marginal by the benchmark offsets)."""
+        return self._share(self.bias)
+
+
+@dataclass(frozen=True)
 class AsymFit:
     """The fit of |Asym| on |baseline bias| in one scope (a benchmark, or pooled)."""
 
@@ -84,13 +126,8 @@ class AsymFit:
     beta_hi: float = math.nan
     """The 95% CI of beta (statsmodels' ``conf_int``; at a boundary fit a Wald CI from the GLS covariance)."""
     p_beta: float = math.nan
-    var_fixed: float = math.nan
-    """Variance of the fixed-effect predictions ``X beta`` (ddof 1), Nakagawa & Schielzeth's fixed part."""
-    var_bias: float = math.nan
-    """Variance of the |bias| term alone, ``var(beta * baseline_bias)`` (ddof 1): without benchmark offsets."""
-    var_components: Mapping[str, float] = field(default_factory=dict)
-    """The REML variance of each random-intercept grouping that entered the fit."""
-    var_residual: float = math.nan
+    variances: Variances = field(default_factory=Variances)
+    """The parts of the |Asym| variance, and the R^2 they give."""
     converged: bool = False
     """The optimizer that gave the fit converged (OLS: always)."""
     attempts: tuple[str, ...] = ()
@@ -99,22 +136,6 @@ class AsymFit:
     """Every warning statsmodels raised during the fit (first line each, deduplicated)."""
     note: str = ""
     """What was left out or changed on the way (one-level groupings, a CI from the GLS covariance), cut at 300."""
-
-    @property
-    def r2_marginal(self) -> float:
-        """``var_fixed / total`` (:func:`marginal_r2`); NaN unless the total is positive."""
-        return marginal_r2(self.var_fixed, list(self.var_components.values()), self.var_residual)[0]
-
-    @property
-    def r2_conditional(self) -> float:
-        """(var_fixed + every variance component) / total."""
-        return marginal_r2(self.var_fixed, list(self.var_components.values()), self.var_residual)[1]
-
-    @property
-    def r2_bias(self) -> float:
-        """Share of the total variance the |bias| term alone explains: ``var_bias / total``."""
-        total = variance_total(self.var_fixed, list(self.var_components.values()), self.var_residual)
-        return self.var_bias / total if total > 0 else math.nan
 
     def row(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -128,41 +149,23 @@ class AsymFit:
             "beta_lo": self.beta_lo,
             "beta_hi": self.beta_hi,
             "p_beta": self.p_beta,
-            "var_fixed": self.var_fixed,
-            "var_bias": self.var_bias,
+            "var_fixed": self.variances.fixed,
+            "var_bias": self.variances.bias,
         }
         for g in VC_FORMULA:
             out[f"levels_{g}"] = self.levels.get(g, 0)
-            out[f"var_{g}"] = self.var_components.get(g, math.nan)
+            out[f"var_{g}"] = self.variances.components.get(g, math.nan)
         out |= {
-            "var_residual": self.var_residual,
-            "r2_marginal": self.r2_marginal,
-            "r2_bias": self.r2_bias,
-            "r2_conditional": self.r2_conditional,
+            "var_residual": self.variances.residual,
+            "r2_marginal": self.variances.r2_marginal,
+            "r2_bias": self.variances.r2_bias,
+            "r2_conditional": self.variances.r2_conditional,
             "converged": self.converged,
             "attempts": " | ".join(self.attempts),
             "warnings": " | ".join(self.warnings),
             "note": self.note,
         }
         return out
-
-
-def variance_total(var_fixed: float, var_components: Sequence[float], var_residual: float) -> float:
-    """The denominator of every R^2 of the fit: var_fixed + every random-intercept variance + var_residual."""
-    return var_fixed + float(np.sum(var_components)) + var_residual
-
-
-def marginal_r2(var_fixed: float, var_components: Sequence[float], var_residual: float) -> tuple[float, float]:
-    """Nakagawa & Schielzeth (2013): (marginal, conditional) R^2 of a linear mixed model.
-
-    ``var_fixed`` is the variance of the fixed-effect predictions ``X beta``
-    (ddof 1, as MuMIn's ``r.squaredGLMM``); the total is that plus every
-    random-intercept variance plus the residual variance.
-    """
-    total = variance_total(var_fixed, var_components, var_residual)
-    if not total > 0:
-        return math.nan, math.nan
-    return var_fixed / total, (var_fixed + float(np.sum(var_components))) / total
 
 
 def gls_cov(x: np.ndarray, frame: pd.DataFrame, var_components: Mapping[str, float], var_residual: float) -> np.ndarray:
@@ -310,24 +313,22 @@ def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", ben
         x = ols.model.exog
         method = "OLS"
         attempts = ("OLS: closed form",)
+    beta = float(fe["baseline_bias"])
     var_fixed = float(np.var(x @ fe.to_numpy(), ddof=1))
-    var_bias = float(np.var(float(fe["baseline_bias"]) * frame["baseline_bias"].to_numpy(float), ddof=1))
+    var_bias = float(np.var(beta * frame["baseline_bias"].to_numpy(float), ddof=1))
     return AsymFit(
-        scope=scope,
-        method=method,
-        n=n,
-        levels=levels,
-        structure=structure,
-        formula=formula,
+        scope,
+        method,
+        n,
+        levels,
+        structure,
+        formula,
         intercept=float(fe["Intercept"]),
-        beta=float(fe["baseline_bias"]),
+        beta=beta,
         beta_lo=float(ci.iloc[0]),
         beta_hi=float(ci.iloc[1]),
         p_beta=p,
-        var_fixed=var_fixed,
-        var_bias=var_bias,
-        var_components=vcomp,
-        var_residual=resid,
+        variances=Variances(fixed=var_fixed, bias=var_bias, components=vcomp, residual=resid),
         converged=converged,
         attempts=attempts,
         warnings=caught,

@@ -358,6 +358,23 @@ class InfluenceComparison:
     asym_model: str = "crossed"
     """The headline random-effect structure of the |Asym| fits."""
 
+    def csv_tables(self) -> dict[str, pd.DataFrame]:
+        """The comparison's tables by CSV name."""
+        return {
+            "conditions": self.conditions,
+            **self.tables,
+            "reasoning_change": self.change,
+            "reasoning_change_conditions": self.change_conditions,
+            "asym_regression": pd.DataFrame([f.row() for f in self.fits]),
+            "asym_regression_data": self.asym_data,
+            "dropped_conditions": pd.concat([m.dropped_conditions for m in self.matched], ignore_index=True),
+        }
+
+    @property
+    def dropped_items(self) -> pd.DataFrame:
+        """The items each matched benchmark left out, and why."""
+        return pd.concat([m.dropped_items for m in self.matched], ignore_index=True)
+
 
 def _split_imported(panel: Panel) -> tuple[Panel | None, list[PanelRun]]:
     """(the panel of native runs, or None; the imported runs), in panel order."""

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import write_panel_report
@@ -27,18 +27,8 @@ def compare_influence(
 ) -> list[Path]:
     """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
     res = compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
-    csvs = {
-        "conditions": res.conditions,
-        **res.tables,
-        "reasoning_change": res.change,
-        "reasoning_change_conditions": res.change_conditions,
-        "asym_regression": pd.DataFrame([f.row() for f in res.fits]),
-        "asym_regression_data": res.asym_data,
-        "dropped_conditions": pd.concat([m.dropped_conditions for m in res.matched], ignore_index=True),
-    }
-    dropped = pd.concat([m.dropped_items for m in res.matched], ignore_index=True)
     return write_panel_report(
-        out, csvs, dropped, lambda o: _figures(res, o), lambda figs: _summary_md(panel, res, n_boot, figs)
+        out, res.csv_tables(), res.dropped_items, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
     )
 
 
@@ -104,7 +94,7 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
             if math.isfinite(fit.beta):
                 xs = np.linspace(0, max(0.5, float(sub["baseline_bias"].max())), 20)
                 ax.plot(xs, fit.intercept + fit.beta * xs, color="black", lw=1)
-            r2 = f", marginal R² {fit.r2_marginal:.2f}" if math.isfinite(fit.r2_marginal) else ""
+            r2 = f", marginal R² {fit.variances.r2_marginal:.2f}" if math.isfinite(fit.variances.r2_marginal) else ""
             ax.set_title(f"{fit.scope}: β = {fit.beta:.2f}{r2}", fontsize=8)
             ax.set_xlabel("|baseline bias| = |f0(B) - 0.5|")
             ax.set_ylabel("|Asym| (log-odds)")
