@@ -78,9 +78,8 @@ def test_variance_shares_hand_values_and_ols_fallback() -> None:
     import statsmodels.api as sm
 
     v = asym.Variances(fixed=1.0, bias=0.5, components={"factor": 1.0, "influence": 2.0}, residual=1.0)
-    assert (v.total, v.r2_marginal, v.r2_conditional, v.r2_bias) == pytest.approx(
-        (5.0, 0.2, 0.8, 0.1)
-    )  # 1/5, 4/5, .5/5
+    assert (v.random, v.total) == (3.0, 5.0)
+    assert (v.r2_marginal, v.r2_conditional, v.r2_bias) == pytest.approx((0.2, 0.8, 0.1))  # 1/5, (1 + 3)/5, 0.5/5
     empty = asym.Variances(fixed=0.0, bias=0.0, residual=0.0)
     assert all(math.isnan(r) for r in (empty.r2_marginal, empty.r2_conditional, empty.r2_bias))
     df = _crossed_frame().assign(model_reasoning="a", factor="t:g", influence="u")

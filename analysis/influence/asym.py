@@ -79,9 +79,14 @@ class Variances:
     residual: float = math.nan
 
     @property
+    def random(self) -> float:
+        """The sum of the random-intercept variances."""
+        return float(np.sum(list(self.components.values())))
+
+    @property
     def total(self) -> float:
-        """The denominator of every R^2: fixed + every random-intercept variance + residual."""
-        return self.fixed + float(np.sum(list(self.components.values()))) + self.residual
+        """The denominator of every R^2: fixed + random + residual."""
+        return self.fixed + self.random + self.residual
 
     def _share(self, part: float) -> float:
         total = self.total
@@ -94,8 +99,8 @@ class Variances:
 
     @property
     def r2_conditional(self) -> float:
-        """(fixed + every variance component) / total."""
-        return self._share(self.fixed + float(np.sum(list(self.components.values()))))
+        """(fixed + random) / total: what the fixed and random effects together explain."""
+        return self._share(self.fixed + self.random)
 
     @property
     def r2_bias(self) -> float:
