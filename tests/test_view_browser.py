@@ -13,8 +13,6 @@ and ``chromium-driver``).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,56 +25,13 @@ from probe.app.cli import main
 from probe.app.view import Viewer, make_server
 from probe.runs import open_run
 from probe.store import RunStore
+from tests.view_runs import chromium
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,1600",
-)
-
-
-def _find(*names: str) -> str | None:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install selenium; it is in the [dev] extra)")
-    binary = _find("chromium", "chromium-browser", "google-chrome")
-    driver = _find("chromedriver")
-    if binary is None or driver is None:
-        missing = " and ".join(n for n, p in (("chromium", binary), ("chromedriver", driver)) if p is None)
-        pytest.skip(f"no {missing} on PATH (apt-get install chromium chromium-driver, or make test-browser)")
-    profile = tempfile.mkdtemp(prefix="probe-chromium-")
-    options = webdriver.ChromeOptions()
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    options.binary_location = binary
-    try:
-        drv = webdriver.Chrome(options=options, service=Service(driver))
-    except Exception as e:  # WebDriverException and kin: a Chromium that cannot start here
-        shutil.rmtree(profile, ignore_errors=True)
-        pytest.skip(f"Chromium ({binary}) could not start: {str(e).splitlines()[0]}")
-    drv.set_page_load_timeout(60)
-    yield drv
-    drv.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    yield from chromium()
 
 
 @pytest.fixture(scope="module")

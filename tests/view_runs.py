@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,3 +31,59 @@ def sim_run(out: Path, *extra: str, samples: int = 3) -> Path:
             "--chunk-size", "8", "--quiet", "--out", str(out), *extra]  # fmt: skip
     assert main(args) == 0
     return out
+
+
+# ------------------------------------------------------------------ headless Chromium (browser tests)
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1600",
+)
+
+
+def _find(*names: str) -> str | None:
+    import shutil
+
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def chromium(*extra: str) -> Iterator[Any]:
+    """A headless Chromium driven through Selenium (a fresh profile; ``extra`` flags added), for a fixture to
+    yield; skips, saying why, where Selenium, Chromium or chromedriver is missing or Chromium cannot start."""
+    import shutil
+    import tempfile
+
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed (pip install selenium; it is in the [dev] extra)")
+    binary = _find("chromium", "chromium-browser", "google-chrome")
+    driver = _find("chromedriver")
+    if binary is None or driver is None:
+        missing = " and ".join(n for n, p in (("chromium", binary), ("chromedriver", driver)) if p is None)
+        pytest.skip(f"no {missing} on PATH (apt-get install chromium chromium-driver, or make test-browser)")
+    profile = tempfile.mkdtemp(prefix="probe-chromium-")
+    options = webdriver.ChromeOptions()
+    for flag in (*CHROMIUM_FLAGS, *extra, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    options.binary_location = binary
+    try:
+        drv = webdriver.Chrome(options=options, service=Service(driver))
+    except Exception as e:  # WebDriverException and kin: a Chromium that cannot start here
+        shutil.rmtree(profile, ignore_errors=True)
+        pytest.skip(f"Chromium ({binary}) could not start: {str(e).splitlines()[0]}")
+    drv.set_page_load_timeout(60)
+    yield drv
+    drv.quit()
+    shutil.rmtree(profile, ignore_errors=True)
