@@ -103,12 +103,21 @@ def redact(obj: Any, secrets: set[str] | None = None) -> Any:
 
 
 # ------------------------------------------------------------------ responses
+PAGE_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+"""The policy of every page: only the viewer's own script and style sheet, and no framing by another site."""
+
+
 @dataclass(frozen=True)
 class Response:
     status: int
     body: bytes
     content_type: str = "text/html; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
+    csp: str = PAGE_CSP
+    """The Content-Security-Policy it is sent with (report files: :data:`SANDBOX_CSP`)."""
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -258,7 +267,7 @@ class Viewer:
 
     def report_file(self, i: str, name: str, query: Any) -> Response:
         _, run = self._run(i)
-        return _file(_report_path(run, name))
+        return _report_file(_report_path(run, name))
 
     # ------------------------------------------------------------ run data
     def run_info(self, k: int) -> dict[str, Any]:
@@ -478,10 +487,40 @@ def _report_url(k: int, url: str) -> str | None:
 
 
 def _file(path: Path) -> Response:
+    """One of the viewer's own static files (its script and style sheet)."""
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     if ctype.startswith("text/") or ctype in ("application/javascript", "text/javascript"):
         ctype += "; charset=utf-8"
     return Response(200, path.read_bytes(), ctype, (("Cache-Control", "no-cache"),))
+
+
+REPORT_TYPES: dict[str, str] = {
+    ".png": "image/png",
+    ".csv": "text/plain; charset=utf-8",
+    ".md": "text/plain; charset=utf-8",
+    ".json": "text/plain; charset=utf-8",
+}
+"""The report files the viewer shows in the browser, and the type it gives them. CSV, Markdown and JSON go as
+plain text: a browser renders nothing in them. Every other file (HTML, SVG, JavaScript, ...) could carry script
+that would run in the viewer's origin and read its API, so it is sent as a download."""
+SANDBOX_CSP = "sandbox; default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; frame-ancestors 'none'"
+"""The policy of every report file: a sandboxed, opaque origin that runs no script, even if a browser renders it."""
+
+
+def _report_file(path: Path) -> Response:
+    """A report file: a type from :data:`REPORT_TYPES`, else a download; always under :data:`SANDBOX_CSP`."""
+    body = path.read_bytes()
+    ctype = REPORT_TYPES.get(path.suffix.lower())
+    if ctype is not None:
+        return Response(200, body, ctype, (("Cache-Control", "no-cache"),), csp=SANDBOX_CSP)
+    disposition = f"attachment; filename*=UTF-8''{urllib.parse.quote(path.name)}"
+    return Response(
+        200,
+        body,
+        "application/octet-stream",
+        (("Cache-Control", "no-cache"), ("Content-Disposition", disposition)),
+        csp=SANDBOX_CSP,
+    )
 
 
 def _paging(query: Sequence[tuple[str, str]]) -> tuple[int, int, list[tuple[str, str]]]:
@@ -528,9 +567,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", resp.content_type)
         self.send_header("Content-Length", str(len(resp.body)))
         self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header(
-            "Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'"
-        )
+        self.send_header("Content-Security-Policy", resp.csp)
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("X-Frame-Options", "DENY")
         for k, v in resp.headers:
             self.send_header(k, v)
         self.end_headers()
