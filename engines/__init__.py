@@ -12,6 +12,8 @@ a Hugging Face id
 ``openai:<model>``,   ``api``      :mod:`engines.api`
 ``anthropic:<m>``,
 ``openai-compatible:<name>@<url>``
+the same, with a      ``server``   :mod:`engines.server` (readouts through
+readout                            the server; sampling as ``api``)
 ====================  ===========  =========================================
 
 Each backend module provides ``add_arguments(parser)`` (its own CLI flags,
@@ -33,6 +35,7 @@ ENGINE_MODULES: dict[str, str] = {
     "vllm": "engines.vllm",
     "sim": "engines.sim",
     "api": "engines.api",
+    "server": "engines.server",
 }
 _SCHEMES: dict[str, str] = {
     "vllm": "vllm",
@@ -117,7 +120,15 @@ def add_loading_arguments(g: argparse._ArgumentGroup, *, max_new_tokens: int = 3
     g.add_argument("--trust-remote-code", action="store_true", help=f"allow {what} code from the hub")
 
 
+def wants_server_readout(model: str, args: argparse.Namespace) -> bool:
+    """An ``openai-compatible:`` model read through its server: where the verb reads the slot (``probe readout``,
+    or ``probe run`` without ``--no-readout``; a namespace without ``no_readout`` is a verb that only samples)."""
+    return model.startswith("openai-compatible:") and not getattr(args, "no_readout", True)
+
+
 def make_engine(args: argparse.Namespace) -> Any:
-    """Build (not yet load) the engine the arguments ask for."""
+    """Build the engine the arguments ask for (not yet loaded; a server engine has run its canary)."""
     kind = engine_kind(args.model, getattr(args, "engine", "auto"))
+    if kind == "api" and wants_server_readout(args.model, args):
+        kind = "server"
     return engine_module(kind).from_args(args.model, args)

@@ -264,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--sep", default=",", help="separator of --options (default ',')")
     o.add_argument("--assistant-prefix", default="", help="text the reply starts with before the slot, e.g. 'Answer:'")
     o.add_argument("--json", action="store_true", help="machine-readable output with token ids")
+    o.set_defaults(no_readout=False)  # an openai-compatible: model is read through its server (engines.server)
     add_engine_arguments(o)
 
     m = add_verb(sub, "merge", cmd_merge)
