@@ -364,6 +364,35 @@ def node_requests(
     return out
 
 
+def by_kind(requests: Sequence[Request]) -> list[list[Request]]:
+    """Requests grouped by kind, sent one group after the other, each with the slots first (their prompts then
+    sit in the prefix cache for the deeper nodes).
+
+    vLLM's V1 sampler answers a whole batch from the ``logprob_token_ids`` gather as soon as one request in it
+    has them, so a top-k request that the server batches with token-id requests gets back only the gathered
+    tokens (the in-process engine never mixes them in one ``generate`` call for the same reason). Sending the
+    kinds apart keeps this client's requests out of each other's batches; :func:`check_top_k` catches a top-k
+    reply that was answered so anyway (another client's requests in the same batch), and it is sent again.
+    """
+    order = ("think", "token_ids", "top_k", "prompt_logprobs")
+    return [sorted(g, key=lambda q: len(q.prefix)) for kind in order if (g := [q for q in requests if q.kind == kind])]
+
+
+def check_top_k(q: Request, reply: ServerReply) -> None:
+    """A top-k reply must carry the k finite log probabilities asked for; else it is a transport failure (sent
+    again): a batch answered from another request's ``logprob_token_ids`` (see :func:`by_kind`)."""
+    if q.kind != "top_k":
+        return
+    k = int(q.body.get("logprobs") or 0)
+    values = [reply.slot[t] for t in reply.ranked]
+    if len(reply.ranked) < k or not all(math.isfinite(v) for v in values):
+        raise TransportError(
+            "malformed",
+            f"the server returned {len(reply.ranked)} top log probabilities ({values[:4]}) of the {k} asked for "
+            "(vLLM answers a batch that mixes logprob_token_ids requests from their gather)",
+        )
+
+
 @dataclass
 class Conditionals:
     """What one trial's replies say: log p(child | prompt + node), and every token seen at the slot."""
@@ -699,7 +728,9 @@ class ServerEngine(ApiEngine):
                     outcome = "ok"
                 finally:
                     limiter.release(outcome)
-                return parse_completion(raw, start=q.start, reverse=self._reverse_for(raw))  # malformed: retried
+                reply = parse_completion(raw, start=q.start, reverse=self._reverse_for(raw))  # malformed: retried
+                check_top_k(q, reply)
+                return reply
 
             try:
                 reply = self._with_retries(call, stop)
@@ -821,10 +852,10 @@ class ServerEngine(ApiEngine):
             for i, (p, trie) in enumerate(zip(prepared, tries, strict=True))
             for q in node_requests(s.model, i, p.ids, trie, self.mode, top_other=s.top_other, cap=s.top_logprobs)
         ]
-        reqs.sort(key=lambda q: len(q.prefix))  # the slots first: their prompts then sit in the prefix cache
         conds = [Conditionals() for _ in prepared]
-        for q, r in zip(reqs, self.fetch(reqs), strict=True):
-            conds[q.row].absorb(q, r)
+        for group in by_kind(reqs):
+            for q, r in zip(group, self.fetch(group), strict=True):
+                conds[q.row].absorb(q, r)
         out = []
         for i, (t, p, trie) in enumerate(zip(trials, prepared, tries, strict=True)):
             out.append(self._assemble(t, p, trie, conds[i], [q for q in reqs if q.row == i]))
