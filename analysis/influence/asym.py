@@ -2,7 +2,8 @@
 
 statsmodels MixedLM (REML) with crossed random intercepts (the paper's text) or with factor and
 influence nested in model x reasoning (the paper's code); the marginal R^2 of Nakagawa & Schielzeth,
-the share of the |bias| term alone, and every optimizer attempt and warning.
+the share of the |bias| term alone, and every optimizer attempt and warning. beta's interval is a Wald
+interval from the GLS covariance of the fixed effects at the REML optimum, ``(X' V^-1 X)^-1``.
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ factor and influence type, crossed (variance components of one group).
 ``nested`` (the paper's published code): a random intercept per model x
 reasoning group, and factor and influence intercepts *within* each group (a
 factor's intercept differs between models)."""
-RETRY_METHODS = ("powell", "nm")
-"""Optimizers tried, in turn, after statsmodels' own (bfgs, lbfgs, cg) when the REML fit did not converge."""
+METHODS = (None, "powell", "nm")
+"""Optimizers every REML fit runs: statsmodels' default (itself bfgs, then lbfgs and cg when one fails), Powell and
+Nelder-Mead. Near a zero variance component the default can stop short of the REML maximum while reporting
+convergence (issue 38: log-likelihood -80.889 where Powell and Nelder-Mead reach -80.875), so all run and the
+highest REML log-likelihood among the converged ones is kept."""
+LLF_TIE = 1e-6
+"""Log-likelihoods this close are one optimum (:func:`fit_mixed` keeps the first optimizer that reached it)."""
 
 
 @dataclass(frozen=True)
@@ -129,14 +135,18 @@ class AsymFit:
     """The slope of |Asym| on |baseline bias|, the paper's headline."""
     beta_lo: float = math.nan
     beta_hi: float = math.nan
-    """The 95% CI of beta (statsmodels' ``conf_int``; at a boundary fit a Wald CI from the GLS covariance)."""
+    """The 95% Wald CI of beta from the GLS covariance ``(X' V^-1 X)^-1`` at the REML optimum (:func:`gls_cov`;
+    OLS: its t interval). Not statsmodels' ``conf_int``, which inverts the full observed Hessian, cross terms
+    with the variance parameters included, and near a zero variance component widens the interval about 1.6x
+    (issue 38)."""
     p_beta: float = math.nan
+    """The two-sided p of beta = 0 against the normal, from the same standard error (OLS: t)."""
     variances: Variances = field(default_factory=Variances)
     """The parts of the |Asym| variance, and the R^2 they give."""
     converged: bool = False
     """The optimizer that gave the fit converged (OLS: always)."""
     attempts: tuple[str, ...] = ()
-    """Each optimizer run and its outcome, in order (a retry is a later entry)."""
+    """Each optimizer run, its outcome and REML log-likelihood, in order, then which one was kept."""
     warnings: tuple[str, ...] = ()
     """Every warning statsmodels raised during the fit (first line each, deduplicated)."""
     note: str = ""
@@ -193,37 +203,67 @@ def gls_cov(x: np.ndarray, frame: pd.DataFrame, var_components: Mapping[str, flo
     return np.linalg.inv(xtx / var_residual)
 
 
+def gls_se(
+    x: np.ndarray,
+    frame: pd.DataFrame,
+    var_components: Mapping[str, float],
+    var_residual: float,
+    names: Sequence[str],
+    term: str,
+) -> float:
+    """The standard error of fixed effect ``term`` (``names``: the columns of ``x``) from :func:`gls_cov`."""
+    j = list(names).index(term)
+    return math.sqrt(max(float(gls_cov(x, frame, var_components, var_residual)[j, j]), 0.0))
+
+
+def wald_ci(estimate: float, se: float, level: float = 0.95) -> tuple[pd.Series, float]:
+    """(the two-sided normal CI at ``level``, the two-sided p of 0) of an estimate with standard error ``se``."""
+    from scipy import stats
+
+    zq = float(stats.norm.isf((1 - level) / 2))
+    p = float(2 * stats.norm.sf(abs(estimate) / se)) if se > 0 else math.nan
+    return pd.Series([estimate - zq * se, estimate + zq * se]), p
+
+
 def _first_lines(ws: Sequence[warnings.WarningMessage]) -> list[str]:
     return list(dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in ws))
 
 
-def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
-    """Fit a statsmodels MixedLM by REML, retrying other optimizers until one converges.
+def _method_name(method: str | None) -> str:
+    return method or "default (bfgs, lbfgs, cg)"
 
-    First statsmodels' default (which itself tries bfgs, lbfgs, cg and warns
-    "Retrying ..."), then each of :data:`RETRY_METHODS`. Returns (the first
-    converged result, or the one of highest REML log-likelihood when none
-    converged; the attempts; the warnings of all attempts).
+
+def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
+    """Fit a statsmodels MixedLM by REML with every optimizer of :data:`METHODS`; keep the best.
+
+    Returns (the converged result of highest REML log-likelihood, or the one of
+    highest log-likelihood when none converged; the first in :data:`METHODS`
+    order within :data:`LLF_TIE` of the best, so that rounding does not pick
+    between equal optima; the attempts, each with its log-likelihood, and
+    which was kept; the warnings of all attempts). Raises ValueError when every
+    optimizer failed.
     """
-    results, attempts, caught = [], [], []
-    for method in (None, *RETRY_METHODS):
+    results: list[tuple[str, Any, bool]] = []
+    attempts, caught = [], []
+    for method in METHODS:
         with warnings.catch_warnings(record=True) as ws:
             warnings.simplefilter("always")
             try:
                 res = model.fit(reml=True, method=method)
             except (np.linalg.LinAlgError, ValueError) as e:
-                attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: failed ({e})")
+                attempts.append(f"{_method_name(method)}: failed ({e})")
                 caught += _first_lines(ws)
                 continue
         caught += _first_lines(ws)
         ok = bool(res.converged) and np.isfinite(res.llf)
-        attempts.append(f"{method or 'default (bfgs, lbfgs, cg)'}: {'converged' if ok else 'not converged'}")
-        results.append(res)
-        if ok:
-            return res, tuple(attempts), tuple(dict.fromkeys(caught))
+        attempts.append(f"{_method_name(method)}: {'converged' if ok else 'not converged'}, llf {res.llf:.4f}")
+        results.append((_method_name(method), res, ok))
     if not results:
         raise ValueError("every MixedLM optimizer failed: " + "; ".join(attempts))
-    best = max(results, key=lambda r: r.llf if np.isfinite(r.llf) else -np.inf)
+    pool = [r for r in results if r[2]] or results
+    llf = [float(r[1].llf) if np.isfinite(r[1].llf) else -np.inf for r in pool]
+    name, best, _ = pool[next(i for i, v in enumerate(llf) if v >= max(llf) - LLF_TIE)]
+    attempts.append(f"kept: {name}")
     return best, tuple(attempts), tuple(dict.fromkeys(caught))
 
 
@@ -268,12 +308,13 @@ def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", ben
     left out, and said so; with none left the fit is OLS and its "marginal
     R^2" is var(X beta) / (var(X beta) + sigma^2). ``r2_bias`` is the share
     of the |bias| term alone (it differs from ``r2_marginal`` only through the
-    benchmark offsets). Optimizer retries and every warning are recorded
-    (:func:`fit_mixed`).
+    benchmark offsets). Every optimizer's log-likelihood, which one was kept,
+    and every warning are recorded (:func:`fit_mixed`). beta's CI and p come
+    from the GLS covariance at the REML optimum (:func:`gls_cov`, a Wald
+    interval), not from statsmodels' ``conf_int`` (see ``AsymFit.beta_lo``).
     """
     import statsmodels.api as sm
     import statsmodels.formula.api as smf
-    from scipy import stats
 
     if structure not in STRUCTURES:
         raise ValueError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {structure!r}")
@@ -296,21 +337,13 @@ def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", ben
         res, attempts, fit_ws = fit_mixed(model)
         caught = tuple(dict.fromkeys([*caught, *fit_ws]))
         fe = res.fe_params
-        ci = res.conf_int().loc["baseline_bias"]
         vcomp = dict(zip(model.exog_vc.names, map(float, np.atleast_1d(res.vcomp)), strict=True))
         if kw["re_formula"] == "1":
             vcomp = {"model_reasoning": float(np.asarray(res.cov_re)[0, 0]), **vcomp}
-        resid, converged, p = float(res.scale), bool(res.converged), float(res.pvalues["baseline_bias"])
+        resid, converged = float(res.scale), bool(res.converged) and np.isfinite(res.llf)
         x = model.exog
         method = "MixedLM (REML)"
-        if not np.isfinite(ci.to_numpy()).all():  # a boundary fit: statsmodels gives no fixed-effect SE
-            j = list(fe.index).index("baseline_bias")
-            se = math.sqrt(gls_cov(x, zframe, vcomp, resid)[j, j])
-            zq = float(stats.norm.isf(0.025))
-            b = float(fe["baseline_bias"])
-            ci = pd.Series([b - zq * se, b + zq * se])
-            p = float(2 * stats.norm.sf(abs(b) / se)) if se > 0 else math.nan
-            note = "; ".join(filter(None, [note, "beta CI from (X'V^-1 X)^-1 at the fitted variances"]))
+        ci, p = wald_ci(float(fe["baseline_bias"]), gls_se(x, zframe, vcomp, resid, list(fe.index), "baseline_bias"))
     else:
         ols = sm.OLS.from_formula(formula, frame).fit()
         fe, ci = ols.params, ols.conf_int().loc["baseline_bias"]

@@ -269,9 +269,12 @@ def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
         "group (`groups=model_reasoning, re_formula='1', vc_formula={factor, influence}`). "
         f"Headline structure: **{headline}** (`--asym-model`). Marginal R² = var(X β) / (var(X β) + Σ σ²_vc + σ²_ε) "
         "(Nakagawa & Schielzeth 2013; var with ddof 1); R² |bias| alone = var(β |bias|) / the same total "
-        "(without the benchmark offsets); conditional R² adds Σ σ²_vc to the numerator. `attempts` lists each "
-        "optimizer run (statsmodels' default tries bfgs, lbfgs, cg; then powell, nm until one converges), "
-        "`warnings` every warning of the fit.",
+        "(without the benchmark offsets); conditional R² adds Σ σ²_vc to the numerator. **beta's 95% CI** "
+        "(`beta_lo`, `beta_hi`) and `p_beta`: Wald, from the GLS covariance (X' V⁻¹ X)⁻¹ at the REML optimum (OLS: "
+        "its t interval), not statsmodels' `conf_int`, whose full observed Hessian widens the interval about 1.6x "
+        "when a variance component is near zero. `attempts` lists each optimizer run with its REML "
+        "log-likelihood (statsmodels' default, which tries bfgs, lbfgs, cg; powell; nm) and which was kept "
+        "(the highest log-likelihood among the converged), `warnings` every warning of the fit.",
         "",
     ]
     table = pd.DataFrame([f.row() for f in fits])
