@@ -48,7 +48,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -60,9 +60,9 @@ from engines.api_providers import TransportError
 from engines.base import Draws, ProgressFn, draw_seed, require
 from engines.local import Prepared, folder_info, slot_readout, with_reasoning
 from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
-from engines.trie import Prefix, Trie, build_trie
+from engines.trie import Prefix, Trie, build_trie, normalize
 from probe.errors import ModelError, ProbeError
-from probe.types import Message, Readout, Sample, Trial
+from probe.types import Message, OptionScore, Readout, Sample, Trial
 
 MODES = ("auto", "token_ids", "prompt_logprobs", "top_logprobs")
 """How option tokens are read (``--server-readout``); auto: the first of the others the server offers."""
@@ -357,7 +357,7 @@ def node_requests(
                 body = completion_body(model, prompt, logprobs=1, logprob_token_ids=list(chunk))
                 out.append(Request(row, node, "token_ids", body, tuple(chunk)))
         else:
-            k = k0 if not node else min(cap, max(1, len(kids)))
+            k = cap  # as many as the server gives: every option token it returns is one less bound
             out.append(Request(row, node, "top_k", completion_body(model, prompt, logprobs=k), tuple(kids)))
     if mode == "token_ids" and top_other:
         out.append(Request(row, (), "top_k", completion_body(model, ids, logprobs=k0)))
@@ -401,6 +401,8 @@ class Conditionals:
     seen: dict[int, float] = field(default_factory=dict)
     floor: dict[Prefix, float] = field(default_factory=dict)
     """top_logprobs: the smallest log probability returned at a node (a token not returned lies at or below it)."""
+    returned: dict[Prefix, dict[int, float]] = field(default_factory=dict)
+    """top_logprobs: every token returned at a node (their mass bounds what was not returned)."""
 
     def absorb(self, q: Request, r: ServerReply) -> None:
         if q.kind == "prompt_logprobs":
@@ -427,6 +429,7 @@ class Conditionals:
                 raise ServerRefused(f"the server did not return the log probability of requested token {t}")
         if q.kind == "top_k" and r.slot:
             self.floor[q.prefix] = min(r.slot.values())
+            self.returned.setdefault(q.prefix, {}).update(r.slot)
 
 
 def bounded_readout(
@@ -441,22 +444,51 @@ def bounded_readout(
     """The readout of a top_logprobs trial whose option tokens were not all returned, and how many options are
     bounded.
 
-    A token the server did not return lies at or below the smallest log probability it returned at that node
-    (its floor), so a missing conditional is taken at the floor: the option's log probability is then a bound,
+    A bounded option's log probability is the most it can be: a token the server did not return at a node lies
+    at or below the smallest log probability returned there (the node's floor) and within the mass the top-k
+    left over, so a missing step of its path is taken at that bound; where a missing token would continue the
+    option into a longer one, the mass that stops there is at most one minus the known continuations. It is
     never zero. ``coverage`` sums only the options whose every conditional was returned (a lower bound).
     """
-    cond = {node: dict(c.cond.get(node, {})) for node in trie}
-    missing = {(node, kid) for node, kids in trie.items() for kid in kids if kid not in cond[node]}
-    for node, kid in missing:
-        cond[node][kid] = c.floor.get(node, SENTINEL)
-    exact = []
+    missing = {(node, kid) for node, kids in trie.items() for kid in kids if kid not in c.cond.get(node, {})}
+
+    def step(node: Prefix, kid: int) -> float:
+        if (node, kid) not in missing:
+            return c.cond[node][kid]
+        bound = c.floor.get(node, SENTINEL)
+        left = 1.0 - math.fsum(math.exp(v) for v in c.returned.get(node, {}).values())
+        return min(bound, math.log(left)) if left > 0 else bound
+
+    lps, exact = [], []
     for opt in prep.options:
         key = tuple(opt)
+        lp = math.fsum(step(key[:i], key[i]) for i in range(len(key)))
+        if key in trie:
+            cont = math.fsum(math.exp(c.cond[key][k]) for k in trie[key] if (key, k) not in missing)
+            lp += math.log1p(-cont) if cont < 1.0 else -math.inf
         used = {(key[:i], key[i]) for i in range(len(key))} | {(key, kid) for kid in trie.get(key, ())}
+        lps.append(lp)
         exact.append(not (used & missing))
-    base = slot_readout(trial, prep, trie, cond, top_other=top_other, computed=computed)
-    known = [math.exp(s.logprob) for s, ok in zip(base.scores, exact, strict=True) if ok]
-    return replace(base, coverage=math.fsum(known)), exact.count(False)
+    probs, _ = normalize(lps)
+    best = max(range(len(lps)), key=lambda i: (lps[i], -i))
+    known = math.fsum(math.exp(lp) for lp, ok in zip(lps, exact, strict=True) if ok)
+    scores = tuple(
+        OptionScore(o, ids, lp, p) for o, ids, lp, p in zip(trial.options, prep.options, lps, probs, strict=True)
+    )
+    readout = Readout(
+        trial_id=trial.trial_id,
+        scores=scores,
+        coverage=known,
+        greedy_option=trial.options[best],
+        top_other=top_other,
+        prompt_tokens=len(prep.ids),
+        computed_tokens=computed,
+        reasoning=prep.reasoning,
+        reasoning_tokens=prep.reasoning_tokens,
+        hit_budget=prep.hit_budget,
+        prompt_ids=prep.ids,
+    )
+    return readout, exact.count(False)
 
 
 # ------------------------------------------------------------------ engine
