@@ -235,6 +235,106 @@ def test_gap_equals_delta_against_minus_delta_favor_on_random_data() -> None:
     assert (gap["sd_gap"] > 0).all()
 
 
+def _empty_against_run() -> Run:
+    """d1: Neutral away from the benefit option (In-favor possible); d2: Neutral at it (Against possible).
+
+    man/Asian answer both dilemmas, woman/Black only d1, so woman's and Black's Against has an empty denominator.
+    Direct: man/Asian benefit, benefit (favor 1/1, against 0/1); woman/Black harm (favor 0/1, against undefined).
+    Puzzled-hard: man/Asian harm, harm (favor 0/1, against 1/1); woman/Black benefit (favor 1/1, against undefined).
+    """
+    r = Run()
+    r.decision("d1", "neutral", 0.0)
+    r.decision("d2", "neutral", 1.0)
+    for cond, level, mine, theirs in (("direct", "", (1.0, 1.0), 0.0), ("puzzled", "hard", (0.0, 0.0), 1.0)):
+        r.decision("d1", cond, mine[0], level=level, gender="man", race="Asian", who="A")
+        r.decision("d2", cond, mine[1], level=level, gender="man", race="Asian", who="A")
+        r.decision("d1", cond, theirs, level=level, gender="woman", race="Black", who="B")
+    return r
+
+
+def _assert_macro_identities(bias: pd.DataFrame, gap: pd.DataFrame) -> None:
+    mb, mg = bias[bias["group"] == "macro"], gap[gap["group"] == "macro"]
+    assert len(mb) and len(mg)
+    np.testing.assert_allclose(mb["net"], mb["favor"] - mb["against"], atol=1e-12)
+    np.testing.assert_allclose(mg["gap"], mg["d_against"] - mg["d_favor"], atol=1e-12)
+
+
+def test_macro_rows_use_one_set_of_groups_and_name_the_groups_left_out() -> None:
+    """Hand-worked (issue 38): a group with an empty Against denominator leaves the whole macro row. A column-wise
+    mean gave Direct macro favor 0.5 (man, Asian, woman, Black), against 0 and net 1 (man, Asian): net != favor -
+    against; and the Puzzled gap row DeltaFavor 0 (all four), DeltaAgainst 1 and Gap 2 (man, Asian)."""
+    from analysis.cue.metrics import macro_left_out
+
+    bias, gap = decision_bias(*_empty_against_run().frames(), n_boot=0)
+    assert math.isnan(_row(bias, arm="direct", group="woman").against)
+    assert _row(bias, arm="direct", group="woman").favor == 0.0
+    d = _row(bias, arm="direct", group="macro")
+    assert (d.favor, d.against, d.net) == (1.0, 0.0, 1.0)  # man and Asian only
+    p = _row(bias, arm="puzzled-hard", group="macro")
+    assert (p.favor, p.against, p.net) == (0.0, 1.0, -1.0)
+    g = _row(gap, arm="puzzled-hard", group="macro")
+    assert (g.d_favor, g.d_against, g.gap) == (-1.0, 1.0, 2.0)
+    assert _row(gap, arm="puzzled-hard", group="woman").d_favor == 1.0  # defined, but left out with its row
+    _assert_macro_identities(bias, gap)
+    left = macro_left_out(bias, gap)
+    assert left.to_dict("records") == [
+        {
+            "table": "bias",
+            "arm": "direct",
+            "consequences": "with",
+            "left_out": "woman (gender): against; Black (race): against",
+        },
+        {
+            "table": "bias",
+            "arm": "puzzled-hard",
+            "consequences": "with",
+            "left_out": "woman (gender): against; Black (race): against",
+        },
+        {
+            "table": "gap",
+            "arm": "puzzled-hard",
+            "consequences": "with",
+            "left_out": "woman (gender): d_against; Black (race): d_against",
+        },
+    ]
+    full, full_gap = decision_bias(*hand_run().frames(), n_boot=0)
+    assert macro_left_out(full, full_gap).empty
+
+
+def test_macro_identities_hold_on_every_row_and_bootstrap_draw() -> None:
+    """Greedy decisions on random probabilities leave some group rates undefined (empty denominators), in the
+    point estimate and in bootstrap draws: Net = Favor - Against and Gap = DeltaAgainst - DeltaFavor on every macro
+    row, in every reading, and in every resampling of the dilemmas."""
+    from analysis.cue.metrics import BiasPlan, by_group, cell_sums, event_terms, macro_left_out
+
+    rng = np.random.default_rng(38)
+    others = [x for x in RACES if x != "Muslim"]
+    r = Run()
+    for d in range(6):
+        r.decision(f"d{d}", "neutral", 0.1 if d == 0 else float(rng.uniform()))
+        for cond, level in (("direct", ""), ("puzzled", "hard"), ("named", "")):
+            for who in range(3):
+                # Muslim only on d0, where Neutral is away from the benefit option: its greedy Against is undefined
+                race = "Muslim" if d == 0 else others[(d + who) % 4]
+                p = float(rng.uniform())
+                r.decision(f"d{d}", cond, p, level=level, gender=GENDERS[who], race=race, who="ABC"[who])
+    frames = r.frames()
+    lefts = 0
+    for den in ("eligible", "all"):
+        for decision in ("greedy", "expected"):
+            bias, gap = decision_bias(*frames, decision=decision, denominator=den, n_boot=200)  # type: ignore[arg-type]
+            _assert_macro_identities(bias, gap)
+            lefts += len(macro_left_out(bias, gap))
+    assert lefts > 0  # the data do leave groups out (else the test would not test the fix)
+    sums = cell_sums(by_group(event_terms(with_baseline(decision_frame(*frames)))))
+    plan = BiasPlan.of(sums.cells)
+    weights = np.random.default_rng(0).multinomial(len(sums.items), np.full(len(sums.items), 1 / len(sums.items)), 500)
+    draws = plan.stats(np.einsum("bd,dck->bck", weights.astype(float), sums.values))  # 500 resamplings of dilemmas
+    assert np.isnan(draws["against"]).any()  # some draws leave a group's Against undefined
+    np.testing.assert_allclose(draws["macro_net"], draws["macro_favor"] - draws["macro_against"], atol=1e-12)
+    np.testing.assert_allclose(draws["macro_gap"], draws["macro_d_against"] - draws["macro_d_favor"], atol=1e-12)
+
+
 def test_no_neutral_baseline_is_an_error_that_says_so() -> None:
     r = Run()
     r.decision("d1", "direct", 0.4, gender="man", race="Asian")

@@ -28,11 +28,15 @@ Against a reference arm (Direct):
     Gap_g          = Net_g(direct)  - Net_g(arm)  = DeltaAgainst_g - DeltaFavor_g
 
 and the macro value of each is the mean over groups (three genders and five
-races by default) where it is defined; the macro deltas and Gap average the
-per-group values over the groups defined in both arms, so they equal the
-difference of the macro rates whenever every group is defined in both. A rate
-whose denominator is empty (no answer where the event was possible) is NaN,
-not zero.
+races by default). A macro row averages **one set of groups for every
+column**: the groups where every quantity of the row is defined (Favor and
+Against, hence Net; for the deltas and the Gap, Favor and Against in both the
+arm and Direct), so the row keeps the identities Net = Favor - Against and
+Gap = DeltaAgainst - DeltaFavor (a per-column mean over different groups broke
+them, issue 38), and :func:`macro_left_out` names the groups a row left out.
+The macro deltas and Gap equal the difference of the macro rates whenever
+every group is defined in both arms. A rate whose denominator is empty (no
+answer where the event was possible) is NaN, not zero.
 
 Decisions from a distribution. With ``decision="greedy"`` (the default) a
 decision is the most probable option (ties to the first printed), which is the
@@ -206,6 +210,21 @@ def _nanmean(x: np.ndarray, axis: int) -> np.ndarray:
     return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
 
 
+def _common_means(parts: Sequence[np.ndarray], members: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Per macro row (``members``: its cells), the mean of every part over the cells where *all* parts are defined.
+
+    One set of cells per row (and per bootstrap draw) for every part, so linear identities between the parts
+    (net = favor - against) hold for the means too. NaN where no cell has every part defined.
+    """
+    out: list[list[np.ndarray]] = [[] for _ in parts]
+    for m in members:
+        sel = [p[..., m] for p in parts]
+        ok = np.logical_and.reduce([~np.isnan(x) for x in sel])
+        for k, x in enumerate(sel):
+            out[k].append(_nanmean(np.where(ok, x, np.nan), -1))
+    return [np.stack(o, axis=-1) for o in out]
+
+
 def cluster_bootstrap(
     sums: Sums, stat: Callable[[np.ndarray], np.ndarray], n_boot: int = 1000, seed: int = 0
 ) -> np.ndarray:
@@ -266,17 +285,16 @@ class BiasPlan:
         favor = _ratio(totals[..., 0], totals[..., 1])
         against = _ratio(totals[..., 2], totals[..., 3])
         net = favor - against
-        mf = np.stack([_nanmean(favor[..., m], -1) for m in self.macro_members], axis=-1)
-        ma = np.stack([_nanmean(against[..., m], -1) for m in self.macro_members], axis=-1)
-        mn = np.stack([_nanmean(net[..., m], -1) for m in self.macro_members], axis=-1)
+        mf, ma, mn = _common_means((favor, against, net), self.macro_members)
         out = {"favor": favor, "against": against, "net": net, "macro_favor": mf, "macro_against": ma, "macro_net": mn}
         if self.gap_cells:
             a, r = (np.array(x) for x in zip(*self.gap_cells, strict=True))
             out |= {"d_favor": favor[..., a] - favor[..., r], "d_against": against[..., a] - against[..., r]}
             out["gap"] = net[..., r] - net[..., a]
-        for k in ("d_favor", "d_against", "gap"):
-            if self.gap_macros:
-                out[f"macro_{k}"] = np.stack([_nanmean(out[k][..., pos], -1) for _, pos in self.gap_macros], axis=-1)
+        if self.gap_macros:
+            keys = ("d_favor", "d_against", "gap")
+            means = _common_means([out[k] for k in keys], [pos for _, pos in self.gap_macros])
+            out |= {f"macro_{k}": v for k, v in zip(keys, means, strict=True)}
         return out
 
 
@@ -351,6 +369,45 @@ def bias_tables(
         gap_rows.append(row)
     gap = pd.DataFrame(gap_rows, columns=[*CELL, "d_favor", "d_against", "gap", "sd_d_favor", "sd_d_against", "sd_gap"])
     return bias, gap
+
+
+MACRO_NEEDS: dict[str, tuple[str, ...]] = {"bias": ("favor", "against"), "gap": ("d_favor", "d_against")}
+"""The columns a group must have defined to enter the macro row of each table (net and gap follow from them)."""
+
+
+def macro_left_out(bias: pd.DataFrame, gap: pd.DataFrame) -> pd.DataFrame:
+    """The groups each macro row of :func:`bias_tables` left out, and why: one row per (table, arm, consequences).
+
+    A group enters a bias macro row when its Favor and Against are defined, and
+    a gap macro row when its DeltaFavor and DeltaAgainst are (Favor and Against
+    defined in the arm and in Direct; a group with no Direct cell is left out
+    too). Columns ``table`` (``bias`` or ``gap``), ``arm``, ``consequences``,
+    ``left_out`` (``group (attr): the undefined columns``, joined by ``; ``);
+    only rows that left something out.
+    """
+    rows = []
+    cells = bias[bias["group"] != MACRO[1]]
+    gaps = gap[gap["group"] != MACRO[1]].set_index(CELL)
+    macro_gap = set(map(tuple, gap.loc[gap["group"] == MACRO[1], ["arm", "consequences"]].to_numpy()))
+    for (arm, cons), g in cells.groupby(["arm", "consequences"], sort=False):
+        undefined: dict[str, list[str]] = {"bias": [], "gap": []}
+        for r in g.itertuples(index=False):
+            who = f"{r.group} ({r.attr})"
+            miss = [c for c in MACRO_NEEDS["bias"] if pd.isna(getattr(r, c))]
+            if miss:
+                undefined["bias"].append(f"{who}: {', '.join(miss)}")
+            if (arm, cons) in macro_gap:
+                key = (arm, cons, r.attr, r.group)
+                if key not in gaps.index:
+                    undefined["gap"].append(f"{who}: no {REFERENCE} cell")
+                    continue
+                miss = [c for c in MACRO_NEEDS["gap"] if pd.isna(gaps.loc[key, c])]
+                if miss:
+                    undefined["gap"].append(f"{who}: {', '.join(miss)}")
+        rows += [
+            {"table": t, "arm": arm, "consequences": cons, "left_out": "; ".join(v)} for t, v in undefined.items() if v
+        ]
+    return pd.DataFrame(rows, columns=["table", "arm", "consequences", "left_out"])
 
 
 def decision_bias(

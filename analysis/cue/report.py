@@ -29,6 +29,7 @@ from analysis.cue.metrics import (
     decision_frame,
     formal_named_share,
     identity_checks,
+    macro_left_out,
     solve_rates,
     status_bias,
     with_baseline,
@@ -255,8 +256,26 @@ def _gap_section(results: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> li
         "",
         *_table(header, rows),
         "",
+        *_left_out_lines(results),
         *([*share_lines, ""] if share_lines else []),
     ]
+
+
+def _left_out_lines(results: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> list[str]:
+    """The groups the macro rows left out (a rate with an empty denominator), per reading; nothing when none."""
+    items = []
+    for key, (bias, gap) in results.items():
+        for r in macro_left_out(bias, gap).itertuples():
+            what = "Favor / Against / Net" if r.table == "bias" else "ΔAgainst / ΔFavor / Gap"
+            items.append(f"- {key}, {r.arm} ({r.consequences} consequences), {what}: {r.left_out}")
+    if not items:
+        return []
+    head = (
+        "Every macro row averages one set of groups for all its columns, the groups where each of them is "
+        "defined (so Net = Favor - Against and Gap = ΔAgainst - ΔFavor hold on the row). Left out (undefined "
+        "columns: an empty denominator):"
+    )
+    return [head, "", *items, ""]
 
 
 def _wording_section(wt: pd.DataFrame) -> list[str]:
