@@ -314,7 +314,8 @@ def test_values_shaped_like_a_secret_are_redacted(value: str) -> None:
 
 def test_redaction_keeps_what_is_no_secret() -> None:
     keep = {"run_key": "abc123", "max_tokens": 8, "prompt_tokens": 5, "model": "Qwen/Qwen3-8B", "keys": ["a", "b"],
-            "tokenizer": "x", "note": "sk is short", "monkey": "banana", "path": "/home/u/runs/x"}  # fmt: skip
+            "tokenizer": "x", "note": "sk is short", "monkey": "banana", "path": "/home/u/runs/x",
+            "eos_token_id": 2, "token_ids": [1, 2], "author": "me"}  # fmt: skip
     assert redact(keep, set()) == keep
 
 
