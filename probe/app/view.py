@@ -589,13 +589,35 @@ def _num_filter(x: Any, spec: str = ".4f") -> str:
 
 
 # ------------------------------------------------------------------ the server
+def host_allowed(host: str | None, port: int) -> bool:
+    """Whether a request's Host header names this server: ``127.0.0.1:PORT``, ``localhost:PORT`` or ``[::1]:PORT``.
+
+    Why: a web page on another site can make the browser resolve its own name to 127.0.0.1 (DNS rebinding) and
+    then read this viewer's pages and API as that site's origin; its requests carry that name in Host. The port
+    must be this server's own (over an SSH tunnel, forward the same port number: ``-L 8765:127.0.0.1:8765``).
+    """
+    if not host:
+        return False
+    return host.strip().lower() in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}")
+
+
+def misdirected(port: int) -> Response:
+    """The answer to a request for another host name (HTTP 421), naming the addresses this viewer answers on."""
+    text = (
+        f"421 Misdirected Request: this probe view answers only http://127.0.0.1:{port}/ or http://localhost:{port}/ "
+        "(a request for another host name is refused: it could be a DNS-rebinding page reading the viewer)\n"
+    )
+    return Response(421, text.encode(), "text/plain; charset=utf-8")
+
+
 class _Handler(BaseHTTPRequestHandler):
     viewer: Viewer
     server_version = "probe-view"
     sys_version = ""
 
     def do_GET(self) -> None:
-        resp = self.viewer.handle(self.path)
+        port = int(self.server.server_address[1])
+        resp = self.viewer.handle(self.path) if host_allowed(self.headers.get("Host"), port) else misdirected(port)
         self.send_response(resp.status)
         self.send_header("Content-Type", resp.content_type)
         self.send_header("Content-Length", str(len(resp.body)))
