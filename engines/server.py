@@ -823,7 +823,7 @@ class ServerEngine(ApiEngine):
     def run_stats(self) -> dict[str, Any]:
         """The API engine's totals, and the readout requests' (sent, resumed from the journal, throughput)."""
         out = super().run_stats()
-        r = dict(self.readout_stats)
+        r: dict[str, Any] = dict(self.readout_stats)
         r["requests_per_s"] = round(r["requests"] / r["seconds"], 3) if r["seconds"] else None
         r["trials_per_s"] = round(r["trials"] / r["seconds"], 3) if r["seconds"] else None
         r["seconds"] = round(r["seconds"], 3)
