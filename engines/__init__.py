@@ -92,7 +92,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--think", action="store_true", help="reason first (up to --think-budget tokens), then read the answer slot"
     )
-    g.add_argument("--think-budget", type=int, default=512, help="most reasoning tokens in think mode (default: 512)")
+    g.add_argument(
+        "--think-budget",
+        type=int,
+        default=32768,
+        help="most reasoning tokens in think mode (default: 32768, Qwen3's recommended output length; reports "
+        "count the traces that hit it)",
+    )
     g.add_argument("--system", default=None, help="system prompt added to every trial")
     add_loading_arguments(g)
     for module in available_modules():

@@ -46,8 +46,10 @@ class EngineSettings:
     """The model: a built-in tiny name, a local folder, a Hugging Face id, or the API's model name."""
     think: bool = False
     """Reason first (up to ``think_budget`` tokens), then answer or read the slot."""
-    think_budget: int = 512
-    """Most reasoning tokens in think mode (``--think-budget``)."""
+    think_budget: int = 32768
+    """Most reasoning tokens in think mode (``--think-budget``). 32,768: the output length Qwen3's model card
+    recommends for most queries (NVIDIA's Nemotron Nano cards likewise leave reasoning tens of thousands of
+    tokens); a budget only caps, and every think-mode report counts the traces that hit it (docs/gpu.md)."""
     system_prompt: str | None = None
     """Added as a system turn to trials that have none."""
     max_new_tokens: int = 32

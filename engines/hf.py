@@ -262,6 +262,27 @@ def cut_runs(items: Iterable[T], cut: Callable[[list[T], T], int]) -> list[list[
     return runs
 
 
+REASONING_ROWS = 1024
+"""Most traces reasoned together on a GPU (vLLM's default number of sequences is of this order)."""
+
+
+def reasoning_rows(free_bytes: int, per_token: int, tokens: int, least: int, most: int = REASONING_ROWS) -> int:
+    """Traces to decode together: as many as half of ``free_bytes`` holds KV cache for at ``tokens`` tokens each
+    (``per_token`` bytes a token), at least ``least`` and at most ``most``."""
+    fits = (free_bytes // 2) // max(1, per_token * max(1, tokens))
+    return int(min(most, max(least, fits)))
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """KV-cache bytes of one token: layers x 2 x key heads x head width x element size (an upper bound for
+    hybrids, whose Mamba layers keep no per-token cache)."""
+    c = getattr(model.config, "get_text_config", lambda: model.config)()
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    size = next(model.parameters()).element_size()
+    return int(c.num_hidden_layers * 2 * heads * dim * size)
+
+
 def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[list[int]]:
     """Group indices into batches of similar length (longest first), bounded in rows and padded tokens."""
 
@@ -518,28 +539,42 @@ class HFEngine(LocalEngine):
 
         A bfloat16 ``lm_head`` rounds every logit to 8 bits of mantissa before the float32 softmax: on SmolLM2
         that alone moved option log-probabilities by up to 0.09 nats (docs/gpu.md). The head's forward is replaced
-        by one that casts the hidden state up and multiplies by a float32 copy of the weights, on the head's own
-        device (an accelerate hook around it still moves its input there first). It runs only at the positions the
-        engine reads (``logits_to_keep``).
+        (once per loaded model) by one that, while the engine reading asks for float32 (:meth:`_use_head`), casts
+        the hidden state up and multiplies by a float32 copy of the weights on the head's own device (an
+        accelerate hook around it still moves its input there first), and otherwise runs the original. It runs
+        only at the positions the engine reads (``logits_to_keep``).
         """
         torch = require("torch", "hf")
         head = self._model.get_output_embeddings()
-        if self.settings.head_dtype != "float32" or head is None or getattr(head, "weight", None) is None:
-            self._head = "model"
+        self._head = "model"
+        if head is None or getattr(head, "weight", None) is None:
             return
-        if head.weight.dtype == torch.float32 or getattr(head, "_probe_float32", False):
+        if head.weight.dtype == torch.float32:
             self._head = "float32"
             return
+        if self.settings.head_dtype != "float32":
+            return
+        self._head = "float32"
+        if getattr(head, "_probe_float32", None) is not None:
+            return  # already patched by another engine on the same weights
+        attr = "_old_forward" if hasattr(head, "_old_forward") else "forward"  # keep a split model's hook
+        original = getattr(head, attr)
         weight = head.weight.detach().float()
         bias = head.bias.detach().float() if getattr(head, "bias", None) is not None else None
 
         def forward(hidden: Any) -> Any:
+            if not head._probe_float32:
+                return original(hidden)
             return torch.nn.functional.linear(hidden.to(weight.device, torch.float32), weight, bias)
 
-        # accelerate's hook (a split model) calls _old_forward after moving the input; keep the hook in place
-        setattr(head, "_old_forward" if hasattr(head, "_old_forward") else "forward", forward)
+        setattr(head, attr, forward)
         head._probe_float32 = True
-        self._head = "float32"
+
+    def _use_head(self) -> None:
+        """Before a forward: the shared head computes in this engine's head dtype."""
+        head = self.model.get_output_embeddings()
+        if head is not None and getattr(head, "_probe_float32", None) is not None:
+            head._probe_float32 = self._head == "float32"
 
     @property
     def model(self) -> Any:
@@ -571,6 +606,34 @@ class HFEngine(LocalEngine):
         info.update(folder_info(path))
         info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
+
+    def variant(self, **settings: Any) -> HFEngine:
+        """An engine on the same loaded weights with other settings (no second load)."""
+        from dataclasses import replace
+
+        return HFEngine(replace(self.settings, **settings), model=self.model, tokenizer=self.tokenizer)
+
+    def reading_alone(self) -> HFEngine:
+        """The reference reader of the numeric floor (:mod:`probe.app.floor`): one trial per forward, plain path."""
+        return self.variant(batch_size=1, readout_path="plain")
+
+    def without_reasoning(self) -> HFEngine:
+        """The same engine outside think mode (the floor of a think-mode run is measured on its bare slots)."""
+        return self.variant(think=False)
+
+    def numerics(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "head_dtype": self._head,
+            "readout_path": self.readout_path(),
+            "batch_size": s.batch_size,
+            "max_batch_tokens": s.max_batch_tokens,
+            "tree_tokens": s.tree_tokens,
+            "sample_path": self.sample_path(),
+            "sample_rows": s.sample_rows,
+            "sample_cache_tokens": s.sample_cache_tokens,
+            "group_draws": s.group_draws,
+        }
 
     # ------------------------------------------------------------- rendering
     def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
@@ -638,6 +701,7 @@ class HFEngine(LocalEngine):
         """
         torch = require("torch", "hf")
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
+        self._use_head()
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -661,6 +725,7 @@ class HFEngine(LocalEngine):
         dtype = next(self.model.parameters()).dtype
         allowed = tree_mask(tree, dev)[None, None]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+        self._use_head()
         out = self.model(
             input_ids=torch.tensor([tree.tokens], device=dev),
             attention_mask=mask,
@@ -953,8 +1018,11 @@ class HFEngine(LocalEngine):
         torch = require("torch", "hf")
         s = self.settings
         out: list[list[int]] = [[] for _ in prompts]
+        longest = max((len(p) for p in prompts), default=0)
+        rows = self._reasoning_rows(longest + max_new)
+        limit = s.max_batch_tokens if rows <= s.batch_size else max(s.max_batch_tokens, rows * longest)
         with torch.inference_mode():
-            for batch in length_batches([len(p) for p in prompts], s.batch_size, s.max_batch_tokens):
+            for batch in length_batches([len(p) for p in prompts], rows, limit):
                 ids, mask = self._pad_left([prompts[i] for i in batch])
                 lp, cache = self._forward(ids, mask, None)
                 done = [False] * len(batch)
@@ -970,6 +1038,17 @@ class HFEngine(LocalEngine):
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                     lp, cache = self._forward(nxt[:, None], mask, cache)
         return out
+
+    def _reasoning_rows(self, tokens: int) -> int:
+        """How many traces to reason at once: ``batch_size`` on a CPU; on a GPU as many as half its free memory
+        holds KV cache for (:func:`reasoning_rows`), because a decoding step costs about the same for 16 rows as
+        for hundreds there."""
+        torch = require("torch", "hf")
+        dev = self.device
+        if dev.type != "cuda":
+            return self.settings.batch_size
+        free, _ = torch.cuda.mem_get_info(dev)
+        return reasoning_rows(free, kv_bytes_per_token(self.model), tokens, self.settings.batch_size)
 
     @property
     def reply_rows(self) -> int:
@@ -1178,7 +1257,7 @@ class HFEngine(LocalEngine):
                     opts = rows[i].options
                     assert opts is not None
                     text = rows[i].prefix + self.tokenizer.decode(gens[i], skip_special_tokens=False)
-                    end, still = answer_scan(split_reasoning(text)[1], opts)
+                    end, still = answer_scan(split_reasoning(text, think=False)[1], opts)  # answer stops: no think
                     done[i] = end is not None
                     watch[i] = still
             keep = [j for j, i in enumerate(live) if not done[i]]

@@ -46,12 +46,23 @@ class LocalEngine(Engine):
         """What determines the values (enters the run key): the model's dtype and fingerprint (or hub commit),
         and the value settings."""
         d = self.describe()
+        numerics = self.numerics() if d["dtype"] != "float32" else {}
         return {
             "engine": self.name,
             "dtype": d["dtype"],
             "model_fingerprint": d.get("fingerprint") or d.get("commit_hash"),
             **{k: getattr(self.settings, k) for k in self.value_settings},
+            **({"numerics": numerics} if numerics else {}),
         }
+
+    def numerics(self) -> dict[str, Any]:
+        """The settings that change values through rounding alone, outside float32 (batching, path, tree size).
+
+        In float32 the readout paths agree within 3.3e-5 nats and these stay out of the run key; in bfloat16 the
+        same trial moves by up to a few tenths of a nat between them (docs/gpu.md), so they enter it, and a resume
+        or a merge never mixes them. The runner adds the chunk size, which decides what is batched together.
+        """
+        return {}
 
     def _check_chat_template(self) -> None:
         """Refuse a tokenizer without a chat template, naming the model and the fix."""

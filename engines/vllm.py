@@ -295,6 +295,8 @@ def llm_kwargs(
         "max_logprobs": s.max_logprobs,
         "logprobs_mode": "raw_logprobs",
     }
+    if kw["dtype"] != "float32":  # the last projection in float32 (vLLM >= 0.11 reads head_dtype; older ignore it)
+        kw["hf_overrides"] = {"head_dtype": "float32"}
     if s.enforce_eager:
         kw["enforce_eager"] = True
     if s.revision is not None:
@@ -682,6 +684,24 @@ class VLLMEngine(LocalEngine):
         d = getattr(cfg, "dtype", None)
         return str(d).replace("torch.", "") if d is not None else self.settings.dtype
 
+    @property
+    def default_chunk_size(self) -> int:
+        """Trials per committed chunk when ``--chunk-size`` is not given: on a GPU enough to fill vLLM's batch
+        (each chunk is three rounds of ``generate`` with a barrier between them), on a CPU the runner's 256."""
+        return GPU_CHUNK if _vllm_device() == "cuda" else 256
+
+    def reading_alone(self) -> VLLMEngine:
+        """The reference reader of the numeric floor: this engine, each trial sent in a call of its own."""
+        return self
+
+    def numerics(self) -> dict[str, Any]:
+        return {"head_dtype": self._head_dtype()}
+
+    def _head_dtype(self) -> str:
+        cfg = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
+        head = getattr(cfg, "head_dtype", None)
+        return str(head).replace("torch.", "") if head is not None else "model"
+
     def describe(self) -> dict[str, Any]:
         """Model, path, dtype, settings and vLLM version for the manifest."""
         self.tokenizer  # noqa: B018 - resolves the path
@@ -1004,6 +1024,10 @@ def _vllm_version() -> str | None:
     except ImportError:
         return None
     return str(getattr(vllm, "__version__", "")) or None
+
+
+GPU_CHUNK = 4096
+"""The vLLM engine's chunk on a GPU: the default battery is 4,600 trials, one or two chunks instead of 19."""
 
 
 def _vllm_device() -> str:

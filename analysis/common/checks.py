@@ -182,6 +182,68 @@ def coverage_tables(per_trial: pd.DataFrame, group: str = "instrument") -> tuple
     return df.groupby(group).agg(**agg), df.groupby([group, "item_id"]).agg(**agg)  # type: ignore[call-overload]
 
 
+# --------------------------------------------------------------------------- reasoning (think mode)
+LOOP_WORDS = 8
+"""A trace loops when some run of this many words recurs :data:`LOOP_REPEATS` times (docs/gpu.md, "Think mode")."""
+LOOP_REPEATS = 3
+BUDGET_WARNING = 0.1
+"""Warn when more than this share of a cell's traces hit the budget: their slots were read after reasoning that was
+cut off and closed by probe, not by the model (docs/gpu.md gives the reasoning behind the threshold)."""
+
+
+def looped(text: str, words: int = LOOP_WORDS, repeats: int = LOOP_REPEATS) -> bool:
+    """Whether some run of ``words`` consecutive words occurs ``repeats`` or more times in ``text``.
+
+    Greedy decoding in thinking mode is known to loop (Qwen3's model card); a loop repeats whole phrases, which
+    this counts, while ordinary reasoning rarely repeats eight words in a row three times.
+    """
+    toks = text.split()
+    seen: Counter[tuple[str, ...]] = Counter(tuple(toks[i : i + words]) for i in range(len(toks) - words + 1))
+    return any(n >= repeats for n in seen.values())
+
+
+def reasoning_table(per_trial: pd.DataFrame, meta: pd.DataFrame, group: str = "instrument") -> pd.DataFrame:
+    """Think-mode traces per ``group``: traces, hit the budget, looped, mean and max reasoning tokens (empty for a
+    run without reasoning)."""
+    if per_trial.empty or "reasoning_tokens" not in per_trial or not (per_trial["reasoning_tokens"] > 0).any():
+        return pd.DataFrame(columns=["traces", "hit_budget", "looped", "mean_tokens", "max_tokens"])
+    m = meta.set_index("trial_id")
+    g = per_trial["trial_id"].map(m[group]) if group in m else pd.Series("all", index=per_trial.index)
+    df = per_trial.assign(
+        group=g.fillna("all").to_numpy(),
+        hit=per_trial["hit_budget"].astype(bool),
+        loop=per_trial["reasoning"].fillna("").map(looped),
+    )
+    out = df.groupby("group").agg(
+        traces=("hit", "size"),
+        hit_budget=("hit", "sum"),
+        looped=("loop", "sum"),
+        mean_tokens=("reasoning_tokens", "mean"),
+        max_tokens=("reasoning_tokens", "max"),
+    )
+    out.index.name = group
+    return out
+
+
+def reasoning_lines(table: pd.DataFrame, budget: Any) -> list[str]:
+    """The report's lines on think-mode traces: how many hit the budget and looped, per cell, and a warning."""
+    if table.empty:
+        return []
+    cells = ", ".join(
+        f"{g} {int(r['hit_budget'])} of {int(r['traces'])} hit the budget, {int(r['looped'])} looped"
+        for g, r in table.iterrows()
+    )
+    lines = [f"- think-mode reasoning (budget {budget} tokens; per cell in `reasoning_by_instrument.csv`): {cells}"]
+    over = [str(g) for g, r in table.iterrows() if r["hit_budget"] > BUDGET_WARNING * r["traces"]]
+    if over:
+        where = "" if over == ["all"] else f" in {', '.join(over)}"
+        lines.append(
+            f"- **warning:{where} more than {BUDGET_WARNING:.0%} of the traces hit the budget: those "
+            "slots were read after reasoning that probe cut off and closed; raise --think-budget**"
+        )
+    return lines
+
+
 # --------------------------------------------------------------------------- sampling
 
 
@@ -245,6 +307,17 @@ def system_prompt_line(manifest: Mapping[str, Any]) -> str:
     return f"- system prompt ({sp.get('source')}): {sp['text']!r}"
 
 
+def floor_line(floor: Mapping[str, Any] | None) -> str | None:
+    """The report's line on the run's numeric floor (:mod:`probe.app.floor`; None for a run that recorded none)."""
+    if not isinstance(floor, Mapping) or "max_logprob_diff" not in floor:
+        return None
+    return (
+        f"- numeric floor ({floor.get('dtype')}): {int(floor['trials'])} trials {floor['how']} moved by at most "
+        f"{float(floor['max_logprob_diff']):.2g} nats ({float(floor['max_prob_diff']):.2g} in probability; "
+        f"{int(floor['greedy_flips'])} greedy option(s) flipped); differences between readouts below this mean nothing"
+    )
+
+
 def checks_section(
     manifest: Mapping[str, Any],
     readout_trials: pd.DataFrame,
@@ -256,6 +329,8 @@ def checks_section(
 ) -> tuple[list[str], dict[str, pd.DataFrame]]:
     """The Markdown lines of the report's "What the numbers rest on" section, and its CSV tables by file stem."""
     lines = ["## What the numbers rest on", "", system_prompt_line(manifest)]
+    if floor := floor_line(manifest.get("numeric_floor")):
+        lines.append(floor)
     tables: dict[str, pd.DataFrame] = {}
     if not readout_trials.empty:
         per = readout_trials.merge(meta, on="trial_id", how="left")
@@ -276,6 +351,11 @@ def checks_section(
         ]
         if cov.warning():
             lines += [f"- {cov.warning().removeprefix('warning: ')}", ""]
+        think = reasoning_table(readout_trials, meta)
+        if not think.empty:
+            tables["reasoning_by_instrument"] = think
+            budget = manifest.get("engine", {}).get("settings", {}).get("think_budget", "?")
+            lines += [*reasoning_lines(think, budget), ""]
     plan = manifest.get("plan", {})
     cap = manifest.get("engine", {}).get("settings", {}).get("max_new_tokens")
     reply_cap = manifest.get("spec", {}).get("choice_tokens", cap)  # an experiment's own cap of free replies
@@ -300,8 +380,9 @@ def checks_section(
     parsed = samples[samples["trial_id"].isin(options)] if has_text else samples.iloc[0:0]
     if not parsed.empty:  # every sampled report: which parse rule decided each answer (issue 27 F)
         from analysis.battery.calibration import rule_count_line
+        from probe.panel import run_reasoning
 
         inst = meta["instrument"] if "instrument" in meta.columns else pd.Series("all", index=meta.index)
         groups = {str(t): "other" if pd.isna(g) else str(g) for t, g in zip(meta["trial_id"], inst, strict=True)}
-        lines.append(rule_count_line(parsed, options, groups))
+        lines.append(rule_count_line(parsed, options, groups, think=run_reasoning(manifest)))
     return [*lines, ""], tables

@@ -74,7 +74,32 @@ def panel_md(panel: Panel) -> list[str]:
     lines = ["| name | model | reasoning | experiment | run |", "|---|---|---|---|---|"]
     for r in panel.runs:
         lines.append(f"| {r.name} | {r.model} | {'on' if r.reasoning else 'off'} | {r.experiment} | `{r.path}` |")
-    return lines
+    return lines + reasoning_md(panel)
+
+
+def reasoning_md(panel: Panel) -> list[str]:
+    """For the panel's think-mode runs: how many reasoning traces hit the budget or looped (none: no lines)."""
+    from analysis.common.checks import BUDGET_WARNING, reasoning_table
+
+    rows = []
+    for r in panel.runs:
+        table = reasoning_table(r.store().load("readout_trials"), pd.DataFrame({"trial_id": []}))
+        if table.empty:
+            continue
+        traces, hit, loops = (int(table[c].sum()) for c in ("traces", "hit_budget", "looped"))
+        budget = r.manifest().get("engine", {}).get("settings", {}).get("think_budget", "?")
+        flag = " **(over the warning share)**" if hit > BUDGET_WARNING * traces else ""
+        rows.append(f"| {r.name} | {budget} | {hit} of {traces}{flag} | {loops} |")
+    if not rows:
+        return []
+    return [
+        "",
+        f"Think-mode reasoning (readouts; a share over {BUDGET_WARNING:.0%} hitting the budget is flagged):",
+        "",
+        "| run | budget | hit the budget | looped |",
+        "|---|---|---|---|",
+        *rows,
+    ]
 
 
 def dropped_md(dropped: pd.DataFrame, n_shared: int, what: str = "items") -> list[str]:

@@ -161,6 +161,10 @@ def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
     )
 
 
+DEFAULT_CHUNK = 256
+"""Trials per committed chunk unless the engine says otherwise (``default_chunk_size``) or ``--chunk-size`` does."""
+
+
 def run(
     experiment: str,
     spec: Spec,
@@ -170,7 +174,7 @@ def run(
     plan: Plan | None = None,
     judge: Any = None,
     shard: Shard | None = None,
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
     wait_for_lock: bool = False,
@@ -183,6 +187,8 @@ def run(
     receipts verify, and recomputes the rest, saying which and why.
     """
     plan = plan or Plan()
+    if chunk_size is None:
+        chunk_size = int(getattr(engine, "default_chunk_size", DEFAULT_CHUNK))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     folder = Path(out) / shard.folder if shard is not None else Path(out)
@@ -221,6 +227,8 @@ def _run_locked(
         plan = replace(plan, readout=False)  # a sampling-only engine (api): --samples N means sample only
     exp = get_experiment(experiment)
     engine.load()
+    if placed := placement_line(engine):
+        log(placed)
     is_generative = exp.generative or (lambda t: False)
     trials = exp.expand(spec, count_tokens=getattr(engine, "count_tokens", None))
     if shard is not None:
@@ -233,6 +241,8 @@ def _run_locked(
         **engine.identity(),
         **({"judge": judge.identity()} if judge is not None else {}),
     }  # the shard is not part of the identity: all shards of one run share its key
+    if "numerics" in identity:  # outside float32 the chunk decides what is batched together (LocalEngine.numerics)
+        identity["numerics"] = {**identity["numerics"], "chunk_size": chunk_size}
     manifest = {
         "run_key": run_key(identity),
         "identity": identity,
@@ -261,6 +271,7 @@ def _run_locked(
     if not todo:
         log(f"{store.root}: all {len(trials)} trials already done")
         _record_engine_stats(store, engine)
+        _record_floor(store, engine, [t for t in trials if not is_generative(t)] if plan.readout else [], log)
         return store
     if n_done:
         log(f"{store.root}: resuming, {n_done}/{len(trials)} trials already done")
@@ -339,7 +350,18 @@ def _run_locked(
     store.update_manifest({"throughput": entry})
     log(throughput_line(entry))
     _record_engine_stats(store, engine)
+    _record_floor(store, engine, [t for t in trials if not is_generative(t)] if plan.readout else [], log)
     return store
+
+
+def placement_line(engine: Any) -> str | None:
+    """Where a local model runs and in which dtype, said once per run (None for engines without weights here)."""
+    d = engine.describe()
+    if "device" not in d or "dtype" not in d:
+        return None
+    head = f", head {d['head_dtype']}" if d.get("head_dtype") and d["head_dtype"] != d["dtype"] else ""
+    where = d.get("placement") if d.get("placement") not in (None, "given") else d["device"]
+    return f"{engine.name}: {d.get('model_path') or engine.settings.model} on {where}, {d['dtype']}{head}"
 
 
 def plan_replies(chunks: Sequence[Sequence[Trial]], rows: Callable[[Trial], int], budget: int) -> int:
@@ -362,6 +384,22 @@ def _replay_note(engine: Any) -> str:
     if hasattr(engine, "attach"):
         return " (paid API responses are replayed from the journal, not bought again)"
     return ""
+
+
+def _record_floor(store: RunStore, engine: Any, read: Sequence[Trial], log: Callable[[str], None]) -> None:
+    """Measure the run's numeric floor once its readouts are all in (:mod:`probe.app.floor`) and record it."""
+    from probe.app.floor import measure_floor, of_tables
+
+    if not read or "numeric_floor" in store.manifest():
+        return
+    floor = measure_floor(engine, read, lambda: of_tables(store.load("readout_options"), store.load("readout_trials")))
+    if floor is None:
+        return
+    store.update_manifest({"numeric_floor": floor})
+    log(
+        f"numeric floor: {floor['trials']} trials {floor['how']}: at most {floor['max_logprob_diff']:.2g} nats, "
+        f"{floor['greedy_flips']} greedy flip(s)"
+    )
 
 
 def _record_engine_stats(store: RunStore, engine: Any) -> None:

@@ -1,0 +1,145 @@
+"""The GPU box's numerics on a CPU: the float32 head, the run's numeric floor, the think-mode trace counts, the
+run key outside float32, and the device check's CPU mode end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.common.checks import floor_line, looped, reasoning_lines, reasoning_table
+from engines.hf import kv_bytes_per_token, reasoning_rows
+from probe.app.floor import floor_figures, floor_sample
+from tests.conftest import make_trial
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_looped_counts_a_phrase_repeated_three_times() -> None:
+    phrase = "so the answer must be yes because the rule says "
+    assert looped("Let me think. " + phrase * 3)
+    assert not looped("Let me think. " + phrase * 2)
+    assert not looped(" ".join(f"w{i}" for i in range(200)))
+
+
+def test_reasoning_table_and_warning_by_hand() -> None:
+    per = pd.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d"],
+            "reasoning_tokens": [10, 4, 4, 3],
+            "hit_budget": [False, True, True, False],
+            "reasoning": ["x", "go on " * 30, "y", "z"],
+        }
+    )
+    meta = pd.DataFrame({"trial_id": ["a", "b", "c", "d"], "instrument": ["graded", "graded", "binary", "binary"]})
+    t = reasoning_table(per, meta)
+    assert t.loc["graded"].tolist() == [2, 1, 1, 7.0, 10]
+    assert t.loc["binary"].tolist() == [2, 1, 0, 3.5, 4]
+    lines = reasoning_lines(t, 4)
+    assert "binary 1 of 2 hit the budget, 0 looped" in lines[0] and "graded 1 of 2 hit the budget, 1 looped" in lines[0]
+    assert "warning: in binary, graded more than 10%" in lines[1]
+    assert reasoning_table(per.assign(reasoning_tokens=0), meta).empty  # no think mode: no section
+
+
+def test_floor_figures_by_hand() -> None:
+    from probe.types import OptionScore, Readout
+
+    def readout(tid: str, lps: list[float], greedy: str) -> Readout:
+        import math
+
+        scores = tuple(OptionScore(o, (i,), lp, math.exp(lp)) for i, (o, lp) in enumerate(zip("AB", lps, strict=True)))
+        return Readout(tid, scores, 1.0, greedy, (), 1, 1)
+
+    ref = {"t1": ([-0.5, -1.0], [0.6, 0.4], "A"), "t2": ([-0.1, -2.0], [0.9, 0.1], "A")}
+    got = floor_figures(ref, [readout("t1", [-0.5, -1.25], "A"), readout("t2", [-0.1, -2.0], "B")])
+    assert got["trials"] == 2 and got["greedy_flips"] == 1
+    assert got["max_logprob_diff"] == pytest.approx(0.25)
+    line = floor_line({**got, "how": "re-read alone", "dtype": "bfloat16"})
+    assert line is not None and "at most 0.25 nats" in line and "1 greedy option(s) flipped" in line
+    assert floor_line(None) is None
+
+
+def test_floor_sample_is_stable_and_bounded() -> None:
+    trials = [make_trial("q", ["Yes", "No"], trial_id=f"t{i}") for i in range(100)]
+    a = floor_sample(trials)
+    assert len(a) == 32 and [t.trial_id for t in a] == [t.trial_id for t in floor_sample(list(reversed(trials)))]
+
+
+def test_reasoning_rows_from_free_memory() -> None:
+    per = 48 * 2 * 4 * 128 * 2  # Qwen3-30B-A3B in bfloat16: 98,304 bytes a token
+    assert reasoning_rows(100 * 2**30, per, 1000 + 32768, least=16) == 16  # 50 GiB holds 16.2 traces of 33k tokens
+    assert reasoning_rows(100 * 2**30, per, 300 + 2048, least=16) == 232
+    assert reasoning_rows(10**15, per, 100, least=16) == 1024
+    assert reasoning_rows(0, per, 100, least=16) == 16
+
+
+def test_kv_bytes_per_token_of_the_tiny_model() -> None:
+    from engines.hf import HFEngine, HFSettings
+
+    m = HFEngine(HFSettings(model="tiny")).model
+    c = m.config
+    assert kv_bytes_per_token(m) == c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4
+
+
+def test_float32_head_cuts_bf16_error_and_enters_the_run_key() -> None:
+    """bf16 readouts with the head in float32 are closer to float32 than with the head in bfloat16; outside
+    float32 the settings that batch trials enter the run key (so a resume never mixes them)."""
+    from engines.hf import HFEngine, HFSettings
+
+    trials = [
+        make_trial(f"Is case {i} fine? Answer with Yes or No.", ["Yes", "No"], trial_id=f"t{i}") for i in range(6)
+    ]
+    ref = HFEngine(HFSettings(model="tiny")).readout(trials)
+    bf = HFEngine(HFSettings(model="tiny", dtype="bfloat16"))
+    head32 = bf.readout(trials)
+    head_model = bf.variant(head_dtype="model").readout(trials)
+
+    def worst(a: list, b: list) -> float:
+        return max(
+            abs(x.logprob - y.logprob)
+            for r, s in zip(a, b, strict=True)
+            for x, y in zip(r.scores, s.scores, strict=True)
+        )
+
+    assert worst(head32, ref) < worst(head_model, ref)
+    assert bf.describe()["head_dtype"] == "float32"
+    ident = bf.identity()
+    assert ident["numerics"]["batch_size"] == 16 and ident["numerics"]["head_dtype"] == "float32"
+    assert bf.variant(batch_size=4).identity() != ident
+    assert "numerics" not in HFEngine(HFSettings(model="tiny")).identity()  # float32 keys are unchanged
+
+
+def test_think_run_counts_traces_that_hit_the_budget(tmp_path: Path) -> None:
+    """The acceptance run: `probe run yesno --model tiny --think --think-budget 4` says how many traces hit it."""
+    from probe.app.cli import main
+
+    out = tmp_path / "r"
+    assert (
+        main(["run", "yesno", "--model", "tiny", "--think", "--think-budget", "4", "--out", str(out), "--quiet"]) == 0
+    )
+    summary = (out / "report" / "summary.md").read_text()
+    assert "think-mode reasoning (budget 4 tokens" in summary and "hit the budget" in summary
+    assert "numeric floor (float32)" in summary
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["numeric_floor"]["trials"] == 32 and man["numeric_floor"]["max_logprob_diff"] < 1e-4
+
+
+def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
+    """scripts/device_check.sh --cpu: the GPU check's steps on the CPU at tiny shapes, so it cannot rot."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", "scripts/device_check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "device_check.json").read_text())
+    summary = report["summary"]
+    assert summary["problems"] == []
+    assert [v.split()[0] for v in summary["verified"]] == ["parity", "sampling", "moe"]
+    assert any(s.startswith("split: needs a GPU") for s in summary["not_verified"])
+    checks = {r["check"] for r in report["rows"]}
+    assert {"parity", "paths", "sampling", "think", "moe"} <= checks
