@@ -24,4 +24,15 @@ def test_gpu_fp32_matches_cpu_and_bf16_is_close(model: str) -> None:
     gpu16 = HFEngine(HFSettings(model=model, device="cuda", dtype="bfloat16")).readout(trials)
     for a, b, c in zip(cpu, gpu32, gpu16, strict=True):
         np.testing.assert_allclose([s.prob for s in a.scores], [s.prob for s in b.scores], atol=1e-4)
-        assert max(abs(s.prob - t.prob) for s, t in zip(a.scores, c.scores, strict=True)) < 0.05
+        # bf16 (head in float32) against float32: 0.0014 in probability on tiny on a CPU (docs/gpu.md); 0.01 leaves
+        # 7x for the GPU's other kernels (was 0.05, 36x)
+        assert max(abs(s.prob - t.prob) for s, t in zip(a.scores, c.scores, strict=True)) < 0.01
+
+
+def test_split_model_runs_every_readout_and_sampling_path() -> None:
+    """Norm and lm_head on the CPU, the layers on the GPU: every path equals the model in one place."""
+    from scripts.device_check import step_split
+
+    rows: list[dict] = []
+    assert step_split(["tiny", "tiny-hybrid"], "cuda:0", rows.append) == []
+    assert {r["what"] for r in rows} >= {"readout plain", "readout branch", "sample shared", "sample plain"}
