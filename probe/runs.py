@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from probe.errors import ProbeError
-from probe.store import MANIFEST, TRIALS, ChunkState, Integrity, RunStore
+from probe.store import MANIFEST, TRIALS, ChunkState, Integrity, RunStore, inside, parse_trial_line
 from probe.types import Trial
 
 if TYPE_CHECKING:
@@ -365,6 +365,16 @@ class Run:
     def report_dir(self) -> Path:
         return self.root / "report"
 
+    def coding_files(self) -> list[Path]:
+        """The tables of ``probe code`` (``coding/*.parquet``, not the failed ones), checked: a symbolic link is a
+        :class:`probe.store.LinkError`."""
+        coding = inside(self.root, "coding")
+        if not coding.is_dir():
+            return []
+        return [
+            inside(coding, p.name) for p in sorted(coding.glob("*.parquet")) if not p.name.endswith(".failed.parquet")
+        ]
+
     # ------------------------------------------------------------ the index
     def index(self) -> pa.Table:
         """The trial index: one row per line of trials.jsonl, without the messages (cached, see the module doc).
@@ -374,7 +384,7 @@ class Run:
         ``factor:<name>`` per factor.
         """
         if "index" not in self._memo:
-            self._memo["index"] = _load_index(self.root / TRIALS)
+            self._memo["index"] = _load_index(inside(self.root, TRIALS))
         return self._memo["index"]
 
     @functools.cached_property
@@ -415,10 +425,11 @@ class Run:
     def trial_at(self, position: int) -> Trial:
         idx = self.index()
         offset, length = int(idx["offset"][position].as_py()), int(idx["length"][position].as_py())
-        with open(self.root / TRIALS, "rb") as f:
+        path = inside(self.root, TRIALS)
+        with open(path, "rb") as f:
             f.seek(offset)
             line = f.read(length)
-        return Trial.from_record(json.loads(line))
+        return Trial.from_record(parse_trial_line(line, path, position + 1))
 
     def chunk_of(self, position: int) -> int:
         return position // self.chunk_size
@@ -481,10 +492,8 @@ class Run:
         import pandas as pd
 
         parts = [_judgment_columns(self.store.load("judgments"))]
-        coding = self.root / "coding"
-        for path in sorted(coding.glob("*.parquet")) if coding.is_dir() else []:
-            if not path.name.endswith(".failed.parquet"):
-                parts.append(_coding_columns(pd.read_parquet(path), path.stem))
+        for path in self.coding_files():
+            parts.append(_coding_columns(pd.read_parquet(path), path.stem))
         parts = [p for p in parts if len(p)]
         raw = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         return self._frame("codes", raw)
@@ -547,11 +556,9 @@ class Run:
             parts = [p for p in parts if len(p)]
             samples = pd.concat(parts, ignore_index=True) if parts else empty
             codes = _judgment_columns(self._chunk_rows(state, "judgments", trial_id))
-        coding = self.root / "coding"
         extra = [
             _coding_columns(pd.read_parquet(p, filters=[("trial_id", "==", trial_id)]), p.stem)
-            for p in (sorted(coding.glob("*.parquet")) if coding.is_dir() else [])
-            if not p.name.endswith(".failed.parquet")
+            for p in self.coding_files()
         ]
         frames = [c for c in (codes, *extra) if len(c)]
         codes = pd.concat(frames, ignore_index=True) if frames else empty
@@ -1049,9 +1056,9 @@ def _python_records(path: Path) -> pa.Table:
 
     rows = []
     with open(path, "rb") as f:
-        for line in f:
+        for no, line in enumerate(f, 1):
             if line.strip():
-                rows.append(json.loads(line))
+                rows.append(parse_trial_line(line, path, no))
     names = sorted({k for r in rows for k in r.get("factors", {})})
     out: dict[str, Any] = {
         "trial_id": pa.array([str(r["trial_id"]) for r in rows], pa.string()),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -10,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import StoreError
-from probe.files import atomic_write_text
 from probe.lock import RunLock
-from probe.store import MANIFEST, TRIALS, RunStore, trials_text
+from probe.store import MANIFEST, RunStore, write_run_files
 from probe.types import Trial
 
 
@@ -100,8 +98,7 @@ def _write_merged(root: Path, first: Mapping[str, Any], by_index: Mapping[int, R
         existing = RunStore(root).manifest()
         if existing.get("run_key") != manifest["run_key"]:
             raise StoreError(f"{root} already holds a different run; merge into an empty folder")
-    atomic_write_text(root / TRIALS, trials_text(trials))
-    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+    write_run_files(root, manifest, trials)  # records n_trials and the merged trials.jsonl's hash
     merged = RunStore(root)
     names = sorted({n for s in by_index.values() for c in s.integrity().verified for n in c.tables})
     tables = {n: pd.concat([s.load(n) for s in by_index.values()], ignore_index=True) for n in names}

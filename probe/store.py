@@ -35,7 +35,8 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +57,44 @@ MANIFEST = "manifest.json"
 TRIALS = "trials.jsonl"
 RESULTS = "results"
 _CHUNK = re.compile(r"^chunk-(\d{6})\.done$")
+_TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+"""What a chunk table's name may be (it becomes part of a file name)."""
+
+
+class LinkError(StoreError):
+    """A file or folder of a run folder is a symbolic link (refused: it could show a file from outside the run)."""
+
+
+def link_problem(path: Path) -> str | None:
+    """Why ``path`` may not be read as a run folder's file: a symbolic link, or not a regular file (a device or a
+    pipe reads forever). None: a regular file, or nothing there (the caller says what is missing)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path.name} is a symbolic link (refused: a run folder's files must be the files themselves)"
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        return f"{path.name} is not a regular file"
+    return None
+
+
+def inside(root: Path, *parts: str) -> Path:
+    """``root/parts``, checked: no part is ``..``, absolute or empty, and no file or folder below ``root`` on the
+    way is a symbolic link (lstat), so the path lies inside ``root`` whatever the folder holds. :class:`LinkError`
+    naming the link and the fix otherwise (a missing file is left to the caller)."""
+    cur = Path(root)
+    for part in parts:
+        if part in ("", ".", "..") or "/" in part or "\x00" in part:
+            raise LinkError(f"refused {part!r} under {root}: not a plain file name")
+        cur = cur / part
+        why = link_problem(cur)
+        if why:
+            raise LinkError(
+                f"{cur}: {why}. A run folder read from elsewhere may point outside itself; replace the link "
+                "with a copy of what it points to if you trust it"
+            )
+    return cur
 
 
 def canonical_json(obj: object) -> str:
@@ -84,6 +123,9 @@ class TableReceipt:
     def check(self, results: Path) -> str | None:
         """Why the file on disk does not match (None: it matches)."""
         path = results / self.file
+        why = link_problem(path)
+        if why:
+            return why
         try:
             size = path.stat().st_size
         except FileNotFoundError:
@@ -177,6 +219,8 @@ class Integrity:
     root: Path
     n_trials: int
     chunks: tuple[ChunkState, ...]
+    trials_problem: str = ""
+    """Why trials.jsonl does not match the manifest (its count or its hash); empty when it does."""
 
     def _with(self, status: ChunkStatus) -> list[ChunkState]:
         return [c for c in self.chunks if c.status == status]
@@ -199,7 +243,7 @@ class Integrity:
 
     @property
     def complete(self) -> bool:
-        return not self.damaged and not self.missing
+        return not self.damaged and not self.missing and not self.trials_problem
 
     def counts_line(self) -> str:
         done = len(self.verified) + len(self.damaged)
@@ -207,10 +251,13 @@ class Integrity:
             f"chunks: {len(self.chunks)} expected, {done} done, {len(self.verified)} verified, "
             f"{len(self.damaged)} damaged, {len(self.missing)} missing; "
             f"trials: {self.found_trials} of {self.n_trials} verified"
-        )
+        ) + (f"; but {self.trials_problem}" if self.trials_problem else "")
 
     def problems(self) -> list[str]:
-        return [c.describe() for c in self.chunks if c.status != "verified"]
+        return [
+            *([self.trials_problem] if self.trials_problem else []),
+            *(c.describe() for c in self.chunks if c.status != "verified"),
+        ]
 
     def partial_header(self) -> list[str]:
         """The lines a report on an incomplete store starts with (``probe analyze --allow-partial``)."""
@@ -237,6 +284,45 @@ def trials_text(trials: Sequence[Trial]) -> str:
     return "".join(canonical_json(t.to_record()) + "\n" for t in trials)
 
 
+def write_run_files(root: Path, manifest: Mapping[str, Any], trials: Sequence[Trial]) -> None:
+    """Write ``trials.jsonl``, then ``manifest.json`` recording how many trials it holds (``n_trials``) and its
+    SHA-256 (``trials_sha256``), which every integrity check verifies (a file cut at a line boundary, or changed,
+    is seen)."""
+    text = trials_text(trials)
+    record = {**manifest, "n_trials": len(trials), "trials_sha256": sha256_hex(text.encode())}
+    atomic_write_text(Path(root) / TRIALS, text)
+    atomic_write_text(Path(root) / MANIFEST, manifest_text(record))
+
+
+def manifest_text(manifest: Mapping[str, Any]) -> str:
+    """A manifest as written: sorted keys, NaN and NA as null, strict JSON."""
+    return json.dumps(json_ready(dict(manifest)), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def json_ready(obj: Any) -> Any:
+    """``obj`` with what JSON cannot hold turned into what it can: NaN, infinities, NA and NaT become null,
+    NumPy scalars Python numbers, tuples lists, keys strings, anything else its ``str``; so ``json.dumps(...,
+    allow_nan=False)`` writes valid JSON (a bare ``NaN`` is not JSON, and strict parsers refuse it)."""
+    if obj is None or isinstance(obj, (bool, str, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, Mapping):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if type(obj).__name__ in ("NAType", "NaTType"):
+        return None
+    if hasattr(obj, "item") and hasattr(obj, "dtype"):  # a NumPy scalar (or a 0-d array)
+        try:
+            return json_ready(obj.item())
+        except (TypeError, ValueError):
+            return str(obj)
+    if hasattr(obj, "tolist"):  # a NumPy array
+        return json_ready(obj.tolist())
+    return str(obj)
+
+
 def chunk_bounds(n_trials: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + chunk_size, n_trials)) for lo in range(0, n_trials, chunk_size)]
 
@@ -252,6 +338,7 @@ class RunStore:
         self.root = Path(root)
         self.allow_partial = allow_partial
         self._verified: dict[int, tuple[tuple[Any, ...], ChunkState]] = {}
+        self._trials_seen: tuple[tuple[Any, ...], int, str] | None = None
 
     # ---------------------------------------------------------------- create
     @classmethod
@@ -264,7 +351,7 @@ class RunStore:
         """Create the run directory, or reopen it for resuming after checking it is the same run."""
         store = cls(root)
         key = manifest["run_key"]
-        mpath = store.root / MANIFEST
+        mpath = inside(store.root, MANIFEST)
         if mpath.exists():
             old = store.manifest()
             if old.get("run_key") != key:
@@ -277,7 +364,7 @@ class RunStore:
                     f"{store.root} holds a different run (differs in: {', '.join(diff) or 'run key'}); "
                     f"refusing to mix results. Use a new --out, or delete {store.root} to start fresh."
                 )
-            stored = (store.root / TRIALS).read_text(encoding="utf-8")
+            stored = inside(store.root, TRIALS).read_text(encoding="utf-8")
             if stored != trials_text(trials):
                 raise StoreError(
                     f"{store.root}: the stored trials (prompts, options or ids) differ from what this spec "
@@ -293,8 +380,7 @@ class RunStore:
         if leftovers:  # a crash between trials.jsonl and manifest.json leaves only files we rewrite
             raise StoreError(f"{store.root} exists, is not empty and has no {MANIFEST}; choose another --out")
         store.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(store.root / TRIALS, trials_text(trials))
-        atomic_write_text(mpath, json.dumps(dict(manifest), indent=2, sort_keys=True, default=str) + "\n")
+        write_run_files(store.root, manifest, trials)
         return store
 
     def update_manifest(self, fields: Mapping[str, Any]) -> None:
@@ -304,29 +390,41 @@ class RunStore:
         if clash:
             raise ValueError(f"update_manifest may not change {clash}: they define the run")
         manifest.update(fields)
-        atomic_write_text(self.root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        atomic_write_text(inside(self.root, MANIFEST), manifest_text(manifest))
 
     # ------------------------------------------------------------------ read
     def manifest(self) -> dict[str, Any]:
-        path = self.root / MANIFEST
+        path = inside(self.root, MANIFEST)
         try:
-            return dict(json.loads(path.read_text()))
+            doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise StoreError(f"{self.root} is not a run directory (no {MANIFEST})") from None
-        except json.JSONDecodeError as e:
-            raise StoreError(f"{path} is corrupt ({e}); delete the run folder to start fresh") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StoreError(
+                f"{path} is not valid JSON ({e}); the run cannot be read without it: restore {MANIFEST} from a copy "
+                "of the run folder"
+            ) from None
+        if not isinstance(doc, dict):
+            raise StoreError(f"{path} is not a manifest (a JSON object); restore {MANIFEST} from a copy of the run")
+        return doc
+
+    def _records(self) -> Iterator[dict[str, Any]]:
+        """The records of trials.jsonl; a line that is not a JSON object is a StoreError naming the file and line."""
+        path = inside(self.root, TRIALS)
+        with open(path, encoding="utf-8") as f:
+            for no, line in enumerate(f, 1):
+                if line.strip():
+                    yield parse_trial_line(line, path, no)
 
     def trials(self) -> list[Trial]:
-        with open(self.root / TRIALS, encoding="utf-8") as f:
-            return [Trial.from_record(json.loads(line)) for line in f if line.strip()]
+        return [Trial.from_record(r) for r in self._records()]
 
     def trial_ids(self) -> list[str]:
-        with open(self.root / TRIALS, encoding="utf-8") as f:
-            return [json.loads(line)["trial_id"] for line in f if line.strip()]
+        return [r["trial_id"] for r in self._records()]
 
     @property
     def results_dir(self) -> Path:
-        return self.root / RESULTS
+        return inside(self.root, RESULTS)
 
     def done_chunks(self) -> set[int]:
         """Chunks that have a ``.done`` marker, verified or not (see :meth:`integrity` for which to trust)."""
@@ -354,18 +452,45 @@ class RunStore:
 
     def n_trials(self) -> int:
         """Lines in trials.jsonl (the manifest's ``n_trials`` says the same for runs the runner wrote)."""
+        return self._trials_file()[0]
+
+    def _trials_file(self) -> tuple[int, str]:
+        """(lines, SHA-256) of trials.jsonl, read once and kept while the file is unchanged (size, time, inode)."""
+        path = inside(self.root, TRIALS)
         try:
-            with open(self.root / TRIALS, "rb") as f:
-                return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+            st = path.stat()
         except FileNotFoundError:
             raise StoreError(f"{self.root} has no {TRIALS}; it is not a complete run folder") from None
+        sig = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if self._trials_seen is None or self._trials_seen[0] != sig:
+            h, lines = hashlib.sha256(), 0
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+                    lines += block.count(b"\n")
+            self._trials_seen = (sig, lines, h.hexdigest())
+        return self._trials_seen[1], self._trials_seen[2]
+
+    def trials_problem(self, manifest: Mapping[str, Any]) -> str:
+        """Why trials.jsonl does not match what the manifest records (empty when it does; a manifest written
+        before ``trials_sha256`` was recorded is checked on its ``n_trials`` alone)."""
+        lines, digest = self._trials_file()
+        n = manifest.get("n_trials")
+        if isinstance(n, int) and lines != n:
+            return f"{TRIALS} holds {lines} trials, the manifest says {n} (cut short or added to after the run)"
+        want = manifest.get("trials_sha256")
+        if isinstance(want, str) and want != digest:
+            return f"{TRIALS} does not match the manifest's hash (changed after the run was written)"
+        return ""
 
     def integrity(self) -> Integrity:
-        """Every expected chunk, verified against its receipt (files re-hashed unless unchanged since)."""
-        key = str(self.manifest().get("run_key", ""))
+        """Every expected chunk, verified against its receipt (files re-hashed unless unchanged since), and
+        trials.jsonl against the manifest's count and hash."""
+        man = self.manifest()
+        key = str(man.get("run_key", ""))
         bounds = self.bounds()
         states = tuple(self._chunk_state(k, b, key) for k, b in enumerate(bounds))
-        return Integrity(self.root, bounds[-1][1] if bounds else 0, states)
+        return Integrity(self.root, bounds[-1][1] if bounds else 0, states, self.trials_problem(man))
 
     def verified_chunks(self) -> set[int]:
         return {c.chunk for c in self.integrity().verified}
@@ -373,15 +498,18 @@ class RunStore:
     def _signature(self, k: int, names: Sequence[str]) -> tuple[Any, ...]:
         def sig(p: Path) -> tuple[Any, ...]:
             try:
-                st = p.stat()
+                st = os.lstat(p)
             except FileNotFoundError:
                 return (p.name, None)
-            return (p.name, st.st_size, st.st_mtime_ns, st.st_ino)
+            return (p.name, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
 
         return (sig(self.marker(k)), *(sig(self.table_path(k, n)) for n in names))
 
     def _chunk_state(self, k: int, trials: tuple[int, int], run_key: str) -> ChunkState:
         marker = self.marker(k)
+        why = link_problem(marker)
+        if why:
+            return ChunkState(k, trials, "damaged", f"its .done marker: {why}")
         try:
             text = marker.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
@@ -490,6 +618,9 @@ class RunStore:
             if name not in c.tables:
                 continue
             path = self.table_path(c.chunk, name)
+            why = link_problem(path)
+            if why:
+                raise StoreError(f"{path}: {why}; run `probe check {self.root}`")
             data = path.read_bytes()
             receipt = c.receipt.tables[name] if c.receipt is not None else None
             if receipt is not None and sha256_hex(data) != receipt.sha256:
@@ -501,6 +632,17 @@ class RunStore:
         if not parts:
             return pd.DataFrame()
         return pd.concat(parts, ignore_index=True)
+
+
+def parse_trial_line(line: str | bytes, path: Path, no: int) -> dict[str, Any]:
+    """One line of trials.jsonl as a record; a StoreError naming the file, the line and what is wrong."""
+    try:
+        doc = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}, line {no}: not valid JSON ({e}); the file is damaged") from None
+    if not isinstance(doc, dict) or "trial_id" not in doc:
+        raise StoreError(f"{path}, line {no}: not a trial (a JSON object with a trial_id); the file is damaged")
+    return doc
 
 
 def _legacy_tables(text: str) -> tuple[str, ...] | None:
@@ -518,6 +660,9 @@ def _parquet_problem(path: Path) -> str | None:
     """Why ``path`` is not a readable Parquet file (None: its footer reads)."""
     import pyarrow.parquet as pq
 
+    why = link_problem(path)
+    if why:
+        return why
     if not path.exists():
         return f"{path.name} is missing"
     try:

@@ -1,8 +1,11 @@
 """``probe check RUN``: what a run folder holds, verified chunk by chunk.
 
-Read-only: it re-hashes every table against its chunk's receipt, scans the
-API journal for damaged lines (a writer quarantines them; ``check`` only
-reports), and says whether a writer holds the folder now.
+Read-only: it re-hashes every table against its chunk's receipt, checks
+``trials.jsonl`` against the manifest's trial count and hash, scans the API
+journal for damaged lines (a writer quarantines them; ``check`` only
+reports), and says whether a writer holds the folder now. A symbolic link
+anywhere it reads is refused (a run folder from elsewhere may point outside
+itself).
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines.api_journal import JOURNAL, CallRecord, quarantine_path, quarantined_count, scan_lines
-from probe.lock import RunLock
+from probe.lock import LOCK_FILE, RunLock
 from probe.shards import find_shards
-from probe.store import RESULTS, RunStore
+from probe.store import RunStore, link_problem
 
 
 def check_run(root: Path) -> tuple[list[str], bool]:
@@ -47,7 +50,10 @@ def check_run(root: Path) -> tuple[list[str], bool]:
 
 
 def _journal(store: RunStore) -> tuple[list[str], bool]:
-    path = store.root / RESULTS / JOURNAL
+    path = store.results_dir / JOURNAL
+    why = link_problem(path)
+    if why:
+        return [f"api journal: {why}; not read"], False
     if not path.exists():
         return [], True
     good, bad = scan_lines(path, CallRecord.from_record)
@@ -58,6 +64,9 @@ def _journal(store: RunStore) -> tuple[list[str], bool]:
 
 
 def _lock_line(root: Path) -> str:
+    why = link_problem(root / LOCK_FILE)
+    if why:
+        return f"writer: unknown ({why}; not read)"
     lock = RunLock(root)
     holder = lock.holder()
     if lock.peek():
