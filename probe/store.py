@@ -525,6 +525,9 @@ class RunStore:
     def _verify(self, k: int, trials: tuple[int, int], run_key: str, text: str) -> ChunkState:
         legacy = _legacy_tables(text)
         if legacy is not None:  # a format-1 marker: no receipt, so the best check is that every table parses
+            bad = [n for n in legacy if not _TABLE_NAME.match(n)]
+            if bad:
+                return ChunkState(k, trials, "damaged", f"its .done marker names a table {bad[0]!r}, not a table name")
             for name in legacy:
                 why = _parquet_problem(self.table_path(k, name))
                 if why:
@@ -542,7 +545,16 @@ class RunStore:
             return ChunkState(
                 k, trials, "damaged", f"its .done marker holds trials {receipt.trials}, the manifest's split {trials}"
             )
-        for t in receipt.tables.values():
+        for name, t in receipt.tables.items():
+            own = f"chunk-{k:06d}.{name}.parquet"
+            if not _TABLE_NAME.match(name) or t.file != own:
+                return ChunkState(
+                    k,
+                    trials,
+                    "damaged",
+                    f"its receipt names file {t.file!r} for table {name!r}; a receipt may name only its own "
+                    f"chunk's file ({own})",
+                )
             why = t.check(self.results_dir)
             if why:
                 return ChunkState(k, trials, "damaged", why, receipt)
