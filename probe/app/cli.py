@@ -18,6 +18,7 @@ from probe.app.check import check_run
 from probe.app.verbs import add_no_report, add_verb, report_unless_skipped
 from probe.errors import ProbeError
 from probe.shards import Shard, merge_shards
+from probe.terminal import escape_controls, escape_controls_json
 from probe.types import Message, Trial
 
 EPILOG = """examples:
@@ -122,10 +123,11 @@ def cmd_readout(a: argparse.Namespace) -> int:
         text = json.dumps(doc, ensure_ascii=False, indent=2)
         # keep token-id lists on one line each: readable, and still valid JSON
         text = re.sub(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
-        print(text)
+        print(escape_controls_json(text))
         return 0
-    if r.reasoning:
-        print(f"reasoning ({r.reasoning_tokens} tokens{', budget hit' if r.hit_budget else ''}): {r.reasoning}\n")
+    if r.reasoning:  # the model's text: control characters escaped (probe.terminal)
+        budget = ", budget hit" if r.hit_budget else ""
+        print(escape_controls(f"reasoning ({r.reasoning_tokens} tokens{budget}): {r.reasoning}\n"))
     width = max(len(s.option) for s in r.scores)
     print(f"{'option':<{width}}  {'prob':>8}  {'logprob':>10}  tokens")
     for s in r.scores:
@@ -344,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ProbeError: every error of the project; ValueError / FileNotFoundError: bad arguments and missing files
     # caught where the standard library or a dependency raises them (a malformed --options, an absent --out)
     except (ProbeError, ValueError, FileNotFoundError) as e:
-        print(f"probe {args.verb}: error: {e}", file=sys.stderr)
+        print(escape_controls(f"probe {args.verb}: error: {e}"), file=sys.stderr)  # messages quote untrusted text
         return 2
     except BrokenPipeError:  # e.g. `probe readout ... | head`
         sys.stderr.close()

@@ -18,6 +18,8 @@ from probe.app.prompts import Renderer
 from probe.app.trialview import format_trial, trial_view
 from probe.app.verbs import add_verb
 from probe.runs import FilterError, TrialFilter, open_run
+from probe.store import json_ready
+from probe.terminal import escape_controls, escape_controls_json
 
 #: The epilog of ``probe show --help``: examples and the ``--where`` keys.
 EXAMPLES = """examples:
@@ -49,7 +51,15 @@ def show(
     as_json: bool = False,
     out: Callable[[str], None] = print,
 ) -> int:
-    """Print the trials asked for; returns the exit status (0, or 1 when a filter selects none)."""
+    """Print the trials asked for; returns the exit status (0, or 1 when a filter selects none).
+
+    Everything printed is untrusted text (replies, prompts, file names): control characters are shown escaped
+    (:func:`probe.terminal.escape_controls`), and ``--json`` writes strict JSON with DEL and C1 as ``\\u00HH``.
+    """
+
+    def say(text: str) -> None:
+        out(escape_controls(text))
+
     run = open_run(run_path, allow_partial=True)
     renderer = Renderer(run.manifest)
     ids = list(trial_ids)
@@ -57,12 +67,12 @@ def show(
         flt = TrialFilter.parse([*(("item", i) for i in items), *where_pairs(where)])
         page = run.page(flt, 0, limit)
         if page.total == 0:
-            out(f"no trial of {run.root} matches {_describe(flt)}")
+            say(f"no trial of {run.root} matches {_describe(flt)}")
             return 1
         ids = list(page.rows["trial_id"])
         if not as_json:
             more = f" (the first {len(ids)}; --limit N for more)" if page.total > len(ids) else ""
-            out(f"{page.total} trial(s) of {run.root} match {_describe(flt)}{more}\n")
+            say(f"{page.total} trial(s) of {run.root} match {_describe(flt)}{more}\n")
     views = []
     for tid in ids:
         try:
@@ -72,9 +82,10 @@ def show(
                 f"run {run.root} has no trial {tid!r}; list some with `probe show {run.root} --item ITEM`"
             ) from None
     if as_json:
-        out(json.dumps(views if len(views) > 1 or not trial_ids else views[0], ensure_ascii=False, indent=1))
+        doc = json_ready(views if len(views) > 1 or not trial_ids else views[0])
+        out(escape_controls_json(json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False)))
     else:
-        out(("\n" + "=" * 72 + "\n\n").join(format_trial(v) for v in views).rstrip("\n"))
+        say(("\n" + "=" * 72 + "\n\n").join(format_trial(v) for v in views).rstrip("\n"))
     return 0
 
 
