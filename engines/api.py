@@ -574,10 +574,10 @@ class ApiEngine(Engine):
         if reply.refused:
             status, option = "refusal", None
         else:
-            parsed = parse_answer(reply.text, trial.options)
+            parsed = parse_answer(reply.text, trial.options, think=self.settings.think)
             status, option = parsed.status, parsed.option
         if not answer_reasoning:
-            answer_reasoning, _ = split_reasoning(reply.text)
+            answer_reasoning, _ = split_reasoning(reply.text, think=self.settings.think)
         cost = self._price.cost(reply.usage, batch=batch) if self._price else None
         return CallRecord(
             trial_id=key[0],
@@ -714,9 +714,9 @@ class ApiEngine(Engine):
             raise RuntimeError(f"no response recorded for trial {t.trial_id} draw {d}")
         status, option = rec.status, rec.option
         if forced:
-            plain = parse_answer(rec.text, t.options)
+            plain = parse_answer(rec.text, t.options, think=self.settings.think)
             if (plain.status, plain.option) == (status, option):  # the text decided, not a provider refusal flag
-                parsed = parse_answer(rec.text, t.options, forced=True)
+                parsed = parse_answer(rec.text, t.options, think=self.settings.think, forced=True)
                 status, option = parsed.status, parsed.option
         return Sample(
             trial_id=t.trial_id,

@@ -276,5 +276,6 @@ def close_reasoning(
     pre = trial.assistant_prefix
     prefix = tok.encode(pre, add_special_tokens=False) if pre else []
     full = (*base, *body, *tail, *prefix)
-    reasoning, _ = split_reasoning(tok.decode(body + ([] if closed else [end_id]), skip_special_tokens=False))
+    text = tok.decode(body + ([] if closed else [end_id]), skip_special_tokens=False)
+    reasoning, _ = split_reasoning(text, think=True)
     return Reasoned(tuple(int(i) for i in full), reasoning, len(gen), not closed and len(gen) >= budget)

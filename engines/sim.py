@@ -288,7 +288,7 @@ def _draw_uniforms(seed: int, trial_id: str, draw: int) -> tuple[float, float, f
 
 @lru_cache(maxsize=65536)
 def _parse(text: str, options: tuple[str, ...]) -> Parsed:
-    return parse_answer(text, options)
+    return parse_answer(text, options, think=False)  # the sim has no think mode
 
 
 _TOKEN = re.compile(r"\w{1,4}|[^\w\s]")

@@ -38,14 +38,15 @@ def _verdict_of(trial: Trial, option: str) -> str:
     return "PRO" if trial.meaning[trial.options.index(option)] == "cbr" else "ANTI"
 
 
-def rule_verdict(trial: Trial, text: str) -> str:
-    """PRO / ANTI / NONCOMMIT from which printed course the reply names."""
-    _, answer = split_reasoning(text)
+def rule_verdict(trial: Trial, text: str, *, think: bool) -> str:
+    """PRO / ANTI / NONCOMMIT from which printed course the reply names (``think``: the reply's mode, as in
+    :func:`probe.parse.split_reasoning`)."""
+    _, answer = split_reasoning(text, think=think)
     low = answer.casefold()
     named = [o for o in trial.options if o.casefold() in low]
     if len(named) == 1:
         return _verdict_of(trial, named[0])
-    parsed = parse_answer(answer, trial.options)
+    parsed = parse_answer(answer, trial.options, think=think)
     if parsed.option is not None and len(named) != 2:
         return _verdict_of(trial, parsed.option)
     return "NONCOMMIT"
@@ -54,6 +55,10 @@ def rule_verdict(trial: Trial, text: str) -> str:
 class RuleJudge:
     name = "rule"
 
+    def __init__(self, *, think: bool) -> None:
+        self.think = think
+        """The judged replies come from a think-mode run (where their think block ends, :mod:`probe.parse`)."""
+
     def identity(self) -> dict[str, Any]:
         return {"judge": self.name}
 
@@ -61,7 +66,7 @@ class RuleJudge:
         by_id = {t.trial_id: t for t in trials}
         rows = []
         for s in samples:
-            v = rule_verdict(by_id[s.trial_id], s.text) if s.status != "error" else "NONCOMMIT"
+            v = rule_verdict(by_id[s.trial_id], s.text, think=self.think) if s.status != "error" else "NONCOMMIT"
             rows.append(
                 {
                     "trial_id": s.trial_id,
@@ -83,11 +88,11 @@ JUDGE_TEMPLATE = (
 )
 
 
-def judge_trial(trial: Trial, sample: Sample) -> Trial:
-    """The judge's own trial for one reply (options are the three verdict labels)."""
+def judge_trial(trial: Trial, sample: Sample, *, think: bool) -> Trial:
+    """The judge's own trial for one reply (options are the three verdict labels; ``think``: the reply's mode)."""
     pro = trial.options[trial.meaning.index("cbr")]
     anti = trial.options[trial.meaning.index("anti")]
-    _, reply = split_reasoning(sample.text)
+    _, reply = split_reasoning(sample.text, think=think)
     text = JUDGE_TEMPLATE.format(pro=pro, anti=anti, reply=reply.strip() or "(empty)")
     return Trial(
         trial_id=f"{trial.trial_id}:{sample.replicate}",
@@ -103,8 +108,10 @@ def judge_trial(trial: Trial, sample: Sample) -> Trial:
 class LogitJudge:
     """A logit engine read over PRO / ANTI / NONCOMMIT."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *, think: bool) -> None:
         self.engine = engine
+        self.think = think
+        """The judged replies come from a think-mode run (the judge itself never reasons)."""
         self.name = f"logit:{engine.describe()['settings']['model'] if hasattr(engine, 'settings') else engine.name}"
 
     def identity(self) -> dict[str, Any]:
@@ -112,7 +119,7 @@ class LogitJudge:
 
     def judge(self, trials: Sequence[Trial], samples: Sequence[Sample]) -> pd.DataFrame:
         by_id = {t.trial_id: t for t in trials}
-        jt = [judge_trial(by_id[s.trial_id], s) for s in samples]
+        jt = [judge_trial(by_id[s.trial_id], s, think=self.think) for s in samples]
         rows = []
         for s, r in zip(samples, self.engine.readout(jt), strict=True):
             p = {sc.option: sc.prob for sc in r.scores}
@@ -156,12 +163,16 @@ def judge_engine(spec: str, args: argparse.Namespace | None = None) -> Any:
 
 
 def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge | LogitJudge:
-    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode)."""
+    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode).
+
+    The judge reads the run's replies in the run's mode (``args.think``): where a reply's think block ends.
+    """
+    think = bool(getattr(args, "think", False))
     if spec == "rule":
-        return RuleJudge()
+        return RuleJudge(think=think)
     engine = judge_engine(spec, args)
     if not hasattr(engine, "readout"):
         raise ValueError(
             f"judge {spec!r} is not a logit engine; use 'rule' or a local model (an API judge comes with the api engine)"
         )
-    return LogitJudge(engine)
+    return LogitJudge(engine, think=think)

@@ -14,6 +14,17 @@ order of the rules matters and is the documented contract:
 
 Refusals and invalid answers are data: callers must never retry them away.
 
+**The think block depends on the mode** (:func:`split_reasoning`, ``think``).
+The rules read the answer: the reply with its think block removed. In think
+mode the chat template opens the block (``<think>\n``) and the model closes
+it, so everything before the first ``</think>`` is reasoning. Outside think
+mode the template has already closed an empty block (``<think>\n\n</think>``)
+before the reply, so a ``</think>`` the model writes is a stray token *inside*
+the answer, not the end of reasoning: ``" pick one answer.\n</think>\n\nNo"``
+is not an answer at the slot (rule 1 fails on its first sentence); rule 4
+takes it when exactly one option stands alone in it (here *No*), else it is
+``invalid``. Every caller says which mode the reply came from.
+
 **Forced answers end at the answer.** A trial that asks for one of its
 options (a readout trial sampled with ``stop_at_answer``; ``forced=True``
 here) is answered by the answer's first sentence or line when that is exactly
@@ -55,12 +66,19 @@ class Parsed:
     """Which rule decided: exact, stated, standalone, refusal or none."""
 
 
-def split_reasoning(text: str) -> tuple[str, str]:
-    """Split ``text`` into (reasoning, answer) at a think block, if any."""
+def split_reasoning(text: str, *, think: bool) -> tuple[str, str]:
+    """Split ``text`` into (reasoning, answer) at a think block, if any.
+
+    A whole ``<think>...</think>`` block is reasoning in either mode. ``think``:
+    the reply was generated in think mode, where the template opened the
+    block, so text before a ``</think>`` with no ``<think>`` is reasoning too.
+    Outside think mode such a ``</think>`` stays in the answer (the module
+    docstring says why).
+    """
     m = _THINK.search(text)
     if m:
         return m.group(0)[len("<think>") : -len("</think>")].strip(), (text[: m.start()] + text[m.end() :]).strip()
-    m = _OPEN_THINK.search(text)  # template opened the block; the model only closed it
+    m = _OPEN_THINK.search(text) if think else None  # think mode: the template opened the block, the model closed it
     if m:
         return m.group(0)[: -len("</think>")].strip(), text[m.end() :].strip()
     if "<think>" in text:  # never closed: all reasoning, no answer
@@ -131,13 +149,14 @@ def answer_end(reply: str, options: Sequence[str]) -> int | None:
     return answer_scan(reply, options)[0]
 
 
-def parse_answer(text: str, options: Sequence[str], *, forced: bool = False) -> Parsed:
+def parse_answer(text: str, options: Sequence[str], *, think: bool, forced: bool = False) -> Parsed:
     """Parse a sampled reply into one of ``options`` (see the module docstring).
 
+    ``think``: the reply was generated in think mode (:func:`split_reasoning`).
     ``forced``: the trial asks for one of its options, so the answer (the reply
     after any think block) is parsed only up to :func:`answer_end`.
     """
-    _, answer = split_reasoning(text)
+    _, answer = split_reasoning(text, think=think)
     if forced:
         end = answer_end(answer, options)
         answer = answer if end is None else answer[:end]
@@ -181,8 +200,8 @@ def parsed_sample(
     """
     if trial.assistant_prefix and not think:
         text = trial.assistant_prefix + text
-    reasoning, _ = split_reasoning(text)
-    parsed = parse_answer(text, trial.options, forced=stop_at_answer)
+    reasoning, _ = split_reasoning(text, think=think)
+    parsed = parse_answer(text, trial.options, think=think, forced=stop_at_answer)
     return Sample(
         trial_id=trial.trial_id,
         replicate=draw,

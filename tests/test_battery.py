@@ -91,11 +91,11 @@ def test_rule_judge_verdicts():
     t = _choice_trial()
     cbr = t.options[t.meaning.index("cbr")]
     anti = t.options[t.meaning.index("anti")]
-    assert rule_verdict(t, f"After thinking it over, I would {cbr}.") == "PRO"
-    assert rule_verdict(t, f"<think>maybe {cbr}</think>\n\nI choose to {anti}.") == "ANTI"
-    assert rule_verdict(t, f"Either {cbr} or {anti}; I cannot say.") == "NONCOMMIT"
-    assert rule_verdict(t, "I can't help with that.") == "NONCOMMIT"
-    table = RuleJudge().judge([t], [Sample(t.trial_id, 0, f"I would {cbr}", None, "invalid")])
+    assert rule_verdict(t, f"After thinking it over, I would {cbr}.", think=False) == "PRO"
+    assert rule_verdict(t, f"<think>maybe {cbr}</think>\n\nI choose to {anti}.", think=False) == "ANTI"
+    assert rule_verdict(t, f"Either {cbr} or {anti}; I cannot say.", think=False) == "NONCOMMIT"
+    assert rule_verdict(t, "I can't help with that.", think=False) == "NONCOMMIT"
+    table = RuleJudge(think=False).judge([t], [Sample(t.trial_id, 0, f"I would {cbr}", None, "invalid")])
     assert table.loc[0, ["p_pro", "p_anti", "p_noncommit"]].tolist() == [1.0, 0.0, 0.0]
 
 
@@ -104,7 +104,7 @@ def test_logit_judge_keeps_the_distribution(tiny_engine):
 
     t = _choice_trial()
     cbr = t.options[t.meaning.index("cbr")]
-    table = LogitJudge(tiny_engine).judge([t], [Sample(t.trial_id, 0, f"I would {cbr}.", None, "invalid")])
+    table = LogitJudge(tiny_engine, think=False).judge([t], [Sample(t.trial_id, 0, f"I would {cbr}.", None, "invalid")])
     row = table.iloc[0]
     assert row[["p_pro", "p_anti", "p_noncommit"]].sum() == pytest.approx(1.0)
     assert row["verdict"] in ("PRO", "ANTI", "NONCOMMIT")

@@ -169,24 +169,24 @@ def _samples(tid: str, rows) -> pd.DataFrame:
 
 def test_sample_rules_recompute_the_rule_and_the_answer_at_the_slot_by_hand():
     trials = [_trial("b1", "binary", YN, ("cbr", "anti"))]
-    r = sample_rules(_samples("b1", TEXTS), trials)
+    r = sample_rules(_samples("b1", TEXTS), trials, think=False)
     assert r["rule"].tolist() == [x[3] for x in TEXTS]
     assert [None if pd.isna(v) else v for v in r["slot_option"]] == [x[4] for x in TEXTS]
     assert r["agrees"].all() and r["draw"].tolist() == list(range(len(TEXTS)))
     # a stored answer that today's parser reads differently is flagged, never silently re-read
     stale = _samples("b1", [("No.", "Yes", "ok")])
-    assert not sample_rules(stale, trials)["agrees"].iloc[0]
+    assert not sample_rules(stale, trials, think=False)["agrees"].iloc[0]
     with pytest.raises(ValueError, match="not among the run's trials"):
-        sample_rules(_samples("zz", TEXTS[:1]), trials)
+        sample_rules(_samples("zz", TEXTS[:1]), trials, think=False)
     with pytest.raises(ValueError, match="lacks columns"):
-        sample_rules(pd.DataFrame({"trial_id": ["b1"]}), trials)
+        sample_rules(pd.DataFrame({"trial_id": ["b1"]}), trials, think=False)
 
 
 def test_rule_counts_per_instrument_by_hand():
     trials = [_trial("b1", "binary", YN, ("cbr", "anti")), _trial("g1", "graded", ("0", "1", "2"), ("-1", "0", "1"))]
     graded = [("2", "2", "ok"), ("I would say 1 here", "1", "ok"), ("0 or 2", None, "invalid")]
     s = pd.concat([_samples("g1", graded), _samples("b1", TEXTS)], ignore_index=True)
-    c = rule_counts(sample_rules(s, trials), trials)
+    c = rule_counts(sample_rules(s, trials, think=False), trials)
     assert c.index.tolist() == ["binary", "graded", "all"]  # the forced binary first, whatever the row order
     assert c.loc["binary"].to_dict() == {
         "exact": 3, "stated": 1, "standalone": 1, "refusal": 1, "invalid": 1, "error": 1, "n": 8, "disagree": 0
@@ -196,18 +196,18 @@ def test_rule_counts_per_instrument_by_hand():
     }  # fmt: skip
     assert (c.loc["all"] == c.loc["binary"] + c.loc["graded"]).all()
     # one instrument: no "all" row
-    assert rule_counts(sample_rules(_samples("b1", TEXTS), trials), trials).index.tolist() == ["binary"]
+    assert rule_counts(sample_rules(_samples("b1", TEXTS), trials, think=False), trials).index.tolist() == ["binary"]
 
 
 def test_rule_count_line_for_every_sampled_report():
     s = pd.concat([_samples("b1", TEXTS), _samples("x", [("Yes", "Yes", "ok")])], ignore_index=True)
-    line = rule_count_line(s, {"b1": YN, "x": YN}, {"b1": "binary", "x": "other"})
+    line = rule_count_line(s, {"b1": YN, "x": YN}, {"b1": "binary", "x": "other"}, think=False)
     assert line.endswith(
         ": binary exact 3, stated 1, standalone 1, refusal 1, invalid 1, error 1 of 8; "
         "other exact 1, stated 0, standalone 0, refusal 0, invalid 0, error 0 of 1; "
         "all exact 4, stated 1, standalone 1, refusal 1, invalid 1, error 1 of 9"
     ), line
-    stale = rule_count_line(_samples("x", [("No.", "Yes", "ok")]), {"x": YN}, {"x": "all"})
+    stale = rule_count_line(_samples("x", [("No.", "Yes", "ok")]), {"x": YN}, {"x": "all"}, think=False)
     assert stale.endswith(
         "all exact 1, stated 0, standalone 0, refusal 0, invalid 0 of 1; 1 stored answers differ from today's parser"
     )
@@ -216,7 +216,7 @@ def test_rule_count_line_for_every_sampled_report():
 def test_answers_at_the_slot_keep_only_first_sentence_answers():
     trials = [_trial("b1", "binary", YN, ("cbr", "anti"))]
     s = _samples("b1", TEXTS)
-    r = sample_rules(s, trials)
+    r = sample_rules(s, trials, think=False)
     slot = answers_at(s, r, "slot")
     assert slot["draw"].tolist() == [0, 1, 2] and slot["option"].tolist() == ["Yes", "No", "Yes"]
     assert set(slot["status"]) == {"ok"}
@@ -276,7 +276,7 @@ def test_temperature_per_instrument_and_answer_set_against_scipy_by_hand():
     g1 = [("1", "1", "ok")] * 6 + [("2.", "2", "ok")] * 2 + [("0", "0", "ok")] + [("a 2 maybe", "2", "ok")] * 3
     s = pd.concat([_samples("b1", b1), _samples("b2", b2), _samples("g1", g1)], ignore_index=True)
     tau = 0.7
-    rows = calibrate_by_instrument(ro, s, trials, tau)
+    rows = calibrate_by_instrument(ro, s, trials, tau, think=False)
     assert [(r.instrument, r.answers) for r in rows] == [
         ("binary", "slot"), ("binary", "all"), ("graded", "slot"), ("graded", "all"), ("pooled", "slot"),
         ("pooled", "all"),
@@ -311,7 +311,7 @@ def test_an_answer_set_without_answers_says_so():
     trials = [_trial("b1", "binary", YN, ("cbr", "anti"))]
     ro = pd.DataFrame({"trial_id": ["b1", "b1"], "option": list(YN), "logprob": [-0.3, -1.6]})
     s = _samples("b1", [("It is a yes", "Yes", "ok"), ("nope, no", "No", "ok")])
-    rows = calibrate_by_instrument(ro, s, trials, 1.0)
+    rows = calibrate_by_instrument(ro, s, trials, 1.0, think=False)
     assert rows[0].calibration is None and rows[0].reason == "no answers at the slot"
     assert rows[1].calibration is not None and not rows[0].excludes_one
     assert temperature_table(rows).loc[0, "note"] == "no answers at the slot"
@@ -395,8 +395,8 @@ def slot_check(engine, n: int) -> tuple:
     trials = slot_trials()
     ro = readout_tables(engine.readout(trials))["readout_options"]
     samples = sample_table(engine.sample(trials, n, 1.0, max_new_tokens=SLOT_CAP, stop_at_answer=True))
-    rows = calibrate_by_instrument(ro, samples, trials, 1.0, level=SLOT_LEVEL)
-    return rows[0], rows[1], rule_counts(sample_rules(samples, trials), trials)
+    rows = calibrate_by_instrument(ro, samples, trials, 1.0, think=False, level=SLOT_LEVEL)
+    return rows[0], rows[1], rule_counts(sample_rules(samples, trials, think=False), trials)
 
 
 def assert_slot_temperature_is_one(slot, everything, counts, label: str) -> None:

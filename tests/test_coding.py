@@ -280,7 +280,7 @@ def test_sampling_judge_distribution_is_parsed_counts(think_run: Path, tiny_engi
     assert len(texts) == 3
     from probe.parse import parse_answer
 
-    parsed = [parse_answer(t, trial.options).option for t in texts]
+    parsed = [parse_answer(t, trial.options, think=False).option for t in texts]
     ok = [p for p in parsed if p is not None]
     assert lab.draws == len(ok) and lab.coverage == pytest.approx(len(ok) / 3)
     if ok:

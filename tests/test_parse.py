@@ -10,8 +10,8 @@ YN = ["Yes", "No"]
 AB = ["A", "B"]
 
 
-def _check(text: str, options, option, status, rule) -> None:
-    got = parse_answer(text, options)
+def _check(text: str, options, option, status, rule, *, think: bool = False) -> None:
+    got = parse_answer(text, options, think=think)
     assert (got.option, got.status, got.rule) == (option, status, rule), text
 
 
@@ -36,7 +36,7 @@ def test_exact_label(text: str, option: str) -> None:
 
 
 def test_exact_returns_the_option_spelling() -> None:
-    assert parse_answer("b", AB).option == "B"
+    assert parse_answer("b", AB, think=False).option == "B"
 
 
 # ---------------------------------------------------------------- rule 2: stated format
@@ -137,7 +137,44 @@ def test_think_block_is_stripped_before_parsing() -> None:
 
 
 def test_template_opened_think_only_closed_by_model() -> None:
-    _check("Yes seems right... or not.</think>\nNo", YN, "No", "ok", "exact")
+    _check("Yes seems right... or not.</think>\nNo", YN, "No", "ok", "exact", think=True)
+
+
+STRAY = " pick one answer.\n</think>\n\nNo"
+"""A reply of the tiny model outside think mode (issue 38): its template already closed an empty think block."""
+
+
+def test_a_stray_close_outside_think_mode_is_not_an_answer_at_the_slot() -> None:
+    """Outside think mode a ``</think>`` with no ``<think>`` is a token of the answer: the reply's first sentence is
+    "pick one answer.", so rule 1 (exact, the slot) fails and rule 4 (standalone) takes it; in think mode the same
+    text is reasoning, then the answer "No" (exact)."""
+    assert split_reasoning(STRAY, think=False) == ("", STRAY.strip())
+    assert split_reasoning(STRAY, think=True) == ("pick one answer.", "No")
+    for forced in (False, True):
+        off = parse_answer(STRAY, YN, think=False, forced=forced)
+        assert (off.option, off.status, off.rule) == ("No", "ok", "standalone")
+        on = parse_answer(STRAY, YN, think=True, forced=forced)
+        assert (on.option, on.status, on.rule) == ("No", "ok", "exact")
+    # both labels around the stray close: no single standalone label, so invalid outside think mode
+    assert parse_answer("Yes, I think.\n</think>\n\nNo", YN, think=False).rule == "none"
+    assert parse_answer("Yes, I think.\n</think>\n\nNo", YN, think=True).rule == "exact"
+    # an answer before the stray close is at the slot in either mode: the slot is the reply's first tokens
+    assert parse_answer("No\n</think>\n\nYes", YN, think=False, forced=True).rule == "exact"
+    # a whole think block is reasoning in either mode
+    assert parse_answer("<think>yes</think>No", YN, think=False).rule == "exact"
+
+
+def test_parsed_sample_parses_in_the_run_mode() -> None:
+    from probe.parse import parsed_sample
+    from probe.types import Message, Trial
+
+    ask = (Message("user", "Yes or No?"),)
+    trial = Trial(trial_id="t", experiment="x", item_id="i", factors={}, messages=ask, options=("Yes", "No"),
+                  meaning=("cbr", "anti"))  # fmt: skip
+    off = parsed_sample(trial, 0, STRAY, 1, 1, think=False, stop_at_answer=True)
+    on = parsed_sample(trial, 0, STRAY, 1, 1, think=True, stop_at_answer=True)
+    assert (off.option, off.reasoning) == ("No", "")
+    assert (on.option, on.reasoning) == ("No", "pick one answer.")
 
 
 def test_unclosed_think_is_invalid() -> None:
@@ -145,11 +182,13 @@ def test_unclosed_think_is_invalid() -> None:
 
 
 def test_split_reasoning_cases() -> None:
-    assert split_reasoning("<think> weigh it </think>\n\n Yes ") == ("weigh it", "Yes")
-    assert split_reasoning("pre <think>r</think> post") == ("r", "pre  post")
-    assert split_reasoning("only closed</think>  No") == ("only closed", "No")
-    assert split_reasoning("<think>never closed") == ("never closed", "")
-    assert split_reasoning("  plain answer \n") == ("", "plain answer")
+    for think in (False, True):
+        assert split_reasoning("<think> weigh it </think>\n\n Yes ", think=think) == ("weigh it", "Yes")
+        assert split_reasoning("pre <think>r</think> post", think=think) == ("r", "pre  post")
+        assert split_reasoning("<think>never closed", think=think) == ("never closed", "")
+        assert split_reasoning("  plain answer \n", think=think) == ("", "plain answer")
+    assert split_reasoning("only closed</think>  No", think=True) == ("only closed", "No")
+    assert split_reasoning("only closed</think>  No", think=False) == ("", "only closed</think>  No")
 
 
 # ---------------------------------------------------------------- case folding and symbol labels
@@ -240,7 +279,7 @@ def test_answer_scan_longer_options_and_numbers() -> None:
     ],
 )
 def test_forced_parse_reads_the_answer_up_to_its_end(text: str, option, status) -> None:
-    got = parse_answer(text, YN, forced=True)
+    got = parse_answer(text, YN, think=False, forced=True)
     assert (got.option, got.status) == (option, status)
     if "But" in text or text.startswith("Yes. No"):
-        assert parse_answer(text, YN).status == "invalid"  # the unforced rules read the whole reply
+        assert parse_answer(text, YN, think=False).status == "invalid"  # the unforced rules read the whole reply

@@ -271,7 +271,7 @@ def test_answer_stop_cuts_draws_without_changing_a_parse(smol_engine):
         assert f.token_ids[: len(c.token_ids)] == c.token_ids
         opts = next(t.options for t in trials if t.trial_id == f.trial_id)
         end = answer_end(f.text, opts)
-        whole = parse_answer(f.text if end is None else f.text[:end], opts)
+        whole = parse_answer(f.text if end is None else f.text[:end], opts, think=False)
         assert (c.option, c.status) == (whole.option, whole.status)
         shorter += len(c.token_ids) < len(f.token_ids)
     print(f"\nanswer stop: {shorter} of {len(cut)} draws cut short")

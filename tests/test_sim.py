@@ -131,7 +131,7 @@ def test_samples_follow_the_tempered_distribution():
     want = expit((0.3 / 0.6) / (0.8 * 0.5))  # softmax(z / (tau T)) with z = +-margin / 2
     got = np.mean([s.option == "Yes" for s in draws])
     assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / n)
-    assert all(s.status == "ok" and parse_answer(s.text, t.options).option == s.option for s in draws)
+    assert all(s.status == "ok" and parse_answer(s.text, t.options, think=False).option == s.option for s in draws)
     assert [s.replicate for s in draws] == list(range(n))
     # greedy at temperature 0, and draws do not depend on the batch
     assert {s.option for s in e.sample([t], 5, 0.0)} == {"Yes"}
@@ -149,10 +149,10 @@ def test_refusals_and_noncommittal_choices_are_data():
     share = np.mean([x.status == "refusal" for x in s])
     # deterministic (seeds 2 and 4); at fresh seeds, Z_1E6 standard errors each side fail with probability 1e-6
     assert share == pytest.approx(0.2, abs=Z_1E6 * math.sqrt(0.2 * 0.8 / 2000))
-    assert parse_answer(REFUSAL_TEXT, t.options).status == "refusal"
+    assert parse_answer(REFUSAL_TEXT, t.options, think=False).status == "refusal"
     [c, _] = bc.choice(["i"], framings=("choose",))
     cs = e.sample([c], 2000, 1.0)
-    verdicts = pd.Series([rule_verdict(c, x.text) for x in cs])
+    verdicts = pd.Series([rule_verdict(c, x.text, think=False) for x in cs])
     # NONCOMMIT = refused (0.2) or, if not, non-committal (0.8 * 0.3)
     p_nc = 0.2 + 0.8 * 0.3
     assert (verdicts == "NONCOMMIT").mean() == pytest.approx(p_nc, abs=Z_1E6 * math.sqrt(p_nc * (1 - p_nc) / 2000))
@@ -239,7 +239,7 @@ def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     items = ("mine_cart_bridge", "freight_yard_switch", "flooded_mine_door", "brake_failure", "uncle_juice")
     spec = BatterySpec(**REDUCED, items=items, salts=SaltSpec(count=2))
     p = SimParams(seed=2, m_order=-0.1, m_word=-0.1, sigma_form=0.1, sigma_salt=0.02, s_choice=0.1)
-    store = run("battery", spec, SimEngine(p), tmp_path / "run", judge=RuleJudge(), progress=False, log=lambda m: None)
+    store = run("battery", spec, SimEngine(p), tmp_path / "run", judge=RuleJudge(think=False), progress=False, log=lambda m: None)
     opts, per = readouts(open_run(store.root))
     gt = stance.graded_trials(opts, per, "readout")
     forms = stance.per_form(gt)
@@ -381,7 +381,7 @@ def _ahead_run(engine, out):
 
     spec = BatterySpec(**REDUCED, items=_AHEAD_ITEMS)
     plan = Plan(samples=3, temperature=0.8, sample_only=(("order", "cbr_first"),))  # 3 drawn + 3 greedy per chunk
-    return run("battery", spec, engine, out, plan=plan, judge=RuleJudge(), chunk_size=_AHEAD_CHUNK, progress=False,
+    return run("battery", spec, engine, out, plan=plan, judge=RuleJudge(think=False), chunk_size=_AHEAD_CHUNK, progress=False,
                log=lambda m: None)  # fmt: skip
 
 

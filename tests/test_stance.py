@@ -557,7 +557,7 @@ def test_choice_order_bias_recovered_on_the_sim():
     trials = bc.choice(ITEMS[:12], framings=("choose", "what_would"))
     e = SimEngine(SimParams(seed=5, s_choice=0.3, m_choice_order=-0.3))
     samples = e.sample(trials, 1, 0.0)
-    j = RuleJudge().judge(trials, samples)
+    j = RuleJudge(think=False).judge(trials, samples)
     meta = pd.DataFrame([{"trial_id": t.trial_id, "item_id": t.item_id, "replicate": t.replicate, **t.factors}
                          for t in trials])  # fmt: skip
     inc = stance.choice_incoherence(stance.choice_forms(j.merge(meta, on="trial_id")))

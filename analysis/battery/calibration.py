@@ -298,13 +298,18 @@ INSTRUMENT_ORDER: tuple[str, ...] = ("binary", "choice", "graded")
 POOLED = "pooled"
 
 
-def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial] | Mapping[str, Sequence[str]]) -> pd.DataFrame:
+def sample_rules(
+    samples: pd.DataFrame, trials: Sequence[Trial] | Mapping[str, Sequence[str]], *, think: bool
+) -> pd.DataFrame:
     """Per stored draw: the parse rule that decided it, recomputed from its text and its trial's options.
 
     The samples table keeps the parsed option and status, not the rule, so the
     rule is recomputed with today's parser exactly as the run parsed it
     (:func:`probe.parse.parse_answer` with ``forced=True``: readout trials ask for one of
-    their options, so a reply is parsed up to where its answer ends). Returns
+    their options, so a reply is parsed up to where its answer ends; ``think``:
+    the run's think mode, :func:`probe.panel.run_reasoning`, which decides whether
+    a ``</think>`` with no ``<think>`` ends reasoning or is a stray token in the
+    answer, so outside think mode such a reply is not an answer at the slot). Returns
     ``trial_id, draw, rule, slot_option, agrees``: ``rule`` is one of
     :data:`RULES` (or ``error`` for an engine error, which has no text to parse);
     ``slot_option`` is the option answered at the slot (rule ``exact``: the
@@ -332,7 +337,7 @@ def sample_rules(samples: pd.DataFrame, trials: Sequence[Trial] | Mapping[str, S
             slots.append(None)
             agrees.append(True)
             continue
-        p = parse_answer(str(text), by_id[tid], forced=True)
+        p = parse_answer(str(text), by_id[tid], think=think, forced=True)
         rule = "invalid" if p.rule == "none" else p.rule
         rules.append(rule)
         slots.append(p.option if rule == "exact" else None)
@@ -426,6 +431,7 @@ def calibrate_by_instrument(
     trials: Sequence[Trial],
     tau: float,
     *,
+    think: bool,
     level: float = 0.95,
     rules: pd.DataFrame | None = None,
 ) -> tuple[TemperatureRow, ...]:
@@ -436,12 +442,13 @@ def calibrate_by_instrument(
     former single T); within each, ``slot`` before ``all``. Each is
     :func:`calibrate` on that instrument's trials, ``meaning="cbr"`` where the
     instrument has a CBR option (r and mad over trials' P(CBR)), else every
-    option. ``rules``: :func:`sample_rules` of ``samples`` if already computed.
+    option. ``rules``: :func:`sample_rules` of ``samples`` if already computed
+    (else computed in the run's think mode ``think``).
     """
     from analysis.common.frames import count_samples
 
     if rules is None:
-        rules = sample_rules(samples, trials)
+        rules = sample_rules(samples, trials, think=think)
     inst = _instrument_of(trials)
     sampled = set(samples["trial_id"])
     names = _instrument_names({inst[t] for t in sampled if t in inst})
@@ -490,9 +497,12 @@ def temperature_table(rows: Sequence[TemperatureRow]) -> pd.DataFrame:
     return pd.DataFrame(out).reindex(columns=cols)
 
 
-def rule_count_line(samples: pd.DataFrame, options: Mapping[str, Sequence[str]], instrument: Mapping[str, str]) -> str:
-    """One Markdown bullet for every sampled report: the draws each parse rule decided, per instrument."""
-    counts = rule_counts(sample_rules(samples, options), instrument)
+def rule_count_line(
+    samples: pd.DataFrame, options: Mapping[str, Sequence[str]], instrument: Mapping[str, str], *, think: bool
+) -> str:
+    """One Markdown bullet for every sampled report: the draws each parse rule decided, per instrument (``think``:
+    the run's think mode, as in :func:`sample_rules`)."""
+    counts = rule_counts(sample_rules(samples, options, think=think), instrument)
     cols = [c for c in (*RULES, "error") if c != "error" or counts[c].any()]
     parts = [
         f"{g} " + ", ".join(f"{c} {int(row[c])}" for c in cols) + f" of {int(row['n'])}" for g, row in counts.iterrows()

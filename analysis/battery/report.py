@@ -25,6 +25,7 @@ from analysis.common.frames import choice_probs, trial_meta
 from analysis.common.report import Section, report_files, run_sections, write_summary
 from analysis.common.tables import md_table
 from probe.files import atomic_write_text
+from probe.panel import run_reasoning
 from probe.store import RunStore
 
 
@@ -545,7 +546,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
 
     if f.samples.empty:
         return Section("Readout temperature", ["Needs --samples N (and readouts, from a logit engine)."], [])
-    rules = sample_rules(f.samples, f.trial_list)
+    rules = sample_rules(f.samples, f.trial_list, think=run_reasoning(f.manifest))
     counts = rule_counts(rules, f.trial_list)
     atomic_write_text(out / "parse_rules.csv", counts.to_csv())
     files: list[Path] = [out / "parse_rules.csv"]
@@ -573,7 +574,9 @@ def calibration_section(f: Frames, out: Path) -> Section:
             ["Samples were greedy (temperature 0): no temperature to fit.", "", *rule_lines],
             files,
         )
-    rows = calibrate_by_instrument(f.readout_options, f.samples, f.trial_list, tau, rules=rules)
+    rows = calibrate_by_instrument(
+        f.readout_options, f.samples, f.trial_list, tau, think=run_reasoning(f.manifest), rules=rules
+    )
     table = temperature_table(rows)
     atomic_write_text(out / "calibration_T.csv", table.to_csv(index=False, float_format="%.6f"))
     files.append(out / "calibration_T.csv")

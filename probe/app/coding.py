@@ -62,6 +62,7 @@ from experiments.judge import judge_engine
 from probe.app.verbs import add_verb
 from probe.errors import ProbeError
 from probe.files import atomic_write_parquet, atomic_write_text, parse_yaml, read_yaml
+from probe.panel import run_reasoning
 from probe.parse import split_reasoning
 from probe.store import RunStore, canonical_json
 from probe.types import Message, Trial
@@ -388,6 +389,7 @@ def collect(store: RunStore, task: str, source: str = "auto") -> Collected:
     by_id = {t.trial_id: t for t in trials}
     order = {t.trial_id: i for i, t in enumerate(trials)}
     ctx = contexts(trials, _source_trials(store))
+    think = run_reasoning(store.manifest())  # where a reply's think block ends depends on the run's mode
     rows: list[tuple[str, int, str, str, str | None]] = []  # trial_id, draw, origin, text, chosen option
     tables = ("readout", "samples", "generations") if source == "auto" else (source,)
     if task == "followup" and source == "auto":
@@ -403,7 +405,7 @@ def collect(store: RunStore, task: str, source: str = "auto") -> Collected:
             continue
         frame = store.load(origin)
         for s in frame.itertuples(index=False) if not frame.empty else ():
-            reasoning, answer = split_reasoning(str(s.text or ""))
+            reasoning, answer = split_reasoning(str(s.text or ""), think=think)
             reasoning = str(getattr(s, "reasoning", "") or "") or reasoning
             text = answer if task == "followup" else reasoning or answer
             opt = s.option if isinstance(s.option, str) else None

@@ -88,7 +88,7 @@ def answer_shares(options: Sequence[Sequence[str]], texts: Sequence[str]) -> dic
     counts = {"first": 0, "second": 0, "other": 0}
     for opts, text in zip(options, texts, strict=True):
         end = end_of(text, opts) if end_of is not None else None
-        got = parse.parse_answer(text if end is None else text[:end], opts).option
+        got = parse.parse_answer(text if end is None else text[:end], opts, think=False).option  # no think mode
         counts["first" if got == opts[0] else "second" if got == opts[1] else "other"] += 1
     n = max(1, len(texts))
     return {k: v / n for k, v in counts.items()}
