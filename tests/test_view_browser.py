@@ -29,6 +29,7 @@ from tests.view_runs import chromium
 
 pytestmark = pytest.mark.browser
 
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     yield from chromium()

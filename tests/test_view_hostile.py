@@ -396,3 +396,68 @@ def test_browser_under_a_rebound_name_reads_nothing(browser: Any, server: tuple[
     browser.get(f"http://rebind.test:{server[1]}/api/r/0/run")
     source = browser.page_source
     assert "run_key" not in source and "yesno" not in source and "421" in source
+
+
+# ------------------------------------------------------------------ robustness and use (items 9-13)
+@pytest.mark.parametrize("port", ["70000", "-5", "http"])
+def test_a_bad_port_is_one_line(port: str, base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["view", str(base), "--port", port])
+    assert e.value.code == 2 and "--port" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_said_before_the_index_is_built(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from probe.app import view
+
+    def no_warm(self: Viewer, log: Any = print) -> None:
+        raise AssertionError("the index was built before the port was taken")
+
+    monkeypatch.setattr(view.Viewer, "warm", no_warm)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        with pytest.raises(view.ServeError, match=r"cannot listen on 127\.0\.0\.1"):
+            view.serve([str(base)], int(taken.getsockname()[1]))
+
+
+def test_a_run_being_written_says_so(base: Path, tmp_path: Path) -> None:
+    from probe.lock import RunLock
+
+    run = _copy(base, tmp_path, "run")
+    (run / "results" / "chunk-000002.done").unlink()
+    viewer = Viewer.open([run])
+    page = viewer.handle("/r/0/").body.decode()
+    assert "re-run its `probe run` command" in page and "Being written" not in page
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        page = viewer.handle("/r/0/").body.decode()
+        assert 'id="writing"' in page and "Being written now" in page and "re-run its" not in page
+        assert strict_json(viewer.handle("/api/r/0/run").body.decode())["writing"].startswith("pid ")
+    finally:
+        lock.release()
+
+
+def test_a_bad_trials_line_names_the_file_and_line(base: Path, tmp_path: Path) -> None:
+    from probe.errors import StoreError
+
+    run = _copy(base, tmp_path, "run")
+    lines = (run / "trials.jsonl").read_text().splitlines(keepends=True)
+    lines[6] = lines[6][:50] + "\n"
+    (run / "trials.jsonl").write_text("".join(lines))
+    with pytest.raises(StoreError, match=r"trials\.jsonl, line 7: not valid JSON"):
+        RunStore(run).trials()
+    (run / "manifest.json").write_text("{not json")
+    with pytest.raises(StoreError, match=r"restore manifest\.json from a copy") as e:
+        RunStore(run).manifest()
+    assert "delete" not in str(e.value)
+
+
+def test_a_damaged_run_warns_that_its_report_may_predate_the_damage(base: Path, tmp_path: Path) -> None:
+    run = _copy(base, tmp_path, "run")
+    RunStore(run).table_path(1, "samples").write_bytes(b"not parquet")
+    page = Viewer.open([run]).handle("/r/0/").body.decode()
+    assert 'id="report-stale"' in page
+    assert 'id="report-stale"' not in Viewer.open([base]).handle("/r/0/").body.decode()

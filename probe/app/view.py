@@ -57,6 +57,8 @@ from probe.runs import (
     open_run,
     run_folders,
 )
+from probe.store import LinkError, inside, json_ready, link_problem
+from probe.terminal import escape_controls
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -154,17 +156,9 @@ class Response:
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(
-        status, json.dumps(obj, ensure_ascii=False, default=_jsonable).encode(), "application/json; charset=utf-8"
-    )
-
-
-def _jsonable(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    return str(x)
+    """A JSON answer: strict JSON (NaN, infinities and NA written as null, never a bare ``NaN``)."""
+    body = json.dumps(json_ready(obj), ensure_ascii=False, allow_nan=False)
+    return Response(status, body.encode(), "application/json; charset=utf-8")
 
 
 class NotFound(ProbeError, LookupError):
@@ -192,7 +186,9 @@ class Viewer:
 
     runs: list[Run]
     renderers: list[Renderer] = field(default_factory=list)
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    locks: list[threading.RLock] = field(default_factory=list)
+    """One lock per run (its lazy caches are not thread-safe): a slow request (a tokenizer's first load) holds up
+    the pages of its own run only, never the static files or another run."""
     env: Any = None
 
     @classmethod
@@ -210,6 +206,7 @@ class Viewer:
 
         if not self.renderers:
             self.renderers = [Renderer(r.manifest) for r in self.runs]
+        self.locks = [threading.RLock() for _ in self.runs]
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(TEMPLATES)),
             autoescape=True,
@@ -241,7 +238,8 @@ class Viewer:
             t0 = time.perf_counter()
             run.index()
             integrity = run.integrity
-            log(f"{run.root}: {run.n_trials:,} trials, {integrity.counts_line()} ({time.perf_counter() - t0:.1f} s)")
+            line = f"{run.root}: {run.n_trials:,} trials, {integrity.counts_line()} ({time.perf_counter() - t0:.1f} s)"
+            log(escape_controls(line))
 
     # ------------------------------------------------------------ dispatch
     def handle(self, target: str) -> Response:
@@ -257,18 +255,32 @@ class Viewer:
             for route in self.routes:
                 m = route.pattern.match(path)
                 if m:
-                    with self.lock, self._snapshot(path):
+                    with self._lock(path), self._snapshot(path):
                         return route.handler(*m.groups(), query=query)
             raise NotFound(f"no page {path!r}; start at /")
-        except Refused as e:
+        except (Refused, LinkError) as e:
             return self._error(403, str(e), wants_json)
         except (NotFound, KeyError) as e:
             return self._error(404, str(e.args[0]) if e.args else "not found", wants_json)
         except (FilterError, ProbeError, ValueError) as e:
             return self._error(400, str(e), wants_json)
         except Exception as e:  # a bug: say so on the page, keep serving
-            sys.stderr.write(f"probe view: error on {path}: {type(e).__name__}: {e}\n")
+            sys.stderr.write(escape_controls(f"probe view: error on {path!r}: {type(e).__name__}: {e}") + "\n")
             return self._error(500, f"internal error ({type(e).__name__}: {e}); please report it", wants_json)
+
+    def _lock(self, path: str) -> contextlib.AbstractContextManager[Any]:
+        """The lock of the run a path is about; a trial's page with several runs open reads every run (side by
+        side), so it takes every lock, in one order. Pages listing every run take each run's lock in turn."""
+        m = re.match(r"^(?:/api)?/r/(\d+)/(trial/)?", path)
+        k = int(m.group(1)) if m else -1
+        if not 0 <= k < len(self.locks):
+            return contextlib.nullcontext()
+        if m is not None and m.group(2) and len(self.locks) > 1:
+            stack = contextlib.ExitStack()
+            for lock in self.locks:
+                stack.enter_context(lock)
+            return stack
+        return self.locks[k]
 
     def _snapshot(self, path: str) -> contextlib.AbstractContextManager[None]:
         """The run a path is about checks its chunks once for the whole request."""
@@ -304,17 +316,17 @@ class Viewer:
 
     # ------------------------------------------------------------ run data
     def run_info(self, k: int) -> dict[str, Any]:
+        with self.locks[k]:
+            return self._run_info(k)
+
+    def _run_info(self, k: int) -> dict[str, Any]:
         run = self.runs[k]
         integrity = run.integrity
         man = redact(run.manifest)
         engine = man.get("engine") or {}
-        report = run.report_dir()
-        files = (
-            sorted(p.name for p in report.iterdir() if p.is_file() and not p.name.startswith("."))
-            if report.is_dir()
-            else []
-        )
+        files, refused = _report_listing(run)
         return {
+            "writing": _writer(run),
             "index": k,
             "name": run.name,
             "path": str(run.root),
@@ -337,6 +349,7 @@ class Viewer:
                 "found_trials": integrity.found_trials,
             },
             "report": {
+                "refused": refused,
                 "summary": "summary.md" in files,
                 "tables": [f for f in files if f.endswith(".csv")],
                 "figures": [f for f in files if f.endswith(".png")],
@@ -383,14 +396,14 @@ class Viewer:
         k, run = self._run(i)
         info = self.run_info(k)
         summary = ""
-        path = run.report_dir() / "summary.md"
-        if path.is_file():
+        if info["report"]["summary"]:
+            path = _report_path(run, "summary.md")
             summary = markdown.render(
                 path.read_text(encoding="utf-8", errors="replace"),
                 link=lambda u: _report_url(k, u),
                 cell=self.cell_link(k),
             )
-        manifest_json = json.dumps(info["manifest"], indent=2, sort_keys=True, default=str)
+        manifest_json = json.dumps(json_ready(info["manifest"]), indent=2, sort_keys=True, allow_nan=False)
         return self._render("run.html", run_index=k, info=info, summary=summary, manifest_json=manifest_json)
 
     def page_table(self, i: str, name: str, query: Any) -> Response:
@@ -418,11 +431,7 @@ class Viewer:
         offset, limit, pairs = _paging(query)
         flt = TrialFilter.parse(pairs)
         page = run.page(flt, offset, limit)
-        rows = page.rows.to_dict("records") if len(page.rows) else []
-        for r in rows:
-            for key in ("greedy_prob", "coverage"):
-                if r.get(key) is not None and isinstance(r[key], float) and math.isnan(r[key]):
-                    r[key] = None
+        rows = json_ready(page.rows.to_dict("records")) if len(page.rows) else []  # NaN / NA -> None
         return {"filter": flt.pairs(), "total": page.total, "offset": offset, "limit": limit, "rows": rows}
 
     def page_trials(self, i: str, query: Any) -> Response:
@@ -502,13 +511,54 @@ def _outside(path: str) -> bool:
 
 
 def _report_path(run: Run, name: str) -> Path:
-    report = run.report_dir().resolve()
-    path = (report / name).resolve()
-    if name.startswith(".") or path.parent != report:
+    """The report file ``name`` of ``run``: a plain name, no symbolic link on the way (the report folder or the
+    file), a regular file, and resolved inside the resolved run folder."""
+    if name.startswith(".") or "/" in name:
         raise Refused(f"refused {name!r}: only files of the run's report folder are served")
+    try:
+        path = inside(run.root, "report", name)
+    except LinkError as e:
+        raise Refused(f"refused {name!r}: {e}") from None
     if not path.is_file():
         raise NotFound(f"run {run.name} has no report file {name!r}")
+    if not path.resolve().is_relative_to(run.root.resolve()):
+        raise Refused(f"refused {name!r}: it lies outside the run folder")
     return path
+
+
+def _writer(run: Run) -> str | None:
+    """Who is writing the run now (a ``probe run`` holding its lock), or None."""
+    from probe.lock import LOCK_FILE, RunLock
+
+    if link_problem(run.root / LOCK_FILE):
+        return None
+    lock = RunLock(run.root)
+    if not lock.peek():
+        return None
+    holder = lock.holder()
+    return holder.describe() if holder else "a process that has not written its name yet"
+
+
+def _report_listing(run: Run) -> tuple[list[str], str]:
+    """(the report files the viewer shows, why some or all are not shown): symbolic links are left out."""
+    try:
+        report = inside(run.root, "report")
+    except LinkError:
+        return [], "the report folder is a symbolic link; it is not shown (it could show files from outside the run)"
+    if not report.is_dir():
+        return [], ""
+    shown, links = [], []
+    for p in sorted(report.iterdir(), key=lambda p: p.name):
+        if p.name.startswith("."):
+            continue
+        if link_problem(p):
+            links.append(p.name)
+        elif p.is_file():
+            shown.append(p.name)
+    why = (
+        f"{len(links)} file(s) of the report are symbolic links and not shown: {', '.join(links[:10])}" if links else ""
+    )
+    return shown, why
 
 
 def _report_url(k: int, url: str) -> str | None:
@@ -632,7 +682,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per error only
         if args and str(args[1] if len(args) > 1 else "").startswith(("4", "5")):
-            sys.stderr.write(f"probe view: {self.address_string()} {format % args}\n")
+            sys.stderr.write(escape_controls(f"probe view: {self.address_string()} {format % args}") + "\n")
 
 
 def make_server(viewer: Viewer, port: int = 0) -> ThreadingHTTPServer:
@@ -645,13 +695,15 @@ def make_server(viewer: Viewer, port: int = 0) -> ThreadingHTTPServer:
 
 def serve(paths: Sequence[str], port: int = 0, *, log: Callable[[str], None] = print) -> int:
     viewer = Viewer.open(paths)
-    viewer.warm(log)
-    try:
+    try:  # listen before the (slow) trial index is built: a port in use is said at once
         server = make_server(viewer, port)
+    except OverflowError:
+        raise ServeError(f"--port must be 0-65535, got {port}") from None
     except OSError as e:
         raise ServeError(
             f"cannot listen on {HOST}:{port} ({e.strerror}); pick another --port, or 0 for a free one"
         ) from None
+    viewer.warm(log)
     bound = int(server.server_address[1])
     log(f"probe view: http://{HOST}:{bound}/  ({len(viewer.runs)} run(s); Ctrl-C stops)")
     try:
@@ -672,6 +724,17 @@ EXAMPLES = """examples:
   ssh -L 8765:127.0.0.1:8765 login-node 'probe view runs/x --port 8765'   # from a cluster"""
 
 
+def port_number(text: str) -> int:
+    """``--port``: a whole number 0-65535 (0: a free one); argparse's one-line error otherwise."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number 0-65535, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535 (0: a free one), got {port}")
+    return port
+
+
 def cmd_view(a: argparse.Namespace) -> int:
     """browse runs in the web browser: manifest, report, every trial (local server)
 
@@ -688,7 +751,9 @@ def register(sub: Any) -> None:
     """``probe view`` (and ``probe show``, :mod:`probe.app.show`) on the CLI's subparsers."""
     v = add_verb(sub, "view", cmd_view, epilog=EXAMPLES)
     v.add_argument("runs", nargs="+", help="run folders (the --out of `probe run`) or a `probe compare` folder")
-    v.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: 0, a free one; the URL is printed)")
+    v.add_argument(
+        "--port", type=port_number, default=0, help="port on 127.0.0.1 (default: 0, a free one; the URL is printed)"
+    )
     from probe.app import show
 
     show.register(sub)
