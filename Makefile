@@ -104,13 +104,13 @@ test-slurm: $(STAMP)
 	scripts/slurm/localcluster.sh install || echo "make test-slurm: could not install Slurm; its tests will skip" >&2
 	$(PY) -m pytest -q -rs --durations=10 -m slurm tests/test_slurm.py
 
-# probe view in a real browser (tests/test_view_browser.py; about 10 s): headless Chromium driven through Selenium.
+# probe view in a real browser (tests/test_view_browser.py, tests/test_view_hostile.py; about 20 s): headless Chromium driven through Selenium.
 # Installs Debian's chromium and chromium-driver with apt-get where they are missing (as root); the tests skip,
 # saying why, where Chromium cannot start. `make test` runs them too when Chromium is already installed.
 .PHONY: test-browser
 test-browser: $(STAMP)
 	scripts/browser/chromium.sh install || echo "make test-browser: could not install Chromium; its tests will skip" >&2
-	$(PY) -m pytest -q -rs --durations=10 -m browser tests/test_view_browser.py
+	$(PY) -m pytest -q -rs --durations=10 -m browser tests/test_view_browser.py tests/test_view_hostile.py
 
 # The flake hunt: every test that samples answers (marker `samples`, tests/conftest.py; REPEAT_MARK=draws
 # adds every seeded test), REPEAT times in one process, stopping at the first failure.
