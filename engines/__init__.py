@@ -30,6 +30,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from engines.base import THINK_SAMPLING
+
 ENGINE_MODULES: dict[str, str] = {
     "hf": "engines.hf",
     "vllm": "engines.vllm",
@@ -99,10 +101,29 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="most reasoning tokens in think mode (default: 32768, Qwen3's recommended output length; reports "
         "count the traces that hit it)",
     )
+    g.add_argument(
+        "--think-sampling",
+        choices=sorted(THINK_SAMPLING),
+        action=_ThinkPreset,
+        help="how reasoning is decoded in think mode: greedy (default; the paper's) or qwen3 (sampled at Qwen3's "
+        "recommended temperature 0.6, top-p 0.95, top-k 20, seeded per trial); --think-temperature, --think-top-p "
+        "and --think-top-k after it override one setting",
+    )
+    g.add_argument("--think-temperature", type=float, default=0.0, help="reasoning temperature (default: 0, greedy)")
+    g.add_argument("--think-top-p", type=float, default=1.0, help="top-p of sampled reasoning (default: 1)")
+    g.add_argument("--think-top-k", type=int, default=0, help="top-k of sampled reasoning (default: 0, all tokens)")
     g.add_argument("--system", default=None, help="system prompt added to every trial")
     add_loading_arguments(g)
     for module in available_modules():
         module.add_arguments(p)
+
+
+class _ThinkPreset(argparse.Action):
+    """``--think-sampling NAME`` sets the three reasoning sampling flags at once (a later flag overrides one)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        namespace.think_temperature, namespace.think_top_p, namespace.think_top_k = THINK_SAMPLING[values]
+        setattr(namespace, self.dest, values)
 
 
 def add_loading_arguments(g: argparse._ArgumentGroup, *, max_new_tokens: int = 32, what: str = "model") -> None:

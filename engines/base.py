@@ -50,6 +50,14 @@ class EngineSettings:
     """Most reasoning tokens in think mode (``--think-budget``). 32,768: the output length Qwen3's model card
     recommends for most queries (NVIDIA's Nemotron Nano cards likewise leave reasoning tens of thousands of
     tokens); a budget only caps, and every think-mode report counts the traces that hit it (docs/gpu.md)."""
+    think_temperature: float = 0.0
+    """Reasoning temperature in think mode (local engines): 0 decodes the reasoning greedily, as the paper did; above
+    0 it is sampled, seeded per trial (:func:`reasoning_seed`), with ``think_top_p`` and ``think_top_k``
+    (``--think-sampling qwen3`` sets Qwen3's recommended 0.6 / 0.95 / 20)."""
+    think_top_p: float = 1.0
+    """Nucleus of sampled reasoning: the smallest set of tokens holding this much probability (1: all)."""
+    think_top_k: int = 0
+    """Most likely tokens sampled reasoning draws from (0: all)."""
     system_prompt: str | None = None
     """Added as a system turn to trials that have none."""
     max_new_tokens: int = 32
@@ -61,6 +69,9 @@ class EngineSettings:
 SHARED_FLAGS: Mapping[str, str] = {
     "think": "think",
     "think_budget": "think_budget",
+    "think_temperature": "think_temperature",
+    "think_top_p": "think_top_p",
+    "think_top_k": "think_top_k",
     "system_prompt": "system",
     "max_new_tokens": "max_new_tokens",
     "seed": "seed",
@@ -91,6 +102,33 @@ def settings_from_flags(
 def draw_seed(seed: int, trial_id: str, draw: int) -> int:
     """The 63-bit seed of draw ``draw`` of a trial: the same in every engine, and in a resumed run."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
+
+
+def reasoning_seed(seed: int, trial_id: str) -> int:
+    """The seed of a trial's sampled reasoning in think mode (apart from its draws' seeds)."""
+    return draw_seed(seed, f"reasoning:{trial_id}", 0)
+
+
+THINK_SAMPLING = {"greedy": (0.0, 1.0, 0), "qwen3": (0.6, 0.95, 20)}
+"""``--think-sampling`` presets: (temperature, top-p, top-k). qwen3: the thinking-mode settings of Qwen3's model card
+(which warns that greedy decoding in thinking mode can loop); greedy: the paper's."""
+
+
+def check_reasoning(s: EngineSettings) -> None:
+    """Refuse reasoning sampling settings out of range, naming the field, the range and the value."""
+    if not (math.isfinite(s.think_temperature) and s.think_temperature >= 0):
+        raise ValueError(f"think_temperature must be a finite number >= 0, got {s.think_temperature}")
+    if not 0 < s.think_top_p <= 1:
+        raise ValueError(f"think_top_p must be in (0, 1], got {s.think_top_p}")
+    if s.think_top_k < 0:
+        raise ValueError(f"think_top_k must be >= 0 (0: all tokens), got {s.think_top_k}")
+
+
+def reasoning_record(s: EngineSettings) -> dict[str, Any]:
+    """How the reasoning is decoded, for the run key: empty for greedy (so greedy run keys stay as they were)."""
+    if not s.think or s.think_temperature == 0:
+        return {}
+    return {"think_sampling": {"temperature": s.think_temperature, "top_p": s.think_top_p, "top_k": s.think_top_k}}
 
 
 @dataclass(frozen=True)

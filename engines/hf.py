@@ -47,7 +47,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from engines.base import Draws, EngineSettings, ProgressFn, draw_seed, require, settings_from_flags
+from engines.base import (
+    Draws,
+    EngineSettings,
+    ProgressFn,
+    check_reasoning,
+    draw_seed,
+    reasoning_seed,
+    require,
+    settings_from_flags,
+)
 from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
 from engines.placement import TorchCuda, check_device_arg, check_offload, nvidia_driver, place
 from engines.render import (
@@ -151,6 +160,7 @@ class HFSettings(EngineSettings):
         if self.top_other < 0:
             raise ValueError(f"top_other must be >= 0, got {self.top_other}")
         check_device_arg(self.device)
+        check_reasoning(self)
         if self.head_dtype not in HEAD_DTYPES:
             raise ValueError(f"head_dtype must be one of {HEAD_DTYPES}, got {self.head_dtype!r}")
 
@@ -679,7 +689,8 @@ class HFEngine(LocalEngine):
         end_id = self._think_end_id()
         budget = self.settings.think_budget
         stops = self._stop_ids()
-        gens = self._greedy(base, budget, stops | {end_id})
+        seeds = [reasoning_seed(self.settings.seed, t.trial_id) for t in trials]
+        gens = self._reason(base, seeds, budget, stops | {end_id})
         return with_reasoning(self.tokenizer, trials, base, opts, gens, end_id=end_id, stops=stops, budget=budget)
 
     # ------------------------------------------------------------ the forward
@@ -1011,8 +1022,11 @@ class HFEngine(LocalEngine):
         ]
 
     # -------------------------------------------------------------- sampling
-    def _greedy(self, prompts: Sequence[Sequence[int]], max_new: int, stops: set[int]) -> list[list[int]]:
-        """Greedy decoding of whole length buckets with a KV cache (the reasoning of think mode).
+    def _reason(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new: int, stops: set[int]
+    ) -> list[list[int]]:
+        """The reasoning of think mode: whole length buckets decoded with a KV cache, greedily or (with
+        ``think_temperature`` > 0) sampled with top-p / top-k, each trial from its own seeded generator.
 
         Every row of a bucket stays in it to the end, so a row's logits never
         depend on when its neighbours stopped.
@@ -1028,8 +1042,11 @@ class HFEngine(LocalEngine):
                 ids, mask = self._pad_left([prompts[i] for i in batch])
                 lp, cache = self._forward(ids, mask, None)
                 done = [False] * len(batch)
+                sampler = RowSampler(
+                    [seeds[i] for i in batch], s.think_temperature, top_p=s.think_top_p, top_k=s.think_top_k
+                )
                 for step in range(max_new):
-                    nxt = lp.argmax(-1)
+                    nxt = sampler.draw(lp)
                     toks = nxt.tolist()
                     for r, i in enumerate(batch):
                         if not done[r]:

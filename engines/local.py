@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.base import Engine
+from engines.base import Engine, reasoning_record
 from engines.render import close_reasoning
 from engines.trie import Prefix, Trie, normalize, option_logprobs
 from probe.models import folder_fingerprint
@@ -52,6 +52,7 @@ class LocalEngine(Engine):
             "dtype": d["dtype"],
             "model_fingerprint": d.get("fingerprint") or d.get("commit_hash"),
             **{k: getattr(self.settings, k) for k in self.value_settings},
+            **reasoning_record(self.settings),
             **({"numerics": numerics} if numerics else {}),
         }
 

@@ -20,6 +20,7 @@ No torch at import time: the engine imports this module lazily.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -210,6 +211,23 @@ class OnDevice:
         return self._copies[device]
 
 
+def truncated(scaled: Any, top_k: int, top_p: float) -> Any:
+    """``scaled`` logits ``(rows, vocab)`` with every token outside the top-k and outside the top-p nucleus set to
+    -inf (Transformers' order: temperature, then top-k, then top-p; the most likely token always stays)."""
+    torch = require("torch", "hf")
+    out = scaled
+    if top_k and top_k < out.shape[-1]:
+        kth = torch.topk(out, top_k, dim=-1).values[:, -1:]
+        out = out.masked_fill(out < kth, -math.inf)
+    if top_p < 1:
+        ordered, order = torch.sort(out, dim=-1, descending=True)
+        probs = torch.softmax(ordered.float(), dim=-1)
+        drop = (probs.cumsum(-1) - probs) >= top_p  # the mass before a token already reaches top_p
+        drop[:, 0] = False
+        out = out.scatter(-1, order, ordered.masked_fill(drop, -math.inf))
+    return out
+
+
 class RowSampler:
     """Seeded raw sampling for a batch of rows, each row with its own generator.
 
@@ -221,9 +239,10 @@ class RowSampler:
     be dropped (:meth:`keep`) without changing what the others draw.
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float) -> None:
+    def __init__(self, seeds: Sequence[int], temperature: float, *, top_p: float = 1.0, top_k: int = 0) -> None:
         torch = require("torch", "hf")
         self.temperature = temperature
+        self.top_p, self.top_k = top_p, top_k
         # CPU generators whatever the model's device: the same seed gives the same uniforms on every machine
         self._gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds] if temperature > 0 else []
 
@@ -234,6 +253,8 @@ class RowSampler:
             return logprobs.argmax(-1)
         u = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in self._gens]).to(logprobs.device)
         scaled = logprobs if self.temperature == 1 else logprobs / self.temperature
+        if self.top_k or self.top_p < 1:
+            scaled = truncated(scaled, self.top_k, self.top_p)
         weights = (scaled - scaled.amax(-1, keepdim=True)).exp_()  # unnormalized: the total is cdf[:, -1]
         cdf = weights.double().cumsum_(-1)
         target = (u * cdf[:, -1]).unsqueeze(-1)

@@ -41,7 +41,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-from engines.base import Draws, EngineSettings, ProgressFn, draw_seed, require, settings_from_flags
+from engines.base import (
+    Draws,
+    EngineSettings,
+    ProgressFn,
+    check_reasoning,
+    draw_seed,
+    reasoning_seed,
+    require,
+    settings_from_flags,
+)
 from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
 from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie
@@ -133,6 +142,7 @@ class VLLMSettings(EngineSettings):
         _choice("dtype", self.dtype, DTYPES)
         _choice("mamba_cache_dtype", self.mamba_cache_dtype, MAMBA_DTYPES)
         _choice("logprob_request", self.logprob_request, LOGPROB_REQUESTS)
+        check_reasoning(self)
         for name in ("tensor_parallel_size", "data_parallel_size", "think_budget", "max_new_tokens", "max_logprobs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -793,8 +803,19 @@ class VLLMEngine(LocalEngine):
         end_id = think_end_id(tok, self.settings.model)
         stops = self._stops()
         budget = self.settings.think_budget
-        params = think_params(budget, stops | {end_id})
-        gens = [generated_ids(res, end_id) for res in self._generate(base, [params] * len(base))]
+        s = self.settings
+        params = [
+            think_params(
+                budget,
+                stops | {end_id},
+                temperature=s.think_temperature,
+                top_p=s.think_top_p,
+                top_k=s.think_top_k,
+                seed=reasoning_seed(s.seed, t.trial_id),
+            )
+            for t in trials
+        ]
+        gens = [generated_ids(res, end_id) for res in self._generate(base, params)]
         return with_reasoning(tok, trials, base, opts, gens, end_id=end_id, stops=stops, budget=budget)
 
     # -------------------------------------------------------------- readouts
@@ -965,16 +986,28 @@ def step_batches(lengths: Sequence[int], budget: int, max_seqs: int) -> list[tup
     return out
 
 
-def think_params(budget: int, stops: Iterable[int]) -> dict[str, Any]:
-    """Greedy reasoning up to ``budget`` tokens, stopping at ``</think>`` or end of turn."""
-    return {
+def think_params(
+    budget: int,
+    stops: Iterable[int],
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Reasoning up to ``budget`` tokens, stopping at ``</think>`` or end of turn: greedy (the default), or sampled
+    at ``temperature`` with ``top_p`` / ``top_k`` from the trial's own ``seed``."""
+    params: dict[str, Any] = {
         "n": 1,
         "max_tokens": budget,
-        "temperature": 0.0,
+        "temperature": float(temperature),
         "stop_token_ids": sorted(stops),
         "detokenize": False,
         "skip_special_tokens": False,
     }
+    if temperature > 0:
+        params.update(top_p=float(top_p), top_k=int(top_k), seed=seed)
+    return params
 
 
 def sample_params(temperature: float, seed: int, max_tokens: int, stops: Iterable[int]) -> dict[str, Any]:

@@ -143,3 +143,64 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     assert any(s.startswith("split: needs a GPU") for s in summary["not_verified"])
     checks = {r["check"] for r in report["rows"]}
     assert {"parity", "paths", "sampling", "think", "moe"} <= checks
+
+
+# ------------------------------------------------------------------ sampled reasoning (--think-sampling)
+def test_truncation_against_brute_force() -> None:
+    """top-k then top-p on scaled logits equals a per-row computation in numpy."""
+    import numpy as np
+    import torch
+
+    from engines.sampling import truncated
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 40)).astype(np.float32)
+    for k, p in ((0, 0.9), (7, 1.0), (7, 0.5), (1, 0.3), (0, 0.999999)):
+        got = truncated(torch.from_numpy(logits), k, p).numpy()
+        for row, out in zip(logits, got, strict=True):
+            keep = np.ones(len(row), bool)
+            if k:
+                keep &= row >= np.sort(row)[::-1][k - 1]
+            if p < 1:
+                order = np.argsort(-row, kind="stable")
+                masked = np.where(keep, row, -np.inf)[order]
+                probs = np.exp(masked - masked.max())
+                probs /= probs.sum()
+                before = np.cumsum(probs) - probs
+                nucleus = np.zeros(len(row), bool)
+                nucleus[order] = before < p
+                keep &= nucleus
+            assert np.array_equal(np.isfinite(out), keep), (k, p)
+            assert np.array_equal(out[keep], row[keep])
+
+
+def test_sampled_reasoning_is_seeded_per_trial_and_recorded() -> None:
+    from engines.hf import HFEngine, HFSettings
+
+    trials = [
+        make_trial(f"Case {i}: is it fine? Answer with Yes or No.", ["Yes", "No"], trial_id=f"t{i}") for i in range(4)
+    ]
+    greedy = HFEngine(HFSettings(model="tiny", think=True, think_budget=12))
+    card = greedy.variant(think_temperature=0.6, think_top_p=0.95, think_top_k=20)
+    batched = [r.reasoning for r in card.readout(trials)]
+    alone = [card.variant(batch_size=1).readout([t])[0].reasoning for t in trials]
+    assert batched == alone  # each trial's generator is its own: the batch does not change the reasoning
+    assert batched == [r.reasoning for r in card.readout(trials)]  # and the seed fixes it
+    assert batched != [r.reasoning for r in greedy.readout(trials)]
+    assert card.identity()["think_sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert "think_sampling" not in greedy.identity()  # greedy run keys are unchanged
+
+
+def test_think_sampling_preset_and_overrides() -> None:
+    import argparse
+
+    from engines import add_engine_arguments, make_engine
+
+    p = argparse.ArgumentParser()
+    add_engine_arguments(p)
+    e = make_engine(p.parse_args(["--think", "--think-sampling", "qwen3", "--think-top-k", "10"]))
+    assert (e.settings.think_temperature, e.settings.think_top_p, e.settings.think_top_k) == (0.6, 0.95, 10)
+    e = make_engine(p.parse_args(["--think"]))
+    assert (e.settings.think_temperature, e.settings.think_top_p, e.settings.think_top_k) == (0.0, 1.0, 0)
+    with pytest.raises(ValueError, match="think_top_p must be in"):
+        make_engine(p.parse_args(["--think-top-p", "0"]))

@@ -393,7 +393,7 @@ def test_closing_the_reasoning_is_the_transformers_engines(tok, monkeypatch):
     stops = stop_ids(tok, [2, 5])
     assert stops == hf._stop_ids() == {2, 5}
     for gen in ([40, 41, end], [40, 41, 42, 43, 44, 45], [40, 41, 2], []):
-        monkeypatch.setattr(hf, "_greedy", lambda *a, gen=gen, **k: [list(gen)])
+        monkeypatch.setattr(hf, "_reason", lambda *a, gen=gen, **k: [list(gen)])
         want = hf.prepare([trial])[0]
         got = close_reasoning(tok, trial, base, gen, end_id=end, stops=stops, budget=6)
         assert (got.ids, got.reasoning, got.reasoning_tokens, got.hit_budget) == (
