@@ -282,8 +282,8 @@ class Page:
     offset: int
     limit: int
     rows: pd.DataFrame
-    """trial_id, position, chunk, chunk_status, item_id, factors (text), greedy_option, greedy_prob, coverage,
-    n_samples, statuses (text), in trial order."""
+    """trial_id, position, chunk, chunk_status, item_id, factors (text), greedy_option, greedy_meaning,
+    greedy_prob, coverage, n_samples, statuses (text), in trial order."""
 
 
 @dataclass(frozen=True)
@@ -403,7 +403,9 @@ class Run:
 
         out = {
             "item": uniq("item_id"),
-            "option": tuple(sorted({str(o) for o in pc.unique(pc.list_flatten(idx["options"])).to_pylist()})),
+            "option": tuple(
+                sorted({str(o) for o in pc.unique(pc.list_flatten(idx["options"])).to_pylist()}, key=_natural)
+            ),
         }
         out.update({name: uniq(f"factor:{name}") for name in self.factor_names})
         return out
@@ -738,6 +740,8 @@ class Run:
             state = states.get(k)
             res = results.get(tid, {})
             factors = {n: idx[f"factor:{n}"][p].as_py() for n in self.factor_names}
+            greedy = res.get("greedy_option")
+            meaning = dict(zip(idx["options"][p].as_py(), idx["meaning"][p].as_py(), strict=False))
             rows.append(
                 {
                     "trial_id": tid,
@@ -746,7 +750,8 @@ class Run:
                     "chunk_status": state.status if state else "missing",
                     "item_id": idx["item_id"][p].as_py(),
                     "factors": ", ".join(f"{n}={v}" for n, v in factors.items() if v is not None),
-                    "greedy_option": res.get("greedy_option"),
+                    "greedy_option": greedy,
+                    "greedy_meaning": meaning.get(greedy) if greedy is not None else None,
                     "greedy_prob": res.get("greedy_prob"),
                     "coverage": res.get("coverage"),
                     "n_samples": res.get("n_samples", 0),
@@ -840,6 +845,13 @@ def majority(counts: Mapping[str, int]) -> str | None:
 
 def _match_key(experiment: str, item: str, factors: Mapping[str, Any], replicate: int) -> str:
     return json.dumps([experiment, item, sorted((str(k), str(v)) for k, v in factors.items()), int(replicate)])
+
+
+def _natural(text: str) -> tuple[Any, ...]:
+    """Sort key that orders the numbers inside a text as numbers: options 1, 2, ..., 10, 100 (not 1, 10, 100, 2)."""
+    import re
+
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p)
 
 
 def _few(values: Sequence[str], n: int = 12) -> str:

@@ -118,7 +118,7 @@ def test_trials_json_filters_and_pages(server: tuple[str, int], run_a: Path) -> 
     page = get_json(server, "/api/r/0/trials?limit=5&offset=5")
     assert page["total"] == 24 and page["offset"] == 5 and [r["position"] for r in page["rows"]] == [5, 6, 7, 8, 9]
     assert set(page["rows"][0]) == {"trial_id", "position", "chunk", "chunk_status", "item_id", "factors",
-                                    "greedy_option", "greedy_prob", "coverage", "n_samples", "statuses"}  # fmt: skip
+                                    "greedy_option", "greedy_meaning", "greedy_prob", "coverage", "n_samples", "statuses"}  # fmt: skip
     one = get_json(server, "/api/r/0/trials?item=pond_child&order=no_first&verb=oppose")
     want = run.trials[
         (run.trials.item_id == "pond_child") & (run.trials.order == "no_first") & (run.trials.verb == "oppose")

@@ -461,3 +461,38 @@ def test_a_damaged_run_warns_that_its_report_may_predate_the_damage(base: Path, 
     page = Viewer.open([run]).handle("/r/0/").body.decode()
     assert 'id="report-stale"' in page
     assert 'id="report-stale"' not in Viewer.open([base]).handle("/r/0/").body.decode()
+
+
+def test_pages_read_as_a_user_expects(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from probe.app.view import _count_filter, _token_filter
+    from probe.runs import _natural
+
+    assert _token_filter("<|im_end|>") == '"<|im_end|>"' and _token_filter("\n") == '"\\n"'
+    assert _count_filter(1, "token") == "1 token" and _count_filter(2, "token") == "2 tokens"
+    assert sorted(["10", "2", "1", "100", "Yes", "No"], key=_natural) == ["1", "2", "10", "100", "No", "Yes"]
+    viewer = Viewer.open([base])
+    trials = viewer.handle("/r/0/trials?limit=5").body.decode()
+    assert trials.count('class="pager') == 2 and 'class="meaning">(' in trials
+    assert '<div class="scroll">' in viewer.handle("/r/0/table/yesno_by_item.csv").body.decode()
+    rows = strict_json(viewer.handle("/api/r/0/trials?limit=3").body.decode())["rows"]
+    run = open_run(base)
+    for r in rows:
+        trial = run.trial(r["trial_id"])
+        assert r["greedy_meaning"] == dict(zip(trial.options, trial.meaning, strict=True))[r["greedy_option"]]
+    assert main(["show", str(base), rows[0]["trial_id"]]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, ln in enumerate(out) if ln.lstrip().startswith("option ") and "logprob" in ln)
+    for word in ("prob", "logprob"):  # each number ends under the end of its header
+        end = out[head].index(f" {word}") + 1 + len(word)
+        for row in out[head + 1 : head + 3]:
+            assert row[end - 1].isdigit() and row[end] == " ", (word, row)
+
+
+def test_probe_show_keeps_the_prompts_trailing_newlines(base: Path) -> None:
+    from probe.app.prompts import Renderer
+    from probe.app.trialview import format_trial, trial_view
+
+    run = open_run(base)
+    view = trial_view(run, str(run.trials.trial_id[0]), Renderer(run.manifest))
+    view["prompt"]["text"] = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # what a think-off template ends with
+    assert "<think>\n\n</think>\n\n\n" in format_trial(view)  # both newlines kept, then the block's own line end

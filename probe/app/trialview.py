@@ -162,6 +162,13 @@ def _block(title: str, body: str) -> list[str]:
     return [f"--- {title} ---", body.rstrip("\n"), ""]
 
 
+def _count(n: Any, word: str) -> str:
+    """``1 token``, ``2 tokens``, ``- tokens`` (unknown)."""
+    if n is None:
+        return f"- {word}s"
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -186,26 +193,33 @@ def format_trial(view: Mapping[str, Any]) -> str:
         )
     lines.append("")
     p = view["prompt"]
-    lines += _block(f"prompt ({p['source']})", p["text"])
+    lines += [f"--- prompt ({p['source']}) ---", p["text"] if p["text"].endswith("\n") else p["text"] + "\n"]  # exact:
+    # its trailing newlines too (the blank lines after </think> are part of what the model read)
     if p["note"]:
         lines += [f"({p['note']})", ""]
     r = view["readout"]
     if r is not None:
         if r["reasoning"]:
             budget = ", budget hit" if r["hit_budget"] else ""
-            lines += _block(f"reasoning ({r['reasoning_tokens']} tokens{budget})", r["reasoning"])
-        width = max(len(o["option"]) for o in view["options"])
-        lines.append(f"  {'option':<{width}}  {'meaning':<10} {'prob':>8} {'logprob':>10}  tokens")
+            lines += _block(f"reasoning ({_count(r['reasoning_tokens'], 'token')}{budget})", r["reasoning"])
+        width = max(len("option"), *(len(o["option"]) for o in view["options"]))
+        mwidth = max(len("meaning"), *(len(str(o["meaning"])) for o in view["options"]))
+        lines.append(f"  {'option':<{width}}  {'meaning':<{mwidth}}  {'prob':>8}  {'logprob':>10}  tokens")
         for o in view["options"]:
             mark = "*" if o["greedy"] else " "
             ids = (
-                o["token_ids"] if o["token_ids"] is not None else (f"{o['n_tokens']} token(s)" if o["n_tokens"] else "")
+                o["token_ids"]
+                if o["token_ids"] is not None
+                else (_count(o["n_tokens"], "token") if o["n_tokens"] else "")
             )
             lines.append(
-                f"{mark} {o['option']:<{width}}  {o['meaning']:<10} {_fmt(o['prob'], '8.4f')} {_fmt(o['logprob'], '10.4f')}  {ids}"
+                f"{mark} {o['option']:<{width}}  {o['meaning']!s:<{mwidth}}  {_fmt(o['prob'], '8.4f')}  "
+                f"{_fmt(o['logprob'], '10.4f')}  {ids}"
             )
         lines.append(
-            f"coverage {_fmt(r['coverage'], '.4f')}; greedy option {r['greedy_option']!r}; prompt {r['prompt_tokens']} tokens"
+            f"coverage {_fmt(r['coverage'], '.4f')}; greedy option {r['greedy_option']!r}"
+            + (f" ({r['greedy_meaning']})" if r["greedy_meaning"] else "")
+            + f"; prompt {_count(r['prompt_tokens'], 'token')}"
         )
         if r["top_other"]:
             lines.append(

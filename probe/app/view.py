@@ -216,6 +216,8 @@ class Viewer:
         )
         self.env.filters["num"] = _num_filter
         self.env.filters["query"] = _query
+        self.env.filters["token"] = _token_filter
+        self.env.filters["count"] = _count_filter
         self.routes = [
             Route(re.compile(r"^/$"), self.page_home),
             Route(re.compile(r"^/favicon\.ico$"), lambda query: Response(204, b"", "image/x-icon")),
@@ -626,6 +628,19 @@ def _paging(query: Sequence[tuple[str, str]]) -> tuple[int, int, list[tuple[str,
 def _query(pairs: Any, **more: Any) -> str:
     items = list(pairs) + [(k, str(v)) for k, v in more.items() if v is not None]
     return urllib.parse.urlencode(items)
+
+
+def _token_filter(token: Any) -> str:
+    """A token as a quoted string that shows its whitespace (``"\\n"``) but keeps ``<|im_end|>`` readable (Jinja's
+    ``tojson`` wrote ``\\u003c|im_end|\\u003e``); the page escapes it as HTML."""
+    return json.dumps(str(token), ensure_ascii=False)
+
+
+def _count_filter(n: Any, word: str) -> str:
+    """``1 token``, ``2 tokens``."""
+    if n is None:
+        return f"- {word}s"
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _num_filter(x: Any, spec: str = ".4f") -> str:
