@@ -496,3 +496,21 @@ def test_probe_show_keeps_the_prompts_trailing_newlines(base: Path) -> None:
     view = trial_view(run, str(run.trials.trial_id[0]), Renderer(run.manifest))
     view["prompt"]["text"] = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # what a think-off template ends with
     assert "<think>\n\n</think>\n\n\n" in format_trial(view)  # both newlines kept, then the block's own line end
+
+
+def test_a_manifest_cannot_make_the_viewer_run_code(tmp_path: Path) -> None:
+    """A shared run's manifest naming trust_remote_code and a model folder with a tokenizer class in Python: the
+    viewer shows the messages and never imports that code."""
+    from probe.app.prompts import Renderer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "Evil", "auto_map": {"AutoTokenizer": ["evil.Evil", None]}})
+    )
+    marker = tmp_path / "ran"
+    (model / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\nclass Evil: pass\n")
+    manifest = {"engine": {"engine": "hf", "model_path": str(model), "settings": {"trust_remote_code": True}}}
+    renderer = Renderer(manifest)
+    assert renderer.tokenizer() is None and "trust_remote_code" in str(renderer._why)
+    assert not marker.exists()

@@ -142,10 +142,13 @@ def _load_tokenizer(engine: str, path: str, settings: Mapping[str, Any]) -> tupl
         import transformers
     except ImportError:
         return None, "transformers is not installed"
+    if settings.get("trust_remote_code"):  # a run folder is untrusted: its manifest may not make us run code
+        return None, (
+            "the run was made with trust_remote_code, and the viewer never runs code that a run folder's manifest "
+            "names (it could come from anyone); the messages are shown instead"
+        )
     local = Path(path).is_dir()
     kw: dict[str, Any] = {"local_files_only": True}
-    if settings.get("trust_remote_code"):
-        kw["trust_remote_code"] = True
     if not local and settings.get("revision"):
         kw["revision"] = settings["revision"]
     try:
