@@ -681,7 +681,7 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def do_GET(self) -> None:
-        port = int(self.server.server_address[1])
+        port = int(self.server.server_address[1])  # type: ignore[index]  # an (host, port) pair: bound to 127.0.0.1
         resp = self.viewer.handle(self.path) if host_allowed(self.headers.get("Host"), port) else misdirected(port)
         self.send_response(resp.status)
         self.send_header("Content-Type", resp.content_type)
