@@ -2,7 +2,8 @@
 
 For tiny and smol in float32, one server at a time:
 
-* server readouts equal the in-process vLLM engine's and the Transformers engine's within 1e-5: single-token
+* server readouts equal the in-process vLLM engine's within 1e-5 (measured: exactly), and the Transformers
+  engine's within the conformance suite's float32 tolerance (1e-5 tiny, 1e-4 smol: ``scripts.vllm_parity``): single-token
   options, the 0-100 scale (multi-token options through the trie), the top non-option tokens, and (tiny, a
   reasoning model) think mode; in both exact modes (``logprob_token_ids`` and ``prompt_logprobs``); the figures
   and the readout throughput of the server beside the in-process engine are printed (``-s``);
@@ -30,10 +31,12 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm installs it into .venv-vllm)")
 
+from scripts.vllm_parity import parity  # noqa: E402
 from tests.conftest import make_trial  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-5
+"""Server vs the in-process vLLM engine: the same engine and weights on the same ids (measured: 0 on tiny and smol)."""
 SCALE = [str(i) for i in range(101)]
 CASES = [
     ("Is it fine to keep a promise? Answer with Yes or No.", ["Yes", "No"], ""),
@@ -161,7 +164,7 @@ def test_server_readouts_equal_the_in_process_engines(served: Served, think: boo
         d = compare(got, want, f"{served.model} think={think} {mode} vs in-process vLLM")
         assert max(d.values()) <= TOL, d
         d = compare(got, ref, f"{served.model} think={think} {mode} vs Transformers")
-        assert max(d.values()) <= TOL, d
+        assert max(d.values()) <= parity(served.model), d  # two float32 engines: the conformance suite's bound
         print(
             f"{served.model} think={think} {mode}: {len(trials)} readouts in {t_server:.2f} s through the server "
             f"({e.readout_stats['requests']} requests), {t_local:.2f} s in-process vLLM"
