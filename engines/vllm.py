@@ -705,7 +705,7 @@ class VLLMEngine(LocalEngine):
         return self
 
     def numerics(self) -> dict[str, Any]:
-        return {"head_dtype": self._head_dtype()}
+        return {"head_dtype": self.describe()["head_dtype"]}
 
     def _head_dtype(self) -> str:
         cfg = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
@@ -721,6 +721,7 @@ class VLLMEngine(LocalEngine):
             "model_path": str(self._path),
             "dtype": self._pool.info["dtype"] if self._pool is not None else self._dtype(),
             "logprob_request": self._pool.info["logprob_request"] if self._pool is not None else self._logprob_kind(),
+            "head_dtype": self._pool.info["head_dtype"] if self._pool is not None else self._head_dtype(),
             "vllm_version": _vllm_version(),
         }
         local = folder_info(self._path)
@@ -1125,7 +1126,7 @@ def _dp_worker(settings: VLLMSettings, path: str, env: dict[str, str], conn: Any
         engine = (factory or VLLMEngine)(settings, model_path=path)
         engine.load()
         d = engine.describe()
-        conn.send(("ready", {"dtype": d["dtype"], "logprob_request": d["logprob_request"]}))
+        conn.send(("ready", {k: d[k] for k in ("dtype", "logprob_request", "head_dtype")}))
     except Exception as e:  # reported to the parent, which raises it
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return

@@ -774,6 +774,87 @@ def test_data_parallel_replicas_give_the_single_process_results(tok):
         dp.close()
 
 
+def broken_replica(settings, *, model_path):
+    """A replica that cannot start on rank 1 (a data-parallel test: picklable by name)."""
+    import os
+
+    if os.environ["VLLM_DP_RANK"] == "1":
+        raise RuntimeError("CUDA out of memory on rank 1")
+    return fake_any_replica(settings, model_path=model_path)
+
+
+def fake_any_replica(settings, *, model_path):
+    """The fake LLM as a replica of a pool of any size, reading ``VLLM_DP_RANK`` like vLLM (picklable by name)."""
+    import transformers
+
+    from engines.vllm import VLLMEngine
+    from probe.tiny import ensure_tiny
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(ensure_tiny("tiny")))
+    return VLLMEngine(
+        settings,
+        llm=FakeLLM(len(tok)),
+        tokenizer=tok,
+        params=FakeParams,
+        token_ids_supported=True,
+        model_path=model_path,
+    )
+
+
+def exploding_replica(settings, *, model_path):
+    """A fake replica whose readout fails on the trial ``boom`` (picklable by name)."""
+    e = fake_any_replica(settings, model_path=model_path)
+    real = e.readout
+
+    def readout(trials, progress=None):
+        if any(t.trial_id == "boom" for t in trials):
+            raise RuntimeError("boom in a replica")
+        return real(trials, progress)
+
+    e.readout = readout
+    return e
+
+
+def test_data_parallel_pool_of_three_keeps_order_in_think_mode_and_reports_a_replica_error(tok):
+    from engines.vllm import VLLMEngine, VLLMReadoutError, VLLMSettings
+
+    trials = [make_trial(f"Story {i}. {YESNO}", ["Yes", "No"], trial_id=f"t{i}") for i in range(7)]
+    one, _ = make_engine(tok, think=True, think_budget=4)
+    ref = one.readout(trials)
+    dp = VLLMEngine(
+        VLLMSettings(model="tiny", data_parallel_size=3, think=True, think_budget=4),
+        tokenizer=tok,
+        model_path="/fake/tiny",
+        replica_factory=exploding_replica,
+    )
+    try:
+        got = dp.load().readout(trials)
+        assert [r.trial_id for r in got] == [t.trial_id for t in trials]
+        assert [(r.reasoning, [s.logprob for s in r.scores]) for r in got] == [
+            (r.reasoning, [s.logprob for s in r.scores]) for r in ref
+        ]
+        assert dp.readout([]) == []
+        with pytest.raises(VLLMReadoutError, match=r"data-parallel replica 2: RuntimeError: boom in a replica"):
+            dp.readout([*trials[:2], make_trial(YESNO, ["Yes", "No"], trial_id="boom")])  # the third block's
+    finally:
+        dp.close()
+    assert dp._pool is None or not dp._pool._procs  # every replica process joined
+
+
+def test_data_parallel_replica_that_cannot_start_is_named_and_the_others_stop(tok):
+    from engines.vllm import VLLMEngine, VLLMReadoutError, VLLMSettings
+
+    dp = VLLMEngine(
+        VLLMSettings(model="tiny", data_parallel_size=2),
+        tokenizer=tok,
+        model_path="/fake/tiny",
+        replica_factory=broken_replica,
+    )
+    with pytest.raises(VLLMReadoutError, match=r"data-parallel replica 1: RuntimeError: CUDA out of memory on rank 1"):
+        dp.load().readout([make_trial(YESNO, ["Yes", "No"])])
+    dp.close()
+
+
 def test_settings_are_frozen():
     from engines.vllm import VLLMSettings
 
