@@ -495,6 +495,7 @@ class HFEngine(LocalEngine):
         self._kept: dict[tuple[int, ...], tuple[Any, list[int], Any]] = {}  # prompt -> (tree cache, path, log-probs)
         self._placement = "given"  # a model handed in (tests, the bench) was placed by its caller
         self._head = "model"  # the dtype the final projection computes in (:meth:`_float32_head`)
+        self._split: bool | None = None  # the weights live on more than one device (:meth:`_hidden_device`)
 
     # ---------------------------------------------------------------- loading
     def load(self) -> HFEngine:
@@ -758,9 +759,9 @@ class HFEngine(LocalEngine):
         tensor on any device (a CUDA index cannot index another device's tensor) and the final norm's device is
         not known in general.
         """
-        if len({p.device for p in self.model.parameters()}) > 1:
-            return "cpu"
-        return self.device
+        if self._split is None:
+            self._split = len({p.device for p in self.model.parameters()}) > 1
+        return "cpu" if self._split else self.device
 
     def readout_path(self) -> str:
         """The readout path this engine takes on this model (``settings.readout_path`` with auto resolved).

@@ -36,7 +36,6 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +101,7 @@ def engine(model: str, device: str, dtype: str, **settings: Any) -> Any:
 
 def variant(base: Any, **settings: Any) -> Any:
     """An engine on the same loaded weights with other settings (no second load)."""
-    from engines.hf import HFEngine
-
-    return HFEngine(replace(base.settings, **settings), model=base.model, tokenizer=base.tokenizer)
+    return base.variant(**settings)
 
 
 def paths_of(e: Any) -> list[str]:
