@@ -527,6 +527,8 @@ class ServerEngine(ApiEngine):
     def load(self) -> ServerEngine:
         """Open the client, load the local tokenizer, run the canary once (idempotent)."""
         super().load()
+        if self._client is None:  # a dry run sends no draw, but the readout's identity needs the canary's mode
+            self._client = self._make_client()
         if self._tok is None:
             self._load_tokenizer()
         if self.capabilities is None:
