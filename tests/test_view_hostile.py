@@ -449,6 +449,8 @@ def test_a_bad_trials_line_names_the_file_and_line(base: Path, tmp_path: Path) -
     (run / "trials.jsonl").write_text("".join(lines))
     with pytest.raises(StoreError, match=r"trials\.jsonl, line 7: not valid JSON"):
         RunStore(run).trials()
+    with pytest.raises(StoreError, match=r"trials\.jsonl, line 7: not valid JSON"):
+        open_run(run).index()  # the viewer's trial index (Arrow cannot read the file; the line-by-line reader names it)
     (run / "manifest.json").write_text("{not json")
     with pytest.raises(StoreError, match=r"restore manifest\.json from a copy") as e:
         RunStore(run).manifest()
