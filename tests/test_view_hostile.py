@@ -516,3 +516,13 @@ def test_a_manifest_cannot_make_the_viewer_run_code(tmp_path: Path) -> None:
     renderer = Renderer(manifest)
     assert renderer.tokenizer() is None and "trust_remote_code" in str(renderer._why)
     assert not marker.exists()
+
+
+def test_probe_check_escapes_what_the_folder_holds(base: Path, tmp_path: Path) -> None:
+    run = _copy(base, tmp_path, "run")
+    (run / ".probe.lock").write_text(
+        json.dumps({"pid": 1, "host": "elsewhere", "since": "now", "command": "probe run \x1b]52;c;ZXZpbA==\x07"})
+    )
+    lines, _ = check_run(run)
+    assert not any("\x1b" in ln or "\x07" in ln for ln in lines)
+    assert any("\\x1b]52;c;ZXZpbA==\\x07" in ln for ln in lines)

@@ -16,15 +16,22 @@ from engines.api_journal import JOURNAL, CallRecord, quarantine_path, quarantine
 from probe.lock import LOCK_FILE, RunLock
 from probe.shards import find_shards
 from probe.store import RunStore, link_problem
+from probe.terminal import escape_controls
 
 
 def check_run(root: Path) -> tuple[list[str], bool]:
-    """(the report lines, whether the store is whole) for a run folder or a folder of shards."""
+    """(the report lines, whether the store is whole) for a run folder or a folder of shards; control characters
+    of what the folder holds (a lock file's command, a reason quoting a file) are escaped for the terminal."""
+    lines, ok = _check_run(root)
+    return [escape_controls(line) for line in lines], ok
+
+
+def _check_run(root: Path) -> tuple[list[str], bool]:
     root = Path(root)
     if not (root / "manifest.json").exists() and find_shards(root):
         lines, ok = [f"{root}: shards, not merged"], True
         for shard in find_shards(root):
-            more, good = check_run(shard)
+            more, good = _check_run(shard)
             lines += ["", *more]
             ok = ok and good
         return lines, ok
