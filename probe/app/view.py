@@ -558,7 +558,9 @@ def _report_listing(run: Run) -> tuple[list[str], str]:
         elif p.is_file():
             shown.append(p.name)
     why = (
-        f"{len(links)} file(s) of the report are symbolic links and not shown: {', '.join(links[:10])}" if links else ""
+        f"{len(links)} file(s) of the report are symbolic links (or not regular files) and not shown: {', '.join(links[:10])}"
+        if links
+        else ""
     )
     return shown, why
 
