@@ -64,10 +64,16 @@ def test_floor_figures_by_hand() -> None:
     assert floor_line(None) is None
 
 
-def test_floor_sample_is_stable_and_bounded() -> None:
+def test_floor_sample_is_stable_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     trials = [make_trial("q", ["Yes", "No"], trial_id=f"t{i}") for i in range(100)]
+    monkeypatch.delenv("PROBE_FLOOR_TRIALS")
     a = floor_sample(trials)
-    assert len(a) == 32 and [t.trial_id for t in a] == [t.trial_id for t in floor_sample(list(reversed(trials)))]
+    monkeypatch.setenv("PROBE_FLOOR_TRIALS", "0")
+    assert floor_sample(trials) == []
+    monkeypatch.setenv("PROBE_FLOOR_TRIALS", "x")
+    with pytest.raises(ValueError, match="PROBE_FLOOR_TRIALS must be a whole number"):
+        floor_sample(trials)
+    assert len(a) == 32 and [t.trial_id for t in a] == [t.trial_id for t in floor_sample(list(reversed(trials)), 32)]
 
 
 def test_reasoning_rows_from_free_memory() -> None:
@@ -114,10 +120,11 @@ def test_float32_head_cuts_bf16_error_and_enters_the_run_key() -> None:
     assert "numerics" not in HFEngine(HFSettings(model="tiny")).identity()  # float32 keys are unchanged
 
 
-def test_think_run_counts_traces_that_hit_the_budget(tmp_path: Path) -> None:
+def test_think_run_counts_traces_that_hit_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The acceptance run: `probe run yesno --model tiny --think --think-budget 4` says how many traces hit it."""
     from probe.app.cli import main
 
+    monkeypatch.delenv("PROBE_FLOOR_TRIALS")  # the default sample of 32 (the suite uses 4)
     out = tmp_path / "r"
     assert (
         main(["run", "yesno", "--model", "tiny", "--think", "--think-budget", "4", "--out", str(out), "--quiet"]) == 0

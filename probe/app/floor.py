@@ -22,11 +22,27 @@ from typing import Any
 from probe.types import Readout, Trial
 
 FLOOR_TRIALS = 32
-"""Trials of the sample that is re-read alone (a few seconds of a run; enough to find the large differences)."""
+"""Trials of the sample that is re-read alone (a few seconds of a run; enough to find the large differences).
+``PROBE_FLOOR_TRIALS`` sets another number (0: no floor)."""
 
 
-def floor_sample(trials: Sequence[Trial], k: int = FLOOR_TRIALS) -> list[Trial]:
+def floor_trials() -> int:
+    """How many trials the floor re-reads: ``PROBE_FLOOR_TRIALS``, else :data:`FLOOR_TRIALS`."""
+    import os
+
+    raw = os.environ.get("PROBE_FLOOR_TRIALS", "")
+    try:
+        n = int(raw) if raw else FLOOR_TRIALS
+    except ValueError:
+        raise ValueError(f"PROBE_FLOOR_TRIALS must be a whole number of trials (0: no floor), got {raw!r}") from None
+    if n < 0:
+        raise ValueError(f"PROBE_FLOOR_TRIALS must be >= 0 (0: no floor), got {n}")
+    return n
+
+
+def floor_sample(trials: Sequence[Trial], k: int | None = None) -> list[Trial]:
     """``k`` of ``trials``, the same for every run of the same trials: the smallest hashes of their trial ids."""
+    k = floor_trials() if k is None else k
     return sorted(trials, key=lambda t: hashlib.sha256(t.trial_id.encode()).hexdigest())[:k]
 
 
@@ -72,6 +88,8 @@ def measure_floor(
     if alone_engine is None or not trials or (think and not hasattr(engine, "without_reasoning")):
         return None
     sample = floor_sample(trials)
+    if not sample:
+        return None
     if think:
         batched_engine = engine.without_reasoning()
         reference = of_readouts(batched_engine.readout(sample))
