@@ -251,7 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(
             "--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n"
         )
-        g.add_argument("--chunk-size", type=int, default=256, help="trials per committed chunk (default: 256)")
+        g.add_argument(
+            "--chunk-size",
+            type=int,
+            default=None,
+            help="trials per committed chunk (default: the engine's; 4096 for vLLM on a GPU, else 256)",
+        )
         add_no_report(g, "at the end")
         g.add_argument("--quiet", action="store_true", help="no progress bar")
         g.add_argument(
