@@ -90,12 +90,14 @@ def measure_floor(
     sample = floor_sample(trials)
     if not sample:
         return None
+    reference: Mapping[str, tuple[Sequence[float], Sequence[float], str]]
     if think:
         batched_engine = engine.without_reasoning()
         reference = of_readouts(batched_engine.readout(sample))
         solo = batched_engine.reading_alone()
     else:
-        reference = {tid: ref for tid, ref in stored().items() if tid in {t.trial_id for t in sample}}
+        wanted = {t.trial_id for t in sample}
+        reference = {tid: ref for tid, ref in stored().items() if tid in wanted}
         solo = alone_engine()
     alone = [solo.readout([t])[0] for t in sample]
     figures = floor_figures(reference, alone)
