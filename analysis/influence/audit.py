@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.common.bootstrap import cluster_weights, percentile_ci
+from analysis.common.bootstrap import basic_ci, cluster_weights, percentile_ci
 from analysis.common.frames import choice_probs
 from analysis.influence import flags
 from analysis.influence import stats as st
@@ -352,22 +352,42 @@ def summary_by(cond: pd.DataFrame, by: str | Sequence[str], alpha: float = ALPHA
     return pd.DataFrame(rows)
 
 
-def _mean_abs_delta(cond: pd.DataFrame, reps: np.ndarray | None, mask: np.ndarray) -> tuple[float, float, float]:
+@dataclass(frozen=True)
+class MeanShift:
+    """Mean |shift| with the paper's percentile CI and, beside it, a bias-corrected estimate with the basic CI."""
+
+    value: float
+    lo: float
+    """The percentile CI (the paper's; biased upward with the statistic, it can exclude ``value``)."""
+    hi: float
+    corrected: float = math.nan
+    """``2 value - mean(replicates)``, clipped at 0 (:func:`analysis.common.bootstrap.basic_ci`)."""
+    corrected_lo: float = math.nan
+    """The basic bootstrap CI ``[2 value - q97.5, 2 value - q2.5]``, clipped at 0."""
+    corrected_hi: float = math.nan
+
+
+def _mean_shift(point: float, reps: np.ndarray | None) -> MeanShift:
+    if reps is None or not math.isfinite(point):
+        return MeanShift(point, math.nan, math.nan)
+    lo, hi = percentile_ci(reps)
+    return MeanShift(point, float(lo), float(hi), *basic_ci(point, reps, lower=0.0))
+
+
+def _mean_abs_delta(cond: pd.DataFrame, reps: np.ndarray | None, mask: np.ndarray) -> MeanShift:
     vals = np.abs(cond.loc[mask, ["delta_A", "delta_B"]].to_numpy())
     if vals.size == 0:
-        return math.nan, math.nan, math.nan
+        return MeanShift(math.nan, math.nan, math.nan)
     point = float(np.nanmean(vals))
     if reps is None:
-        return point, math.nan, math.nan
-    per_rep = np.nanmean(np.abs(reps[:, mask, :]).reshape(reps.shape[0], -1), axis=1)
-    lo, hi = percentile_ci(per_rep)
-    return point, float(lo), float(hi)
+        return MeanShift(point, math.nan, math.nan)
+    return _mean_shift(point, np.nanmean(np.abs(reps[:, mask, :]).reshape(reps.shape[0], -1), axis=1))
 
 
-def cluster_bootstrap_mean(
+def cluster_bootstrap_reps(
     values: np.ndarray, clusters: Sequence[str] | np.ndarray, n_boot: int = N_BOOT, seed: int = SEED
-) -> tuple[float, float, float]:
-    """Mean of ``values`` with a percentile CI resampling whole clusters (for summaries across runs)."""
+) -> tuple[float, np.ndarray]:
+    """Mean of ``values`` and its replicates resampling whole clusters (NaN values ignored)."""
     v = np.asarray(values, dtype=float)
     labels = np.asarray(clusters)
     uniq = list(dict.fromkeys(labels.tolist()))
@@ -376,8 +396,16 @@ def cluster_bootstrap_mean(
     w = cluster_weights(["all"] * len(uniq), n_boot, np.random.default_rng(seed))
     with np.errstate(invalid="ignore", divide="ignore"):
         reps = (w @ sums) / (w @ counts)
+    return float(np.nansum(sums) / np.sum(counts)), reps
+
+
+def cluster_bootstrap_mean(
+    values: np.ndarray, clusters: Sequence[str] | np.ndarray, n_boot: int = N_BOOT, seed: int = SEED
+) -> tuple[float, float, float]:
+    """Mean of ``values`` with a percentile CI resampling whole clusters (for summaries across runs)."""
+    point, reps = cluster_bootstrap_reps(values, clusters, n_boot, seed)
     lo, hi = percentile_ci(reps)
-    return float(np.nansum(sums) / np.sum(counts)), float(lo), float(hi)
+    return point, float(lo), float(hi)
 
 
 def headline(
@@ -387,7 +415,12 @@ def headline(
 
     With ``delta_reps`` (one run) the CI of the mean shift comes from the item
     bootstrap; without (several runs concatenated), from a cluster bootstrap
-    over (run, pair) clusters.
+    over (run, pair) clusters. Each mean |shift| row carries the paper's
+    percentile CI (for replication) and is followed by a row with the
+    bias-corrected estimate and the basic bootstrap CI
+    (:func:`analysis.common.bootstrap.basic_ci`), which covers; then one row
+    with the mean |shift| that sampling noise alone gives, the noise floor of
+    the baseline re-run (``noise``), n/a without one.
     """
     main = (cond["variant"] == "cue").to_numpy()
     c = cond[main]
@@ -403,13 +436,29 @@ def headline(
         ("mean |shift| (pp), one-sentence user-message cues", main & (cond["kind"] == "sentence").to_numpy()),
     ):
         if delta_reps is not None:
-            m, lo, hi = _mean_abs_delta(cond, delta_reps, mask)
+            ms = _mean_abs_delta(cond, delta_reps, mask)
         else:
             sub = cond[mask]
             vals = np.abs(np.concatenate([sub["delta_A"], sub["delta_B"]]))
             clusters = np.concatenate([_clusters(sub)] * 2)
-            m, lo, hi = cluster_bootstrap_mean(vals, clusters) if len(vals) else (math.nan,) * 3
-        add(label, 100 * m, 100 * lo, 100 * hi, "item bootstrap" if delta_reps is not None else "cluster bootstrap")
+            ms = _mean_shift(*cluster_bootstrap_reps(vals, clusters)) if len(vals) else MeanShift(*(math.nan,) * 3)
+        boot = "item bootstrap" if delta_reps is not None else "cluster bootstrap"
+        add(label, 100 * ms.value, 100 * ms.lo, 100 * ms.hi, boot)
+        add(
+            f"{label}, bias-corrected",
+            100 * ms.corrected,
+            100 * ms.corrected_lo,
+            100 * ms.corrected_hi,
+            f"{boot}, basic CI: 2 x estimate - replicates (the percentile CI above is biased upward with |shift|)",
+        )
+    floor = float(noise["abs_diff"].mean()) if noise is not None and len(noise) else math.nan
+    add(
+        "mean |shift| expected from sampling noise alone (pp)",
+        100 * floor,
+        note="the noise floor: mean |f0'(B) - f0(B)| of the baseline re-run"
+        if math.isfinite(floor)
+        else "n/a: no baseline re-run (--controls rerun)",
+    )
     size = flags.practical_size(eff["delta"])
     thr = f"{100 * flags.PRACTICAL_SHIFT:g} pp"
     add("effects with significant shift (raw)", share(eff["sig"]), note=flags.practical_note(size))
@@ -450,7 +499,7 @@ def headline(
     if noise is not None and len(noise):
         floor = float(noise["abs_diff"].mean())
         add("noise floor: mean |f0'(B) - f0(B)| of the re-run (pp)", 100 * floor)
-        shift = next(r["value"] for r in rows if r["metric"].startswith("mean |shift| (pp), all"))
+        shift = next(r["value"] for r in rows if r["metric"] == "mean |shift| (pp), all cues")
         add("shift-to-noise ratio", shift / (100 * floor) if floor > 0 else math.nan, note="n/a when the floor is 0")
     out = pd.DataFrame(rows)
     out["value"] = pd.Series([r["value"] for r in rows], dtype=object)  # counts stay integers

@@ -147,6 +147,7 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
                 [
                     "conditions",
                     "mean |shift| (pp), all cues",
+                    "mean |shift| (pp), all cues, bias-corrected",
                     "effects with significant shift (BH-FDR)",
                     f"effects with |shift| >= {100 * PRACTICAL_SHIFT:g} pp (practical threshold)",
                     "conditions with significant asymmetry (BH-FDR)",
