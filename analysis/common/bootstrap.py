@@ -11,7 +11,9 @@ Two interval readers, kept apart because their arithmetic differs in the
 last bits: :func:`quantile_ci` (``numpy.quantile`` at ``(1 - level) / 2``,
 the battery's stance, fit and yes/no intervals) and :func:`percentile_ci`
 (``numpy.nanpercentile``, NaN replicates ignored; the influence audit and the
-battery comparison through :func:`finite_ci`).
+battery comparison through :func:`finite_ci`). Beside them :func:`basic_ci`,
+the basic (reflected) interval and bias-corrected estimate for a statistic
+whose replicates are biased (the influence audit's mean |shift|).
 """
 
 from __future__ import annotations
