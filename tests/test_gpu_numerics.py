@@ -211,3 +211,13 @@ def test_think_sampling_preset_and_overrides() -> None:
     assert (e.settings.think_temperature, e.settings.think_top_p, e.settings.think_top_k) == (0.0, 1.0, 0)
     with pytest.raises(ValueError, match="think_top_p must be in"):
         make_engine(p.parse_args(["--think-top-p", "0"]))
+
+
+def test_no_floor_for_engines_that_cannot_read_alone() -> None:
+    """The synthetic subject and the API engine have no batches to measure: no floor, and no error."""
+    from probe.app.floor import measure_floor
+
+    class Bare:  # an engine with neither settings nor reading_alone
+        name = "bare"
+
+    assert measure_floor(Bare(), [make_trial("q", ["Yes", "No"])], dict) is None

@@ -84,8 +84,10 @@ def measure_floor(
     ``stored()`` gives the run's stored readouts; it is not called in think mode (see the module docstring).
     """
     alone_engine = getattr(engine, "reading_alone", None)
-    think = bool(getattr(engine.settings, "think", False))
-    if alone_engine is None or not trials or (think and not hasattr(engine, "without_reasoning")):
+    if alone_engine is None or not trials:
+        return None
+    think = bool(getattr(getattr(engine, "settings", None), "think", False))
+    if think and not hasattr(engine, "without_reasoning"):
         return None
     sample = floor_sample(trials)
     if not sample:
