@@ -260,7 +260,9 @@ def test_two_concurrent_runs_on_one_folder(
     err = second.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert f"another probe process is writing {out}: pid {os.getpid()} on host {socket.gethostname()}" in err
-    assert result == [0] and calls == [8, 8, 8]  # the first run computed every chunk once; the second none
+    # the first run computed every chunk once (then read its numeric floor's sample, one trial a call); the second none
+    floor = int(os.environ.get("PROBE_FLOOR_TRIALS", "32"))
+    assert result == [0] and calls == [8, 8, 8] + [1] * min(floor, 24)
     capsys.readouterr()
     assert_same_tables(out, reference)
 

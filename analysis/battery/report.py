@@ -852,7 +852,7 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
         f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
         f"- engine {eng.get('engine', '?')}, model `{eng.get('model_path')}`"
         + "".join(f", {eng[k]}" for k in ("model_class", "dtype", "device") if eng.get(k)),
-        f"- think mode: {eng.get('settings', {}).get('think')}; forms: {', '.join(man['spec'].get('forms', []))}",
+        f"- think mode: {bool(eng.get('settings', {}).get('think'))}; forms: {', '.join(man['spec'].get('forms', []))}",
         f"- probabilities from: {source}"
         + (
             f" ({man['plan']['samples']} samples per trial at T = {man['plan']['temperature']})"
