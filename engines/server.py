@@ -876,6 +876,7 @@ class ServerEngine(ApiEngine):
             return []
         self.load()
         t0 = time.perf_counter()
+        before = self.readout_stats["bounded_options"]
         for t in trials:  # fail on a bad option before sending anything
             option_ids(self.tokenizer, t)
         prepared = self.prepare(trials)
@@ -893,6 +894,13 @@ class ServerEngine(ApiEngine):
         out = []
         for i, (t, p, trie) in enumerate(zip(trials, prepared, tries, strict=True)):
             out.append(self._assemble(t, p, trie, conds[i], [q for q in reqs if q.row == i]))
+        bounded = self.readout_stats["bounded_options"] - before
+        if bounded:
+            self._log(
+                f"server: {int(bounded)} option(s) of {len(trials)} trials lay outside the top-{s.top_logprobs} "
+                "log probabilities: reported at their bound, coverage a lower bound (a server with "
+                "logprob_token_ids or prompt_logprobs reads them exactly)"
+            )
         self.readout_stats["trials"] += len(trials)
         self.readout_stats["seconds"] += time.perf_counter() - t0
         if progress:

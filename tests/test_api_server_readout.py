@@ -107,6 +107,15 @@ def test_top_logprobs_bounds_what_lies_outside_the_top_k(fake, tok):  # noqa: F8
     np.testing.assert_allclose([s.logprob for s in wide.scores], list(true.values()), rtol=0, atol=1e-12)
 
 
+def test_top_logprobs_says_when_options_are_bounded(fake, tok):  # noqa: F811
+    logs: list[str] = []
+    e = server_engine(fake.v1, tok, readout_mode="top_logprobs", top_logprobs=3)
+    e._log = logs.append
+    user, options, _ = CASES[CASE_IDS.index("scale0-100")]
+    e.readout([make_trial(user, options)])
+    assert len(logs) == 1 and "outside the top-3 log probabilities" in logs[0] and "lower bound" in logs[0]
+
+
 def test_auto_takes_the_first_mode_the_server_offers(tok):  # noqa: F811
     llm = FakeLLM(len(tok))
     for behaviour, mode in (
@@ -246,3 +255,28 @@ def test_the_server_engine_is_chosen_by_the_verb(fake, tok):  # noqa: F811
     assert build(argparse.Namespace(model=model, no_readout=False, samples=0)).name == "server"
     assert build(argparse.Namespace(model=model, no_readout=True, samples=2)).name == "api"
     assert build(argparse.Namespace(model=model)).name == "api"  # a verb that only samples (a judge, a coder)
+
+
+def test_probe_serve_engine_vllm_command(tmp_path):
+    """vLLM's server pinned to the name, float32 for a small model, raw logprobs, the model's sampling defaults off."""
+    from probe.app.serve import vllm_command, vllm_dtype
+
+    small = tmp_path / "m"
+    small.mkdir()
+    (small / "model.safetensors").write_bytes(b"\0" * 1024)
+    assert vllm_dtype("auto", small) == "float32" and vllm_dtype("bfloat16", small) == "bfloat16"
+    cmd = vllm_command("py", small, "m", "127.0.0.1", 8000, dtype="float32", max_logprobs=128, max_model_len=512)
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
+    assert flags["--served-model-name"] == "m" and flags["--dtype"] == "float32"
+    assert flags["--max-logprobs"] == "128" and flags["--logprobs-mode"] == "raw_logprobs"
+    assert flags["--generation-config"] == "vllm" and flags["--max-model-len"] == "512"
+
+
+def test_probe_serve_engine_vllm_needs_vllm(capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    rc, _, err = cli(capsys, "serve", "tiny", "--engine", "vllm")
+    assert rc == 2 and "vLLM is not installed" in err and err.count("\n") == 1
