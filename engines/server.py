@@ -145,12 +145,13 @@ def settings_from_args(model: str, a: argparse.Namespace) -> ServerSettings:
 
 
 def from_args(model: str, a: argparse.Namespace) -> Any:
-    """A server engine, checked by its canary; where the server returns no log probabilities at all and the run
-    also samples (``--samples N``), the plain API engine with a one-line notice (the sample-only run it was)."""
+    """A server engine, checked by its canary; where the server returns no log probabilities at all (or there is no
+    local copy of the model's tokenizer) and the run also samples (``--samples N``), the plain API engine with a
+    one-line notice (the sample-only run it was)."""
     engine = ServerEngine(settings_from_args(model, a))
     try:
         return engine.load()
-    except NoLogprobs as e:
+    except (NoLogprobs, ModelError) as e:  # no log probabilities, or no local tokenizer to render the prompt with
         if not getattr(a, "samples", 0):
             raise
         engine._log(f"api: {e}; sampling only (pass --no-readout to skip this check)")
@@ -545,7 +546,7 @@ class ServerEngine(ApiEngine):
             ref = resolve_model(spec)
             transformers = require("transformers", "hf")
             transformers.logging.disable_progress_bar()
-            self._tok = transformers.AutoTokenizer.from_pretrained(ref.path)
+            self._tok = transformers.AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
         except (OSError, ValueError, ModelError) as e:
             raise ModelError(
                 f"cannot load a local tokenizer for the served model {s.model!r} from {spec!r} "

@@ -166,6 +166,7 @@ def test_a_sampling_only_server_still_samples(tok):  # noqa: F811
     from engines import make_engine as build
     from engines.api import ApiEngine
     from engines.server import NoLogprobs
+    from probe.errors import ModelError
 
     with FakeCompletions(FakeLLM(len(tok)), Behaviour(token_prompts=False)) as server:
         a = argparse.Namespace(model=f"openai-compatible:tiny@{server.v1}", no_readout=False, samples=2)
@@ -175,6 +176,11 @@ def test_a_sampling_only_server_still_samples(tok):  # noqa: F811
             build(argparse.Namespace(model=a.model, no_readout=False, samples=0))
         assert type(build(argparse.Namespace(model=a.model, no_readout=True, samples=2))) is ApiEngine
         assert not server.answered  # no canary for a sample-only run
+    # a hosted model without a local tokenizer: sampling only, as before, with --samples; else refused in one line
+    hosted = "openai-compatible:org/no-such-model@http://127.0.0.1:9/v1"
+    assert type(build(argparse.Namespace(model=hosted, no_readout=False, samples=2))) is ApiEngine
+    with pytest.raises(ModelError, match=r"cannot load a local tokenizer .* pass --tokenizer"):
+        build(argparse.Namespace(model=hosted, no_readout=False, samples=0))
 
 
 # --------------------------------------------------------------- the journal
