@@ -554,7 +554,9 @@ def test_engine_arguments_pass_through_and_unknown_ones_fail_clearly():
         "max_model_len": 8192,
         "mamba_cache_dtype": "float32",
         "max_num_batched_tokens": 1024,
+        "hf_overrides": {"head_dtype": "float32"},  # the last projection in float32 outside float32 (docs/gpu.md)
     }
+    assert "hf_overrides" not in llm_kwargs(VLLMSettings(model="tiny"), "/m", "cpu")  # float32 on a CPU: no override
     assert "max_model_len" not in llm_kwargs(VLLMSettings(model="tiny"), "/m")
     assert "mamba_cache_dtype" not in llm_kwargs(VLLMSettings(model="tiny"), "/m")
     old = set(kw) - {"logprobs_mode", "mamba_cache_dtype"}
