@@ -57,6 +57,8 @@ class FakeCompletions(LocalServer):
         self.bodies: dict[str, dict[str, Any]] = {}
         owner = self
         self._lock = threading.Lock()
+        self._admitted = 0
+        """Requests let past ``fail_after`` (counted when they arrive, so concurrent ones cannot overshoot it)."""
 
         class Handler(QuietHandler):
             def serve(self) -> None:
@@ -76,15 +78,16 @@ class FakeCompletions(LocalServer):
 
     def complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         b = self.behaviour
-        with self._lock:
-            if b.fail_after is not None and sum(self.answered.values()) >= b.fail_after:
-                return 500, {"error": {"message": "the server is going away", "type": "InternalServerError"}}
         prompt = body.get("prompt")
         if not b.token_prompts and not isinstance(prompt, str):
             return 400, {"detail": "prompt must be a string."}
         for name, ok in (("logprob_token_ids", b.token_ids), ("prompt_logprobs", b.prompt_logprobs)):
             if body.get(name) is not None and not ok:
                 return 400, {"error": {"message": f"Unknown field {name}", "type": "BadRequestError"}}
+        with self._lock:  # check and count in one step: concurrent requests must not all pass the check
+            if b.fail_after is not None and self._admitted >= b.fail_after:
+                return 500, {"error": {"message": "the server is going away", "type": "InternalServerError"}}
+            self._admitted += 1
         ids = tuple(int(t) for t in prompt)
         reply = self._reply(ids, body)
         with self._lock:
