@@ -57,7 +57,15 @@ from engines.api import ApiEngine, ApiSettings, TransportGaveUp
 from engines.api import from_args as api_from_args
 from engines.api_journal import AppendLog
 from engines.api_providers import TransportError
-from engines.base import Draws, ProgressFn, draw_seed, require
+from engines.base import (
+    Draws,
+    EngineSettings,
+    ProgressFn,
+    draw_seed,
+    reasoning_record,
+    reasoning_seed,
+    require,
+)
 from engines.local import Prepared, folder_info, slot_readout, with_reasoning
 from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie, normalize
@@ -323,6 +331,19 @@ class Request:
     @property
     def sent(self) -> int:
         return len(self.body["prompt"])
+
+
+def reasoning_sampling(s: EngineSettings, trial_id: str) -> dict[str, Any]:
+    """The sampling fields of a think request: none for greedy reasoning, else the local engines' settings
+    (``--think-sampling``) with the trial's own seed, so the server reasons as ``engines.vllm`` does."""
+    if s.think_temperature == 0:
+        return {}
+    return {
+        "temperature": float(s.think_temperature),
+        "top_p": float(s.think_top_p),
+        "top_k": int(s.think_top_k),
+        "seed": reasoning_seed(s.seed, trial_id),
+    }
 
 
 def completion_body(model: str, prompt: Sequence[int], **extra: Any) -> dict[str, Any]:
@@ -803,6 +824,7 @@ class ServerEngine(ApiEngine):
             "readout_mode": self.mode,
             "top_other": s.top_other,
             "think_budget": s.think_budget,
+            **reasoning_record(s),
             "tokenizer": (folder_info(self._tok_path) or {}).get("fingerprint") or s.tokenizer or s.model,
         }
 
@@ -859,9 +881,10 @@ class ServerEngine(ApiEngine):
                     skip_special_tokens=False,
                     return_token_ids=True,
                     logprobs=0,
+                    **reasoning_sampling(s, t.trial_id),
                 ),
             )
-            for i, ids in enumerate(base)
+            for i, (t, ids) in enumerate(zip(trials, base, strict=True))
         ]
         gens = []
         for r in self.fetch(reqs):

@@ -286,3 +286,22 @@ def test_probe_serve_engine_vllm_needs_vllm(capsys):
         pytest.skip("vLLM is installed here")
     rc, _, err = cli(capsys, "serve", "tiny", "--engine", "vllm")
     assert rc == 2 and "vLLM is not installed" in err and err.count("\n") == 1
+
+
+def test_sampled_reasoning_goes_to_the_server_with_each_trials_seed(fake, tok):  # noqa: F811
+    """--think-sampling reaches the server's think requests as the local engines use it: the settings, and a seed
+    per trial (engines.base.reasoning_seed); greedy think requests carry none of it."""
+    from engines.base import reasoning_seed
+
+    trials = [make_trial(PROMPT, ["Yes", "No"], trial_id=f"t{i}") for i in range(3)]
+    e = server_engine(fake.v1, tok, think=True, think_budget=6, think_temperature=0.6, think_top_p=0.95, think_top_k=20)
+    e.readout(trials)
+    think = [b for b in fake.bodies.values() if b["max_tokens"] == 6]
+    assert {b["seed"] for b in think} == {reasoning_seed(0, t.trial_id) for t in trials}
+    assert all((b["temperature"], b["top_p"], b["top_k"]) == (0.6, 0.95, 20) for b in think)
+    assert e.identity()["think_sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    greedy = server_engine(fake.v1, tok, think=True, think_budget=7)
+    greedy.readout(trials)
+    plain = [b for b in fake.bodies.values() if b["max_tokens"] == 7]
+    assert plain and all(b["temperature"] == 0.0 and "seed" not in b for b in plain)
+    assert "think_sampling" not in greedy.identity()
