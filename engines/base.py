@@ -104,6 +104,18 @@ def draw_seed(seed: int, trial_id: str, draw: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{trial_id}:{draw}".encode()).digest()[:8], "little") >> 1
 
 
+RAW_SAMPLING: Mapping[str, float] = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+"""vLLM's sampling fields (``SamplingParams``, and its OpenAI server's request body) that leave the model's
+distribution as it is: no truncation, no penalty. Raw draws send all of them, so no server default applies."""
+
+
 def reasoning_seed(seed: int, trial_id: str) -> int:
     """The seed of a trial's sampled reasoning in think mode (apart from its draws' seeds)."""
     return draw_seed(seed, f"reasoning:{trial_id}", 0)

@@ -58,6 +58,7 @@ from engines.api import from_args as api_from_args
 from engines.api_journal import AppendLog
 from engines.api_providers import TransportError
 from engines.base import (
+    RAW_SAMPLING,
     Draws,
     EngineSettings,
     ProgressFn,
@@ -961,12 +962,7 @@ class ServerEngine(ApiEngine):
             "prompt": list(ids),
             "max_tokens": s.max_tokens,
             "temperature": float(temperature),
-            "top_p": 1.0,
-            "top_k": 0,
-            "min_p": 0.0,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-            "repetition_penalty": 1.0,
+            **RAW_SAMPLING,
             "seed": draw_seed(s.seed, trial.trial_id, draw),
             "stop_token_ids": sorted(self._stops()),
             "skip_special_tokens": False,

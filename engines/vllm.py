@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from engines.base import (
+    RAW_SAMPLING,
     Draws,
     EngineSettings,
     ProgressFn,
@@ -1016,12 +1017,7 @@ def sample_params(temperature: float, seed: int, max_tokens: int, stops: Iterabl
     return {
         "n": 1,
         "temperature": float(temperature),
-        "top_p": 1.0,
-        "top_k": 0,
-        "min_p": 0.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "repetition_penalty": 1.0,
+        **RAW_SAMPLING,
         "seed": seed,
         "max_tokens": max_tokens,
         "stop_token_ids": sorted(stops),

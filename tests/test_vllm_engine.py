@@ -731,24 +731,11 @@ def test_without_vllm_the_engine_says_which_extra_to_install(tok, monkeypatch):
 
 # ----------------------------------------------------- data parallel replicas
 def fake_replica(settings, *, model_path):
-    """A replica for the data-parallel test: the fake LLM in a spawned process (picklable by name)."""
+    """A replica for the data-parallel test: the fake LLM in a spawned process (picklable by name), in a pool of 2."""
     import os
 
-    import transformers
-
-    from engines.vllm import VLLMEngine
-    from probe.tiny import ensure_tiny
-
-    tok = transformers.AutoTokenizer.from_pretrained(str(ensure_tiny("tiny")))
     assert os.environ["VLLM_DP_SIZE"] == "2" and os.environ["VLLM_DP_RANK"] in ("0", "1")
-    return VLLMEngine(
-        settings,
-        llm=FakeLLM(len(tok)),
-        tokenizer=tok,
-        params=FakeParams,
-        token_ids_supported=True,
-        model_path=model_path,
-    )
+    return fake_any_replica(settings, model_path=model_path)
 
 
 def test_data_parallel_replicas_give_the_single_process_results(tok):
