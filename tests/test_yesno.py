@@ -495,3 +495,22 @@ def test_resampling_diagnostics_by_hand() -> None:
     assert r.opposite_majority == 1.0 and r.n_items == 1
     with pytest.raises(ValueError, match="sampled answers"):
         resampling_diagnostics(with_cbr_verb(per_trial, opts), opts.drop(columns="n_ok"))
+
+
+# ====================================================================== the report
+
+
+def test_a_run_that_reads_and_samples_reports_the_readout_temperature(tmp_path) -> None:
+    """yesno with readouts and --samples (in process or through one server) gets the battery's calibration section;
+    the synthetic subject samples at its planted temperature, so its readout temperature is fitted (seeded)."""
+    from probe.app.cli import main
+
+    out = tmp_path / "r"
+    args = ["run", "yesno", "--model", "sim", "--items", "mine_cart_bridge,pond_child", "--out", str(out), "--quiet"]
+    assert main([*args, "--samples", "4"]) == 0
+    summary = (out / "report" / "summary.md").read_text()
+    assert "## Readout temperature" in summary and "answers at the slot: T = " in summary
+    assert (out / "report" / "calibration_T.csv").is_file()
+    plain = tmp_path / "p"
+    assert main([*args[:-3], "--out", str(plain), "--quiet"]) == 0  # readouts only: no such section
+    assert "## Readout temperature" not in (plain / "report" / "summary.md").read_text()

@@ -886,5 +886,9 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
             "",
         ]
         atomic_write_text(out / "yesno_salt_noise.csv", sd.to_frame().to_csv(float_format="%.6f"))
+    if not store.load("samples").empty and not store.load("readout_options").empty:
+        # a run that reads the slot and samples (locally or through one server): the battery's calibration
+        body, _ = run_sections([calibration_section], load_frames(store), out, why=True)
+        lines += body
     write_summary(out, "\n".join(lines))
     return report_files(out)
