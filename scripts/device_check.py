@@ -22,8 +22,8 @@ Every figure goes to ``OUT/device_check.json``. Size of the GPU mode, by constru
 (3 paths x 3 numerics + 1 CPU reference) on two 2-layer models; step 2 draws 4 x 6 replies of 8 tokens per path;
 step 4 builds a 4-layer model (4 x 128 experts x 3 x 2048 x 768 bfloat16 weights, 4.8 GB, plus 1.2 GB of embedding and
 head) and
-times 16 + 16 readouts, 3 x 8 decode steps and 32 draws of 16 tokens. The estimate on an H200: under 3 minutes,
-most of it loading CUDA and building the tiny models (2 minutes on 2 CPU cores).
+times 16 + 16 readouts, 3 x 8 decode steps and 32 draws of 16 tokens. The estimate on an H200: under 4 minutes,
+most of it loading CUDA and building the tiny models (under 2 minutes on 2 CPU cores, less on the device's 16).
 
 Usage (repository root): ``python -m scripts.device_check [--cpu] [--out DIR] [--steps parity,sampling,split,moe]
 [--models tiny,tiny-hybrid]``

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one prepared check for a lent GPU machine (one offline H200, the working tree, the machine's torch and
-# transformers; no vLLM, no hub). Under 8 minutes by construction (timeouts 150 + 300 + 90 s = 9 min is the
+# transformers; no vLLM, no hub). Under 8 minutes by construction (timeouts 150 + 210 + 90 s = 7.5 min are the
 # hard cap; the estimate is about 4: see scripts/device_check.py for the sizes):
 #   0. build the tiny models from the working tree (no download);
 #   1-5. python -m scripts.device_check: the parity matrix (every readout path x float32/bfloat16, float32 head
@@ -35,7 +35,7 @@ fi
 status=0
 start=$(date +%s)
 timeout 150 "$py" -m probe tiny >"$out/tiny.log" 2>&1 || { echo "device_check: tiny build failed (see $out/tiny.log)"; exit 1; }
-timeout 300 "$py" -m scripts.device_check $cpu_flag --out "$out" 2>"$out/device_check.err" | tee "$out/device_check.log"
+timeout 210 "$py" -m scripts.device_check $cpu_flag --out "$out" 2>"$out/device_check.err" | tee "$out/device_check.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || { status=1; echo "device_check: the steps exited $rc (see $out/device_check.log and .err)"; }
 
