@@ -177,6 +177,30 @@ def test_readout_json_has_ids_and_probabilities():
     assert abs(sum(o["prob"] for o in doc["options"]) - 1) < 1e-9 and 0 < doc["coverage"] <= 1
 
 
+def test_readout_json_is_strict_where_an_option_has_no_mass(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """An option the model gives probability 0 (logprob -inf) is written as null: strict JSON, never -Infinity."""
+    import math
+
+    from engines.hf import HFEngine
+    from probe.app.cli import main
+    from probe.types import OptionScore, Readout
+
+    def readout(self, trials, progress=None):
+        scores = (OptionScore("Yes", (1,), 0.0, 1.0), OptionScore("No", (2,), -math.inf, 0.0))
+        return [Readout(trials[0].trial_id, scores, 1.0, "Yes", (), 3, 3, prompt_ids=(1, 2, 3))]
+
+    monkeypatch.setattr(HFEngine, "readout", readout)
+    monkeypatch.setattr(HFEngine, "load", lambda self: self)
+    monkeypatch.setattr(HFEngine, "describe", lambda self: {"model_path": "tiny"})
+    assert main(["readout", "--model", "tiny", "--prompt", "Yes or No?", "--options", "Yes,No", "--json"]) == 0
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    doc = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert [o["logprob"] for o in doc["options"]] == [0.0, None]
+
+
 def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from probe import files
 

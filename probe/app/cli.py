@@ -18,6 +18,7 @@ from probe.app.check import check_run
 from probe.app.verbs import add_no_report, add_verb, report_unless_skipped
 from probe.errors import ProbeError
 from probe.shards import Shard, merge_shards
+from probe.store import json_ready
 from probe.terminal import escape_controls, escape_controls_json
 from probe.types import Message, Trial
 
@@ -120,7 +121,7 @@ def cmd_readout(a: argparse.Namespace) -> int:
             "hit_budget": r.hit_budget,
             "warning": warning or None,
         }
-        text = json.dumps(doc, ensure_ascii=False, indent=2)
+        text = json.dumps(json_ready(doc), ensure_ascii=False, indent=2, allow_nan=False)  # strict JSON: -inf -> null
         # keep token-id lists on one line each: readable, and still valid JSON
         text = re.sub(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
         print(escape_controls_json(text))
