@@ -44,7 +44,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from engines.base import (
@@ -622,8 +622,6 @@ class HFEngine(LocalEngine):
 
     def variant(self, **settings: Any) -> HFEngine:
         """An engine on the same loaded weights with other settings (no second load)."""
-        from dataclasses import replace
-
         return HFEngine(replace(self.settings, **settings), model=self.model, tokenizer=self.tokenizer)
 
     def reading_alone(self) -> HFEngine:

@@ -120,14 +120,29 @@ def slot_readout(
     tokens the engine computed for this trial. Ties in the greedy option go to the first option.
     """
     lps = option_logprobs(prep.options, trie, cond)
-    probs, coverage = normalize(lps)
+    return assembled_readout(trial, prep, lps, top_other=top_other, computed=computed)
+
+
+def assembled_readout(
+    trial: Trial,
+    prep: Prepared,
+    lps: Sequence[float],
+    *,
+    top_other: tuple[tuple[str, float], ...],
+    computed: int,
+    coverage: float | None = None,
+) -> Readout:
+    """The :class:`Readout` of one trial from its options' log probabilities ``lps`` (normalized here); every
+    engine assembles its readouts here. ``coverage``: the option mass, unless the engine knows only a lower bound
+    of it (readouts through a server with bounded options). Ties in the greedy option go to the first option."""
+    probs, mass = normalize(lps)
     best = max(range(len(lps)), key=lambda i: (lps[i], -i))
     return Readout(
         trial_id=trial.trial_id,
         scores=tuple(
             OptionScore(o, ids, lp, p) for o, ids, lp, p in zip(trial.options, prep.options, lps, probs, strict=True)
         ),
-        coverage=coverage,
+        coverage=mass if coverage is None else coverage,
         greedy_option=trial.options[best],
         top_other=top_other,
         prompt_tokens=len(prep.ids),

@@ -67,11 +67,11 @@ from engines.base import (
     reasoning_seed,
     require,
 )
-from engines.local import Prepared, folder_info, slot_readout, with_reasoning
+from engines.local import Prepared, assembled_readout, folder_info, slot_readout, with_reasoning
 from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
-from engines.trie import Prefix, Trie, build_trie, normalize
+from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError, ProbeError
-from probe.types import Message, OptionScore, Readout, Sample, Trial
+from probe.types import Message, Readout, Sample, Trial
 
 MODES = ("auto", "token_ids", "prompt_logprobs", "top_logprobs")
 """How option tokens are read (``--server-readout``); auto: the first of the others the server offers."""
@@ -492,25 +492,8 @@ def bounded_readout(
         used = {(key[:i], key[i]) for i in range(len(key))} | {(key, kid) for kid in trie.get(key, ())}
         lps.append(lp)
         exact.append(not (used & missing))
-    probs, _ = normalize(lps)
-    best = max(range(len(lps)), key=lambda i: (lps[i], -i))
     known = math.fsum(math.exp(lp) for lp, ok in zip(lps, exact, strict=True) if ok)
-    scores = tuple(
-        OptionScore(o, ids, lp, p) for o, ids, lp, p in zip(trial.options, prep.options, lps, probs, strict=True)
-    )
-    readout = Readout(
-        trial_id=trial.trial_id,
-        scores=scores,
-        coverage=known,
-        greedy_option=trial.options[best],
-        top_other=top_other,
-        prompt_tokens=len(prep.ids),
-        computed_tokens=computed,
-        reasoning=prep.reasoning,
-        reasoning_tokens=prep.reasoning_tokens,
-        hit_budget=prep.hit_budget,
-        prompt_ids=prep.ids,
-    )
+    readout = assembled_readout(trial, prep, lps, top_other=top_other, computed=computed, coverage=known)
     return readout, exact.count(False)
 
 

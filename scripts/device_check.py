@@ -99,11 +99,6 @@ def engine(model: str, device: str, dtype: str, **settings: Any) -> Any:
     return HFEngine(HFSettings(model=model, device=device, dtype=dtype, **settings)).load()
 
 
-def variant(base: Any, **settings: Any) -> Any:
-    """An engine on the same loaded weights with other settings (no second load)."""
-    return base.variant(**settings)
-
-
 def paths_of(e: Any) -> list[str]:
     return ["branch", "plain"] if e._tree_unsupported() else ["tree", "branch", "plain"]
 
@@ -120,7 +115,7 @@ def step_parity(models: Sequence[str], device: str, emit: Callable[[dict[str, An
                 got: dict[str, list[Any]] = {}
                 for path in paths_of(e):
                     t0 = time.perf_counter()
-                    got[path] = variant(e, readout_path=path, head_dtype=head).readout(trials)
+                    got[path] = e.variant(readout_path=path, head_dtype=head).readout(trials)
                     row = {
                         "check": "parity",
                         "model": model,
@@ -157,7 +152,7 @@ def step_sampling(models: Sequence[str], device: str, emit: Callable[[dict[str, 
         drawn = {}
         for path in paths:
             t0 = time.perf_counter()
-            samples = variant(base, sample_path=path, max_new_tokens=8).sample(trials, 4, 1.0)
+            samples = base.variant(sample_path=path, max_new_tokens=8).sample(trials, 4, 1.0)
             drawn[path] = [s.token_ids for s in samples]
             emit(
                 {
@@ -172,7 +167,7 @@ def step_sampling(models: Sequence[str], device: str, emit: Callable[[dict[str, 
         same = all(drawn[p] == drawn[paths[0]] for p in paths)
         if not same:
             problems.append(f"sampling {model} {device}: the paths drew different tokens")
-        think = variant(base, think=True, think_budget=8).readout(trials[:3])
+        think = base.variant(think=True, think_budget=8).readout(trials[:3])
         emit(
             {
                 "check": "think",
@@ -218,8 +213,8 @@ def step_split(models: Sequence[str], device: str, emit: Callable[[dict[str, Any
         e = HFEngine(HFSettings(model=model, dtype="float32"), model=split, tokenizer=whole.tokenizer)
         for path_name in paths_of(e):
             d = difference(
-                variant(e, readout_path=path_name).readout(trials),
-                variant(whole, readout_path=path_name).readout(trials),
+                e.variant(readout_path=path_name).readout(trials),
+                whole.variant(readout_path=path_name).readout(trials),
             )
             emit(
                 {
@@ -233,8 +228,8 @@ def step_split(models: Sequence[str], device: str, emit: Callable[[dict[str, Any
             if d["max_logprob_diff"] > FLOAT32_BOUND:
                 problems.append(f"split {model} readout {path_name}: {d['max_logprob_diff']:.2e}")
         for path_name in ["shared", "plain"] + ([] if e._tree_unsupported() else ["tree"]):
-            a = variant(e, sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
-            b = variant(whole, sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
+            a = e.variant(sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
+            b = whole.variant(sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
             same = [x.token_ids for x in a] == [y.token_ids for y in b]
             emit({"check": "split", "model": model, "what": f"sample {path_name}", "same_draws": same})
             if not same:
@@ -299,7 +294,7 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
     sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
     readouts = {}
     for path in ("tree", "plain"):
-        e = variant(base, readout_path=path)
+        e = base.variant(readout_path=path)
         e.readout(trials[:2])  # warm-up
         sync()
         t0 = time.perf_counter()
@@ -315,7 +310,7 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
                 "per_s_48_layers": len(trials) / (dt * scale),
             }
         )
-    head32 = variant(base, head_dtype="float32", readout_path="plain")
+    head32 = base.variant(head_dtype="float32", readout_path="plain")
     drift = difference(head32.readout(trials), readouts["plain"])
     emit(
         {
@@ -349,7 +344,7 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
         )
         del cache
     t0 = time.perf_counter()
-    draws = variant(base, max_new_tokens=16).sample(trials[:8], 4, 1.0)
+    draws = base.variant(max_new_tokens=16).sample(trials[:8], 4, 1.0)
     sync()
     dt = time.perf_counter() - t0
     emit(

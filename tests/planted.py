@@ -93,6 +93,21 @@ class _Planted:
         return out
 
 
+TRIAGE_BASE: Mapping[str, float] = {"gender": 0.0, "age": -1.0}
+"""Baseline log-odds of side B per triage pair of the planted influence subject the tests share."""
+TRIAGE_INFLUENCES = ("survey", "emotional", "weak_evidence")
+TRIAGE_SHIFTS: Mapping[tuple[str, str], float] = {
+    # (influence, direction) -> shift of the log-odds of the side the cue points to
+    ("survey", "A"): 1.0,
+    ("survey", "B"): 1.0,
+    ("emotional", "A"): 0.5,
+    ("emotional", "B"): 2.0,
+    ("weak_evidence", "A"): -0.8,  # backfires toward A
+    ("weak_evidence", "B"): 0.8,
+}
+"""The planted steerability s(d) of those influences: an asymmetric one, a symmetric one and a backfire."""
+
+
 class PlantedInfluence(_Planted):
     """P(B) = sigmoid(base[pair] + shift toward the cue's side); ``shifts[(influence, d)]`` is the planted s(d)."""
 

@@ -25,19 +25,12 @@ from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
 from probe.panel import panel_from_runs
-from tests.planted import PlantedInfluence
+from tests.planted import TRIAGE_BASE, TRIAGE_INFLUENCES, TRIAGE_SHIFTS, PlantedInfluence
 from tests.report_files import assert_wrote
 
-BASE = {"gender": 0.0, "age": -1.0}
-INFLUENCES = ("survey", "emotional", "weak_evidence")
-M1 = {
-    ("survey", "A"): 1.0,
-    ("survey", "B"): 1.0,
-    ("emotional", "A"): 0.5,
-    ("emotional", "B"): 2.0,
-    ("weak_evidence", "A"): -0.8,
-    ("weak_evidence", "B"): 0.8,
-}
+BASE = TRIAGE_BASE
+INFLUENCES = TRIAGE_INFLUENCES
+M1 = TRIAGE_SHIFTS
 M2 = {k: v / 2 for k, v in M1.items()}
 REASONING = {("survey", "A"): 1.0, ("survey", "B"): 1.0}
 """The planted reasoning effect: reasoning on adds this to s(d)."""

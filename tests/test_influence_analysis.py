@@ -28,7 +28,7 @@ from analysis.influence import stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
-from tests.planted import PlantedInfluence
+from tests.planted import TRIAGE_BASE, TRIAGE_SHIFTS, PlantedInfluence
 
 # ====================================================================== hand-built cells
 
@@ -297,15 +297,8 @@ def test_placebo_and_negation_controls() -> None:
 
 # ============================================================== planted-steerability subject
 
-BASE = {"gender": 0.0, "age": -1.0}
-PLANTED = {  # (influence, direction) -> shift of the log-odds of the side the cue points to
-    ("survey", "A"): 1.0,
-    ("survey", "B"): 1.0,
-    ("emotional", "A"): 0.5,
-    ("emotional", "B"): 2.0,
-    ("weak_evidence", "A"): -0.8,  # backfires toward A
-    ("weak_evidence", "B"): 0.8,
-}
+BASE = TRIAGE_BASE
+PLANTED = TRIAGE_SHIFTS
 
 
 def planted_engine() -> PlantedInfluence:

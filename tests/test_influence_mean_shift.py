@@ -4,6 +4,7 @@ beside it, the mean |shift| of noise alone, and the coverage of both CIs on plan
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -13,20 +14,13 @@ from analysis.common.bootstrap import basic_ci
 from analysis.influence import audit as inf
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec, expand
+from tests.planted import TRIAGE_BASE, TRIAGE_INFLUENCES, TRIAGE_SHIFTS
 
-INFLUENCES = ("survey", "emotional", "weak_evidence")
-BASE = {"gender": 0.0, "age": -1.0}
-"""Baseline log-odds of side B per pair (as tests/test_influence_analysis.py)."""
-PLANTED: dict[str, dict[tuple[str, str], float]] = {
+INFLUENCES = TRIAGE_INFLUENCES
+BASE = TRIAGE_BASE
+PLANTED: dict[str, Mapping[tuple[str, str], float]] = {
     # log-odds shift toward the side the cue points to, per (influence, direction)
-    "large": {
-        ("survey", "A"): 1.0,
-        ("survey", "B"): 1.0,
-        ("emotional", "A"): 0.5,
-        ("emotional", "B"): 2.0,
-        ("weak_evidence", "A"): -0.8,
-        ("weak_evidence", "B"): 0.8,
-    },
+    "large": TRIAGE_SHIFTS,
     "small": {
         ("survey", "A"): 0.2,
         ("survey", "B"): 0.0,

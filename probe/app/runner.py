@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -227,8 +227,6 @@ def _run_locked(
         plan = replace(plan, readout=False)  # a sampling-only engine (api): --samples N means sample only
     exp = get_experiment(experiment)
     engine.load()
-    if placed := placement_line(engine):
-        log(placed)
     is_generative = exp.generative or (lambda t: False)
     trials = exp.expand(spec, count_tokens=getattr(engine, "count_tokens", None))
     if shard is not None:
@@ -257,6 +255,9 @@ def _run_locked(
         "n_trials": len(trials),
         "chunk_size": chunk_size,
     }
+    if placed := placement_line(engine.name, manifest["engine"]):
+        log(placed)
+    read = [t for t in trials if not is_generative(t)] if plan.readout else []  # the trials whose slots are read
     take_lock()
     store = RunStore.open(Path(out), manifest, trials)
     if hasattr(engine, "attach"):  # engines that persist per call (api: a journal of paid responses)
@@ -271,7 +272,7 @@ def _run_locked(
     if not todo:
         log(f"{store.root}: all {len(trials)} trials already done")
         _record_engine_stats(store, engine)
-        _record_floor(store, engine, [t for t in trials if not is_generative(t)] if plan.readout else [], log)
+        _record_floor(store, engine, read, log)
         return store
     if n_done:
         log(f"{store.root}: resuming, {n_done}/{len(trials)} trials already done")
@@ -350,18 +351,18 @@ def _run_locked(
     store.update_manifest({"throughput": entry})
     log(throughput_line(entry))
     _record_engine_stats(store, engine)
-    _record_floor(store, engine, [t for t in trials if not is_generative(t)] if plan.readout else [], log)
+    _record_floor(store, engine, read, log)
     return store
 
 
-def placement_line(engine: Any) -> str | None:
-    """Where a local model runs and in which dtype, said once per run (None for engines without weights here)."""
-    d = engine.describe()
+def placement_line(name: str, d: Mapping[str, Any]) -> str | None:
+    """Where a local model runs and in which dtype (from the engine's manifest record ``d``), said once per run;
+    None for engines without weights here."""
     if "device" not in d or "dtype" not in d:
         return None
     head = f", head {d['head_dtype']}" if d.get("head_dtype") and d["head_dtype"] != d["dtype"] else ""
     where = d.get("placement") if d.get("placement") not in (None, "given") else d["device"]
-    return f"{engine.name}: {d.get('model_path') or engine.settings.model} on {where}, {d['dtype']}{head}"
+    return f"{name}: {d.get('model_path') or d.get('settings', {}).get('model')} on {where}, {d['dtype']}{head}"
 
 
 def plan_replies(chunks: Sequence[Sequence[Trial]], rows: Callable[[Trial], int], budget: int) -> int:
