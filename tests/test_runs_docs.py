@@ -1,4 +1,5 @@
-"""docs/python.md as written: its worked example runs, and its column table is probe.runs.COLUMNS."""
+"""docs/python.md as written: its worked example and the query engine's block run, and its column table is
+probe.runs.COLUMNS."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from probe import runs as runs_mod
+from probe import trial_index
 from probe.app.cli import main
+from probe.app.query import Page
 from probe.runs import COLUMNS, TRIAL_COLUMNS
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "python.md"
@@ -23,14 +25,19 @@ def test_the_worked_example_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(runs_mod, "_cache_dir", lambda: tmp_path / "view-cache")
+    monkeypatch.setattr(trial_index, "cache_dir", lambda: tmp_path / "view-cache")
     example = next(b for b in _blocks("sh") if "probe run" in b)
     commands = [shlex.split(line) for line in example.splitlines() if line.startswith("probe ")]
     assert len(commands) == 2
     for argv in commands:
         assert main(argv[1:]) == 0
     first = next(b for b in _blocks("python") if "counts_line" in b)
-    exec(compile(first, str(DOC), "exec"), {"__name__": "__docs__"})  # the opening block, on the first run
+    ns: dict[str, object] = {"__name__": "__docs__"}
+    exec(compile(first, str(DOC), "exec"), ns)  # the opening block, on the first run
+    paging = next(b for b in _blocks("python") if "RunQuery(run)" in b)
+    exec(compile(paging, str(DOC), "exec"), ns)  # the query engine's block, on the run the opening block opened
+    page = ns["page"]
+    assert isinstance(page, Page) and 0 < len(page.rows) == min(page.total, 50)
     code = next(b for b in _blocks("python") if "savefig" in b)
     capsys.readouterr()
     exec(compile(code, str(DOC), "exec"), {"__name__": "__docs__"})

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from probe import runs as runs_mod
+from probe import trial_index
 from probe.app.cli import main
 from probe.app.view import Viewer, make_server
 from probe.runs import open_run
@@ -47,14 +47,14 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def url(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cache = tmp_path_factory.getbasetemp() / "view-cache-browser"
-    saved = runs_mod._cache_dir
-    runs_mod._cache_dir = lambda: cache  # type: ignore[assignment]
+    saved = trial_index.cache_dir
+    trial_index.cache_dir = lambda: cache  # type: ignore[assignment]
     srv = make_server(Viewer.open([tiny_run]), 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
-    runs_mod._cache_dir = saved  # type: ignore[assignment]
+    trial_index.cache_dir = saved  # type: ignore[assignment]
 
 
 def test_filter_open_a_trial_and_see_the_stored_prompt_and_probabilities(

@@ -466,8 +466,8 @@ def test_a_damaged_run_warns_that_its_report_may_predate_the_damage(base: Path, 
 
 
 def test_pages_read_as_a_user_expects(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from probe.app.query import _natural
     from probe.app.view import _count_filter, _token_filter
-    from probe.runs import _natural
 
     assert _token_filter("<|im_end|>") == '"<|im_end|>"' and _token_filter("\n") == '"\\n"'
     assert _count_filter(1, "token") == "1 token" and _count_filter(2, "token") == "2 tokens"

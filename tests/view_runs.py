@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from probe import runs as runs_mod
+from probe import trial_index
 from probe.app.cli import main
 
 ITEMS = "mine_cart_bridge,pond_child"
@@ -20,7 +20,7 @@ PARAMS = "refusal: 0.3\ncoverage: 0.8\nT: 3.0\n"
 def index_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Trial indexes go to a temp folder, not ~/.cache/probe/view (autouse in every module that imports it)."""
     cache = tmp_path_factory.getbasetemp() / "view-cache"
-    monkeypatch.setattr(runs_mod, "_cache_dir", lambda: cache)
+    monkeypatch.setattr(trial_index, "cache_dir", lambda: cache)
 
 
 def sim_run(out: Path, *extra: str, samples: int = 3) -> Path:

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from probe.app.prompts import Renderer
+from probe.app.query import FilterError, RunQuery, TrialFilter
 from probe.app.trialview import format_trial, trial_view
 from probe.app.verbs import add_verb
-from probe.runs import FilterError, TrialFilter, open_run
+from probe.runs import open_run
 from probe.store import json_ready
 from probe.terminal import escape_controls, escape_controls_json
 
@@ -65,7 +66,7 @@ def show(
     ids = list(trial_ids)
     if not ids:
         flt = TrialFilter.parse([*(("item", i) for i in items), *where_pairs(where)])
-        page = run.page(flt, 0, limit)
+        page = RunQuery(run).page(flt, 0, limit)
         if page.total == 0:
             say(f"no trial of {run.root} matches {_describe(flt)}")
             return 1

@@ -13,7 +13,8 @@ Every page and its JSON twin under ``/api/`` are answered by
 :meth:`Viewer.handle`, a function of (path, query) that the tests call
 directly and through a real server. The runs are read through
 :mod:`probe.runs` (the documented Python API): the trial browser pages the
-trial index and the chunk tables on demand; the browser is sent one page.
+trial index and the chunk tables on demand (:class:`probe.app.query.RunQuery`);
+the browser is sent one page.
 
 Safety: the server binds 127.0.0.1 only; it serves the run folders it was
 given and its own static files, nothing else (a path with ``..``, an absolute
@@ -44,19 +45,11 @@ from typing import Any
 
 from probe.app import markdown
 from probe.app.prompts import Renderer
-from probe.app.trialview import side_by_side, trial_view
+from probe.app.query import FilterError, RunQuery, TrialFilter
+from probe.app.trialview import side_by_side, view_of
 from probe.app.verbs import add_verb
 from probe.errors import ProbeError
-from probe.runs import (
-    SAMPLE_STATUSES,
-    FilterError,
-    NotARunError,
-    Run,
-    TrialFilter,
-    factor_column,
-    open_run,
-    run_folders,
-)
+from probe.runs import SAMPLE_STATUSES, NotARunError, Run, factor_column, open_run, run_folders
 from probe.store import LinkError, inside, json_ready, link_problem
 from probe.terminal import escape_controls
 
@@ -189,6 +182,8 @@ class Viewer:
     locks: list[threading.RLock] = field(default_factory=list)
     """One lock per run (its lazy caches are not thread-safe): a slow request (a tokenizer's first load) holds up
     the pages of its own run only, never the static files or another run."""
+    queries: list[RunQuery] = field(default_factory=list)
+    """One query engine per run (the trial browser's filters and pages)."""
     env: Any = None
 
     @classmethod
@@ -207,6 +202,7 @@ class Viewer:
         if not self.renderers:
             self.renderers = [Renderer(r.manifest) for r in self.runs]
         self.locks = [threading.RLock() for _ in self.runs]
+        self.queries = [RunQuery(r) for r in self.runs]
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(TEMPLATES)),
             autoescape=True,
@@ -288,7 +284,7 @@ class Viewer:
         """The run a path is about checks its chunks once for the whole request."""
         m = re.match(r"^(?:/api)?/r/(\d+)/", path)
         k = int(m.group(1)) if m else -1
-        return self.runs[k].snapshot() if 0 <= k < len(self.runs) else contextlib.nullcontext()
+        return self.queries[k].snapshot() if 0 <= k < len(self.queries) else contextlib.nullcontext()
 
     def _error(self, status: int, message: str, wants_json: bool) -> Response:
         if wants_json:
@@ -323,7 +319,7 @@ class Viewer:
 
     def _run_info(self, k: int) -> dict[str, Any]:
         run = self.runs[k]
-        integrity = run.integrity
+        integrity = self.queries[k].integrity
         man = redact(run.manifest)
         engine = man.get("engine") or {}
         files, refused = _report_listing(run)
@@ -359,13 +355,12 @@ class Viewer:
             "manifest": man,
         }
 
-    def levels(self, run: Run) -> dict[str, list[str]]:
-        return {k: list(v) for k, v in run.levels.items()}
+    def levels(self, k: int) -> dict[str, list[str]]:
+        return {name: list(v) for name, v in self.queries[k].levels.items()}
 
     def cell_link(self, k: int) -> markdown.CellFn:
         """(header, value) -> the trials URL of a report cell that names an item or a factor level."""
-        run = self.runs[k]
-        items = set(run.levels["item"])
+        items = set(self.queries[k].levels["item"])
 
         def link(header: str, value: str) -> str | None:
             value = value.strip().strip("`")
@@ -378,7 +373,7 @@ class Viewer:
     def row_filter(self, k: int, header: Sequence[str], row: Sequence[str]) -> list[tuple[str, str]]:
         """The filter of the trials behind one report row: its item and the factor levels it names."""
         run = self.runs[k]
-        lv = run.levels
+        lv = self.queries[k].levels
         pairs: list[tuple[str, str]] = []
         for h, v in zip(header, row, strict=False):
             h, v = h.strip(), str(v).strip()
@@ -429,10 +424,9 @@ class Viewer:
         )
 
     def trials_context(self, k: int, query: Sequence[tuple[str, str]]) -> dict[str, Any]:
-        run = self.runs[k]
         offset, limit, pairs = _paging(query)
         flt = TrialFilter.parse(pairs)
-        page = run.page(flt, offset, limit)
+        page = self.queries[k].page(flt, offset, limit)
         rows = json_ready(page.rows.to_dict("records")) if len(page.rows) else []  # NaN / NA -> None
         return {"filter": flt.pairs(), "total": page.total, "offset": offset, "limit": limit, "rows": rows}
 
@@ -452,7 +446,7 @@ class Viewer:
             "trials.html",
             run_index=k,
             info=self.run_info(k),
-            levels=self.levels(run),
+            levels=self.levels(k),
             factor_names=[(factor_column(n), n) for n in run.factor_names],
             statuses=SAMPLE_STATUSES,
             selected=selected,
@@ -464,7 +458,7 @@ class Viewer:
     def trial_context(self, k: int, trial_id: str) -> dict[str, Any]:
         run = self.runs[k]
         try:
-            view = trial_view(run, trial_id, self.renderers[k])
+            view = view_of(run, self.queries[k].trial_data(trial_id), self.renderers[k])
         except KeyError:
             raise NotFound(f"run {run.name} has no trial {trial_id!r}") from None
         others = side_by_side(self.runs, view, k) if len(self.runs) > 1 else []
@@ -493,8 +487,8 @@ class Viewer:
         return _json(self.run_info(k))
 
     def api_levels(self, i: str, query: Any) -> Response:
-        _, run = self._run(i)
-        return _json({"levels": self.levels(run), "statuses": list(SAMPLE_STATUSES), "factors": list(run.factor_names)})
+        k, run = self._run(i)
+        return _json({"levels": self.levels(k), "statuses": list(SAMPLE_STATUSES), "factors": list(run.factor_names)})
 
     def api_trials(self, i: str, query: Any) -> Response:
         k, _ = self._run(i)
