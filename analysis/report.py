@@ -28,9 +28,8 @@ def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
     if not integrity.complete and not allow_partial:
         raise StoreError(integrity.refusal())
     store = RunStore(store.root, allow_partial=allow_partial)
-    experiment = store.manifest().get("experiment")
     out = store.root / "report"
-    paths = get_experiment(str(experiment)).report(store, out)
+    paths = get_experiment(store.manifest().experiment).report(store, out)
     paths = paths + append_checks(store, out)
     summary = out / "summary.md"
     if not integrity.complete and summary.exists():

@@ -60,7 +60,8 @@ from experiments import Experiment, ManifestSpec, lazy
 from experiments.influence import BENCHMARK_OF
 from experiments.influence.build import COND, split_list, stable_hash
 from probe.errors import ProbeError, StoreError, at_least
-from probe.store import RunStore, chunk_bounds
+from probe.record import Manifest
+from probe.store import RunStore
 from probe.types import Message, Trial, make_trial_id
 
 if TYPE_CHECKING:
@@ -193,16 +194,16 @@ def open_source(path: str | Path) -> tuple[RunStore, str]:
     except StoreError as e:
         raise FollowupError(f"--source: {e}") from None
     man = store.manifest()
-    exp = str(man.get("experiment"))
+    exp = man.experiment
     if exp not in SOURCES:
         raise FollowupError(
             f"--source {store.root} is a {exp!r} run; a follow-up needs an influence run ({', '.join(SOURCES)})"
         )
-    if man.get("shard"):
+    if man.shard:
         raise FollowupError(
             f"--source {store.root} is one shard; merge the shards (probe merge) and use the merged run"
         )
-    need = len(chunk_bounds(int(man["n_trials"]), int(man["chunk_size"])))
+    need = len(store.bounds())
     done = len(store.verified_chunks())
     if done != need:
         raise FollowupError(
@@ -223,18 +224,18 @@ def model_name(spec: str) -> str:
     return spec
 
 
-def check_subject(source: Mapping[str, Any], model: str, think: bool, system: str | None) -> list[str]:
+def check_subject(source: Manifest, model: str, think: bool, system: str | None) -> list[str]:
     """How the follow-up's subject differs from the source run's (empty: the same model, think mode, system)."""
-    ident = source.get("identity", {})
+    ident = source.identified
     problems = []
-    src_model = str(ident.get("model", "?"))
+    src_model = str(ident("model", "?"))
     if model_name(src_model) != model_name(model):
         problems.append(f"model {model!r} is not the source's {src_model!r}")
-    src_think = bool(ident.get("think", False))
+    src_think = bool(ident("think", False))
     if src_think != think:
         problems.append(f"think mode {'on' if think else 'off'} is not the source's ({'on' if src_think else 'off'})")
-    if ident.get("system_prompt") != system:
-        problems.append(f"system prompt {system!r} is not the source's {ident.get('system_prompt')!r}")
+    if ident("system_prompt") != system:
+        problems.append(f"system prompt {system!r} is not the source's {ident('system_prompt')!r}")
     return problems
 
 
@@ -357,7 +358,7 @@ def selection(store: RunStore, benchmark: str, spec: FollowupSpec) -> pd.DataFra
 def expand(spec: FollowupSpec, count_tokens: Callable[[str], int] | None = None) -> list[Trial]:
     """One follow-up trial per chosen (source trial, draw), in selection order."""
     store, benchmark = open_source(spec.source)
-    key = store.manifest().get("run_key")
+    key = store.manifest().run_key
     if key != spec.source_run_key:
         raise FollowupError(
             f"--source {store.root} now holds run {key}, not {spec.source_run_key} that this follow-up was made from"
@@ -447,7 +448,7 @@ def spec_from_args(a: argparse.Namespace) -> FollowupSpec:
         )
     spec = FollowupSpec(
         source=str(store.root.resolve()),
-        source_run_key=str(man["run_key"]),
+        source_run_key=man.run_key,
         select=split_list(a.select),
         per_cell=a.per_cell,
         seed=a.select_seed,

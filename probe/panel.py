@@ -39,6 +39,7 @@ import pandas as pd
 
 from probe.errors import ProbeError, StoreError
 from probe.files import read_yaml
+from probe.record import Manifest, display_name
 from probe.store import RunStore
 
 
@@ -64,7 +65,7 @@ class PanelRun:
     def store(self) -> RunStore:
         return RunStore(self.path)
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> Manifest:
         return self.store().manifest()
 
 
@@ -120,38 +121,24 @@ class Panel:
         )
 
 
-def _manifest(path: Path) -> dict[str, Any]:
+def _manifest(path: Path) -> Manifest:
     if not (path / "manifest.json").exists():
         raise PanelError(f"{path} is not a run folder (no manifest.json); give the --out folder of `probe run`")
     store = RunStore(path)
     man = store.manifest()
-    if not store.done_chunks() and man.get("n_trials"):
+    if not store.done_chunks() and man.n_trials:
         raise PanelError(f"run {path} has no finished chunk yet; finish it (re-run its `probe run` command) first")
     return man
-
-
-def run_model(man: Mapping[str, Any]) -> str:
-    """The model a run measured, as its manifest names it."""
-    eng = man.get("engine", {})
-    settings = eng.get("settings", {})
-    return str(settings.get("model") or eng.get("model_path") or eng.get("engine") or "?")
-
-
-def run_reasoning(man: Mapping[str, Any]) -> bool:
-    """Whether the run's engine reasoned first (think mode)."""
-    return bool(man.get("engine", {}).get("settings", {}).get("think", False))
 
 
 def _entry(
     path: Path, name: str | None, model: str | None, reasoning: bool | None, consensus: bool | None = None
 ) -> PanelRun:
     man = _manifest(path)
-    mod = model or run_model(man)
-    think = run_reasoning(man) if reasoning is None else bool(reasoning)
-    shown = name or (mod + (" think" if think else ""))
-    return PanelRun(
-        path=path, name=shown, model=mod, reasoning=think, experiment=str(man.get("experiment")), consensus=consensus
-    )
+    mod = model or man.model
+    think = man.think if reasoning is None else bool(reasoning)
+    shown = name or display_name(mod, think)
+    return PanelRun(path=path, name=shown, model=mod, reasoning=think, experiment=man.experiment, consensus=consensus)
 
 
 def _unique_names(runs: Sequence[PanelRun], explicit: Sequence[bool]) -> tuple[PanelRun, ...]:

@@ -6,10 +6,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from probe.errors import StoreError
 from probe.lock import RunLock
+from probe.record import Manifest
 from probe.store import MANIFEST, RunStore, write_run_files
 from probe.types import Trial
 
@@ -64,15 +64,16 @@ def merge_shards(root: Path) -> RunStore:
         )
     stores = [RunStore(p) for p in shards]
     mans = [s.manifest() for s in stores]
-    keys = {m["run_key"] for m in mans}
+    keys = {m.run_key for m in mans}
     if len(keys) != 1:
         raise StoreError(f"{root}: shards come from different runs (run keys {sorted(keys)}); refusing to merge")
-    count = mans[0]["shard"]["count"]
-    seen = sorted(m["shard"]["index"] for m in mans)
-    if seen != list(range(count)) or any(m["shard"]["count"] != count for m in mans):
+    split = [_shard_of(m, s) for m, s in zip(mans, stores, strict=True)]
+    count = split[0].count
+    seen = sorted(sh.index for sh in split)
+    if seen != list(range(count)) or any(sh.count != count for sh in split):
         missing = sorted(set(range(count)) - set(seen))
         raise StoreError(f"{root}: expected shards 0..{count - 1}, missing {missing}; run them, then merge again")
-    by_index = dict(sorted(((m["shard"]["index"], s) for m, s in zip(mans, stores, strict=True))))
+    by_index = dict(sorted(((sh.index, s) for sh, s in zip(split, stores, strict=True))))
     for i, s in by_index.items():
         integrity = s.integrity()
         if not integrity.complete:
@@ -85,18 +86,29 @@ def merge_shards(root: Path) -> RunStore:
         return _write_merged(root, mans[0], by_index)
 
 
-def _write_merged(root: Path, first: Mapping[str, Any], by_index: Mapping[int, RunStore]) -> RunStore:
+def _shard_of(manifest: Manifest, store: RunStore) -> Shard:
+    """The shard a shard folder's manifest records; a folder whose manifest records none is named."""
+    if manifest.shard_of is None:
+        raise StoreError(
+            f"{store.root}: its manifest records no shard (index, count), so it is not a shard of a run; move it "
+            "out of the folder and merge again"
+        )
+    return Shard(*manifest.shard_of)
+
+
+def _write_merged(root: Path, first: Manifest, by_index: Mapping[int, RunStore]) -> RunStore:
     import pandas as pd
 
     trials = [t for s in by_index.values() for t in s.trials()]
-    manifest = dict(first)
-    manifest["shard"] = None
-    manifest["merged_from"] = [s.root.name for s in by_index.values()]
-    manifest["n_trials"] = len(trials)
-    manifest["chunk_size"] = max(len(trials), 1)
+    manifest = first.with_fields(
+        shard=None,
+        merged_from=[s.root.name for s in by_index.values()],
+        n_trials=len(trials),
+        chunk_size=max(len(trials), 1),
+    )
     if (root / MANIFEST).exists():
         existing = RunStore(root).manifest()
-        if existing.get("run_key") != manifest["run_key"]:
+        if existing.run_key != manifest.run_key:
             raise StoreError(f"{root} already holds a different run; merge into an empty folder")
     write_run_files(root, manifest, trials)  # records n_trials and the merged trials.jsonl's hash
     merged = RunStore(root)

@@ -51,6 +51,7 @@ from probe.files import (
     read_parquet_bytes,
     sha256_hex,
 )
+from probe.record import Manifest
 from probe.types import Trial
 
 MANIFEST = "manifest.json"
@@ -284,19 +285,26 @@ def trials_text(trials: Sequence[Trial]) -> str:
     return "".join(canonical_json(t.to_record()) + "\n" for t in trials)
 
 
-def write_run_files(root: Path, manifest: Mapping[str, Any], trials: Sequence[Trial]) -> None:
+def write_run_files(root: Path, manifest: Manifest | Mapping[str, Any], trials: Sequence[Trial]) -> Manifest:
     """Write ``trials.jsonl``, then ``manifest.json`` recording how many trials it holds (``n_trials``) and its
     SHA-256 (``trials_sha256``), which every integrity check verifies (a file cut at a line boundary, or changed,
-    is seen)."""
+    is seen). Returns the record as written."""
     text = trials_text(trials)
-    record = {**manifest, "n_trials": len(trials), "trials_sha256": sha256_hex(text.encode())}
+    record = as_manifest(manifest).with_fields(n_trials=len(trials), trials_sha256=sha256_hex(text.encode()))
     atomic_write_text(Path(root) / TRIALS, text)
     atomic_write_text(Path(root) / MANIFEST, manifest_text(record))
+    return record
 
 
-def manifest_text(manifest: Mapping[str, Any]) -> str:
+def as_manifest(manifest: Manifest | Mapping[str, Any]) -> Manifest:
+    """``manifest`` as a record (a plain mapping, as a test or a script may pass, is read like a stored file)."""
+    return manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest)
+
+
+def manifest_text(manifest: Manifest | Mapping[str, Any]) -> str:
     """A manifest as written: sorted keys, NaN and NA as null, strict JSON."""
-    return json.dumps(json_ready(dict(manifest)), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    doc = manifest.to_dict() if isinstance(manifest, Manifest) else dict(manifest)
+    return json.dumps(json_ready(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def json_ready(obj: Any) -> Any:
@@ -345,20 +353,20 @@ class RunStore:
     def open(
         cls,
         root: Path,
-        manifest: Mapping[str, Any],
+        manifest: Manifest | Mapping[str, Any],
         trials: Sequence[Trial],
     ) -> RunStore:
         """Create the run directory, or reopen it for resuming after checking it is the same run."""
         store = cls(root)
-        key = manifest["run_key"]
+        new = as_manifest(manifest)
         mpath = inside(store.root, MANIFEST)
         if mpath.exists():
             old = store.manifest()
-            if old.get("run_key") != key:
+            if old.run_key != new.run_key:
                 diff = sorted(
                     k
-                    for k in set(old.get("identity", {})) | set(manifest.get("identity", {}))
-                    if old.get("identity", {}).get(k) != manifest.get("identity", {}).get(k)
+                    for k in set(old.identity) | set(new.identity)
+                    if old.identity.get(k) != new.identity.get(k)
                 )
                 raise StoreError(
                     f"{store.root} holds a different run (differs in: {', '.join(diff) or 'run key'}); "
@@ -380,20 +388,20 @@ class RunStore:
         if leftovers:  # a crash between trials.jsonl and manifest.json leaves only files we rewrite
             raise StoreError(f"{store.root} exists, is not empty and has no {MANIFEST}; choose another --out")
         store.root.mkdir(parents=True, exist_ok=True)
-        write_run_files(store.root, manifest, trials)
+        write_run_files(store.root, new, trials)
         return store
 
     def update_manifest(self, fields: Mapping[str, Any]) -> None:
         """Add or replace top-level manifest fields that do not enter the run key (e.g. engine stats), atomically."""
-        manifest = self.manifest()
         clash = [k for k in fields if k in ("run_key", "identity")]
         if clash:
             raise ValueError(f"update_manifest may not change {clash}: they define the run")
-        manifest.update(fields)
-        atomic_write_text(inside(self.root, MANIFEST), manifest_text(manifest))
+        atomic_write_text(inside(self.root, MANIFEST), manifest_text(self.manifest().with_fields(**fields)))
 
     # ------------------------------------------------------------------ read
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> Manifest:
+        """The run's record (:class:`probe.record.Manifest`); a missing, unreadable or damaged file is a StoreError
+        that says how to recover."""
         path = inside(self.root, MANIFEST)
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
@@ -406,7 +414,7 @@ class RunStore:
             ) from None
         if not isinstance(doc, dict):
             raise StoreError(f"{path} is not a manifest (a JSON object); restore {MANIFEST} from a copy of the run")
-        return doc
+        return Manifest.from_dict(doc, where=str(path))
 
     def _records(self) -> Iterator[dict[str, Any]]:
         """The records of trials.jsonl; a line that is not a JSON object is a StoreError naming the file and line."""
@@ -446,8 +454,8 @@ class RunStore:
         when a marker was written for it (an imported table).
         """
         man = self.manifest()
-        n = man["n_trials"] if isinstance(man.get("n_trials"), int) else self.n_trials()
-        size = int(man.get("chunk_size") or max(n, 1))
+        n = man.n_trials if man.n_trials is not None else self.n_trials()
+        size = man.chunk_size or max(n, 1)
         return chunk_bounds(n, size) or ([(0, 0)] if self.marker(0).exists() else [])
 
     def n_trials(self) -> int:
@@ -471,15 +479,15 @@ class RunStore:
             self._trials_seen = (sig, lines, h.hexdigest())
         return self._trials_seen[1], self._trials_seen[2]
 
-    def trials_problem(self, manifest: Mapping[str, Any]) -> str:
+    def trials_problem(self, manifest: Manifest) -> str:
         """Why trials.jsonl does not match what the manifest records (empty when it does; a manifest written
         before ``trials_sha256`` was recorded is checked on its ``n_trials`` alone)."""
         lines, digest = self._trials_file()
-        n = manifest.get("n_trials")
-        if isinstance(n, int) and lines != n:
+        n = manifest.n_trials
+        if n is not None and lines != n:
             return f"{TRIALS} holds {lines} trials, the manifest says {n} (cut short or added to after the run)"
-        want = manifest.get("trials_sha256")
-        if isinstance(want, str) and want != digest:
+        want = manifest.trials_sha256
+        if want is not None and want != digest:
             return f"{TRIALS} does not match the manifest's hash (changed after the run was written)"
         return ""
 
@@ -487,7 +495,7 @@ class RunStore:
         """Every expected chunk, verified against its receipt (files re-hashed unless unchanged since), and
         trials.jsonl against the manifest's count and hash."""
         man = self.manifest()
-        key = str(man.get("run_key", ""))
+        key = man.run_key
         bounds = self.bounds()
         states = tuple(self._chunk_state(k, b, key) for k, b in enumerate(bounds))
         return Integrity(self.root, bounds[-1][1] if bounds else 0, states, self.trials_problem(man))
@@ -574,7 +582,7 @@ class RunStore:
         blobs = {name: parquet_bytes(frame) for name, frame in tables.items()}
         receipt = Receipt(
             k,
-            str(self.manifest().get("run_key", "")),
+            self.manifest().run_key,
             span,
             {
                 name: TableReceipt(self.table_path(k, name).name, len(data), len(tables[name]), sha256_hex(data))

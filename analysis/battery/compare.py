@@ -30,6 +30,7 @@ import pandas as pd
 from analysis.common.bootstrap import finite_ci, resample_index
 from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
+from probe.record import Manifest
 from probe.store import RunStore
 
 N_BOOT = 2000
@@ -50,7 +51,7 @@ class RunData:
     """``readout`` or ``samples``: where the option probabilities come from."""
     options: pd.DataFrame
     per_trial: pd.DataFrame
-    manifest: dict[str, Any]
+    manifest: Manifest
     store: RunStore
     trial_list: list[Any]
     has_readouts: bool
@@ -510,12 +511,12 @@ def planted_r2(c: Context) -> pd.DataFrame | None:
     """r^2 between the planted thetas of the sim runs on the consensus items; None without two sim runs or a consensus."""
     from engines.sim import SimParams
 
-    sims = {n: d for n, d in c.runs.items() if d.manifest.get("engine", {}).get("engine") == "sim"}
+    sims = {n: d for n, d in c.runs.items() if d.manifest.engine.kind == "sim"}
     if len(sims) < 2 or "consensus" not in c.results:
         return None
     items = list(c.results["consensus"].index)
     planted = pd.DataFrame(
-        {n: [SimParams(**d.manifest["engine"]["params"]).item_theta(str(i)) for i in items] for n, d in sims.items()},
+        {n: [SimParams(**d.manifest.engine.params).item_theta(str(i)) for i in items] for n, d in sims.items()},
         index=items,
     )
     r2 = planted.corr() ** 2
@@ -782,7 +783,7 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
     """The readout temperature of (readout run r, sampled run s) and the agreement of the cell-level quantities."""
     from analysis.battery.calibration import calibrate
 
-    tau = float(s.manifest.get("plan", {}).get("temperature", 1.0))
+    tau = s.manifest.temperature
     if not tau > 0:
         raise ValueError(f"run {s.name!r} sampled greedily (temperature {tau:g}): no temperature to fit")
     ids = sorted(set(r.per_trial["trial_id"]) & set(s.per_trial["trial_id"]))

@@ -25,7 +25,7 @@ from analysis.common.frames import choice_probs, trial_meta
 from analysis.common.report import Section, report_files, run_sections, write_summary
 from analysis.common.tables import md_table
 from probe.files import atomic_write_text
-from probe.panel import run_reasoning
+from probe.record import Manifest
 from probe.store import RunStore
 
 
@@ -36,7 +36,7 @@ class Frames:
     options: pd.DataFrame
     per_trial: pd.DataFrame
     source: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     judgments: pd.DataFrame
     samples: pd.DataFrame
     readout_options: pd.DataFrame
@@ -107,7 +107,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     yn = yn[yn["labels"] == "Yes/No"].assign(cbr_verb=lambda d: d["verb"])
     forms = form_decomposition(yn, p_cbr(f.options), trial_variance(f.options))
     spread = i3_incoherence(forms[forms.index.get_level_values("item_id").isin(dec.index)])
-    order_of_forms = corpus_form_order(f.manifest["spec"].get("corpus"), set(yn["form"]))
+    order_of_forms = corpus_form_order(f.manifest.specified("corpus"), set(yn["form"]))
     files = []
     if len(order_of_forms) >= 2:
         with contextlib.suppress(ValueError):
@@ -170,7 +170,7 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     b = b[(b["labels"] != "Yes/No") & (b["replicate"] == 0)] if len(b) else b
     if b.empty:
         return Section("Label map (I-3)", ["Not in this run (no label pairs beyond Yes/No)."], [])
-    corpus = load_corpus(f.manifest["spec"].get("corpus"))
+    corpus = load_corpus(f.manifest.specified("corpus"))
     labels = corpus["binary"]["labels"]
     cb = {k for k, v in labels.items() if v.get("counterbalance")}
     events = cell_events(b, f.options)
@@ -546,7 +546,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
 
     if f.samples.empty:
         return Section("Readout temperature", ["Needs --samples N (and readouts, from a logit engine)."], [])
-    rules = sample_rules(f.samples, f.trial_list, think=run_reasoning(f.manifest))
+    rules = sample_rules(f.samples, f.trial_list, think=f.manifest.think)
     counts = rule_counts(rules, f.trial_list)
     atomic_write_text(out / "parse_rules.csv", counts.to_csv())
     files: list[Path] = [out / "parse_rules.csv"]
@@ -567,7 +567,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
         return Section(
             "Readout temperature", ["Needs readouts beside the samples (a logit engine).", "", *rule_lines], files
         )
-    tau = float(f.manifest.get("plan", {}).get("temperature", 1.0))
+    tau = f.manifest.temperature
     if tau <= 0:
         return Section(
             "Readout temperature",
@@ -575,7 +575,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
             files,
         )
     rows = calibrate_by_instrument(
-        f.readout_options, f.samples, f.trial_list, tau, think=run_reasoning(f.manifest), rules=rules
+        f.readout_options, f.samples, f.trial_list, tau, think=f.manifest.think, rules=rules
     )
     table = temperature_table(rows)
     atomic_write_text(out / "calibration_T.csv", table.to_csv(index=False, float_format="%.6f"))
@@ -680,13 +680,13 @@ def validity_section(f: Frames, out: Path) -> Section:
 
 def planted_section(f: Frames, out: Path) -> Section:
     """For a run of the synthetic subject: the planted parameters beside what the analysis recovered."""
-    eng = f.manifest.get("engine", {})
-    if eng.get("engine") != "sim":
+    eng = f.manifest.engine
+    if eng.kind != "sim":
         return Section("Planted vs recovered", [], [])
     from analysis.battery.fit import IDENTIFYING_PAIRS
     from engines.sim import SimParams
 
-    params = SimParams(**eng["params"])
+    params = SimParams(**eng.params)
     fit_pairs = IDENTIFYING_PAIRS
     lines = []
     th = f.results.get("theta")
@@ -803,13 +803,13 @@ def battery_report(store: RunStore, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     f = load_frames(store)
     man = f.manifest
-    eng = man.get("engine", {})
+    eng = man.engine
     head = [
-        f"# Crossed-frame battery: {eng.get('settings', {}).get('model', eng.get('model', '?'))}",
+        f"# Crossed-frame battery: {man.model}",
         "",
-        f"- run `{store.root}`: {man.get('n_trials')} trials, run key `{man.get('run_key')}`; engine "
-        f"{eng.get('engine', '?')} ({eng.get('model_class', '')} {eng.get('dtype', '')} {eng.get('device', '')})",
-        f"- probabilities from: {f.source}; think mode: {eng.get('settings', {}).get('think', False)}",
+        f"- run `{store.root}`: {man.n_trials} trials, run key `{man.run_key}`; engine "
+        f"{eng.kind or '?'} ({eng.model_class or ''} {eng.dtype or ''} {eng.device or ''})",
+        f"- probabilities from: {f.source}; think mode: {man.think}",
         "- error bars: incoherence spreads are descriptive; CIs are percentile bootstraps over items (inferential)",
         "",
     ]
@@ -845,17 +845,17 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
     ]
     short.columns = ["P approve yf", "P approve nf", "P oppose yf", "P oppose nf", "z", "lexical", "order", "apparent"]
     short.index.name = "dilemma"
-    eng = man.get("engine", {})
+    eng = man.engine
     lines = [
-        f"# yes/no battery: {eng.get('settings', {}).get('model', '?')}",
+        f"# yes/no battery: {man.model}",
         "",
-        f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
-        f"- engine {eng.get('engine', '?')}, model `{eng.get('model_path')}`"
-        + "".join(f", {eng[k]}" for k in ("model_class", "dtype", "device") if eng.get(k)),
-        f"- think mode: {bool(eng.get('settings', {}).get('think'))}; forms: {', '.join(man['spec'].get('forms', []))}",
+        f"- run: `{store.root}`, {man.n_trials} trials, run key `{man.run_key}`",
+        f"- engine {eng.kind or '?'}, model `{eng.model_path}`"
+        + "".join(f", {v}" for v in (eng.model_class, eng.dtype, eng.device) if v),
+        f"- think mode: {man.think}; forms: {', '.join(man.specified('forms', []))}",
         f"- probabilities from: {source}"
         + (
-            f" ({man['plan']['samples']} samples per trial at T = {man['plan']['temperature']})"
+            f" ({man.planned('samples')} samples per trial at T = {man.planned('temperature')})"
             if source == "samples"
             else ""
         ),

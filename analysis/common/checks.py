@@ -23,6 +23,8 @@ from typing import Any
 
 import pandas as pd
 
+from probe.record import Manifest
+
 LOW_COVERAGE = 0.5
 """Option mass below which a readout is flagged: most of the model's answer lies elsewhere."""
 MIN_IDENTICAL_TRIALS = 5
@@ -297,10 +299,10 @@ NOT_SAMPLING = (
 # --------------------------------------------------------------------------- the report section
 
 
-def system_prompt_line(manifest: Mapping[str, Any]) -> str:
+def system_prompt_line(manifest: Manifest) -> str:
     """Which system prompt the trials without their own were rendered with (from the engine's manifest entry)."""
-    sp = manifest.get("engine", {}).get("system_prompt")
-    if not isinstance(sp, Mapping):
+    sp = manifest.engine.system_prompt
+    if sp is None:
         return "- system prompt: not recorded by this engine"
     if sp.get("text") is None:
         return f"- system prompt: {sp.get('source') or 'none (the chat template adds none and --system was not given)'}"
@@ -319,7 +321,7 @@ def floor_line(floor: Mapping[str, Any] | None) -> str | None:
 
 
 def checks_section(
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     readout_trials: pd.DataFrame,
     meta: pd.DataFrame,
     samples: pd.DataFrame,
@@ -329,7 +331,7 @@ def checks_section(
 ) -> tuple[list[str], dict[str, pd.DataFrame]]:
     """The Markdown lines of the report's "What the numbers rest on" section, and its CSV tables by file stem."""
     lines = ["## What the numbers rest on", "", system_prompt_line(manifest)]
-    if floor := floor_line(manifest.get("numeric_floor")):
+    if floor := floor_line(manifest.numeric_floor):
         lines.append(floor)
     tables: dict[str, pd.DataFrame] = {}
     if not readout_trials.empty:
@@ -354,11 +356,10 @@ def checks_section(
         think = reasoning_table(readout_trials, meta)
         if not think.empty:
             tables["reasoning_by_instrument"] = think
-            budget = manifest.get("engine", {}).get("settings", {}).get("think_budget", "?")
+            budget = manifest.engine.setting("think_budget", "?")
             lines += [*reasoning_lines(think, budget), ""]
-    plan = manifest.get("plan", {})
-    cap = manifest.get("engine", {}).get("settings", {}).get("max_new_tokens")
-    reply_cap = manifest.get("spec", {}).get("choice_tokens", cap)  # an experiment's own cap of free replies
+    cap = manifest.engine.setting("max_new_tokens")
+    reply_cap = manifest.specified("choice_tokens", cap)  # an experiment's own cap of free replies
     for name, replies, limit in (("sampled answers", samples, cap), ("generated replies", generations, reply_cap)):
         trunc = truncation_table(replies, meta)
         if len(trunc):
@@ -369,7 +370,7 @@ def checks_section(
                 + ("; a cut-off reply may never state its answer" if trunc["truncated"].any() else "")
             )
     rep = repeated_draws(samples)
-    temp = float(plan.get("temperature", 0) or 0)
+    temp = float(manifest.planned("temperature", 0) or 0)
     if rep.n_trials:
         k = int(samples.groupby("trial_id").size().max())
         if rep.suspicious(temp):
@@ -380,9 +381,8 @@ def checks_section(
     parsed = samples[samples["trial_id"].isin(options)] if has_text else samples.iloc[0:0]
     if not parsed.empty:  # every sampled report: which parse rule decided each answer (issue 27 F)
         from analysis.battery.calibration import rule_count_line
-        from probe.panel import run_reasoning
 
         inst = meta["instrument"] if "instrument" in meta.columns else pd.Series("all", index=meta.index)
         groups = {str(t): "other" if pd.isna(g) else str(g) for t, g in zip(meta["trial_id"], inst, strict=True)}
-        lines.append(rule_count_line(parsed, options, groups, think=run_reasoning(manifest)))
+        lines.append(rule_count_line(parsed, options, groups, think=manifest.think))
     return [*lines, ""], tables

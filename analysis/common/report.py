@@ -83,14 +83,14 @@ def reasoning_md(panel: Panel) -> list[str]:
 
     rows = []
     for r in panel.runs:
-        settings = r.manifest().get("engine", {}).get("settings", {})
-        if not settings.get("think"):  # no reasoning: its readouts need not be read
+        engine = r.manifest().engine
+        if not engine.think:  # no reasoning: its readouts need not be read
             continue
         table = reasoning_table(r.store().load("readout_trials"), pd.DataFrame({"trial_id": []}))
         if table.empty:
             continue
         traces, hit, loops = (int(table[c].sum()) for c in ("traces", "hit_budget", "looped"))
-        budget = settings.get("think_budget", "?")
+        budget = engine.setting("think_budget", "?")
         flag = " **(over the warning share)**" if hit > BUDGET_WARNING * traces else ""
         rows.append(f"| {r.name} | {budget} | {hit} of {traces}{flag} | {loops} |")
     if not rows:

@@ -94,7 +94,7 @@ def run_tables(
 def _labels(run: PanelRun) -> dict[str, tuple[str, ...]]:
     from experiments.cue import CueSpec
 
-    spec = CueSpec.from_dict(open_store(run).manifest()["spec"])
+    spec = CueSpec.from_dict(open_store(run).manifest().spec)
     return {a.name: a.labels for a in spec.attributes()}
 
 

@@ -362,14 +362,14 @@ def _status_section(sb: pd.DataFrame, order: Sequence[tuple[str, str]]) -> list[
 
 def _header(store: RunStore, spec: CueSpec, per_trial: pd.DataFrame, source: str) -> list[str]:
     man = store.manifest()
-    eng = man.get("engine", {})
-    sampled = f" ({man['plan']['samples']} samples per trial at T = {man['plan']['temperature']})"
+    eng = man.engine
+    sampled = f" ({man.planned('samples')} samples per trial at T = {man.planned('temperature')})"
     cov = per_trial.groupby("probe")["coverage"].mean()
     return [
-        f"# cue visibility: {eng.get('settings', {}).get('model', '?')}",
+        f"# cue visibility: {man.model}",
         "",
-        f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
-        f"- model path: `{eng.get('model_path')}` ({eng.get('model_class')}, {eng.get('dtype')}, {eng.get('device')})",
+        f"- run: `{store.root}`, {man.n_trials} trials, run key `{man.run_key}`",
+        f"- model path: `{eng.model_path}` ({eng.model_class}, {eng.dtype}, {eng.device})",
         f"- probabilities from: {source}" + (sampled if source == "samples" else ""),
         f"- design: {per_trial['item_id'].nunique()} dilemmas x {spec.combos} demographic combination(s); "
         f"conditions {', '.join(spec.conditions)}; puzzle levels {', '.join(spec.difficulties)} "
@@ -427,12 +427,12 @@ def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0)
     from probe.files import atomic_write_text
 
     man = store.manifest()
-    spec = CueSpec.from_dict(man["spec"])
+    spec = CueSpec.from_dict(man.spec)
     labels = {a.name: a.labels for a in spec.attributes()}
     options, per_trial, source = choice_probs(store)
     out.mkdir(parents=True, exist_ok=True)
     lines = _header(store, spec, per_trial, source)
-    lines += [*_puzzle_lines(man["spec"], store.trials(), out), ""]
+    lines += [*_puzzle_lines(man.spec, store.trials(), out), ""]
 
     checks, id_source = identity_checks(store, options, per_trial, labels)
     if not checks.empty:

@@ -701,12 +701,10 @@ def analyze(store: RunStore, benchmark: str, *, n_boot: int = N_BOOT, seed: int 
     if ct.conditions.empty:
         raise ValueError(f"{store.root}: no condition has baseline, toward-A and toward-B trials for the same items")
     res = condition_table(ct, source, n_boot=n_boot, seed=seed)
-    eng = man.get("engine", {})
-    settings = eng.get("settings", {})
     info = {
         "benchmark": benchmark,
-        "model": settings.get("model", eng.get("model", "?")),
-        "think": bool(settings.get("think", False)),
+        "model": man.model,
+        "think": man.think,
         "run": str(store.root),
         "source": source,
     }

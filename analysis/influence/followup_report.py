@@ -90,19 +90,16 @@ def _summary(
     n_boot: int,
 ) -> str:
     man = store.manifest()
-    spec = man.get("spec", {})
-    eng = man.get("engine", {})
-    model = eng.get("settings", {}).get("model", eng.get("model", "?"))
-    plan = man.get("plan", {})
-    draws = f"{plan.get('samples')} sampled replies per trial at T = {plan.get('temperature')}"
+    spec = man.specified
+    draws = f"{man.planned('samples')} sampled replies per trial at T = {man.planned('temperature')}"
     lines = [
-        f"# Follow-up self-report probe: {model}",
+        f"# Follow-up self-report probe: {man.model}",
         "",
-        f"- run: `{store.root}`, {man.get('n_trials')} follow-up trials, run key `{man.get('run_key')}`",
-        f"- source: `{spec.get('source')}` (run key `{spec.get('source_run_key')}`); cells: "
-        f"{', '.join(spec.get('select', []))}, up to {spec.get('per_cell')} first answers per cell "
-        f"(seed {spec.get('seed')}); significance: {spec.get('significance')}",
-        f"- replies: {draws if plan.get('samples') else 'one greedy reply per trial'}",
+        f"- run: `{store.root}`, {man.n_trials} follow-up trials, run key `{man.run_key}`",
+        f"- source: `{spec('source')}` (run key `{spec('source_run_key')}`); cells: "
+        f"{', '.join(spec('select', []))}, up to {spec('per_cell')} first answers per cell "
+        f"(seed {spec('seed')}); significance: {spec('significance')}",
+        f"- replies: {draws if man.planned('samples') else 'one greedy reply per trial'}",
         "- each trial is the source conversation, the model's own first answer kept (exact token ids where the source "
         "stored them), and the follow-up question; cell = the class of the source effect (condition x cue direction).",
         "",

@@ -66,6 +66,7 @@ import numpy as np
 import pandas as pd
 
 from probe.errors import ProbeError
+from probe.record import Manifest
 
 EXPERIMENT = "influence-import"
 TABLE = "imported_conditions"
@@ -365,21 +366,21 @@ def import_run(path: str | Path, out: str | Path) -> tuple[Any, Parsed]:
     }
     models = sorted(set(t["model"]))
     modes = sorted(set(map(bool, t["reasoning"])))
-    manifest = {
-        "experiment": EXPERIMENT,
-        "run_key": run_key(identity),
-        "identity": identity,
-        "spec": {"source": str(path)},
-        "n_trials": 0,
-        "provenance": provenance,
-        "engine": {
+    manifest = Manifest.build(
+        run_key=run_key(identity),
+        identity=identity,
+        experiment=EXPERIMENT,
+        spec={"source": str(path)},
+        n_trials=0,
+        provenance=provenance,
+        engine={
             "engine": "imported",
             "settings": {
                 "model": models[0] if len(models) == 1 else f"{len(models)} models (imported)",
                 **({"think": modes[0]} if len(modes) == 1 else {}),  # the panel's reasoning flag, when one mode
             },
         },
-    }
+    )
     store = RunStore.open(Path(out), manifest, [])
     store.update_manifest({"provenance": provenance})
     table = {TABLE: t.assign(reasoning=t["reasoning"].astype(bool))}
@@ -404,8 +405,8 @@ def ambiguous_frame(amb: Sequence[Ambiguous]) -> pd.DataFrame:
     )
 
 
-def is_imported(manifest: Mapping[str, Any]) -> bool:
-    return manifest.get("experiment") == EXPERIMENT and manifest.get("provenance", {}).get("kind") == "imported"
+def is_imported(manifest: Manifest) -> bool:
+    return manifest.experiment == EXPERIMENT and manifest.imported
 
 
 def imported_conditions(store: Any, run: str | None = None) -> pd.DataFrame:
@@ -420,7 +421,7 @@ def imported_conditions(store: Any, run: str | None = None) -> pd.DataFrame:
 
     man = store.manifest()
     if not is_imported(man):
-        raise ValueError(f"{store.root} is not an imported run (experiment {man.get('experiment')!r})")
+        raise ValueError(f"{store.root} is not an imported run (experiment {man.experiment!r})")
     t = store.load(TABLE)
     if t.empty:
         raise ValueError(f"{store.root}: the imported table is empty; re-run `probe import`")
@@ -499,7 +500,7 @@ def export_conditions(run: str | Path, path: str | Path) -> pd.DataFrame:
     from probe.files import atomic_write_text
 
     store = open_run(run)
-    experiment = str(store.manifest().get("experiment"))
+    experiment = store.manifest().experiment
     bench = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}.get(experiment)
     if bench is None:
         raise ValueError(f"{store.root} is a {experiment!r} run; only influence runs export to the condition schema")

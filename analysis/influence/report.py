@@ -38,6 +38,7 @@ from analysis.influence.audit import (
 )
 from analysis.influence.imported import ambiguous_frame, imported_conditions
 from analysis.influence.tables import table_md, table_section
+from probe.record import Provenance
 from probe.store import RunStore
 
 
@@ -166,7 +167,6 @@ def _summary_md(
 ) -> str:
     man = store.manifest()
     c = audit.conditions
-    plan = man.get("plan", {})
     name = BENCHMARKS[audit.benchmark]
     if audit.source == "readout":
         basis = (
@@ -177,7 +177,7 @@ def _summary_md(
         )
     else:
         basis = (
-            f"Frequencies are **sampled answers** ({plan.get('samples')} per trial at T = {plan.get('temperature')}; "
+            f"Frequencies are **sampled answers** ({man.planned('samples')} per trial at T = {man.planned('temperature')}; "
             "refusals and unparseable answers left out, see response quality). Tests on counts: exact binomial "
             "for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym (baseline variance counted "
             f"four times); CIs from {n_boot} cluster-bootstrap replicates of the items."
@@ -186,7 +186,7 @@ def _summary_md(
     lines = [
         f"# Influence audit, {name}: {audit.info['model']}",
         "",
-        f"- run: `{store.root}`, {man.get('n_trials')} trials, run key `{man.get('run_key')}`",
+        f"- run: `{store.root}`, {man.n_trials} trials, run key `{man.run_key}`",
         f"- reasoning (think mode): {audit.info['think']}; conditions: {len(c)} "
         f"({(c['variant'] == 'cue').sum()} main cues, {(c['variant'] != 'cue').sum()} controls); "
         f"pairs: {c['pair'].nunique()}; influence types: {', '.join(dict.fromkeys(c['influence']))}",
@@ -312,15 +312,15 @@ def imported_report(store: Any, out: Path, *, n_boot: int = 1000, seed: int = 0)
     }
     out.mkdir(parents=True, exist_ok=True)
     write_tables(out, tables)
-    prov = man.get("provenance", {})
+    prov = man.provenance or Provenance.from_dict({})
     lines = [
         "# Influence audit, imported per-condition results",
         "",
-        f"- run: `{store.root}` (**imported**: {prov.get('source')}, sha256 `{str(prov.get('source_sha256'))[:16]}`, "
-        f"imported {prov.get('imported_at')})",
-        f"- rows: {prov.get('rows')}; imported {prov.get('imported_rows')}; ambiguous (left out, `ambiguous.csv`): "
-        f"{len(prov.get('ambiguous_rows', []))}"
-        + (f" (lines {', '.join(map(str, prov.get('ambiguous_rows', [])))})" if prov.get("ambiguous_rows") else ""),
+        f"- run: `{store.root}` (**imported**: {prov.source}, sha256 `{str(prov.source_sha256)[:16]}`, "
+        f"imported {prov.imported_at})",
+        f"- rows: {prov.rows}; imported {prov.imported_rows}; ambiguous (left out, `ambiguous.csv`): "
+        f"{len(prov.ambiguous_rows)}"
+        + (f" (lines {', '.join(map(str, prov.ambiguous_rows))})" if prov.ambiguous_rows else ""),
         f"- {len(cond)} conditions ({len(main)} main cues) over {cond['run'].nunique()} model x reasoning runs; "
         f"benchmarks {', '.join(dict.fromkeys(cond['benchmark']))}",
         "- Tests on counts: exact binomial for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym "

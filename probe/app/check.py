@@ -39,8 +39,8 @@ def _check_run(root: Path) -> tuple[list[str], bool]:
     man = store.manifest()
     integrity = store.integrity()
     lines = [
-        f"{root}: {man.get('experiment')}, {integrity.n_trials} trials in {len(integrity.chunks)} chunks, "
-        f"run key {man.get('run_key')}",
+        f"{root}: {man.experiment}, {integrity.n_trials} trials in {len(integrity.chunks)} chunks, "
+        f"run key {man.run_key}",
         integrity.counts_line(),
         *(f"  {p}" for p in integrity.problems()),
     ]

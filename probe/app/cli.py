@@ -148,9 +148,8 @@ def cmd_merge(a: argparse.Namespace) -> int:
     the same run.
     """
     store = merge_shards(Path(a.run))
-    print(
-        f"merged {len(store.manifest()['merged_from'])} shards into {store.root} ({store.manifest()['n_trials']} trials)"
-    )
+    man = store.manifest()
+    print(f"merged {len(man.merged_from)} shards into {store.root} ({man.n_trials} trials)")
     report_unless_skipped(a, store.root)
     return 0
 

@@ -62,7 +62,6 @@ from experiments.judge import judge_engine
 from probe.app.verbs import add_verb
 from probe.errors import ProbeError
 from probe.files import atomic_write_parquet, atomic_write_text, parse_yaml, read_yaml
-from probe.panel import run_reasoning
 from probe.parse import split_reasoning
 from probe.store import RunStore, canonical_json
 from probe.types import Message, Trial
@@ -329,12 +328,9 @@ class Collected:
 
 def _source_trials(store: RunStore) -> dict[str, Trial]:
     """Trials of a run this run refers to (a follow-up run's source), by id; empty when there is none."""
-    spec = store.manifest().get("spec", {})
     out: dict[str, Trial] = {}
-    for value in spec.values() if isinstance(spec, Mapping) else ():
-        if isinstance(value, str) and value and (Path(value) / "manifest.json").is_file():
-            src = RunStore(Path(value))
-            out.update({t.trial_id: t for t in src.trials()})
+    for source in store.manifest().source_runs():
+        out.update({t.trial_id: t for t in RunStore(source).trials()})
     return out
 
 
@@ -389,7 +385,7 @@ def collect(store: RunStore, task: str, source: str = "auto") -> Collected:
     by_id = {t.trial_id: t for t in trials}
     order = {t.trial_id: i for i, t in enumerate(trials)}
     ctx = contexts(trials, _source_trials(store))
-    think = run_reasoning(store.manifest())  # where a reply's think block ends depends on the run's mode
+    think = store.manifest().think  # where a reply's think block ends depends on the run's mode
     rows: list[tuple[str, int, str, str, str | None]] = []  # trial_id, draw, origin, text, chosen option
     tables = ("readout", "samples", "generations") if source == "auto" else (source,)
     if task == "followup" and source == "auto":
@@ -558,14 +554,10 @@ def make_coder(
 def benchmark_of(store: RunStore) -> str | None:
     """The influence benchmark of a run (``influence-bbq`` -> ``bbq``), or of a follow-up run's source."""
     man = store.manifest()
-    exp = str(man.get("experiment", ""))
-    if exp.startswith("influence-"):
-        return exp.split("-", 1)[1]
-    spec = man.get("spec", {})
-    for value in spec.values() if isinstance(spec, Mapping) else ():
-        if isinstance(value, str) and value and (Path(value) / "manifest.json").is_file():
-            return benchmark_of(RunStore(Path(value)))
-    return None
+    if man.experiment.startswith("influence-"):
+        return man.experiment.split("-", 1)[1]
+    sources = man.source_runs()
+    return benchmark_of(RunStore(sources[0])) if sources else None
 
 
 @dataclass(frozen=True)
@@ -679,7 +671,7 @@ def code_run(
         "task": task,
         "key": key,
         "run": str(store.root),
-        "run_key": man.get("run_key"),
+        "run_key": man.run_key,
         "benchmark": bench,
         "taxonomy": {"path": tax.source, "sha256": tax.sha256, "codes": [c.id for c in codes]},
         "judge": {"name": judge.name, "identity": ident},
@@ -822,7 +814,7 @@ def _add_judge_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="judge sampling temperature (default: 0 for one draw, 1 for several)",
     )
     g.add_argument("--taxonomy", default=None, help="taxonomy YAML (default: experiments/data/taxonomies/<task>.yaml)")
-    add_loading_arguments(g, max_new_tokens=16, what="judge model")
+    add_loading_arguments(g, max_new_tokens=16)
     for module in available_modules():
         module.add_arguments(p)
 

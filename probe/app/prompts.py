@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.record import EngineRecord, Manifest
+from probe.store import as_manifest
 from probe.types import Trial
 
 TOKENIZER_ENGINES = ("hf", "vllm")
@@ -66,30 +68,28 @@ def messages_text(trial: Trial, system_prompt: str | None) -> str:
 class Renderer:
     """Renders the trials of one run; keeps its tokenizer once loaded (thread-safe)."""
 
-    def __init__(self, manifest: Mapping[str, Any]) -> None:
-        self.manifest = manifest
-        engine = manifest.get("engine") or {}
-        self.engine = str(engine.get("engine", ""))
-        self.settings: Mapping[str, Any] = engine.get("settings") or {}
-        self.model_path = str(engine.get("model_path") or "")
+    def __init__(self, manifest: Manifest | Mapping[str, Any]) -> None:
+        self.manifest = as_manifest(manifest)
+        rec = self.manifest.engine
+        self.engine = rec.kind
+        self.model_path = rec.model_path or ""
+        self.think = rec.think
+        sp = rec.setting("system_prompt")
+        self.system_prompt = str(sp) if sp is not None else None
         self._tok: Any = None
         self._why: str | None = None
         self._lock = threading.Lock()
-
-    def _system_prompt(self) -> str | None:
-        sp = self.settings.get("system_prompt")
-        return str(sp) if sp is not None else None
 
     def tokenizer(self) -> Any:
         """The run's tokenizer, or None (and :attr:`_why` says why)."""
         with self._lock:
             if self._tok is None and self._why is None:
-                self._tok, self._why = _load_tokenizer(self.engine, self.model_path, self.settings)
+                self._tok, self._why = _load_tokenizer(self.manifest.engine)
             return self._tok
 
     def render(self, trial: Trial, prompt_tokens: int | None = None) -> RenderedPrompt:
         """The prompt of ``trial``; ``prompt_tokens`` (the stored readout's) is checked against the rendering."""
-        sent = messages_text(trial, self._system_prompt())
+        sent = messages_text(trial, self.system_prompt)
         if self.engine == "sim":
             return RenderedPrompt(
                 sent, "messages (the sim engine reads them as data: no chat template, no tokenizer)", False
@@ -108,23 +108,22 @@ class Renderer:
             )
         from engines.render import option_ids, render_ids
 
-        think = bool(self.settings.get("think", False))
         with self._lock:
-            ids = render_ids(tok, trial, think=think, system_prompt=self._system_prompt())
+            ids = render_ids(tok, trial, think=self.think, system_prompt=self.system_prompt)
             text = tok.decode(list(ids), skip_special_tokens=False)
             try:
                 opts: tuple[tuple[int, ...], ...] | None = option_ids(tok, trial)
             except ValueError:
                 opts = None
         note = ""
-        if prompt_tokens is not None and not think:
+        if prompt_tokens is not None and not self.think:
             note = (
                 f"{len(ids)} tokens, as stored in the readout"
                 if len(ids) == prompt_tokens
                 else f"rendered {len(ids)} tokens but the readout stored {prompt_tokens}: the tokenizer or template "
                 f"in {self.model_path} is not the one the run used"
             )
-        elif think:
+        elif self.think:
             note = (
                 f"{len(ids)} tokens up to where the reasoning starts; the reasoning, the closing of the think block and "
                 "the assistant prefix follow it, shown below as text: their ids are not stored"
@@ -133,24 +132,25 @@ class Renderer:
         return RenderedPrompt(text, source, True, len(ids), opts, note)
 
 
-def _load_tokenizer(engine: str, path: str, settings: Mapping[str, Any]) -> tuple[Any, str | None]:
-    if engine not in TOKENIZER_ENGINES:
-        return None, f"the {engine} engine has no tokenizer here"
+def _load_tokenizer(rec: EngineRecord) -> tuple[Any, str | None]:
+    path = rec.model_path or ""
+    if rec.kind not in TOKENIZER_ENGINES:
+        return None, f"the {rec.kind} engine has no tokenizer here"
     if not path:
         return None, "the manifest records no model path"
     try:
         import transformers
     except ImportError:
         return None, "transformers is not installed"
-    if settings.get("trust_remote_code"):  # a run folder is untrusted: its manifest may not make us run code
+    if rec.setting("trust_remote_code"):  # a run folder is untrusted: its manifest may not make us run code
         return None, (
             "the run was made with trust_remote_code, and the viewer never runs code that a run folder's manifest "
             "names (it could come from anyone); the messages are shown instead"
         )
     local = Path(path).is_dir()
     kw: dict[str, Any] = {"local_files_only": True}
-    if not local and settings.get("revision"):
-        kw["revision"] = settings["revision"]
+    if not local and rec.setting("revision"):
+        kw["revision"] = rec.setting("revision")
     try:
         transformers.logging.set_verbosity_error()
         return transformers.AutoTokenizer.from_pretrained(path, **kw), None

@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +30,7 @@ import pandas as pd
 
 from experiments import Spec, get_experiment
 from probe.lock import RunLock
+from probe.record import EngineRecord, Manifest
 from probe.shards import Shard
 from probe.store import RunStore, chunk_bounds, run_key
 from probe.types import Readout, Sample, Trial
@@ -241,21 +242,21 @@ def _run_locked(
     }  # the shard is not part of the identity: all shards of one run share its key
     if "numerics" in identity:  # outside float32 the chunk decides what is batched together (LocalEngine.numerics)
         identity["numerics"] = {**identity["numerics"], "chunk_size": chunk_size}
-    manifest = {
-        "run_key": run_key(identity),
-        "identity": identity,
-        "experiment": experiment,
-        "spec": spec.to_dict(),
-        "plan": asdict(plan),
-        "engine": engine.describe(),
-        "packages": package_versions(),
-        "project_commit": project_commit(),
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "shard": asdict(shard) if shard else None,
-        "n_trials": len(trials),
-        "chunk_size": chunk_size,
-    }
-    if placed := placement_line(engine.name, manifest["engine"]):
+    manifest = Manifest.build(
+        run_key=run_key(identity),
+        identity=identity,
+        experiment=experiment,
+        spec=spec.to_dict(),
+        plan=asdict(plan),
+        engine=engine.describe(),
+        packages=package_versions(),
+        project_commit=project_commit(),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        shard=asdict(shard) if shard else None,
+        n_trials=len(trials),
+        chunk_size=chunk_size,
+    )
+    if placed := placement_line(engine.name, manifest.engine):
         log(placed)
     read = [t for t in trials if not is_generative(t)] if plan.readout else []  # the trials whose slots are read
     take_lock()
@@ -355,14 +356,14 @@ def _run_locked(
     return store
 
 
-def placement_line(name: str, d: Mapping[str, Any]) -> str | None:
-    """Where a local model runs and in which dtype (from the engine's manifest record ``d``), said once per run;
+def placement_line(name: str, rec: EngineRecord) -> str | None:
+    """Where a local model runs and in which dtype (from the engine's manifest record), said once per run;
     None for engines without weights here."""
-    if "device" not in d or "dtype" not in d:
+    if rec.device is None or rec.dtype is None:
         return None
-    head = f", head {d['head_dtype']}" if d.get("head_dtype") and d["head_dtype"] != d["dtype"] else ""
-    where = d.get("placement") if d.get("placement") not in (None, "given") else d["device"]
-    return f"{name}: {d.get('model_path') or d.get('settings', {}).get('model')} on {where}, {d['dtype']}{head}"
+    head = f", head {rec.head_dtype}" if rec.head_dtype and rec.head_dtype != rec.dtype else ""
+    where = rec.placement if rec.placement not in (None, "given") else rec.device
+    return f"{name}: {rec.model_path or rec.setting('model')} on {where}, {rec.dtype}{head}"
 
 
 def plan_replies(chunks: Sequence[Sequence[Trial]], rows: Callable[[Trial], int], budget: int) -> int:
@@ -391,7 +392,7 @@ def _record_floor(store: RunStore, engine: Any, read: Sequence[Trial], log: Call
     """Measure the run's numeric floor once its readouts are all in (:mod:`probe.app.floor`) and record it."""
     from probe.app.floor import measure_floor, of_tables
 
-    if not read or "numeric_floor" in store.manifest():
+    if not read or store.manifest().numeric_floor is not None:
         return
     floor = measure_floor(engine, read, lambda: of_tables(store.load("readout_options"), store.load("readout_trials")))
     if floor is None:

@@ -320,8 +320,7 @@ class Viewer:
     def _run_info(self, k: int) -> dict[str, Any]:
         run = self.runs[k]
         integrity = self.queries[k].integrity
-        man = redact(run.manifest)
-        engine = man.get("engine") or {}
+        rec = run.manifest
         files, refused = _report_listing(run)
         return {
             "writing": _writer(run),
@@ -330,10 +329,10 @@ class Viewer:
             "path": str(run.root),
             "experiment": run.experiment,
             "model": run.model,
-            "engine": engine.get("engine"),
-            "created": man.get("created"),
-            "project_commit": man.get("project_commit"),
-            "run_key": man.get("run_key"),
+            "engine": redact(rec.engine.kind or None),
+            "created": redact(rec.created),
+            "project_commit": redact(rec.project_commit),
+            "run_key": redact(rec.run_key or None),
             "n_trials": run.n_trials,
             "integrity": {
                 "complete": integrity.complete,
@@ -352,7 +351,7 @@ class Viewer:
                 "tables": [f for f in files if f.endswith(".csv")],
                 "figures": [f for f in files if f.endswith(".png")],
             },
-            "manifest": man,
+            "manifest": redact(rec),
         }
 
     def levels(self, k: int) -> dict[str, list[str]]:

@@ -32,17 +32,15 @@ class Refused(Exception):
 
 def complete(folder: Path) -> bool:
     from probe.errors import StoreError
-    from probe.store import RunStore, chunk_bounds
+    from probe.store import RunStore
 
     if not (folder / "manifest.json").is_file():
         return False
     store = RunStore(folder)
     try:
-        man = store.manifest()
-    except StoreError:
+        return len(store.verified_chunks()) == len(store.bounds())  # a damaged chunk makes the task run (repair) it
+    except StoreError:  # an unreadable manifest: not complete
         return False
-    n_chunks = len(chunk_bounds(int(man["n_trials"]), int(man["chunk_size"])))
-    return len(store.verified_chunks()) == n_chunks  # a damaged chunk makes the task run (and repair) it
 
 
 def other_splits(folder: Path, count: int) -> list[str]:
@@ -72,7 +70,7 @@ def status(folder: Path, experiment: str, model: str, run_args: list[str]) -> in
     if not (folder / "manifest.json").is_file():
         return TODO
     try:
-        stored = RunStore(folder).manifest().get("identity", {})
+        stored = RunStore(folder).manifest().identity
     except StoreError as e:
         raise Refused(str(e)) from None
     args = parse_run_args(experiment, model, folder.parent, [*run_args, "--shard", f"{index}/{count}"])

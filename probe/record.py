@@ -1,0 +1,311 @@
+"""The run record: ``manifest.json`` as a typed, frozen :class:`Manifest`.
+
+The runner builds one (:meth:`Manifest.build`), the store writes it
+(:func:`probe.store.write_run_files`) and returns it (:meth:`probe.store.RunStore.manifest`),
+and every layer above reads its typed fields: which experiment, spec, plan and
+engine made the run, its identity and run key, its shard, trial count and
+provenance. The questions every report, panel and the viewer ask of a run, *which
+model*, *did it reason first* and *what is it called*, are answered here once
+(:attr:`Manifest.model`, :attr:`Manifest.think`, :attr:`Manifest.display_name`).
+
+A manifest is read exactly as it was written: :meth:`Manifest.to_dict` gives
+back every key, including ones this version does not know (a run written by a
+newer probe, or fields added after the run such as ``throughput``), so
+:meth:`Manifest.with_fields` round-trips a file byte for byte. Old manifests
+read too: every field a manifest may lack has a default, and a field of the
+wrong type is a :class:`probe.errors.StoreError` naming it (a run folder is
+untrusted input).
+
+``Manifest`` is also a read-only mapping of the stored JSON (``run.manifest["engine"]``
+works as docs/python.md shows); code in this project reads the typed fields.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from probe.errors import StoreError
+
+__all__ = ["EngineRecord", "Manifest", "Provenance", "display_name"]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _mapping(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    """``doc[key]`` as a mapping: absent or null is empty; anything else than an object is an error naming it."""
+    value = doc.get(key)
+    if value is None:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise StoreError(f"{where}: {key!r} is {type(value).__name__}, not a JSON object; the manifest is damaged")
+    return MappingProxyType(dict(value))
+
+
+def _optional_int(doc: Mapping[str, Any], key: str) -> int | None:
+    value = doc.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def display_name(model: str, think: bool) -> str:
+    """What a run is called where no name was given: its model, and ``think`` when it reasoned first."""
+    return model + (" think" if think else "")
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """What the manifest records of the engine (``engine.describe()``): its kind, its settings and, for a local
+    model, the folder it was loaded from."""
+
+    kind: str
+    """``hf``, ``vllm``, ``sim``, ``api``, ``server``, ``imported``, ... (``""`` where the manifest has none)."""
+    settings: Mapping[str, Any]
+    """The engine's settings as recorded (``asdict`` of its settings dataclass)."""
+    model_path: str | None
+    """The resolved model folder of a local engine."""
+    raw: Mapping[str, Any] = field(repr=False)
+    """The whole record, as written (dtype, placement, devices, versions, ...)."""
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> EngineRecord:
+        settings = _mapping(doc, "settings", "manifest engine")
+        path = doc.get("model_path")
+        return cls(
+            kind=str(doc.get("engine") or ""),
+            settings=settings,
+            model_path=str(path) if path else None,
+            raw=MappingProxyType(dict(doc)),
+        )
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        """One recorded setting (``default`` when this engine kind has no such setting)."""
+        return self.settings.get(name, default)
+
+    @property
+    def model(self) -> str | None:
+        """The model as the user named it (``--model``), else the name the engine gives, else its folder."""
+        named = self.settings.get("model") or self.raw.get("model") or self.model_path
+        return str(named) if named else None
+
+    @property
+    def think(self) -> bool:
+        """Whether the engine reasoned before the answer slot (think mode)."""
+        return bool(self.settings.get("think", False))
+
+    @property
+    def system_prompt(self) -> Mapping[str, Any] | None:
+        """What trials without a system turn were rendered with (``{"text", "source"}``), where recorded."""
+        sp = self.raw.get("system_prompt")
+        return sp if isinstance(sp, Mapping) else None
+
+    def _text(self, key: str) -> str | None:
+        value = self.raw.get(key)
+        return None if value is None else str(value)
+
+    @property
+    def model_class(self) -> str | None:
+        """The model's class (``Qwen3ForCausalLM``, ...) where a local engine loaded one."""
+        return self._text("model_class")
+
+    @property
+    def dtype(self) -> str | None:
+        """The weights' dtype of a local model (None for engines without weights here)."""
+        return self._text("dtype")
+
+    @property
+    def head_dtype(self) -> str | None:
+        """The dtype of the final projection at the positions read, where it differs by design."""
+        return self._text("head_dtype")
+
+    @property
+    def device(self) -> str | None:
+        """The device a local model was loaded on."""
+        return self._text("device")
+
+    @property
+    def placement(self) -> str | None:
+        """How the weights were placed (``auto``, ``split``, ... or ``given``)."""
+        return self._text("placement")
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The planted parameters of the synthetic subject (``sim``); empty for other engines."""
+        return _mapping(self.raw, "params", "manifest engine")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an imported run's numbers came from (``probe import``)."""
+
+    kind: str
+    """``imported``."""
+    source: str | None
+    """The imported file, as resolved at import time."""
+    source_sha256: str | None
+    rows: int | None
+    """Data rows in the file."""
+    imported_rows: int | None
+    ambiguous_rows: tuple[int, ...]
+    """File lines left out as ambiguous."""
+    imported_at: str | None
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Provenance:
+        def text(key: str) -> str | None:
+            return None if doc.get(key) is None else str(doc[key])
+
+        amb = doc.get("ambiguous_rows")
+        return cls(
+            kind=str(doc.get("kind") or ""),
+            source=text("source"),
+            source_sha256=text("source_sha256"),
+            rows=_optional_int(doc, "rows"),
+            imported_rows=_optional_int(doc, "imported_rows"),
+            ambiguous_rows=tuple(int(a) for a in amb) if isinstance(amb, list) else (),
+            imported_at=text("imported_at"),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest(Mapping[str, Any]):
+    """One run's ``manifest.json``, typed (see the module docstring)."""
+
+    experiment: str
+    run_key: str
+    identity: Mapping[str, Any]
+    """What defines the run (experiment, spec, plan, model, settings); its hash is the run key."""
+    spec: Mapping[str, Any]
+    plan: Mapping[str, Any]
+    engine: EngineRecord
+    shard: Mapping[str, Any] | None
+    """This folder's shard (index, count) while it is one; None for a whole or merged run."""
+    n_trials: int | None
+    """Trials in trials.jsonl (None in a manifest written before the count was recorded)."""
+    chunk_size: int | None
+    trials_sha256: str | None
+    provenance: Provenance | None
+    """Where an imported run's numbers came from (``probe import``); None for a run probe computed."""
+    numeric_floor: Mapping[str, Any] | None
+    """The re-read of a few trials alone (:mod:`probe.app.floor`), where measured."""
+    merged_from: tuple[str, ...]
+    """The shard folders ``probe merge`` joined into this run."""
+    _raw: Mapping[str, Any] = field(repr=False)
+
+    # ------------------------------------------------------------ making one
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, where: str = "manifest.json") -> Manifest:
+        """The record of a stored manifest; a field of the wrong type is a StoreError naming it."""
+        if not isinstance(doc, Mapping):
+            raise StoreError(f"{where} is not a manifest (a JSON object)")
+        raw = copy.deepcopy(dict(doc))
+        shard = raw.get("shard")
+        provenance, floor = raw.get("provenance"), raw.get("numeric_floor")
+        merged = raw.get("merged_from") or []
+        return cls(
+            experiment=str(raw.get("experiment") or ""),
+            run_key=str(raw.get("run_key") or ""),
+            identity=_mapping(raw, "identity", where),
+            spec=_mapping(raw, "spec", where),
+            plan=_mapping(raw, "plan", where),
+            engine=EngineRecord.from_dict(_mapping(raw, "engine", where)),
+            shard=shard if isinstance(shard, Mapping) else None,
+            n_trials=_optional_int(raw, "n_trials"),
+            chunk_size=_optional_int(raw, "chunk_size"),
+            trials_sha256=str(raw["trials_sha256"]) if raw.get("trials_sha256") else None,
+            provenance=Provenance.from_dict(provenance) if isinstance(provenance, Mapping) else None,
+            numeric_floor=floor if isinstance(floor, Mapping) else None,
+            merged_from=tuple(str(m) for m in merged) if isinstance(merged, list) else (),
+            _raw=MappingProxyType(raw),
+        )
+
+    @classmethod
+    def build(cls, *, run_key: str, identity: Mapping[str, Any], **fields: Any) -> Manifest:
+        """A new run's record: its key and identity, and the other top-level fields (experiment, spec, plan,
+        engine, packages, project_commit, created, shard, n_trials, chunk_size)."""
+        return cls.from_dict({"run_key": run_key, "identity": dict(identity), **fields})
+
+    def with_fields(self, **fields: Any) -> Manifest:
+        """The same record with top-level ``fields`` added or replaced."""
+        return Manifest.from_dict({**self._raw, **fields})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as stored: every key, known or not (a deep copy the caller may change)."""
+        return copy.deepcopy(dict(self._raw))
+
+    @property
+    def created(self) -> str | None:
+        """When the run was started (ISO 8601, UTC)."""
+        value = self._raw.get("created")
+        return None if value is None else str(value)
+
+    @property
+    def project_commit(self) -> str | None:
+        """The git commit of probe that wrote the run, where known."""
+        value = self._raw.get("project_commit")
+        return None if value is None else str(value)
+
+    # ------------------------------------------------------------ what every reader asks
+    @property
+    def model(self) -> str:
+        """The model a run measured (one definition for reports, panels and the viewer)."""
+        named = self.engine.model or self.identity.get("model") or self.engine.kind
+        return str(named) if named else "?"
+
+    @property
+    def think(self) -> bool:
+        """Whether the run's engine reasoned first (think mode)."""
+        return self.engine.think
+
+    @property
+    def display_name(self) -> str:
+        """What the run is called where no name was given: :attr:`model`, plus ``think`` in think mode."""
+        return display_name(self.model, self.think)
+
+    @property
+    def shard_of(self) -> tuple[int, int] | None:
+        """(index, count) of this shard folder; None for a whole or merged run (or an unreadable shard record)."""
+        rec = self.shard or _EMPTY
+        index, count = rec.get("index"), rec.get("count")
+        return (index, count) if isinstance(index, int) and isinstance(count, int) else None
+
+    def source_runs(self) -> tuple[Path, ...]:
+        """The run folders this run's spec refers to (a follow-up run's source run), in spec order."""
+        return tuple(
+            Path(v) for v in self.spec.values() if isinstance(v, str) and v and (Path(v) / "manifest.json").is_file()
+        )
+
+    @property
+    def imported(self) -> bool:
+        """A run whose numbers were imported (``probe import``), not computed by probe."""
+        return self.provenance is not None and self.provenance.kind == "imported"
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature of the plan (1.0 where the plan records none)."""
+        return float(self.plan.get("temperature", 1.0))
+
+    def identified(self, name: str, default: Any = None) -> Any:
+        """One field of the identity (model, think, system_prompt, ...)."""
+        return self.identity.get(name, default)
+
+    def planned(self, name: str, default: Any = None) -> Any:
+        """One field of the plan (samples, temperature, readout, ...)."""
+        return self.plan.get(name, default)
+
+    def specified(self, name: str, default: Any = None) -> Any:
+        """One field of the experiment's spec."""
+        return self.spec.get(name, default)
+
+    # ------------------------------------------------------------ the stored JSON, read-only
+    def __getitem__(self, key: str) -> Any:
+        return self._raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
