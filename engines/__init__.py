@@ -18,7 +18,8 @@ readout                            the server; sampling as ``api``)
 
 Each backend module provides ``add_arguments(parser)`` (its own CLI flags,
 named so they do not collide with the shared ones) and
-``from_args(model, args) -> Engine``. Backend modules import their heavy
+``from_args(model, args) -> Engine``; both derive the flags from the
+settings dataclass's fields (:mod:`engines.flags`). Backend modules import their heavy
 libraries lazily, so this table costs nothing to import.
 """
 
@@ -30,7 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from engines.base import THINK_SAMPLING
+from engines.base import THINK_SAMPLING, EngineSettings
+from engines.flags import add_flags
 
 ENGINE_MODULES: dict[str, str] = {
     "hf": "engines.hf",
@@ -91,16 +93,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "openai:<model>, anthropic:<model> or openai-compatible:<name>@<url> (default: tiny)",
     )
     g.add_argument("--engine", default="auto", help="auto (from --model), " + ", ".join(ENGINE_MODULES))
-    g.add_argument(
-        "--think", action="store_true", help="reason first (up to --think-budget tokens), then read the answer slot"
-    )
-    g.add_argument(
-        "--think-budget",
-        type=int,
-        default=32768,
-        help="most reasoning tokens in think mode (default: 32768, Qwen3's recommended output length; reports "
-        "count the traces that hit it)",
-    )
+    add_flags(g, EngineSettings, ("think", "think_budget"))
     g.add_argument(
         "--think-sampling",
         choices=sorted(THINK_SAMPLING),
@@ -109,10 +102,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "recommended temperature 0.6, top-p 0.95, top-k 20, seeded per trial); --think-temperature, --think-top-p "
         "and --think-top-k after it override one setting",
     )
-    g.add_argument("--think-temperature", type=float, default=0.0, help="reasoning temperature (default: 0, greedy)")
-    g.add_argument("--think-top-p", type=float, default=1.0, help="top-p of sampled reasoning (default: 1)")
-    g.add_argument("--think-top-k", type=int, default=0, help="top-k of sampled reasoning (default: 0, all tokens)")
-    g.add_argument("--system", default=None, help="system prompt added to every trial")
+    add_flags(g, EngineSettings, ("think_temperature", "think_top_p", "think_top_k", "system_prompt"))
     add_loading_arguments(g)
     for module in available_modules():
         module.add_arguments(p)
@@ -126,25 +116,18 @@ class _ThinkPreset(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_loading_arguments(g: argparse._ArgumentGroup, *, max_new_tokens: int = 32, what: str = "model") -> None:
-    """How a local model is loaded and sampled (dtype, device, batch, seed, revision): shared by subject and judge."""
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help=f"{what} weights dtype; auto = float32 on CPU, bfloat16 on GPU. Softmax is always float32",
-    )
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    g.add_argument("--batch-size", type=int, default=16, help="most prompts per forward pass (default: 16)")
-    g.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=max_new_tokens,
-        help=f"reply tokens when sampling (default: {max_new_tokens})",
-    )
-    g.add_argument("--seed", type=int, default=0, help="seed of sampling (default: 0)")
-    g.add_argument("--revision", default=None, help=f"{what} revision (hub branch, tag or commit)")
-    g.add_argument("--trust-remote-code", action="store_true", help=f"allow {what} code from the hub")
+LOADING = ("dtype", "device", "batch_size", "max_new_tokens", "seed", "revision", "trust_remote_code")
+"""The fields of the shared loading flags (:func:`add_loading_arguments`), in their order in ``--help``; a backend's
+own flags leave them out."""
+
+
+def add_loading_arguments(g: argparse._ArgumentGroup, *, max_new_tokens: int | None = None) -> None:
+    """How a local model is loaded and sampled (dtype, device, batch, seed, revision): shared by subject and judge,
+    from the fields of :class:`engines.hf.HFSettings` (the vLLM engine reads the ones it has); ``max_new_tokens``
+    changes that flag's default (a judge's replies are shorter)."""
+    from engines.hf import HFSettings
+
+    add_flags(g, HFSettings, LOADING, defaults={} if max_new_tokens is None else {"max_new_tokens": max_new_tokens})
 
 
 def wants_server_readout(model: str, args: argparse.Namespace) -> bool:

@@ -70,7 +70,8 @@ from engines.api_providers import (
     openai_body,
     parse_reply,
 )
-from engines.base import Draws, Engine, EngineSettings, ProgressFn, draw_seed, require, settings_from_flags
+from engines.base import Draws, Engine, EngineSettings, ProgressFn, draw_seed, require
+from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
@@ -127,37 +128,57 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 
 # --------------------------------------------------------------- settings
+def _extra_body(text: str | None) -> dict[str, Any]:
+    """The ``--api-extra-body`` text as a dict (none: an empty one)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--api-extra-body is not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--api-extra-body must be a JSON object, got {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class ApiSettings(EngineSettings):
     """Settings of the API engine (all recorded in the run manifest; see :meth:`ApiEngine.identity`).
 
     Of the shared settings: ``think`` asks the model to reason (Anthropic adaptive thinking, ``enable_thinking``
     on a compatible server), and ``max_new_tokens`` is per call, with ``think_budget`` added when the model reasons.
+    Each field but the model spec's (``provider``, ``base_url``) is its flag (:mod:`engines.flags`).
     """
 
-    provider: str
-    base_url: str | None = None
+    provider: str = field(metadata=NO_FLAG)
+    base_url: str | None = field(default=None, metadata=NO_FLAG)
     """The endpoint of an openai-compatible model (None: the provider's default)."""
     thinking_budget: int | None = None
-    """Anthropic manual extended thinking with this many budget tokens (>= 1024)."""
-    reasoning_effort: str | None = None
-    """OpenAI ``reasoning_effort`` / Anthropic ``output_config.effort``."""
-    extra_body: Mapping[str, Any] = field(default_factory=dict)
-    """Extra request fields merged into every request (e.g. a server's ``top_k``)."""
+    """Extended thinking budget of Anthropic models (>= 1024): manual extended thinking with this many tokens."""
+    reasoning_effort: str | None = field(default=None, metadata=flag(choices=EFFORTS))
+    """Reasoning effort of OpenAI / Anthropic models.
+
+    Sent as OpenAI's ``reasoning_effort`` and Anthropic's ``output_config.effort``."""
+    extra_body: Mapping[str, Any] = field(
+        default_factory=dict, metadata=flag(name="api-extra-body", convert=_extra_body)
+    )
+    """JSON object merged into every request, e.g. '{"top_k": 20}'."""
     api_key_env: str | None = None
-    """The environment variable holding the key (None: the provider's usual one)."""
+    """Environment variable with the key (default: the provider's usual one)."""
     concurrency: int = 16
-    """Most calls in flight (the adaptive limit starts lower and grows to this cap)."""
-    timeout: float = 300.0
-    """Seconds one call may take before it counts as a transport timeout."""
-    max_retries: int = 8
-    """Transport retries per call; when spent the run stops (resumable)."""
+    """Most API calls in flight; the adaptive limit starts lower and grows to this cap."""
+    timeout: float = field(default=300.0, metadata=flag(name="api-timeout"))
+    """Seconds one call may take before it counts as a transport timeout and is retried."""
+    max_retries: int = field(default=8, metadata=flag(name="api-retries"))
+    """Transport retries per call; when they are spent the run stops, to be resumed."""
     max_cost: float | None = None
-    """USD budget for the whole run (resumes included); None = no limit."""
+    """USD budget for the whole run, resumes included: the run stops before its spend would pass it (default: no
+    limit)."""
     dry_run: bool = False
+    """Print the calls and their estimated cost, call nothing."""
     prices: str | None = None
-    """Price table YAML (None: engines/data/prices.yaml)."""
-    batch: bool = False
+    """Price table YAML (default: engines/data/prices.yaml)."""
+    batch: bool = field(default=False, metadata=flag(name="batch-api"))
     """Use the provider's batch interface for single-turn trials."""
     batch_poll: float = 30.0
     """Seconds between polls of a running batch."""
@@ -220,60 +241,39 @@ class ApiSettings(EngineSettings):
 
 
 # ------------------------------------------------------------------- CLI
+OWN_FLAGS = (
+    "concurrency",
+    "max_cost",
+    "dry_run",
+    "prices",
+    "batch",
+    "batch_poll",
+    "reasoning_effort",
+    "thinking_budget",
+    "timeout",
+    "max_retries",
+    "api_key_env",
+    "extra_body",
+)
+"""The fields of the API engine's flags, in their order in ``--help``."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The API engine's own flags (the shared ``--system``, ``--max-new-tokens``, ``--seed``,
     ``--think`` and ``--think-budget`` keep their meaning)."""
-    g = p.add_argument_group("API engine (openai:, anthropic:, openai-compatible: models)")
-    g.add_argument("--concurrency", type=int, default=16, help="most API calls in flight (default: 16)")
-    g.add_argument("--max-cost", type=float, default=None, help="stop before the run's spend would pass this (USD)")
-    g.add_argument("--dry-run", action="store_true", help="print the calls and their estimated cost, call nothing")
-    g.add_argument("--prices", default=None, help="price table YAML (default: engines/data/prices.yaml)")
-    g.add_argument("--batch-api", action="store_true", help="use the provider's batch interface (single-turn trials)")
-    g.add_argument("--batch-poll", type=float, default=30.0, help="seconds between batch polls (default: 30)")
-    g.add_argument("--reasoning-effort", default=None, choices=EFFORTS, help="OpenAI / Anthropic reasoning effort")
-    g.add_argument("--thinking-budget", type=int, default=None, help="Anthropic extended thinking budget (>= 1024)")
-    g.add_argument("--api-timeout", type=float, default=300.0, help="seconds per call before a retry (default: 300)")
-    g.add_argument("--api-retries", type=int, default=8, help="transport retries per call (default: 8)")
-    g.add_argument("--api-key-env", default=None, help="environment variable with the key (default: the provider's)")
-    g.add_argument(
-        "--api-extra-body", default=None, help="JSON object merged into every request, e.g. '{\"top_k\": 20}'"
+    add_flags(
+        p.add_argument_group("API engine (openai:, anthropic:, openai-compatible: models)"), ApiSettings, OWN_FLAGS
     )
 
 
-def _extra_body(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--api-extra-body is not valid JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--api-extra-body must be a JSON object, got {text!r}")
-    return value
+def settings_from_model(model: str, a: argparse.Namespace) -> ApiSettings:
+    """The settings of API model spec ``model`` with the parsed flags."""
+    spec = parse_model_spec(model)
+    return settings_from_flags(ApiSettings, a, provider=spec.provider, model=spec.model, base_url=spec.base_url)
 
 
 def from_args(model: str, a: argparse.Namespace) -> ApiEngine:
-    spec = parse_model_spec(model)
-    settings = settings_from_flags(
-        ApiSettings,
-        a,
-        (
-            "thinking_budget",
-            "reasoning_effort",
-            "api_key_env",
-            "concurrency",
-            "max_cost",
-            "dry_run",
-            "prices",
-            "batch_poll",
-        ),
-        {"timeout": "api_timeout", "max_retries": "api_retries", "batch": "batch_api"},
-        provider=spec.provider,
-        model=spec.model,
-        base_url=spec.base_url,
-        extra_body=_extra_body(getattr(a, "api_extra_body", None)),
-    )
-    return ApiEngine(settings)
+    return ApiEngine(settings_from_model(model, a))
 
 
 def call_seed(seed: int, trial_id: str, draw: int) -> int:
@@ -623,10 +623,9 @@ class ApiEngine(Engine):
     def dry_run_report(self, store: Any) -> str:
         """Calls still to make in this run folder and their estimated cost."""
         man = store.manifest()
-        plan = man.get("plan", {})
-        n, temperature = int(plan.get("samples", 0)), float(plan.get("temperature", 1.0))
+        n, temperature = int(man.planned("samples", 0)), man.temperature
         trials = store.trials()
-        bounds = chunk_bounds(len(trials), int(man.get("chunk_size", 256)))
+        bounds = chunk_bounds(len(trials), man.chunk_size or 256)
         done = store.verified_chunks()  # a damaged chunk is recomputed (its journaled calls are not re-sent)
         todo = [t for k, (lo, hi) in enumerate(bounds) if k not in done for t in trials[lo:hi]]
         calls = [(t, d) for t in todo for d in range(n) if (t.trial_id, d, temperature) not in self._journal]

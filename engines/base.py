@@ -16,13 +16,13 @@ keeps the readout's prompt caches for the draws; speed only).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
+from engines.flags import NO_FLAG, flag
 from probe.errors import ProbeError
 from probe.types import Readout, Sample, Trial
 
@@ -40,63 +40,39 @@ class EngineSettings:
     positions (``ApiSettings(provider, model=...)``); the manifest and the run
     key serialize settings as sorted JSON, so the field order that the base
     class changes changes neither.
+
+    Each field is also its command-line flag (:mod:`engines.flags`: ``--think-budget``, its default, and the first
+    paragraph of its docstring as the help), added by :func:`engines.add_engine_arguments`.
     """
 
-    model: str
+    model: str = field(metadata=NO_FLAG)
     """The model: a built-in tiny name, a local folder, a Hugging Face id, or the API's model name."""
     think: bool = False
-    """Reason first (up to ``think_budget`` tokens), then answer or read the slot."""
+    """Reason first (up to ``think_budget`` tokens), then answer or read the answer slot."""
     think_budget: int = 32768
-    """Most reasoning tokens in think mode (``--think-budget``). 32,768: the output length Qwen3's model card
-    recommends for most queries (NVIDIA's Nemotron Nano cards likewise leave reasoning tens of thousands of
-    tokens); a budget only caps, and every think-mode report counts the traces that hit it (docs/gpu.md)."""
+    """Most reasoning tokens in think mode, by default the output length Qwen3 recommends; reports count the
+    traces that hit it.
+
+    32,768: the output length Qwen3's model card recommends for most queries (NVIDIA's Nemotron Nano cards likewise
+    leave reasoning tens of thousands of tokens); a budget only caps, and every think-mode report counts the
+    traces that hit it (docs/gpu.md)."""
     think_temperature: float = 0.0
-    """Reasoning temperature in think mode (local engines): 0 decodes the reasoning greedily, as the paper did; above
-    0 it is sampled, seeded per trial (:func:`reasoning_seed`), with ``think_top_p`` and ``think_top_k``
+    """Reasoning temperature in think mode (local engines): 0 decodes the reasoning greedily, as the paper did.
+
+    Above 0 it is sampled, seeded per trial (:func:`reasoning_seed`), with ``think_top_p`` and ``think_top_k``
     (``--think-sampling qwen3`` sets Qwen3's recommended 0.6 / 0.95 / 20)."""
     think_top_p: float = 1.0
-    """Nucleus of sampled reasoning: the smallest set of tokens holding this much probability (1: all)."""
+    """Top-p of sampled reasoning: the smallest set of tokens holding this much probability; 1: all tokens."""
     think_top_k: int = 0
-    """Most likely tokens sampled reasoning draws from (0: all)."""
-    system_prompt: str | None = None
-    """Added as a system turn to trials that have none."""
+    """Top-k of sampled reasoning: the most likely tokens it draws from; 0: all tokens."""
+    system_prompt: str | None = field(default=None, metadata=flag(name="system"))
+    """System prompt, added as a system turn to every trial that has none."""
     max_new_tokens: int = 32
-    """Answer tokens allowed to ``sample()`` after any reasoning (``--max-new-tokens``)."""
+    """Reply tokens when sampling, after any reasoning.
+
+    What ``sample()`` allows the answer unless the call asks for another cap (:class:`Draws`)."""
     seed: int = 0
     """Seed of the per-(trial, draw) sampling."""
-
-
-SHARED_FLAGS: Mapping[str, str] = {
-    "think": "think",
-    "think_budget": "think_budget",
-    "think_temperature": "think_temperature",
-    "think_top_p": "think_top_p",
-    "think_top_k": "think_top_k",
-    "system_prompt": "system",
-    "max_new_tokens": "max_new_tokens",
-    "seed": "seed",
-}
-"""The :class:`EngineSettings` field each shared CLI flag sets (its ``argparse`` name: ``--system`` sets
-``system_prompt``); every backend reads them the same way."""
-
-S = TypeVar("S", bound=EngineSettings)
-
-
-def settings_from_flags(
-    cls: type[S],
-    a: argparse.Namespace,
-    same: Iterable[str] = (),
-    renamed: Mapping[str, str] | None = None,
-    **given: Any,
-) -> S:
-    """``cls`` built from parsed flags: the shared ones (:data:`SHARED_FLAGS`), the fields ``same`` (flag named as
-    the field) and ``renamed`` (field -> flag name), and the values ``given``.
-
-    A flag the namespace lacks (one built without the CLI, or without this backend's flags) is not passed, so its
-    field keeps the dataclass default (or default factory), written once, on the field.
-    """
-    flags = {**SHARED_FLAGS, **{name: name for name in same}, **(renamed or {})}
-    return cls(**{field: getattr(a, flag) for field, flag in flags.items() if hasattr(a, flag)}, **given)
 
 
 def draw_seed(seed: int, trial_id: str, draw: int) -> int:

