@@ -28,10 +28,10 @@ import pandas as pd
 
 from engines import make_engine
 from probe.parse import parse_answer, split_reasoning
+from probe.tables import JUDGMENTS
 from probe.types import Message, Sample, Trial
 
 VERDICTS = ("PRO", "ANTI", "NONCOMMIT")
-COLUMNS = ["trial_id", "draw", "verdict", "p_pro", "p_anti", "p_noncommit", "judge"]
 
 
 def _verdict_of(trial: Trial, option: str) -> str:
@@ -78,7 +78,7 @@ class RuleJudge:
                     "judge": self.name,
                 }
             )
-        return pd.DataFrame(rows, columns=COLUMNS)
+        return JUDGMENTS.write(rows)
 
 
 JUDGE_TEMPLATE = (
@@ -134,7 +134,7 @@ class LogitJudge:
                     "judge": self.name,
                 }
             )
-        return pd.DataFrame(rows, columns=COLUMNS)
+        return JUDGMENTS.write(rows)
 
 
 def judge_engine(spec: str, args: argparse.Namespace | None = None) -> Any:

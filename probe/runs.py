@@ -38,7 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from probe import tables
+from probe.errors import StoreError
+from probe.record import Manifest
 from probe.store import MANIFEST, TRIALS, ChunkState, Integrity, RunStore, inside, parse_trial_line
+from probe.tables import SAMPLE_TABLES
 from probe.trial_index import NotARunError, TrialIndex, match_key
 from probe.types import Trial
 
@@ -48,7 +52,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLUMNS",
-    "SAMPLE_STATUSES",
     "NotARunError",
     "Run",
     "TrialData",
@@ -57,69 +60,16 @@ __all__ = [
     "run_folders",
 ]
 
-SAMPLE_STATUSES: Final[tuple[str, ...]] = ("ok", "refusal", "invalid", "error")
-SAMPLE_TABLES: Final[tuple[str, ...]] = ("samples", "generations")
-"""Sampled answers to readout trials, and free-text replies to generative trials (one schema)."""
 
-TRIAL_COLUMNS: Final[dict[str, str]] = {
-    "trial_id": "string",
-    "position": "int64",
-    "chunk": "int64",
-    "experiment": "category",
-    "item_id": "category",
-    "replicate": "int64",
-    "salt": "string",
-    "assistant_prefix": "string",
-    "n_options": "int64",
-}
+TRIAL_COLUMNS: Final[dict[str, str]] = {c.name: c.dtype for c in tables.TRIAL_COLUMNS}
 """The columns every frame starts with; the factor columns (dtype ``category``) follow them, sorted by name."""
 
 COLUMNS: Final[dict[str, dict[str, str]]] = {
     "trials": TRIAL_COLUMNS,
-    "readouts": {
-        "coverage": "float64",
-        "greedy_option": "string",
-        "greedy_meaning": "string",
-        "prompt_tokens": "int64",
-        "computed_tokens": "int64",
-        "reasoning_tokens": "int64",
-        "hit_budget": "bool",
-        "reasoning": "string",
-        "top_other": "object",
-    },
-    "options": {
-        "option": "string",
-        "option_index": "int64",
-        "meaning": "string",
-        "n_tokens": "int64",
-        "logprob": "float64",
-        "prob": "float64",
-        "greedy": "bool",
-    },
-    "samples": {
-        "source": "category",
-        "draw": "int64",
-        "option": "string",
-        "meaning": "string",
-        "status": "category",
-        "text": "string",
-        "reasoning": "string",
-        "prompt_tokens": "int64",
-        "completion_tokens": "int64",
-        "truncated": "bool",
-        "token_ids": "object",
-    },
-    "codes": {
-        "task": "category",
-        "draw": "int64",
-        "label": "string",
-        "p_label": "float64",
-        "probs": "object",
-        "judge": "string",
-        "status": "string",
-    },
+    **{kind: table.dtypes() for kind, table in tables.FRAMES.items()},
 }
-"""Each frame's own columns (after :data:`TRIAL_COLUMNS` and the factors) and their pandas dtypes.
+"""Each frame's own columns (after :data:`TRIAL_COLUMNS` and the factors) and their pandas dtypes, from the
+tables' one declaration (:mod:`probe.tables`, which also says what each column holds).
 
 ``top_other``: list of ``[token, prob]`` (the most likely non-option first tokens); ``token_ids``: list of int;
 ``probs``: dict code -> probability. ``source`` is ``samples`` (draws of readout trials) or ``generations``
@@ -225,7 +175,8 @@ class Run:
 
     root: Path
     store: RunStore = field(repr=False)
-    manifest: Mapping[str, Any] = field(repr=False)
+    manifest: Manifest = field(repr=False)
+    """The run's record (typed fields; also the stored JSON as a read-only mapping)."""
     allow_partial: bool = False
 
     # ------------------------------------------------------------ about it
@@ -235,13 +186,16 @@ class Run:
 
     @property
     def experiment(self) -> str:
-        return str(self.manifest.get("experiment", ""))
+        return self.manifest.experiment
 
     @property
     def model(self) -> str:
-        engine = self.manifest.get("engine") or {}
-        settings = engine.get("settings") or {}
-        return str(settings.get("model") or engine.get("model_path") or self.manifest.get("identity", {}).get("model"))
+        return self.manifest.model
+
+    @property
+    def display_name(self) -> str:
+        """What the run is called where no name was given (:attr:`probe.record.Manifest.display_name`)."""
+        return self.manifest.display_name
 
     @property
     def integrity(self) -> Integrity:
@@ -250,12 +204,12 @@ class Run:
 
     @property
     def n_trials(self) -> int:
-        n = self.manifest.get("n_trials")
-        return int(n) if isinstance(n, int) else self.store.n_trials()
+        n = self.manifest.n_trials
+        return n if n is not None else self.store.n_trials()
 
     @property
     def chunk_size(self) -> int:
-        return int(self.manifest.get("chunk_size") or max(self.n_trials, 1))
+        return self.manifest.chunk_size or max(self.n_trials, 1)
 
     def report_dir(self) -> Path:
         return self.root / "report"
@@ -392,6 +346,49 @@ class Run:
         out = out[keys + [c for c in own]]
         out = out.sort_values(["position", *(c for c in ("option_index", "draw") if c in own)], kind="stable")
         return out.reset_index(drop=True)
+
+    # ------------------------------------------------------------ what analyses read (probe.views)
+    @functools.cached_property
+    def trial_list(self) -> list[Trial]:
+        """Every trial, in full and in order (read once, kept)."""
+        return self.store.trials()
+
+    def load(self, table: str) -> pd.DataFrame:
+        """One stored table (:mod:`probe.tables`), its verified chunks concatenated (a fresh frame on every call;
+        an incomplete run is refused unless opened with ``allow_partial``)."""
+        return self.store.load(table)
+
+    def trial_meta(self) -> pd.DataFrame:
+        """One row per trial: ``trial_id``, ``item_id``, ``replicate`` and one column per factor (its own name)."""
+        from probe import views
+
+        return views.trial_meta(self.trial_list)
+
+    def readout_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(options with their meaning, per-trial readouts with the trials' factors); StoreError without readouts."""
+        from probe import views
+
+        opts, per = self.load("readout_options"), self.load("readout_trials")
+        return views.readout_frames(opts, per, self.trial_list, self.root)
+
+    def sample_counts(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Sampled behaviour: (options with their share of the parsed draws, per-trial status counts)."""
+        from probe import views
+
+        samples = self.load("samples")
+        if samples.empty:
+            raise StoreError(f"{self.root} has no samples; run with --samples N")
+        return views.count_samples(samples, self.trial_list)
+
+    def choice_probs(self) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+        """The option probabilities every analysis uses: (options, per_trial, source), from the readouts where the
+        run has them, else from the sampled answers (:func:`probe.views.choice_probs`)."""
+        from probe import views
+
+        opts = self.load("readout_options")
+        per = self.load("readout_trials") if not opts.empty else opts
+        samples = self.load("samples") if opts.empty else opts.iloc[0:0]
+        return views.choice_probs(opts, per, samples, self.trial_list, self.root)
 
     # ------------------------------------------------------------ one trial
     def trial_data(self, trial_id: str, *, integrity: Integrity | None = None) -> TrialData:

@@ -14,7 +14,7 @@ from itertools import product
 
 import pandas as pd
 
-from probe.app.runner import readout_tables
+from probe.tables import readout_tables
 from probe.types import Message, Readout, Sample, Trial, make_trial_id
 
 SCALES = {"0-10": (0, 10), "0-100": (0, 100), "bipolar-5": (-5, 5), "bipolar-50": (-50, 50)}

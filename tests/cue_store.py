@@ -21,7 +21,7 @@ def sampled_cue_report(
     planted frequencies, not the intervals.
     """
     from analysis.cue.report import cue_report
-    from probe.app.runner import sample_table
+    from probe.tables import sample_table
     from probe.store import RunStore
 
     manifest = {

@@ -390,7 +390,7 @@ SLOT_CAP = 4
 def slot_check(engine, n: int) -> tuple:
     """(slot row, all-parsed row, rule counts) of ``n`` seeded draws per slot trial at tau = 1 (answer stop on),
     on any engine with ``readout`` and ``sample`` (the Transformers engine here, vLLM in test_vllm_conformance)."""
-    from probe.app.runner import readout_tables, sample_table
+    from probe.tables import readout_tables, sample_table
 
     trials = slot_trials()
     ro = readout_tables(engine.readout(trials))["readout_options"]

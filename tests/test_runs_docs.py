@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from probe import trial_index
+from probe import tables, trial_index
 from probe.app.cli import main
 from probe.app.query import Page
 from probe.runs import COLUMNS, TRIAL_COLUMNS
@@ -54,3 +54,13 @@ def test_the_column_table_is_the_contract() -> None:
         documented.setdefault(frame, {})[column] = dtype
     assert documented.pop("all") == TRIAL_COLUMNS
     assert documented == {k: v for k, v in COLUMNS.items() if k != "trials"}
+
+
+def test_the_column_table_says_what_the_declaration_says() -> None:
+    """The "what" of each documented column is the doc of its one declaration (probe.tables)."""
+    rows = re.findall(
+        r"^\| (all|readouts|options|samples|codes) \| `([a-z_]+)` \| [a-z0-9]+ \| (.*) \|$", DOC.read_text(), flags=re.M
+    )
+    declared = {("all", c.name): c.doc for c in tables.TRIAL_COLUMNS}
+    declared |= {(kind, n): c.doc for kind, t in tables.FRAMES.items() for n, c in t.columns().items()}
+    assert {(frame, column): what for frame, column, what in rows} == declared

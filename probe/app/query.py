@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import ProbeError
-from probe.runs import SAMPLE_STATUSES, SAMPLE_TABLES, Run, TrialData, factor_column
+from probe.runs import Run, TrialData, factor_column
 from probe.store import ChunkState, Integrity
+from probe.tables import SAMPLE_STATUSES, SAMPLE_TABLES
 
 if TYPE_CHECKING:
     import numpy as np

@@ -49,8 +49,9 @@ from probe.app.query import FilterError, RunQuery, TrialFilter
 from probe.app.trialview import side_by_side, view_of
 from probe.app.verbs import add_verb
 from probe.errors import ProbeError
-from probe.runs import SAMPLE_STATUSES, NotARunError, Run, factor_column, open_run, run_folders
+from probe.runs import NotARunError, Run, factor_column, open_run, run_folders
 from probe.store import LinkError, inside, json_ready, link_problem
+from probe.tables import SAMPLE_STATUSES
 from probe.terminal import escape_controls
 
 HERE = Path(__file__).resolve().parent

@@ -1,0 +1,277 @@
+"""The tables of a run folder, declared once: what the runner writes and what every reader reads.
+
+Each committed chunk holds some of these tables (``results/chunk-NNNNNN.<name>.parquet``,
+:mod:`probe.store`). A :class:`Table` names its stored columns in the order they are
+written, the columns a reader derives from the trials (``meaning``, ``greedy``, ...)
+and the order of the notebook frame (:data:`probe.runs.COLUMNS` is built from here,
+and docs/python.md's column table is checked against it). The writers
+(:func:`readout_tables`, :func:`sample_table`) build their frames from the same
+declaration, so a column added here is written, read and documented, or a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, get_args
+
+from probe.types import SampleStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from probe.types import Readout, Sample
+
+SAMPLE_STATUSES: Final[tuple[str, ...]] = get_args(SampleStatus)
+"""How a sampled reply parsed: ``ok`` (an option), ``refusal``, ``invalid`` (no option), ``error`` (no reply)."""
+SAMPLE_TABLES: Final[tuple[str, ...]] = ("samples", "generations")
+"""Sampled answers to readout trials, and free-text replies to generative trials (one schema, :data:`SAMPLES`)."""
+
+__all__ = [
+    "FRAMES",
+    "JUDGMENTS",
+    "READOUT_OPTIONS",
+    "READOUT_TRIALS",
+    "SAMPLES",
+    "SAMPLE_STATUSES",
+    "SAMPLE_TABLES",
+    "TRIAL_COLUMNS",
+    "Column",
+    "Table",
+    "readout_tables",
+    "sample_table",
+]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its name, its pandas dtype in the notebook frames, and what it holds."""
+
+    name: str
+    dtype: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """One stored table (or, with no ``stored`` columns, a frame made only on reading)."""
+
+    name: str
+    stored: tuple[Column, ...]
+    """The columns written, in order (``trial_id`` first)."""
+    derived: tuple[Column, ...] = ()
+    """Columns a reader adds from the trials (the option's meaning, the greedy flag, ...)."""
+    frame: tuple[str, ...] = ()
+    """The notebook frame's own columns, in order (default: the stored ones after ``trial_id``, then the derived)."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The stored column names, in the order written."""
+        return tuple(c.name for c in self.stored)
+
+    def columns(self) -> dict[str, Column]:
+        """Every column of the frame, in frame order."""
+        known = {c.name: c for c in (*self.stored, *self.derived)}
+        order = self.frame or tuple(n for n in known if n != "trial_id")
+        return {n: known[n] for n in order}
+
+    def dtypes(self) -> dict[str, str]:
+        """The frame's own columns and their pandas dtypes (one entry of :data:`probe.runs.COLUMNS`)."""
+        return {n: c.dtype for n, c in self.columns().items()}
+
+    def write(self, rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+        """The frame the runner commits: one row per mapping, exactly the stored columns, in order."""
+        import pandas as pd
+
+        names = self.names
+        return pd.DataFrame([{n: r[n] for n in names} for r in rows], columns=list(names))
+
+
+def _c(name: str, dtype: str, doc: str) -> Column:
+    return Column(name, dtype, doc)
+
+
+TRIAL_ID: Final = _c("trial_id", "string", "the stable id (hash of experiment, item, factors, salt, replicate)")
+
+TRIAL_COLUMNS: Final[tuple[Column, ...]] = (
+    TRIAL_ID,
+    _c("position", "int64", "line of `trials.jsonl` (0-based)"),
+    _c("chunk", "int64", "the chunk holding the trial's results"),
+    _c("experiment", "category", "experiment name"),
+    _c("item_id", "category", "dilemma / item"),
+    _c("replicate", "int64", "salt replicate"),
+    _c("salt", "string", 'the salt text ("" unsalted)'),
+    _c("assistant_prefix", "string", "text the reply starts with before the slot"),
+    _c("n_options", "int64", "printed options"),
+)
+"""The columns every notebook frame starts with (read from the trial index, not from a chunk table)."""
+
+READOUT_TRIALS: Final = Table(
+    "readout_trials",
+    (
+        TRIAL_ID,
+        _c("coverage", "float64", "option mass at the slot before normalizing"),
+        _c("greedy_option", "string", "the most likely option"),
+        _c("prompt_tokens", "int64", "prompt length in tokens"),
+        _c("computed_tokens", "int64", "tokens run through the model"),
+        _c("reasoning_tokens", "int64", "think mode: reasoning length"),
+        _c("hit_budget", "bool", "think mode: reasoning cut at the budget"),
+        _c("reasoning", "string", "think mode: the reasoning trace"),
+        _c("top_other", "object", "list of `[token, prob]`: most likely non-option first tokens"),
+    ),
+    derived=(_c("greedy_meaning", "string", "what it stands for (e.g. `cbr`)"),),
+    frame=(
+        "coverage",
+        "greedy_option",
+        "greedy_meaning",
+        "prompt_tokens",
+        "computed_tokens",
+        "reasoning_tokens",
+        "hit_budget",
+        "reasoning",
+        "top_other",
+    ),
+)
+"""One row per read trial. ``top_other`` is stored as JSON text and read back as a list."""
+
+READOUT_OPTIONS: Final = Table(
+    "readout_options",
+    (
+        TRIAL_ID,
+        _c("option", "string", "the printed option"),
+        _c("option_index", "int64", "print position"),
+        _c("n_tokens", "int64", "tokens of the option at the slot"),
+        _c("logprob", "float64", "log P(option is the whole answer), raw model"),
+        _c("prob", "float64", "normalized over the options"),
+    ),
+    derived=(
+        _c("meaning", "string", "what the option stands for"),
+        _c("greedy", "bool", "the greedy option"),
+    ),
+    frame=("option", "option_index", "meaning", "n_tokens", "logprob", "prob", "greedy"),
+)
+"""One row per (read trial, option), in print order."""
+
+SAMPLES: Final = Table(
+    "samples",
+    (
+        TRIAL_ID,
+        _c("draw", "int64", "draw index"),
+        _c("option", "string", "parsed option (missing: none parsed)"),
+        _c("status", "category", "`ok`, `refusal`, `invalid`, `error`"),
+        _c("text", "string", "the reply"),
+        _c("reasoning", "string", "its reasoning (think mode)"),
+        _c("prompt_tokens", "int64", "prompt tokens"),
+        _c("completion_tokens", "int64", "reply tokens"),
+        _c("token_ids", "object", "list of generated ids (local engines)"),
+        _c("truncated", "bool", "the reply hit the token cap"),
+    ),
+    derived=(
+        _c("source", "category", "`samples` or `generations`"),
+        _c("meaning", "string", "what the parsed option stands for"),
+    ),
+    frame=(
+        "source",
+        "draw",
+        "option",
+        "meaning",
+        "status",
+        "text",
+        "reasoning",
+        "prompt_tokens",
+        "completion_tokens",
+        "truncated",
+        "token_ids",
+    ),
+)
+"""One row per sampled reply. The same schema holds the ``samples`` table (draws of readout trials) and the
+``generations`` table (free-text replies of generative trials)."""
+
+JUDGMENTS: Final = Table(
+    "judgments",
+    (
+        TRIAL_ID,
+        _c("draw", "int64", "the judged draw"),
+        _c("verdict", "string", "PRO, ANTI or NONCOMMIT"),
+        _c("p_pro", "float64", "the judge's probability of PRO"),
+        _c("p_anti", "float64", "of ANTI"),
+        _c("p_noncommit", "float64", "of NONCOMMIT"),
+        _c("judge", "string", "the judge"),
+    ),
+)
+"""The run's judge on each free-text reply (:mod:`experiments.judge`)."""
+
+CODES: Final = Table(
+    "codes",
+    (),
+    derived=(
+        _c("task", "category", "`verdict` or a coding task"),
+        _c("draw", "int64", "the coded draw (-1: a readout's reasoning)"),
+        _c("label", "string", "the verdict or code"),
+        _c("p_label", "float64", "its probability"),
+        _c("probs", "object", "dict code -> probability"),
+        _c("judge", "string", "the judge"),
+        _c("status", "string", "`ok`, or `unparsed`"),
+    ),
+)
+"""Read only: the run's verdicts (``judgments``) and every ``probe code`` table, in one shape."""
+
+FRAMES: Final[dict[str, Table]] = {
+    "readouts": READOUT_TRIALS,
+    "options": READOUT_OPTIONS,
+    "samples": SAMPLES,
+    "codes": CODES,
+}
+"""The notebook frame each table is read into (:class:`probe.runs.Run`)."""
+
+
+# ------------------------------------------------------------------ writers
+def readout_tables(readouts: Sequence[Readout]) -> dict[str, pd.DataFrame]:
+    """The long per-option table and the per-trial table of a list of readouts."""
+    opts = READOUT_OPTIONS.write(
+        {
+            "trial_id": r.trial_id,
+            "option": s.option,
+            "option_index": i,
+            "n_tokens": len(s.token_ids),
+            "logprob": s.logprob,
+            "prob": s.prob,
+        }
+        for r in readouts
+        for i, s in enumerate(r.scores)
+    )
+    trials = READOUT_TRIALS.write(
+        {
+            "trial_id": r.trial_id,
+            "coverage": r.coverage,
+            "greedy_option": r.greedy_option,
+            "prompt_tokens": r.prompt_tokens,
+            "computed_tokens": r.computed_tokens,
+            "reasoning_tokens": r.reasoning_tokens,
+            "hit_budget": r.hit_budget,
+            "reasoning": r.reasoning,
+            "top_other": json.dumps(r.top_other, ensure_ascii=False),
+        }
+        for r in readouts
+    )
+    return {READOUT_OPTIONS.name: opts, READOUT_TRIALS.name: trials}
+
+
+def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
+    """One row per (trial, draw); ``token_ids`` are the generated ids (empty where the engine does not know them)."""
+    return SAMPLES.write(
+        {
+            "trial_id": s.trial_id,
+            "draw": s.replicate,
+            "option": s.option,
+            "status": s.status,
+            "text": s.text,
+            "reasoning": s.reasoning,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "token_ids": list(s.token_ids),
+            "truncated": s.truncated,
+        }
+        for s in samples
+    )
