@@ -5,7 +5,7 @@ suite never touches ``~/.cache`` and never downloads anything. The tiny
 model is built twice in all (the second time to check bit-identical
 rebuilds on the same machine), which dominates the runtime (about 55 s per
 build of ``tiny`` on 2 idle cores). What the trained model answers is asserted
-only through its build contract (``tiny.CONTRACT``), which holds on every CPU.
+only through its build contract (``tiny_train.CONTRACT``), which holds on every CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from probe import tiny
+from probe import tiny, tiny_tokenizer, tiny_train
 from probe.tiny_corpus import Sample
 
 transformers = pytest.importorskip("transformers")
@@ -52,7 +52,7 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 
 def _label_mass(model: Any, tokenizer: Any, sample: Sample) -> float:
     """Probability mass on the first token of each offered label at the answer slot."""
-    prompt = tiny.render_prompt(tokenizer, sample.user, enable_thinking=False, system=sample.system)
+    prompt = tiny_tokenizer.render_prompt(tokenizer, sample.user, enable_thinking=False, system=sample.system)
     batch = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         probs = model(**batch).logits[0, -1].softmax(-1)
@@ -228,7 +228,9 @@ def test_attention_heads_fit_vllm_cpu(name: str, models: dict[str, Any]) -> None
 @pytest.mark.parametrize("name", tiny.TINY_NAMES)
 def test_left_padded_batch_matches_single(name: str, models: dict[str, Any], built: dict[str, pathlib.Path]) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(built[name], padding_side="left")
-    prompts = [tiny.render_prompt(tok, u, enable_thinking=False) for u in ("Is it? Answer with Yes or No.", "Hi")]
+    prompts = [
+        tiny_tokenizer.render_prompt(tok, u, enable_thinking=False) for u in ("Is it? Answer with Yes or No.", "Hi")
+    ]
     model = models[name]
     with torch.no_grad():
         batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -240,7 +242,7 @@ def test_left_padded_batch_matches_single(name: str, models: dict[str, Any], bui
 
 # --------------------------------------------------------------------------- the behaviour contract
 # The trained weights differ between CPUs (torch's float kernels follow the instruction set), so these tests assert
-# only what the build guarantees on every machine: tiny.CONTRACT, measured again here by the tests' own code on the
+# only what the build guarantees on every machine: tiny_train.CONTRACT, measured again here by the tests' own code on the
 # contract's held-out prompts. docs/testing.md lists every test that rests on trained behaviour.
 
 
@@ -251,7 +253,7 @@ def test_trained_tiny_meets_its_contract(
     """Far above chance (two labels of a 1283-token vocabulary: about 0.002), on prompts it never trained on."""
     import json
 
-    contract, samples = tiny.CONTRACT, tiny.contract_samples()
+    contract, samples = tiny_train.CONTRACT, tiny_train.contract_samples()
     recorded = json.loads((built["tiny"] / tiny.MARKER).read_text())["contract"]
     for kind, floor in contract.floors:
         masses = [_label_mass(models["tiny"], tokenizer, s) for s in samples[f"mass/{kind}"]]
@@ -267,8 +269,10 @@ def test_trained_tiny_meets_its_contract(
 @pytest.mark.parametrize("enable_thinking", [False, True])
 def test_greedy_answers_parse(enable_thinking: bool, models: dict[str, Any], tokenizer: Any) -> None:
     """Every held-out greedy reply of the contract is exactly one offered label (after a think block if asked)."""
-    for sample in tiny.contract_samples()["greedy"]:
-        prompt = tiny.render_prompt(tokenizer, sample.user, enable_thinking=enable_thinking, system=sample.system)
+    for sample in tiny_train.contract_samples()["greedy"]:
+        prompt = tiny_tokenizer.render_prompt(
+            tokenizer, sample.user, enable_thinking=enable_thinking, system=sample.system
+        )
         batch = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
         out = models["tiny"].generate(**batch, max_new_tokens=32)
         text = tokenizer.decode(out[0, batch["input_ids"].shape[1] :])
@@ -292,9 +296,9 @@ def test_contract_misses_name_each_shortfall() -> None:
         "min_mass_rating": 0.1,
         "greedy_out_of_format": [],
     }
-    assert tiny.contract_misses(ok) == []
+    assert tiny_train.contract_misses(ok) == []
     bad = ok | {"mass_yesno": 0.58, "min_mass_choice": 0.2, "greedy_out_of_format": ["no-think #3: 'No<|im_end|>'"]}
-    misses = tiny.contract_misses(bad)
+    misses = tiny_train.contract_misses(bad)
     assert misses[0] == "mean yesno label mass 0.580 < 0.85"
     assert misses[1] == "least choice label mass 0.200 < 0.5"
     assert misses[2].startswith("1 of 24 greedy replies out of format (no-think #3: 'No<|im_end|>')")
@@ -304,9 +308,9 @@ def test_contract_misses_name_each_shortfall() -> None:
 def test_build_keeps_training_then_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A contract that cannot hold: the extra rounds run (each on fresh samples), then ContractError with every
     round's figures; a contract that holds stops after the recipe. A 2-step recipe keeps this fast."""
-    tokenizer = tiny.build_tokenizer()
-    recipe = tiny.TrainRecipe(steps=2, batch_size=2, warmup=1)
-    impossible = tiny.Contract(
+    tokenizer = tiny_tokenizer.build_tokenizer()
+    recipe = tiny_train.TrainRecipe(steps=2, batch_size=2, warmup=1)
+    impossible = tiny_train.Contract(
         n_mass=2,
         n_greedy=1,
         floors=(("yesno", 1.01), ("choice", 0.0), ("option", 0.0), ("rating", 0.0)),
@@ -315,15 +319,17 @@ def test_build_keeps_training_then_fails_loudly(monkeypatch: pytest.MonkeyPatch)
     )
     with tiny.deterministic(seed=1):
         model = tiny._init_qwen_moe(tokenizer)
-        with pytest.raises(tiny.ContractError, match=r"after 2 extra rounds: mean yesno label mass .* < 1.01") as err:
-            tiny.train_tiny(model, tokenizer, recipe, contract=impossible)
+        with pytest.raises(
+            tiny_train.ContractError, match=r"after 2 extra rounds: mean yesno label mass .* < 1.01"
+        ) as err:
+            tiny_train.train_tiny(model, tokenizer, recipe, contract=impossible)
         assert str(err.value).count('"mass_yesno"') == 3  # the recipe, then each of the two rounds
-        trivial = tiny.Contract(
+        trivial = tiny_train.Contract(
             n_mass=2,
             n_greedy=1,
             floors=(("yesno", 0.0), ("choice", 0.0), ("option", 0.0), ("rating", 0.0)),
             min_pair_mass=0.0,
         )
-        monkeypatch.setattr(tiny, "reply_in_format", lambda *a, **k: True)
-        info = tiny.train_tiny(tiny._init_qwen_moe(tokenizer), tokenizer, recipe, contract=trivial)
+        monkeypatch.setattr(tiny_train, "reply_in_format", lambda *a, **k: True)
+        info = tiny_train.train_tiny(tiny._init_qwen_moe(tokenizer), tokenizer, recipe, contract=trivial)
     assert info["contract_rounds"] == 0 and info["train_steps"] == 2 and len(info["contract_history"]) == 1

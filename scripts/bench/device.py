@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from engines.hf import HFEngine, HFSettings
     from experiments.dilemmas import load_dilemmas
-    from probe import tiny
+    from probe import tiny_tokenizer
     from scripts.bench.model import BENCH_MOE_CONFIG
     from scripts.bench.workloads import WorkloadSpec, expand_workload
 
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.manual_seed(0)
-    tok = tiny.build_tokenizer()
+    tok = tiny_tokenizer.build_tokenizer()
     config = Qwen3MoeConfig(
         **BENCH_MOE_CONFIG, vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )

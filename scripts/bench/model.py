@@ -3,7 +3,7 @@
 ``tiny`` (hidden size 64, 2 layers) is shaped for tests: its forward pass is
 all Python overhead, so it says nothing about readout speed. The bench model
 keeps tiny's tokenizer (Qwen2's digit-splitting pre-tokenizer and Qwen3's chat
-template, from :func:`probe.tiny.build_tokenizer`) and its training style (a
+template, from :func:`probe.tiny_tokenizer.build_tokenizer`) and its training style (a
 short run on the synthetic format corpus, so the answer slot puts its mass on
 the offered labels and the experts are not routed uniformly at random), but
 has the proportions of a small modern MoE: 8 layers, hidden size 512,
@@ -52,7 +52,7 @@ BENCH_MOE_CONFIG: dict[str, Any] = {
 
 def recipe() -> Any:
     """The short training run: tiny's recipe with fewer, smaller steps (each token costs ~60x tiny's)."""
-    from probe.tiny import TrainRecipe
+    from probe.tiny_train import TrainRecipe
 
     return TrainRecipe(steps=30, batch_size=8, lr=3e-3, warmup=5, seed=1)
 
@@ -108,12 +108,12 @@ def ensure_bench_model(root: pathlib.Path | None = None, *, progress: bool = Tru
 def _build(out: pathlib.Path, progress: bool) -> dict[str, Any]:
     from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from probe import tiny
+    from probe import tiny, tiny_tokenizer, tiny_train
 
     r = recipe()
     # One thread, like tiny: reproducible weights, and OpenMP threads spin badly on shared cores.
     with tiny.deterministic(seed=r.seed, threads=1):
-        tokenizer = tiny.build_tokenizer()
+        tokenizer = tiny_tokenizer.build_tokenizer()
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id  # tiny's <|im_end|> and <|endoftext|>
         config = Qwen3MoeConfig(
             **BENCH_MOE_CONFIG, vocab_size=len(tokenizer), eos_token_id=eos, pad_token_id=pad, bos_token_id=pad
@@ -121,7 +121,7 @@ def _build(out: pathlib.Path, progress: bool) -> dict[str, Any]:
         model = Qwen3MoeForCausalLM(config).float()
         # No behaviour contract: the bench measures speed, and nothing asserts what this model answers. Its weights
         # differ between CPUs' float kernels as tiny's do; the bench compares peers on the same weights in one run.
-        info = tiny.train_tiny(model, tokenizer, r, progress=progress, contract=None)
+        info = tiny_train.train_tiny(model, tokenizer, r, progress=progress, contract=None)
         model.generation_config = GenerationConfig(
             eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad, do_sample=False
         )
