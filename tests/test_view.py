@@ -23,7 +23,9 @@ import pytest
 
 from probe.app.cli import main
 from probe.app.prompts import Renderer, messages_text
-from probe.app.view import Viewer, make_server, redact
+from probe.app.redact import redact
+from probe.app.view import Viewer
+from probe.app.viewserver import make_server
 from probe.runs import NotARunError, open_run
 from probe.store import RunStore
 from tests.view_runs import ITEMS, index_cache, sim_run  # noqa: F401 (index_cache: autouse fixture)

@@ -22,7 +22,8 @@ import pytest
 
 from probe import trial_index
 from probe.app.cli import main
-from probe.app.view import Viewer, make_server
+from probe.app.view import Viewer
+from probe.app.viewserver import make_server
 from probe.runs import open_run
 from probe.store import RunStore
 from tests.view_runs import chromium

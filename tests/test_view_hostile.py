@@ -23,7 +23,9 @@ import pytest
 
 from probe.app.check import check_run
 from probe.app.cli import main
-from probe.app.view import Viewer, _json, make_server, redact
+from probe.app.redact import redact
+from probe.app.view import Viewer, _json
+from probe.app.viewserver import make_server
 from probe.runs import NotARunError, open_run
 from probe.store import Receipt, RunStore, TableReceipt
 from probe.terminal import escape_controls
@@ -409,7 +411,7 @@ def test_a_bad_port_is_one_line(port: str, base: Path, capsys: pytest.CaptureFix
 def test_a_port_in_use_is_said_before_the_index_is_built(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
-    from probe.app import view
+    from probe.app import view, viewserver
 
     def no_warm(self: Viewer, log: Any = print) -> None:
         raise AssertionError("the index was built before the port was taken")
@@ -418,8 +420,8 @@ def test_a_port_in_use_is_said_before_the_index_is_built(base: Path, monkeypatch
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
-        with pytest.raises(view.ServeError, match=r"cannot listen on 127\.0\.0\.1"):
-            view.serve([str(base)], int(taken.getsockname()[1]))
+        with pytest.raises(viewserver.ServeError, match=r"cannot listen on 127\.0\.0\.1"):
+            viewserver.serve([str(base)], int(taken.getsockname()[1]))
 
 
 def test_a_run_being_written_says_so(base: Path, tmp_path: Path) -> None:

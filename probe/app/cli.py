@@ -338,9 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     coding.register(sub)
     serve.register(sub)
     importer.register(sub)
-    from probe.app import view  # probe view and probe show
+    from probe.app import viewserver  # probe view and probe show
 
-    view.register(sub)
+    viewserver.register(sub)
     return p
 
 

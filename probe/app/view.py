@@ -1,7 +1,7 @@
-"""``probe view RUN [RUN ...]``: a local web viewer of runs, their reports and every trial.
+"""``probe view RUN [RUN ...]``: a local web viewer of runs, their reports and every trial; here its pages.
 
-A standard-library HTTP server (``ThreadingHTTPServer``) bound to 127.0.0.1,
-serving server-rendered HTML (Jinja2 templates, autoescaped) with one small
+A standard-library HTTP server (``ThreadingHTTPServer``) bound to 127.0.0.1
+(:mod:`probe.app.viewserver`, with the command line), serving server-rendered HTML (Jinja2 templates, autoescaped) with one small
 script and one style sheet from ``probe/app/static/``: no front-end build, no
 CDN, nothing fetched from the network, and every page works without the
 script (it only sorts and filters tables and submits the filter form when a
@@ -20,12 +20,11 @@ Safety: the server binds 127.0.0.1 only; it serves the run folders it was
 given and its own static files, nothing else (a path with ``..``, an absolute
 or an encoded one is refused); it never shows an environment variable, and
 manifest fields that could hold a secret (API keys, tokens, headers) are
-shown as ``[redacted]``.
+shown as ``[redacted]`` (:mod:`probe.app.redact`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import html
 import json
@@ -37,17 +36,16 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from probe.app import markdown
 from probe.app.prompts import Renderer
 from probe.app.query import FilterError, RunQuery, TrialFilter
+from probe.app.redact import redact
 from probe.app.trialview import side_by_side, view_of
-from probe.app.verbs import add_verb
 from probe.errors import ProbeError
 from probe.runs import NotARunError, Run, factor_column, open_run, run_folders
 from probe.store import LinkError, inside, json_ready, link_problem
@@ -57,80 +55,10 @@ from probe.terminal import escape_controls
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
 TEMPLATES = HERE / "templates"
-HOST = "127.0.0.1"
 PAGE_SIZE = 50
 MAX_PAGE = 500
 ITEM_COLUMNS = ("item_id", "item", "dilemma", "story", "scenario")
 """Report columns whose values name items (a row there links to that item's trials)."""
-_SECRET_WORDS = frozenset(
-    {
-        "secret", "secrets", "password", "passwords", "passwd", "pwd", "passphrase", "credential", "credentials",
-        "auth", "authorization", "cookie", "cookies", "apikey", "apikeys", "privatekey", "header", "headers",
-        "bearer",
-    }
-)  # fmt: skip
-"""A field whose name holds one of these words (``aws_secret_access_key``, ``pwd``) is redacted; so is one whose
-last word is ``token`` (``hfToken``, ``access_token``; not ``eos_token_id`` or ``max_tokens``)."""
-_KEY_KINDS = frozenset(
-    {"api", "access", "private", "ssh", "secret", "signing", "encryption", "client", "master", "auth", "app",
-     "service", "account", "deploy", "session", "gpg", "pgp"}
-)  # fmt: skip
-"""A field named ``<kind>_key`` or ``<kind>_keys`` with one of these kinds is redacted (``run_key`` is not)."""
-_SECRET_VALUE = re.compile(
-    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)"
-    r"|\b(?:sk-[A-Za-z0-9_-]{12,}"  # OpenAI, Anthropic (sk-ant-), OpenRouter (sk-or-)
-    r"|hf_[A-Za-z0-9]{20,}"  # Hugging Face
-    r"|AIza[0-9A-Za-z_-]{20,}"  # Google
-    r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub
-    r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"  # AWS access key id
-    r"|xox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
-    r"|npm_[A-Za-z0-9]{30,}"  # npm
-    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"  # a JSON web token
-    r"|\b(?:[Bb]earer|[Bb]asic)\s+[A-Za-z0-9._~+/=-]{16,}"  # an Authorization header's value
-)
-_URL_PASSWORD = re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@")
-"""The ``user:password@`` of a URL."""
-_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
-
-
-# ------------------------------------------------------------------ secrets
-def _env_secrets() -> set[str]:
-    """Values of this process's environment variables that look like secrets (never shown)."""
-    return {v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8}
-
-
-def secret_name(name: str) -> bool:
-    """Whether a field named ``name`` could hold a secret: its words (split at ``_``, ``-``, ``.``, spaces and
-    camelCase) hold a word of :data:`_SECRET_WORDS`, or end in ``key``/``keys`` after a word of :data:`_KEY_KINDS`
-    (``private_key``, ``ssh_key``, ``api_keys``, ``apiKey``; not ``run_key``), or its last word is ``token``."""
-    words = [w for w in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()) if w]
-    if any(w in _SECRET_WORDS for w in words) or words[-1:] == ["token"]:
-        return True
-    return len(words) >= 2 and words[-1] in ("key", "keys") and words[-2] in _KEY_KINDS
-
-
-def redact(obj: Any, secrets: set[str] | None = None) -> Any:
-    """``obj`` (a manifest) with every value that could be a secret replaced by ``[redacted]``: fields named like
-    a key, token, password or header (:func:`secret_name`), strings shaped like a provider's key, a token, a
-    private key block or a URL's password, and any secret environment value."""
-    secrets = _env_secrets() if secrets is None else secrets
-    if isinstance(obj, Mapping):
-        return {
-            str(k): ("[redacted]" if secret_name(str(k)) and v not in (None, "", {}, []) else redact(v, secrets))
-            for k, v in obj.items()
-        }
-    if isinstance(obj, (list, tuple)):
-        return [redact(v, secrets) for v in obj]
-    if isinstance(obj, str):
-        out = _URL_PASSWORD.sub("[redacted]@", _SECRET_VALUE.sub("[redacted]", obj))
-        for s in secrets:
-            if s in out:
-                out = out.replace(s, "[redacted]")
-        return out
-    return obj
-
-
 # ------------------------------------------------------------------ responses
 PAGE_CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -157,10 +85,6 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 class NotFound(ProbeError, LookupError):
     """A page, run, trial or file the viewer does not have (HTTP 404)."""
-
-
-class ServeError(ProbeError, RuntimeError):
-    """The server cannot start (a port in use); the message says what to change."""
 
 
 class Refused(ProbeError, PermissionError):
@@ -647,124 +571,3 @@ def _num_filter(x: Any, spec: str = ".4f") -> str:
     except (TypeError, ValueError):
         return html.escape(str(x))
     return "-" if math.isnan(f) else format(f, spec)
-
-
-# ------------------------------------------------------------------ the server
-def host_allowed(host: str | None, port: int) -> bool:
-    """Whether a request's Host header names this server: ``127.0.0.1:PORT``, ``localhost:PORT`` or ``[::1]:PORT``.
-
-    Why: a web page on another site can make the browser resolve its own name to 127.0.0.1 (DNS rebinding) and
-    then read this viewer's pages and API as that site's origin; its requests carry that name in Host. The port
-    must be this server's own (over an SSH tunnel, forward the same port number: ``-L 8765:127.0.0.1:8765``).
-    """
-    if not host:
-        return False
-    return host.strip().lower() in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}")
-
-
-def misdirected(port: int) -> Response:
-    """The answer to a request for another host name (HTTP 421), naming the addresses this viewer answers on."""
-    text = (
-        f"421 Misdirected Request: this probe view answers only http://127.0.0.1:{port}/ or http://localhost:{port}/ "
-        "(a request for another host name is refused: it could be a DNS-rebinding page reading the viewer)\n"
-    )
-    return Response(421, text.encode(), "text/plain; charset=utf-8")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    viewer: Viewer
-    server_version = "probe-view"
-    sys_version = ""
-
-    def do_GET(self) -> None:
-        port = int(self.server.server_address[1])  # type: ignore[index]  # an (host, port) pair: bound to 127.0.0.1
-        resp = self.viewer.handle(self.path) if host_allowed(self.headers.get("Host"), port) else misdirected(port)
-        self.send_response(resp.status)
-        self.send_header("Content-Type", resp.content_type)
-        self.send_header("Content-Length", str(len(resp.body)))
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Content-Security-Policy", resp.csp)
-        self.send_header("Referrer-Policy", "no-referrer")
-        self.send_header("X-Frame-Options", "DENY")
-        for k, v in resp.headers:
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(resp.body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per error only
-        if args and str(args[1] if len(args) > 1 else "").startswith(("4", "5")):
-            sys.stderr.write(escape_controls(f"probe view: {self.address_string()} {format % args}") + "\n")
-
-
-def make_server(viewer: Viewer, port: int = 0) -> ThreadingHTTPServer:
-    """A server for ``viewer`` on 127.0.0.1 (``port`` 0: a free one)."""
-    handler = type("Handler", (_Handler,), {"viewer": viewer})
-    server = ThreadingHTTPServer((HOST, port), handler)
-    server.daemon_threads = True
-    return server
-
-
-def serve(paths: Sequence[str], port: int = 0, *, log: Callable[[str], None] = print) -> int:
-    viewer = Viewer.open(paths)
-    try:  # listen before the (slow) trial index is built: a port in use is said at once
-        server = make_server(viewer, port)
-    except OverflowError:
-        raise ServeError(f"--port must be 0-65535, got {port}") from None
-    except OSError as e:
-        raise ServeError(
-            f"cannot listen on {HOST}:{port} ({e.strerror}); pick another --port, or 0 for a free one"
-        ) from None
-    viewer.warm(log)
-    bound = int(server.server_address[1])
-    log(f"probe view: http://{HOST}:{bound}/  ({len(viewer.runs)} run(s); Ctrl-C stops)")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        log("probe view: stopped")
-    finally:
-        server.server_close()
-    return 0
-
-
-# ------------------------------------------------------------------ the command line
-#: The epilog of ``probe view --help``.
-EXAMPLES = """examples:
-  probe view runs/battery-smol
-  probe view runs/q8 runs/q8-think --port 8765
-  probe view runs/compare-q8        # the runs of a comparison
-  ssh -L 8765:127.0.0.1:8765 login-node 'probe view runs/x --port 8765'   # from a cluster"""
-
-
-def port_number(text: str) -> int:
-    """``--port``: a whole number 0-65535 (0: a free one); argparse's one-line error otherwise."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number 0-65535, got {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0-65535 (0: a free one), got {port}")
-    return port
-
-
-def cmd_view(a: argparse.Namespace) -> int:
-    """browse runs in the web browser: manifest, report, every trial (local server)
-
-    Start a local web server (127.0.0.1 only) that shows each run's manifest, progress and integrity, its report
-    (summary, sortable tables, figures), and a trial browser: filter by item, factor levels, option, parse status, low
-    coverage or greedy-vs-sampled disagreement, and open any trial to see its exact prompt, option probabilities,
-    sampled replies and verdicts. Several runs (or a `probe compare` folder) show the same trial side by side. Ctrl-C
-    stops it.
-    """
-    return serve(a.runs, a.port)
-
-
-def register(sub: Any) -> None:
-    """``probe view`` (and ``probe show``, :mod:`probe.app.show`) on the CLI's subparsers."""
-    v = add_verb(sub, "view", cmd_view, epilog=EXAMPLES)
-    v.add_argument("runs", nargs="+", help="run folders (the --out of `probe run`) or a `probe compare` folder")
-    v.add_argument(
-        "--port", type=port_number, default=0, help="port on 127.0.0.1 (default: 0, a free one; the URL is printed)"
-    )
-    from probe.app import show
-
-    show.register(sub)
