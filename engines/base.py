@@ -6,12 +6,18 @@ A logit engine implements ``readout``; every engine provides ``sample``
 the run manifest). Engines import their heavy libraries lazily so that a
 CPU-only or API-only install works.
 
-Optional: ``reply_rows``, the free-text reply rows (trials x draws) the runner
-may gather across chunks into one ``sample`` call (absent or 0: each chunk's
-replies alone; see :func:`probe.app.runner.plan_replies`), and
-``sample_next(trials)``, which the runner calls before a chunk's ``readout``
-when it will sample those trials right after (the Transformers engine then
-keeps the readout's prompt caches for the draws; speed only).
+Optional, each a small runtime-checkable protocol the runner asks with
+``isinstance`` (as it asks :class:`ReadsSlot` and :class:`CountsTokens` of a
+logit engine): :class:`BatchesReplies` (``reply_rows``, the free-text reply
+rows, trials x draws, the runner may gather across chunks into one ``sample``
+call; absent or 0: each chunk's replies alone; see
+:func:`probe.app.runner.plan_replies`), :class:`SamplesNext`
+(``sample_next(trials)``, which the runner calls before a chunk's ``readout``
+when it will sample those trials right after: the Transformers engine then
+keeps the readout's prompt caches for the draws; speed only),
+:class:`ChunkSize` (the engine's own trials per committed chunk),
+:class:`Journaled` (an engine that keeps a journal in the run folder) and
+:class:`CallStats` (totals for the manifest).
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engines.flags import NO_FLAG, flag
 from probe.errors import ProbeError
 from probe.types import Readout, Sample, Trial
+
+if TYPE_CHECKING:
+    from probe.store import RunStore
 
 ProgressFn = Callable[[int], None]
 """Called with the number of trials (or samples) just finished."""
@@ -193,15 +202,74 @@ class Engine(Protocol):
 
 
 @runtime_checkable
-class LogitEngine(Engine, Protocol):
-    """An engine that can read the answer-slot distribution."""
+class ReadsSlot(Protocol):
+    """What reads the answer slot (the runner asks this of an engine before a readout)."""
 
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
         """The answer-slot distribution of each trial, in input order."""
         ...
 
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """What counts tokens in the model's tokenizer (an experiment draws its salts to a fixed token length)."""
+
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` in the model's tokenizer (salts are drawn to a fixed token length)."""
+        ...
+
+
+@runtime_checkable
+class LogitEngine(Engine, ReadsSlot, CountsTokens, Protocol):
+    """An engine that can read the answer-slot distribution (and so knows its tokenizer)."""
+
+
+@runtime_checkable
+class BatchesReplies(Protocol):
+    """An engine that decodes free-text replies best in large batches (hf, vllm, sim)."""
+
+    @property
+    def reply_rows(self) -> int:
+        """Reply rows (trials x draws) the runner may gather across chunks into one ``sample`` call (0: each
+        chunk's replies alone)."""
+        ...
+
+
+@runtime_checkable
+class SamplesNext(Protocol):
+    """An engine that can prepare for the draws that follow a readout (hf: it keeps the prompt caches)."""
+
+    def sample_next(self, trials: Sequence[Trial]) -> None:
+        """The next ``sample`` call after the coming ``readout`` draws these trials (speed only)."""
+        ...
+
+
+@runtime_checkable
+class ChunkSize(Protocol):
+    """An engine with its own number of trials per committed chunk (vllm on a GPU: enough to fill its batch)."""
+
+    @property
+    def default_chunk_size(self) -> int:
+        """Trials per committed chunk when ``--chunk-size`` is not given."""
+        ...
+
+
+@runtime_checkable
+class Journaled(Protocol):
+    """An engine that persists each call in the run folder (api: a journal of paid responses; server: of answered
+    readout requests), so a recomputed chunk replays them instead of asking again."""
+
+    def attach(self, store: RunStore) -> None:
+        """Open the journal of the run ``store``, before the first call."""
+        ...
+
+
+@runtime_checkable
+class CallStats(Protocol):
+    """An engine that counts its calls, retries and spend (api, server), for the manifest."""
+
+    def run_stats(self) -> dict[str, Any]:
+        """The run's totals so far."""
         ...
 
 

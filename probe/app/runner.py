@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from engines.base import BatchesReplies, CallStats, ChunkSize, CountsTokens, Engine, Journaled, ReadsSlot, SamplesNext
 from experiments import Spec, get_experiment
 from probe.lock import RunLock
 from probe.record import EngineRecord, Manifest
@@ -169,7 +170,7 @@ DEFAULT_CHUNK = 256
 def run(
     experiment: str,
     spec: Spec,
-    engine: Any,
+    engine: Engine,
     out: Path,
     *,
     plan: Plan | None = None,
@@ -189,7 +190,7 @@ def run(
     """
     plan = plan or Plan()
     if chunk_size is None:
-        chunk_size = int(getattr(engine, "default_chunk_size", DEFAULT_CHUNK))
+        chunk_size = int(engine.default_chunk_size) if isinstance(engine, ChunkSize) else DEFAULT_CHUNK
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     folder = Path(out) / shard.folder if shard is not None else Path(out)
@@ -212,7 +213,7 @@ def run(
 def _run_locked(
     experiment: str,
     spec: Spec,
-    engine: Any,
+    engine: Engine,
     out: Path,
     plan: Plan,
     judge: Any,
@@ -222,14 +223,15 @@ def _run_locked(
     log: Callable[[str], None],
     take_lock: Callable[[], None],
 ) -> RunStore:
-    if plan.readout and not hasattr(engine, "readout"):
+    reader = engine if isinstance(engine, ReadsSlot) else None
+    if plan.readout and reader is None:
         if not plan.samples:
             raise ValueError(f"the {engine.name!r} engine cannot read logits; use --samples N (and --no-readout)")
         plan = replace(plan, readout=False)  # a sampling-only engine (api): --samples N means sample only
     exp = get_experiment(experiment)
     engine.load()
     is_generative = exp.generative or (lambda t: False)
-    trials = exp.expand(spec, count_tokens=getattr(engine, "count_tokens", None))
+    trials = exp.expand(spec, count_tokens=engine.count_tokens if isinstance(engine, CountsTokens) else None)
     if shard is not None:
         trials = shard.select(trials)
         out = Path(out) / shard.folder
@@ -261,7 +263,7 @@ def _run_locked(
     read = [t for t in trials if not is_generative(t)] if plan.readout else []  # the trials whose slots are read
     take_lock()
     store = RunStore.open(Path(out), manifest, trials)
-    if hasattr(engine, "attach"):  # engines that persist per call (api: a journal of paid responses)
+    if isinstance(engine, Journaled):  # engines that persist per call (api: a journal of paid responses)
         engine.attach(store)
     bounds = chunk_bounds(len(trials), chunk_size)
     integrity = store.integrity()
@@ -292,8 +294,8 @@ def _run_locked(
     def reply_count(t: Trial) -> int:
         return plan.samples if drawn(t) else 1
 
-    reply_rows = int(getattr(engine, "reply_rows", 0) or 0)  # 0 / absent: each chunk decodes its own replies
-    cap = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
+    reply_rows = int(engine.reply_rows or 0) if isinstance(engine, BatchesReplies) else 0  # 0: each chunk alone
+    cap: dict[str, Any] = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
     generative = {k: [t for t in trials[slice(*bounds[k])] if is_generative(t)] for k in todo}
     ahead: dict[str, list[Sample]] = {}  # replies decoded but not yet written, by trial id (a crash loses them)
     decoded: set[int] = set()  # chunks whose replies have been decoded in this invocation
@@ -313,11 +315,11 @@ def _run_locked(
             generated = generative[k]
             tables: dict[str, pd.DataFrame] = {}
             to_sample = [t for t in chunk if plan.samples_for(t)] if plan.samples else []
-            if plan.readout and chunk and to_sample and hasattr(engine, "sample_next"):
+            if plan.readout and chunk and to_sample and isinstance(engine, SamplesNext):
                 engine.sample_next(to_sample)  # the readout may keep these prompts' caches for the draws below
-            if plan.readout and chunk:
+            if plan.readout and chunk and reader is not None:  # plan.readout: the engine reads (checked above)
                 with rates.timing("readouts", len(chunk), bar):
-                    tables.update(readout_tables(engine.readout(chunk, progress=bar.update)))
+                    tables.update(readout_tables(reader.readout(chunk, progress=bar.update)))
             if to_sample:
                 # readout trials ask for one of their options: each reply is parsed up to where its answer
                 # ends, and an engine that can stops the draw there (probe.parse.answer_end)
@@ -381,14 +383,14 @@ def plan_replies(chunks: Sequence[Sequence[Trial]], rows: Callable[[Trial], int]
     return taken
 
 
-def _replay_note(engine: Any) -> str:
+def _replay_note(engine: Engine) -> str:
     """What a recomputed chunk costs on this engine."""
-    if hasattr(engine, "attach"):
+    if isinstance(engine, Journaled):
         return " (paid API responses are replayed from the journal, not bought again)"
     return ""
 
 
-def _record_floor(store: RunStore, engine: Any, read: Sequence[Trial], log: Callable[[str], None]) -> None:
+def _record_floor(store: RunStore, engine: Engine, read: Sequence[Trial], log: Callable[[str], None]) -> None:
     """Measure the run's numeric floor once its readouts are all in (:mod:`probe.app.floor`) and record it."""
     from probe.app.floor import measure_floor, of_tables
 
@@ -404,9 +406,9 @@ def _record_floor(store: RunStore, engine: Any, read: Sequence[Trial], log: Call
     )
 
 
-def _record_engine_stats(store: RunStore, engine: Any) -> None:
+def _record_engine_stats(store: RunStore, engine: Engine) -> None:
     """Engines that count calls, retries and spend (api) leave their totals in the manifest."""
-    if hasattr(engine, "run_stats"):
+    if isinstance(engine, CallStats):
         store.update_manifest({"engine_stats": engine.run_stats()})
 
 
