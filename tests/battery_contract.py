@@ -14,6 +14,7 @@ from itertools import product
 
 import pandas as pd
 
+from probe import views
 from probe.tables import readout_tables
 from probe.types import Message, Readout, Sample, Trial, make_trial_id
 
@@ -112,32 +113,16 @@ def choice(items: Sequence[str], framings: Sequence[str] = ("choose", "what_woul
     return out
 
 
-def _meta(trials: Sequence[Trial]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    meta = pd.DataFrame(
-        [{"trial_id": t.trial_id, "item_id": t.item_id, "replicate": t.replicate, **dict(t.factors)} for t in trials]
-    )
-    meaning = pd.DataFrame(
-        [
-            {"trial_id": t.trial_id, "option": o, "position": i, "meaning": m}
-            for t in trials
-            for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True))
-        ]
-    )
-    return meta, meaning
-
-
 def frames_readout(trials: Sequence[Trial], readouts: Sequence[Readout]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What :func:`analysis.common.frames.readouts` returns for a run of these trials."""
+    """What :meth:`probe.runs.Run.readout_frames` returns for a run of these trials."""
     tables = readout_tables(readouts)
-    meta, meaning = _meta(trials)
-    opts = tables["readout_options"].merge(meaning, on=["trial_id", "option"], how="left", validate="one_to_one")
-    per = tables["readout_trials"].merge(meta, on="trial_id", how="left", validate="one_to_one")
-    return opts, per
+    return views.readout_frames(tables["readout_options"], tables["readout_trials"], trials)
 
 
 def frames_samples(trials: Sequence[Trial], samples: Sequence[Sample]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What :func:`analysis.common.frames.sample_counts` returns for a sampled run of these trials."""
-    meta, meaning = _meta(trials)
+    """The parsed shares of :meth:`probe.runs.Run.sample_counts` for a sampled run of these trials (only the columns
+    an analysis reads: ``count``, ``n_ok``, ``prob``)."""
+    meta, meaning = views.trial_meta(trials), views.option_meaning(trials)
     s = pd.DataFrame([{"trial_id": x.trial_id, "option": x.option, "status": x.status} for x in samples])
     n_ok = s[s["status"] == "ok"].groupby("trial_id").size().rename("n_ok")
     ok = s[s["status"] == "ok"].groupby(["trial_id", "option"]).size().rename("count").reset_index()

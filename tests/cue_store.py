@@ -21,8 +21,8 @@ def sampled_cue_report(
     planted frequencies, not the intervals.
     """
     from analysis.cue.report import cue_report
-    from probe.tables import sample_table
     from probe.store import RunStore
+    from probe.tables import sample_table
 
     manifest = {
         "run_key": "test",

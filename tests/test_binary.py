@@ -26,7 +26,7 @@ def _frames(rows):
             }
         )
         for pos, (o, m, p) in enumerate(zip(printed, means, probs, strict=True)):
-            opts.append({"trial_id": tid, "option": o, "position": pos, "meaning": m, "prob": p})
+            opts.append({"trial_id": tid, "option": o, "option_index": pos, "meaning": m, "prob": p})
     return pd.DataFrame(per), pd.DataFrame(opts)
 
 

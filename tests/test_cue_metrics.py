@@ -64,19 +64,19 @@ class Run:
         means = ("benefit", "harm") if benefit_first else ("harm", "benefit")
         probs = (p, 1 - p) if benefit_first else (1 - p, p)
         for i, (o, m, q) in enumerate(zip(("1", "2"), means, probs, strict=True)):
-            self.opts.append({"trial_id": tid, "option": o, "prob": q, "meaning": m, "position": i})
+            self.opts.append({"trial_id": tid, "option": o, "prob": q, "meaning": m, "option_index": i})
 
     def could_be(self, item: str, condition: str, p_yes: float, **f: object) -> None:
         tid = self._trial(item, condition, "could_be", **f)
         for i, (o, m, q) in enumerate(zip(("Yes", "No"), ("yes", "no"), (p_yes, 1 - p_yes), strict=True)):
-            self.opts.append({"trial_id": tid, "option": o, "prob": q, "meaning": m, "position": i})
+            self.opts.append({"trial_id": tid, "option": o, "prob": q, "meaning": m, "option_index": i})
 
     def check(self, item: str, condition: str, attr: str, probs: dict[str, float], **f: object) -> None:
         tid = self._trial(item, condition, f"check_{attr}", **f)
         labels = GENDERS if attr == "gender" else RACES
         for i, label in enumerate(labels):
             self.opts.append(
-                {"trial_id": tid, "option": label, "prob": probs.get(label, 0.0), "meaning": label, "position": i}
+                {"trial_id": tid, "option": label, "prob": probs.get(label, 0.0), "meaning": label, "option_index": i}
             )
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -32,7 +32,7 @@ def _yesno_binary(cells):
         p = cells[(t.factors["verb"], t.factors["order"])]
         for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
             opts.append(
-                {"trial_id": t.trial_id, "option": o, "position": i, "meaning": m, "prob": p if m == "cbr" else 1 - p}
+                {"trial_id": t.trial_id, "option": o, "option_index": i, "meaning": m, "prob": p if m == "cbr" else 1 - p}
             )
     return pd.DataFrame(opts), per
 
@@ -72,7 +72,7 @@ def test_logic_and_label_default_to_the_ab_pair_alone():
         p = 0.8 if t.factors["labels"] == "A/B" and t.options[0] == t.factors["yes_label"] else 0.5
         for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
             opts.append(
-                {"trial_id": t.trial_id, "option": o, "position": i, "meaning": m, "prob": p if m == "cbr" else 1 - p}
+                {"trial_id": t.trial_id, "option": o, "option_index": i, "meaning": m, "prob": p if m == "cbr" else 1 - p}
             )
     b = fit.binary_trials(pd.DataFrame(opts), per)
     ab = fit.channel_sides(b, "order", family="arbitrary", labels=("A/B",))
@@ -119,7 +119,7 @@ def _ab_frames(p_of):
     for t in trials:
         raw = [p_of(o, i, "yes" if o == t.factors["yes_label"] else "no") for i, o in enumerate(t.options)]
         for i, (o, m) in enumerate(zip(t.options, t.meaning, strict=True)):
-            opts.append({"trial_id": t.trial_id, "option": o, "position": i, "meaning": m, "prob": raw[i] / sum(raw)})
+            opts.append({"trial_id": t.trial_id, "option": o, "option_index": i, "meaning": m, "prob": raw[i] / sum(raw)})
     return pd.DataFrame(opts), per
 
 

@@ -41,7 +41,7 @@ def _graded_frames(rows):
             }
         )
         for i, (o, m, w) in enumerate(zip(options, means, weights, strict=True)):
-            opts.append({"trial_id": tid, "option": o, "position": i, "meaning": m, "prob": w, "count": w})
+            opts.append({"trial_id": tid, "option": o, "option_index": i, "meaning": m, "prob": w, "count": w})
     return pd.DataFrame(opts), pd.DataFrame(per)
 
 

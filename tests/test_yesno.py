@@ -158,7 +158,7 @@ def _frames(p: dict[tuple[str, str, str, str, int], float]) -> tuple[pd.DataFram
         if order == "no_first":
             pairs.reverse()
         for pos, (label, meaning, prob) in enumerate(pairs):
-            opt_rows.append({"trial_id": tid, "option": label, "position": pos, "meaning": meaning, "prob": prob})
+            opt_rows.append({"trial_id": tid, "option": label, "option_index": pos, "meaning": meaning, "prob": prob})
     return pd.DataFrame(opt_rows), pd.DataFrame(trial_rows)
 
 
@@ -347,7 +347,7 @@ def _run_fixed_yes(trials, p_yes: float) -> tuple[pd.DataFrame, pd.DataFrame]:
                 {
                     "trial_id": t.trial_id,
                     "option": o,
-                    "position": pos,
+                    "option_index": pos,
                     "meaning": m,
                     "prob": p_yes if o == "Yes" else 1 - p_yes,
                 }

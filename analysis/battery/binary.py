@@ -61,7 +61,7 @@ def cell_events(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFrame:
     ``position``, ``option``, ``meaning``, ``prob``.
     """
     pc = p_cbr(options)
-    first = options[options["position"] == 0].set_index("trial_id")
+    first = options[options["option_index"] == 0].set_index("trial_id")
     df = per_trial.join(pc, on="trial_id")
     p_first = df["trial_id"].map(first["prob"])
     first_is_yes = df["trial_id"].map(first["option"]) == df["yes_label"]

@@ -133,7 +133,7 @@ def binary_trials(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFram
         out[col] = meta[col] if col in meta.columns else ""
     out["p_cbr"] = out["trial_id"].map(p_cbr(opts))
     cbr_option = out["trial_id"].map(cbr["option"])
-    out["cbr_first"] = out["trial_id"].map(cbr["position"]).eq(0)
+    out["cbr_first"] = out["trial_id"].map(cbr["option_index"]).eq(0)
     out["cbr_affirmative"] = cbr_option.eq(out["yes_label"])
     out["cbr_canonical"] = out["cbr_affirmative"].eq(out["mapping"].ne("swapped"))
     return out.reset_index(drop=True)

@@ -78,7 +78,7 @@ def graded_trials(options: pd.DataFrame, per_trial: pd.DataFrame, source: Source
         opts["w"] = opts["prob"]
     else:
         opts["w"] = opts["count"]
-    opts = opts.sort_values(["trial_id", "position"], kind="stable")
+    opts = opts.sort_values(["trial_id", "option_index"], kind="stable")
     g = opts.groupby("trial_id", sort=False)
     total = g["w"].sum()
     mean_x = (opts["w"] * opts["x"]).groupby(opts["trial_id"], sort=False).sum() / total

