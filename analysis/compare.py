@@ -1,7 +1,8 @@
 """``probe compare``: one report across the runs of a panel.
 
-The experiment decides what a comparison means (its ``compare`` function);
-this module checks that the runs can be compared, hands the panel over, and
+The experiment decides what a comparison means (its comparison function, found
+by the experiment's name in :mod:`analysis.registry`); this module checks that
+the runs can be compared, hands the panel over, and
 writes the parts every comparison shares: the panel table and the log of
 items dropped when runs of different item sets are matched.
 """
@@ -12,20 +13,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.common.report import report_files
+from analysis.cue.compare_report import compare_cue
+from analysis.cue.metrics import Decision
+from analysis.influence.compare_report import compare_influence
+from analysis.registry import COMPARISONS, Compare, comparable
 from probe.files import atomic_write_text
 from probe.panel import Panel, PanelError
 
 
-def comparison_of(panel: Panel) -> tuple[str, object]:
+def comparison_of(panel: Panel) -> tuple[str, Compare]:
     """The compare function shared by every run of the panel, with a name for it."""
     from experiments import get_experiment
 
-    funcs = {}
+    funcs: dict[str, Compare] = {}
     for name in panel.experiments:
-        exp = get_experiment(name)
-        if exp.compare is None:
+        get_experiment(name)
+        if name not in COMPARISONS:
             raise PanelError(f"experiment {name!r} has no cross-run comparison; comparable: {comparable()}")
-        funcs[name] = exp.compare
+        funcs[name] = COMPARISONS[name]
     distinct = set(map(id, funcs.values()))
     if len(distinct) > 1:
         raise PanelError(
@@ -35,12 +40,6 @@ def comparison_of(panel: Panel) -> tuple[str, object]:
     return ", ".join(funcs), next(iter(funcs.values()))
 
 
-def comparable() -> str:
-    from experiments import all_experiments
-
-    return ", ".join(n for n, e in all_experiments().items() if e.compare is not None) or "(none)"
-
-
 def write_comparison(
     panel: Panel,
     out: str | Path,
@@ -48,7 +47,7 @@ def write_comparison(
     n_boot: int | None = None,
     seed: int | None = None,
     asym_model: str | None = None,
-    decision: str | None = None,
+    decision: Decision | None = None,
 ) -> list[Path]:
     """Write the panel's comparison into ``out``; returns the files written (sorted).
 
@@ -65,12 +64,16 @@ def write_comparison(
         )
     if decision is not None and panel.experiments != ("cue",):
         raise PanelError(f"--decision applies to cue panels only; this panel holds {', '.join(panel.experiments)}")
-    given = (("n_boot", n_boot), ("seed", seed), ("asym_model", asym_model), ("decision", decision))
-    options = {k: v for k, v in given if v is not None}
+    boot = {k: v for k, v in (("n_boot", n_boot), ("seed", seed)) if v is not None}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "panel.csv", panel.table().to_csv(index=False))
-    func(panel, out, **options)  # type: ignore[operator]
+    if asym_model is not None:  # an influence panel (checked above): its comparison, with the option
+        compare_influence(panel, out, asym_model=asym_model, **boot)
+    elif decision is not None:  # a cue panel (checked above)
+        compare_cue(panel, out, decision=decision, **boot)
+    else:
+        func(panel, out, **boot)
     return report_files(out)
 
 

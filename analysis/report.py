@@ -1,7 +1,8 @@
 """``probe analyze``: write a run's report (CSV tables, a Markdown summary, figures) under ``RUN/report/``.
 
-The experiment of the run decides what its report holds (its ``report`` function, in the paper's
-package); this module checks the store and appends "What the numbers rest on" (:mod:`analysis.common.checks`).
+The experiment of the run decides what its report holds (its report function, in the paper's package,
+found by the experiment's name in :mod:`analysis.registry`); this module checks the store and appends
+"What the numbers rest on" (:mod:`analysis.common.checks`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
     ``allow_partial``; then the report covers the verified chunks and its
     summary starts by saying so.
     """
-    from experiments import get_experiment
+    from analysis.registry import report_of
 
     store = open_run(run)
     integrity = store.integrity()
@@ -29,7 +30,7 @@ def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
         raise StoreError(integrity.refusal())
     store = RunStore(store.root, allow_partial=allow_partial)
     out = store.root / "report"
-    paths = get_experiment(store.manifest().experiment).report(store, out)
+    paths = report_of(store.manifest().experiment)(store, out)
     paths = paths + append_checks(store, out)
     summary = out / "summary.md"
     if not integrity.complete and summary.exists():

@@ -8,9 +8,12 @@ cheap to import (no torch, no engines at module level).
 An experiment module defines its hooks under four fixed names (``NAME``,
 ``add_arguments``, ``spec_from_args``, ``expand``; :class:`ModuleHooks`) and
 registers itself with :meth:`Experiment.of`, which reads them, so the
-registration names only what is not code (the summary, the report, the
-optional hooks). The influence benchmark modules follow the same convention
-through :meth:`experiments.influence.Benchmark.of`.
+registration names only what is not code (the summary, the optional hooks).
+The influence benchmark modules follow the same convention through
+:meth:`experiments.influence.Benchmark.of`.
+
+Experiments import no analysis code: an experiment's report and comparison are
+registered by its name in :mod:`analysis.registry`.
 """
 
 from __future__ import annotations
@@ -20,14 +23,12 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, cast
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-    from probe.store import RunStore
     from probe.types import Trial
 
 
@@ -88,7 +89,7 @@ class ModuleHooks:
 
 @dataclass(frozen=True)
 class Experiment:
-    """One runnable experiment: its CLI flags, its spec, its trials and its report."""
+    """One runnable experiment: its CLI flags, its spec and its trials (its report: :mod:`analysis.registry`)."""
 
     name: str
     summary: str
@@ -97,47 +98,26 @@ class Experiment:
     spec_from_args: Callable[[argparse.Namespace], Spec]
     expand: Callable[..., list[Trial]]
     """``expand(spec, count_tokens=None) -> trials`` in a fixed order."""
-    report: Callable[[RunStore, Path], list[Path]]
-    """Write the report files of a finished run into the given folder; return their paths."""
     generative: Callable[[Trial], bool] | None = None
     """Trials for which the runner generates text (and judges it) instead of reading the slot."""
     reply_tokens: Callable[[Any], int] | None = None
     """``reply_tokens(spec)``: the token cap of the generated trials' replies (None: the engine's --max-new-tokens)."""
     judge_options: Callable[[argparse.Namespace], Any] | None = None
     """Build the judge for generated trials from the CLI arguments (None: no judging)."""
-    compare: Callable[..., list[Path]] | None = None
-    """``compare(panel, out, *, n_boot=..., seed=...)``: write the cross-run report of a panel of runs of this
-    experiment (``probe compare``); None: not comparable. Experiments that share one function (e.g. the three
-    influence benchmarks) can be compared together."""
 
     @classmethod
-    def of(
-        cls, module: ModuleType, summary: str, *, report: Callable[[RunStore, Path], list[Path]], **optional: Any
-    ) -> Experiment:
+    def of(cls, module: ModuleType, summary: str, **optional: Any) -> Experiment:
         """The experiment of a module that defines the four hooks of :class:`ModuleHooks` under their names.
 
         ``optional`` sets the optional fields (``generative``, ``reply_tokens``,
-        ``judge_options``, ``compare``). A module registers itself at its end, after
+        ``judge_options``). A module registers itself at its end, after
         its hooks are defined, with ``Experiment.of(sys.modules[__name__], ...)``:
         the module object is in :data:`sys.modules` from the start of its import,
         and passing the module (not its name) keeps this a plain read of its
         attributes, the same as :meth:`experiments.influence.Benchmark.of`.
         """
         hooks = ModuleHooks.of(module)
-        return cls(hooks.name, summary, hooks.add_arguments, hooks.spec_from_args, hooks.expand, report, **optional)
-
-
-def lazy(target: str) -> Callable[..., Any]:
-    """``"module:function"``, imported on first call: experiment modules stay cheap to import (no analysis code)."""
-    module, sep, name = target.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"lazy target must be 'module:function', got {target!r}")
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = f"lazy({target})"
-    return call
+        return cls(hooks.name, summary, hooks.add_arguments, hooks.spec_from_args, hooks.expand, **optional)
 
 
 def all_experiments() -> dict[str, Experiment]:

@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from experiments import Experiment, ManifestSpec, lazy
+from experiments import Experiment, ManifestSpec
 from experiments.dilemmas import Dilemma, load_dilemmas, select_dilemmas
 from experiments.yesno import (
     add_dilemma_arguments,
@@ -381,10 +381,8 @@ EXPERIMENTS = (
     Experiment.of(
         sys.modules[__name__],
         "the crossed-frame battery of paper 003: graded rating (I-1), free choice (I-2), forced binary (I-3)",
-        report=lazy("analysis.battery.report:battery_report"),
         generative=is_choice,
         reply_tokens=lambda spec: spec.choice_tokens,
         judge_options=_judge,
-        compare=lazy("analysis.battery.compare_report:compare_battery"),
     ),
 )

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import yaml
 
 from engines import engine_kind
-from experiments import Experiment, ManifestSpec, lazy
+from experiments import Experiment, ManifestSpec
 from experiments.influence import BENCHMARK_OF
 from experiments.influence.build import COND, split_list, stable_hash
 from probe.errors import ProbeError, StoreError, at_least
@@ -178,19 +178,13 @@ class FollowupSpec(ManifestSpec):
         at_least("n_boot", self.n_boot, 2)
 
 
-# The follow-up builds its trials from the influence analysis of its source run (the cells with an effect), so it
-# needs three functions of the analysis layer above it. They are wired like every report: by name, imported on first
-# call, and tests/test_layers.py resolves each name, so the wiring is checked though no import runs upward.
-_open_run = lazy("analysis.common.frames:open_run")
-_effects = lazy("analysis.influence.audit:effects")
-_analyze = lazy("analysis.influence.audit:analyze")
-
-
 # ============================================================================== source
 def open_source(path: str | Path) -> tuple[RunStore, str]:
     """The source run and its benchmark; refuses a run that is not a finished influence run."""
+    from analysis.common.frames import open_run  # TODO(issue 39, step 2): no analysis import
+
     try:
-        store = _open_run(Path(path).resolve())
+        store = open_run(Path(path).resolve())
     except StoreError as e:
         raise FollowupError(f"--source: {e}") from None
     man = store.manifest()
@@ -242,7 +236,9 @@ def check_subject(source: Manifest, model: str, think: bool, system: str | None)
 # =========================================================================== selection
 def effect_cells(audit: Any, spec: FollowupSpec) -> pd.DataFrame:
     """One row per effect (condition x direction) of the chosen variants, with its ``cell`` class and ``cell_key``."""
-    eff = _effects(audit.conditions)
+    from analysis.influence.audit import effects  # TODO(issue 39, step 2): no analysis import
+
+    eff = effects(audit.conditions)
     eff = eff[eff["variant"].isin(spec.variants)].reset_index(drop=True)
     sig = eff["sig_bh" if spec.significance == "bh" else "sig"].astype(bool)
     tested = eff["p"].notna()
@@ -330,7 +326,9 @@ def selection(store: RunStore, benchmark: str, spec: FollowupSpec) -> pd.DataFra
     """The chosen first answers: one row per (cell, source trial, draw), cells in class then table order."""
     import pandas as pd
 
-    audit = _analyze(store, benchmark, n_boot=spec.n_boot)
+    from analysis.influence.audit import analyze  # TODO(issue 39, step 2): no analysis import
+
+    audit = analyze(store, benchmark, n_boot=spec.n_boot)
     trials = store.trials()
     order = {t.trial_id: i for i, t in enumerate(trials)}
     ans = first_answers(store, spec.answers)
@@ -468,7 +466,6 @@ EXPERIMENT = Experiment.of(
     sys.modules[__name__],
     "follow-up self-report on chosen trials of an influence run: did anything influence your choice? "
     "(paper 000, Section 4.3)",
-    report=lazy("analysis.influence.followup_report:report"),
     generative=lambda t: True,
 )
 EXPERIMENTS = (EXPERIMENT,)

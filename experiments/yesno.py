@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from experiments import Experiment, ManifestSpec, lazy
+from experiments import Experiment, ManifestSpec
 from experiments.dilemmas import Dilemma, load_dilemmas, select_dilemmas
 from probe.grid import Grid
 from probe.salts import SaltSpec, make_salt, salted_trials
@@ -152,7 +152,5 @@ EXPERIMENTS = (
     Experiment.of(
         sys.modules[__name__],
         "forced yes/no: verb x printed order x wording form (paper 003, I-3)",
-        report=lazy("analysis.battery.report:yesno_report"),
-        compare=lazy("analysis.battery.compare_report:compare_yesno"),
     ),
 )

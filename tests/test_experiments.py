@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from experiments import HOOK_NAMES, Experiment, ModuleHooks, get_experiment, lazy
+from experiments import HOOK_NAMES, Experiment, ModuleHooks, get_experiment
 from experiments.influence import Benchmark
 
 
@@ -22,17 +22,16 @@ def test_registered_experiments_use_their_modules_hooks(module_name: str) -> Non
     )
 
 
-def test_of_passes_report_and_optional_fields() -> None:
+def test_of_passes_optional_fields() -> None:
     module = types.ModuleType("experiments.fake")
     module.NAME = "fake"
     module.add_arguments = lambda p: None
     module.spec_from_args = lambda a: None
     module.expand = lambda spec, count_tokens=None: []
-    report = lazy("analysis.battery.report:yesno_report")
-    exp = Experiment.of(module, "a fake", report=report, generative=bool)
-    assert (exp.name, exp.summary, exp.report, exp.generative, exp.compare) == ("fake", "a fake", report, bool, None)
+    exp = Experiment.of(module, "a fake", generative=bool)
+    assert (exp.name, exp.summary, exp.generative, exp.judge_options) == ("fake", "a fake", bool, None)
     with pytest.raises(TypeError, match="colour"):
-        Experiment.of(module, "a fake", report=report, colour="red")
+        Experiment.of(module, "a fake", colour="red")
 
 
 def test_a_missing_hook_is_named_with_its_module() -> None:
@@ -41,7 +40,7 @@ def test_a_missing_hook_is_named_with_its_module() -> None:
     module.add_arguments = lambda p: None
     for read in (
         ModuleHooks.of,
-        lambda m: Experiment.of(m, "half", report=lazy("a:b")),
+        lambda m: Experiment.of(m, "half"),
         lambda m: Benchmark.of(m, "half", "Half", "half"),
     ):
         with pytest.raises(TypeError, match=r"experiments\.half does not define spec_from_args, expand") as err:

@@ -156,19 +156,17 @@ def test_compare_passes_bootstrap_size_and_seed_to_the_comparison(tmp_path: Path
     assert main(["compare", *runs, "--out", str(tmp_path / "c2"), "--n-boot", "1"]) == 2
 
 
-def test_comparisons_are_lazy_and_the_influence_benchmarks_share_one() -> None:
+def test_experiments_load_no_analysis_and_the_influence_benchmarks_share_one_comparison() -> None:
     """Importing the experiments loads no analysis code; the three influence benchmarks pool (one compare function)."""
     import subprocess
     import sys
 
+    from analysis.registry import COMPARISONS
+
     code = (
-        "import sys, experiments; t = experiments.all_experiments(); "
-        "assert t['influence-bbq'].compare is t['influence-dd'].compare is t['influence-triage'].compare; "
+        "import sys, experiments; experiments.all_experiments(); "
         "print(sorted(m for m in sys.modules if m.startswith('analysis') or m in ('torch', 'matplotlib')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    from experiments import lazy
-
-    with pytest.raises(ValueError, match="module:function"):
-        lazy("analysis.cue.compare")
+    assert COMPARISONS["influence-bbq"] is COMPARISONS["influence-dd"] is COMPARISONS["influence-triage"]

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments import Experiment, lazy
+from experiments import Experiment
 from experiments.cue.categories import (
     DEFAULT_GENDERS,
     DEFAULT_RACES,
@@ -347,8 +347,6 @@ EXPERIMENTS = (
     Experiment.of(
         sys.modules[__name__],
         "cue visibility: Neutral / Direct / Puzzled / Named identity, could-be and what-if probes (paper 001)",
-        report=lazy("analysis.cue.report:cue_report"),
         generative=lambda t: t.factors.get("probe") == "could_be_json",
-        compare=lazy("analysis.cue.compare_report:compare_cue"),
     ),
 )

@@ -33,12 +33,11 @@ import argparse
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Final, Generic, TypeVar
 
-from experiments import Experiment, ManifestSpec, ModuleHooks, lazy
+from experiments import Experiment, ManifestSpec, ModuleHooks
 from experiments.influence.design import VARIANTS, Cue, Design, DesignError
 from probe.errors import ProbeError
 from probe.salts import SaltSpec, apply_salt, make_salt
@@ -409,17 +408,13 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
     )
 
 
-_compare_runs = lazy("analysis.influence.compare_report:compare_influence")
-"""One function for the three benchmarks, so a panel can pool them."""
-
-
 @dataclass(frozen=True)
 class Benchmark:
     """One row of the table the influence benchmarks are registered from (:data:`experiments.influence.BENCHMARKS`).
 
     The flags, the spec and the trials are each benchmark's own code (the
     sources really differ: a design's groups, BBQ's JSONL, DailyDilemmas' CSV);
-    the audit flags, the report and the comparison are shared.
+    the audit flags, the report and the comparison (:mod:`analysis.registry`) are shared.
     """
 
     name: str
@@ -450,7 +445,7 @@ class Benchmark:
 
 
 def audit_experiment(b: Benchmark) -> Experiment:
-    """An influence benchmark as an experiment: its own flags, spec and trials; the shared report and comparison.
+    """An influence benchmark as an experiment: its own flags, spec and trials (with the shared audit flags).
 
     The shared audit flags follow the benchmark's own, and their settings reach its spec already parsed.
     """
@@ -468,6 +463,4 @@ def audit_experiment(b: Benchmark) -> Experiment:
         add_arguments=add_arguments,
         spec_from_args=spec_from_args,
         expand=b.expand,
-        report=partial(lazy("analysis.influence.report:influence_report"), benchmark=b.key),
-        compare=_compare_runs,
     )

@@ -1,8 +1,8 @@
 """``influence-import``: per-condition influence results made by ``probe import``, not by ``probe run``.
 
 Registered as an experiment so ``probe analyze`` and ``probe compare`` find
-its report and comparison like any other run's (see
-:mod:`analysis.influence.imported`). Its hooks are stubs (no flags, not
+its report and comparison like any other run's (by its name, in
+:mod:`analysis.registry`; see :mod:`analysis.influence.imported`). Its hooks are stubs (no flags, not
 runnable, no trials), so it is registered field by field rather than through
 :meth:`experiments.Experiment.of`, which would present them as the module's
 ``add_arguments``, ``spec_from_args`` and ``expand``.
@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from experiments import Experiment, lazy
-from experiments.influence.build import _compare_runs
+from experiments import Experiment
 
 NAME = "influence-import"
 
@@ -39,6 +38,4 @@ EXPERIMENT = Experiment(
     add_arguments=_no_args,
     spec_from_args=_not_runnable,
     expand=_no_trials,
-    report=lazy("analysis.influence.report:imported_report"),
-    compare=_compare_runs,
 )
