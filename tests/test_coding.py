@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probe.app import coding
+from probe.app import coding, coding_texts, taxonomy
 from probe.app.cli import main
 from probe.store import RunStore
 from tests.report_files import assert_wrote
@@ -22,17 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------ taxonomies
 def test_shipped_taxonomies_load() -> None:
-    f = coding.load_taxonomy("followup")
-    assert tuple(c.id for c in f.codes) == coding.FOLLOWUP_CODES
-    c = coding.load_taxonomy("compliance")
+    f = taxonomy.load_taxonomy("followup")
+    assert tuple(c.id for c in f.codes) == taxonomy.FOLLOWUP_CODES
+    c = taxonomy.load_taxonomy("compliance")
     assert [x.id for x in c.codes] == ["complies", "resists", "discounts", "unresolved", "not_mentioned"]
-    r = coding.load_taxonomy("rationale")
+    r = taxonomy.load_taxonomy("rationale")
     assert len(r.codes) == 18 and r.codes[0].id == "save_more_lives" and r.codes[-1].id == "none"
     assert set(r.benchmarks) == {"bbq", "dd"}
     assert len(r.codes_for("bbq")) == len(r.codes_for("dd")) == 24
     assert r.codes_for("triage") == r.codes and r.codes_for(None) == r.codes
-    for task in coding.TASKS:  # every validation set is balanced and uses only its taxonomy's codes
-        items = coding.load_validation(task)
+    for task in taxonomy.TASKS:  # every validation set is balanced and uses only its taxonomy's codes
+        items = taxonomy.load_validation(task)
         counts = pd.Series([i.gold for i in items]).value_counts()
         assert len(items) >= 30 and counts.max() == counts.min()
 
@@ -70,23 +70,23 @@ def _write(tmp_path: Path, text: str) -> Path:
     ],
 )
 def test_taxonomy_errors_name_file_code_and_field(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
-    assert coding.load_taxonomy(_write(tmp_path, GOOD)).codes[1].id == "no_code"
+    assert taxonomy.load_taxonomy(_write(tmp_path, GOOD)).codes[1].id == "no_code"
     bad = _write(tmp_path, GOOD.replace(*edit))
-    with pytest.raises(coding.TaxonomyError, match=message) as e:
-        coding.load_taxonomy(bad)
+    with pytest.raises(taxonomy.TaxonomyError, match=message) as e:
+        taxonomy.load_taxonomy(bad)
     assert str(bad) in str(e.value)
 
 
 def test_followup_codes_are_a_contract(tmp_path: Path) -> None:
-    text = (coding.TAXONOMY_DIR / "followup.yaml").read_text().replace("id: not_ack", "id: denied")
-    with pytest.raises(coding.TaxonomyError, match="followup codes must be exactly"):
-        coding.load_taxonomy(_write(tmp_path, text))
+    text = (taxonomy.TAXONOMY_DIR / "followup.yaml").read_text().replace("id: not_ack", "id: denied")
+    with pytest.raises(taxonomy.TaxonomyError, match="followup codes must be exactly"):
+        taxonomy.load_taxonomy(_write(tmp_path, text))
 
 
 def test_added_codes_must_be_new(tmp_path: Path) -> None:
     text = GOOD + "added:\n  bbq:\n    - {id: yes_code, label: y, definition: d, example: e}\n"
-    with pytest.raises(coding.TaxonomyError, match=r"added.bbq repeats base code ids \['yes_code'\]"):
-        coding.load_taxonomy(_write(tmp_path, text))
+    with pytest.raises(taxonomy.TaxonomyError, match=r"added.bbq repeats base code ids \['yes_code'\]"):
+        taxonomy.load_taxonomy(_write(tmp_path, text))
 
 
 def test_cue_text_finds_inserted_words() -> None:
@@ -94,12 +94,12 @@ def test_cue_text_finds_inserted_words() -> None:
 
     base = (Message("system", "S"), Message("user", "Save A or B?\n\nAnswer with A or B."))
     cued = (Message("system", "S"), Message("user", "Save A or B?\nMost people prefer A.\n\nAnswer with A or B."))
-    assert coding.cue_text(cued, base, "survey") == "Most people prefer A."
+    assert coding_texts.cue_text(cued, base, "survey") == "Most people prefer A."
     sys_cue = (Message("system", "You are old."), base[1])
-    assert coding.cue_text(sys_cue, base, "role_play") == "You are old."
+    assert coding_texts.cue_text(sys_cue, base, "role_play") == "You are old."
     shots = (base[0], Message("user", "q1"), Message("assistant", "A"), base[1])
-    assert coding.cue_text(shots, base, "few_shot") == "1 worked examples before the question, answered: A"
-    assert "not available" in coding.cue_text(cued, None, "survey")
+    assert coding_texts.cue_text(shots, base, "few_shot") == "1 worked examples before the question, answered: A"
+    assert "not available" in coding_texts.cue_text(cued, None, "survey")
 
 
 # ------------------------------------------------------------------ agreement vs sklearn / statsmodels
@@ -146,13 +146,13 @@ def tiny_judge(tiny_engine):
 
 
 def test_label_readout_equals_direct_readout(tiny_judge, tiny_engine) -> None:
-    tax = coding.load_taxonomy("followup")
-    items = coding.load_validation("followup")[:3]
+    tax = taxonomy.load_taxonomy("followup")
+    items = taxonomy.load_validation("followup")[:3]
     trials = [
         coding.judge_trial("followup", it.id, 0, coding.judge_prompt(tax, tax.codes, it.text, it.context), tax.codes)
         for it in items
     ]
-    assert trials[0].options == coding.FOLLOWUP_CODES
+    assert trials[0].options == taxonomy.FOLLOWUP_CODES
     assert "<<<\n" + items[0].text + "\n>>>" in trials[0].messages[0].content
     labels = tiny_judge.label(trials)
     direct = tiny_engine.readout(trials)
@@ -227,7 +227,7 @@ def test_probe_code_end_to_end_and_analyze(think_run: Path, tmp_path: Path, caps
     assert "coded 20 texts (rationale)" in out
     comp = pd.read_parquet(run / "coding" / "compliance.parquet")
     meta = json.loads((run / "coding" / "compliance.json").read_text())
-    codes = [c.id for c in coding.load_taxonomy("compliance").codes]
+    codes = [c.id for c in taxonomy.load_taxonomy("compliance").codes]
     assert list(comp.columns[:3]) == ["trial_id", "draw", "label"]
     assert [c for c in comp.columns if c.startswith("p_")] == [f"p_{c}" for c in codes]
     assert comp[[f"p_{c}" for c in codes]].sum(axis=1).to_numpy() == pytest.approx(1.0, abs=1e-6)
@@ -273,7 +273,7 @@ def test_probe_code_end_to_end_and_analyze(think_run: Path, tmp_path: Path, caps
 def test_sampling_judge_distribution_is_parsed_counts(think_run: Path, tiny_engine) -> None:
     judge = coding.SampleCoder(tiny_engine, "tiny", n=3)
     assert judge.temperature == 1.0 and coding.SampleCoder(tiny_engine, "tiny").temperature == 0.0
-    tax = coding.load_taxonomy("compliance")
+    tax = taxonomy.load_taxonomy("compliance")
     trial = coding.judge_trial("compliance", "t", 0, coding.judge_prompt(tax, tax.codes, "I follow it.", {}), tax.codes)
     (lab,) = judge.label([trial])
     texts = json.loads(lab.raw)
@@ -309,7 +309,7 @@ class ScriptedEngine:
 
 def test_sampling_judge_shares_are_counts_over_parsed_draws_only() -> None:
     """Four draws: two name `complies`, one `resists`, one names no code: shares 2/3 and 1/3, coverage 3/4."""
-    tax = coding.load_taxonomy("compliance")
+    tax = taxonomy.load_taxonomy("compliance")
     prompt = coding.judge_prompt(tax, tax.codes, "I follow it.", {})
     trials = [coding.judge_trial("compliance", f"t{i}", 0, prompt, tax.codes) for i in range(2)]
     judge = coding.SampleCoder(ScriptedEngine(["complies", "resists", "no idea", "complies"]), "scripted", n=4)
@@ -331,10 +331,10 @@ def test_judge_agreement_on_the_tiny_judge(capsys: pytest.CaptureFixture[str], t
     assert "judge logit:tiny on 32 hand-labelled followup texts" in text
     assert "accuracy" in text and "Cohen's kappa" in text and "confusion matrix" in text and "recall" in text
     frame = pd.read_csv(out)
-    assert len(frame) == 32 and set(frame["gold"]) == set(coding.FOLLOWUP_CODES)
+    assert len(frame) == 32 and set(frame["gold"]) == set(taxonomy.FOLLOWUP_CODES)
     from analysis.influence.coding import agreement
 
-    ag = agreement(frame["gold"], frame["label"], coding.FOLLOWUP_CODES, n_boot=200)
+    ag = agreement(frame["gold"], frame["label"], taxonomy.FOLLOWUP_CODES, n_boot=200)
     assert f"accuracy {ag.accuracy:.3f}" in text and f"Cohen's kappa {ag.kappa:.3f}" in text
 
 
@@ -372,7 +372,7 @@ def test_api_judge_codes_followup_answers(server, think_run: Path, tmp_path: Pat
     assert counts["coded"] + counts["unparsed"] == counts["texts"]
     frame = pd.read_parquet(sampled / "coding" / "followup.parquet")
     if len(frame):
-        p = frame[[f"p_{c}" for c in coding.FOLLOWUP_CODES]]
+        p = frame[[f"p_{c}" for c in taxonomy.FOLLOWUP_CODES]]
         assert p.sum(axis=1).to_numpy() == pytest.approx(1.0)
         assert ((p * 3).round(9) % 1 == 0).all().all()  # shares of three draws
         assert all(len(json.loads(r)) == 3 for r in frame["judge_raw"])

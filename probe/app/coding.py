@@ -11,8 +11,8 @@ Three coding tasks (paper 000, sections 4.3 and 5, appendix K):
 
 A taxonomy is a YAML data file (``experiments/data/taxonomies/<task>.yaml``):
 the codes (id, label, definition, example) and the judge prompt template.
-:func:`load_taxonomy` validates it and names the file, the code and the field
-of any error.
+:func:`probe.app.taxonomy.load_taxonomy` validates it and names the file, the
+code and the field of any error.
 
 One judge trial per text: the prompt is the taxonomy's template filled with
 the text and its context (the cue, the side it favours, the subject's choice),
@@ -38,20 +38,22 @@ distribution (the distribution is kept, not only its argmax):
 ``RUN/coding/<task>.json`` (taxonomy hash and codes, judge identity, counts,
 time). It works in chunks written atomically, so a killed coding run resumes
 where it stopped.
+
+This module holds the judge prompts, the two judges, :func:`code_run`, the
+agreement with a validation set and the ``probe code`` command; the
+taxonomies and validation sets are read by :mod:`probe.app.taxonomy`, the
+texts to code collected by :mod:`probe.app.coding_texts`.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import difflib
 import hashlib
 import json
-import re
 import shutil
-import string
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,374 +61,21 @@ import pandas as pd
 
 from engines import add_loading_arguments, available_modules
 from experiments.judge import judge_engine
+from probe.app.coding_texts import SOURCES, CodingItem, clip, collect
+from probe.app.taxonomy import (
+    FIELDS,
+    TASKS,
+    Code,
+    Taxonomy,
+    TaxonomyError,
+    codes_block,
+    load_taxonomy,
+    load_validation,
+)
 from probe.app.verbs import add_verb
-from probe.errors import ProbeError
-from probe.files import atomic_write_parquet, atomic_write_text, parse_yaml, read_yaml
-from probe.parse import split_reasoning
+from probe.files import atomic_write_parquet, atomic_write_text
 from probe.store import RunStore, canonical_json
 from probe.types import Message, Trial
-
-TASKS: tuple[str, ...] = ("followup", "compliance", "rationale")
-DATA = Path(__file__).resolve().parents[2] / "experiments" / "data"
-TAXONOMY_DIR = DATA / "taxonomies"
-VALIDATION_DIR = DATA / "validation"
-FOLLOWUP_CODES: tuple[str, ...] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
-"""The follow-up codes are a contract with :mod:`analysis.influence.followup`: a follow-up taxonomy must have exactly these."""
-FIELDS: frozenset[str] = frozenset({"codes", "code_ids", "text", "prompt", "choice", "cue", "influence", "target"})
-"""What a judge prompt template may refer to."""
-SOURCES: tuple[str, ...] = ("auto", "readout", "samples", "generations")
-MAX_TEXT = 4000
-"""Longest text (characters) put into a judge prompt; longer texts keep their start and end."""
-_ID = re.compile(r"^[a-z][a-z0-9_]*$")
-_CODE_KEYS = {"id", "label", "definition", "example", "family"}
-_TOP_KEYS = {"task", "prompt", "codes", "added"}
-
-
-class TaxonomyError(ProbeError, ValueError):
-    """A taxonomy or validation file that cannot be used; the message names the file, the code and the field."""
-
-
-# ================================================================ taxonomies
-@dataclass(frozen=True)
-class Code:
-    """One code of a taxonomy."""
-
-    id: str
-    """The answer the judge gives and the ``p_<id>`` column (lower case, digits, underscores)."""
-    label: str
-    """A short human name shown to the judge next to the id."""
-    definition: str
-    example: str
-    family: str = ""
-    """Optional grouping (the paper's outcome / fairness / social / meta), used to order tables."""
-
-
-@dataclass(frozen=True)
-class Taxonomy:
-    """A coding task's codes and judge prompt, as loaded from its YAML file."""
-
-    task: str
-    source: str
-    """The file it was read from."""
-    sha256: str
-    """Hash of the file's bytes (recorded with every coding)."""
-    prompt: str
-    codes: tuple[Code, ...]
-    added: Mapping[str, tuple[Code, ...]] = field(default_factory=dict)
-    """Benchmark -> codes used on top of the base codes for that benchmark."""
-
-    def codes_for(self, benchmark: str | None = None) -> tuple[Code, ...]:
-        """The base codes plus the codes added for ``benchmark`` (none for an unknown or absent benchmark)."""
-        return self.codes + tuple(self.added.get(benchmark or "", ()))
-
-    @property
-    def benchmarks(self) -> tuple[str, ...]:
-        return tuple(self.added)
-
-
-def _code(raw: object, src: str, where: str) -> Code:
-    if not isinstance(raw, Mapping):
-        raise TaxonomyError(f"{src}: {where} must be a mapping with id, label, definition, example; got {raw!r}")
-    cid = raw.get("id")
-    name = f"{where} ({cid!r})" if cid is not None else where
-    unknown = sorted(set(raw) - _CODE_KEYS)
-    if unknown:
-        raise TaxonomyError(f"{src}: code {name} has unknown fields {unknown}; allowed: {sorted(_CODE_KEYS)}")
-    for key in ("id", "label", "definition", "example"):
-        value = raw.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise TaxonomyError(f"{src}: code {name}: field {key!r} must be a non-empty string, got {value!r}")
-    if not _ID.match(str(cid)):
-        raise TaxonomyError(
-            f"{src}: code {name}: field 'id' must be lower case letters, digits and underscores, starting with a "
-            f"letter (it becomes the column p_<id>), got {cid!r}"
-        )
-    family = raw.get("family", "")
-    if not isinstance(family, str):
-        raise TaxonomyError(f"{src}: code {name}: field 'family' must be a string, got {family!r}")
-    return Code(
-        str(cid), str(raw["label"]).strip(), str(raw["definition"]).strip(), str(raw["example"]).strip(), family
-    )
-
-
-def _codes(raw: object, src: str, where: str) -> tuple[Code, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise TaxonomyError(f"{src}: {where} must be a non-empty list of codes, got {raw!r}")
-    codes = tuple(_code(c, src, f"{where}[{i}]") for i, c in enumerate(raw))
-    seen: set[str] = set()
-    for c in codes:
-        if c.id in seen:
-            raise TaxonomyError(f"{src}: code id {c.id!r} appears twice in {where}; ids must be unique")
-        seen.add(c.id)
-    return codes
-
-
-def template_fields(template: str) -> set[str]:
-    """The ``{field}`` names a format string uses."""
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-
-
-def load_taxonomy(task_or_path: str | Path) -> Taxonomy:
-    """Load and validate a taxonomy: a task name (the shipped file) or a path to a YAML file."""
-    path = Path(task_or_path)
-    if str(task_or_path) in TASKS and not path.exists():
-        path = TAXONOMY_DIR / f"{task_or_path}.yaml"
-    if not path.is_file():
-        raise TaxonomyError(f"taxonomy {str(task_or_path)!r} is neither a task ({', '.join(TASKS)}) nor a YAML file")
-    data = path.read_bytes()  # parsed and hashed: the coding records which taxonomy it used
-    src = str(path)
-    doc = parse_yaml(data, src, TaxonomyError, "docs/coding.md describes the taxonomy format")
-    if not isinstance(doc, Mapping):
-        raise TaxonomyError(f"{src}: the top level must be a mapping with task, prompt, codes")
-    unknown = sorted(set(doc) - _TOP_KEYS)
-    if unknown:
-        raise TaxonomyError(f"{src}: unknown top-level fields {unknown}; allowed: {sorted(_TOP_KEYS)}")
-    task = doc.get("task")
-    if task not in TASKS:
-        raise TaxonomyError(f"{src}: field 'task' must be one of {', '.join(TASKS)}, got {task!r}")
-    prompt = doc.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise TaxonomyError(f"{src}: field 'prompt' must be a non-empty template string, got {prompt!r}")
-    try:
-        used = template_fields(prompt)
-    except ValueError as e:
-        raise TaxonomyError(
-            f"{src}: field 'prompt' is not a valid format string ({e}); write literal braces as {{{{ }}}}"
-        ) from None
-    bad = sorted(used - FIELDS)
-    if bad:
-        raise TaxonomyError(f"{src}: field 'prompt' uses unknown fields {bad}; allowed: {sorted(FIELDS)}")
-    for need in ("codes", "text"):
-        if need not in used:
-            raise TaxonomyError(f"{src}: field 'prompt' must contain {{{need}}}")
-    codes = _codes(doc.get("codes"), src, "codes")
-    added_raw = doc.get("added") or {}
-    if not isinstance(added_raw, Mapping):
-        raise TaxonomyError(f"{src}: field 'added' must map a benchmark to a list of codes, got {added_raw!r}")
-    added: dict[str, tuple[Code, ...]] = {}
-    base_ids = {c.id for c in codes}
-    for bench, raw in added_raw.items():
-        extra = _codes(raw, src, f"added.{bench}")
-        clash = sorted(base_ids & {c.id for c in extra})
-        if clash:
-            raise TaxonomyError(f"{src}: added.{bench} repeats base code ids {clash}; added codes must be new")
-        added[str(bench)] = extra
-    if task == "followup" and tuple(c.id for c in codes) != FOLLOWUP_CODES:
-        raise TaxonomyError(
-            f"{src}: the followup codes must be exactly {list(FOLLOWUP_CODES)} in this order (the follow-up "
-            f"analysis reads them), got {[c.id for c in codes]}; edit labels and definitions, not ids"
-        )
-    return Taxonomy(task, src, hashlib.sha256(data).hexdigest(), prompt, codes, added)
-
-
-def codes_block(codes: Sequence[Code]) -> str:
-    """The code list as the judge reads it: one line per code."""
-    return "\n".join(f"- {c.id} ({c.label}): {c.definition} Example: {c.example}" for c in codes)
-
-
-# ================================================================ contexts
-def _clip(text: str, limit: int = MAX_TEXT) -> str:
-    text = text.strip()
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]} [...] {text[-half:]}"
-
-
-def original_messages(trial: Trial) -> tuple[Message, ...]:
-    """The subject's first prompt: a follow-up trial (ending assistant answer + user question) without its tail."""
-    msgs = trial.messages
-    if len(msgs) >= 3 and msgs[-2].role == "assistant":
-        return msgs[:-2]
-    return msgs
-
-
-def first_answer(trial: Trial) -> str | None:
-    """The subject's own first answer kept in a follow-up trial (None for a single-turn trial)."""
-    msgs = trial.messages
-    if len(msgs) >= 3 and msgs[-2].role == "assistant":
-        return msgs[-2].content
-    return None
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"\S+|\s+", text)
-
-
-def cue_text(trial_msgs: Sequence[Message], base_msgs: Sequence[Message] | None, influence: str) -> str:
-    """The cue of a trial: what its messages add to the baseline's (same item, same printed order).
-
-    A system cue is the system prompt; a few-shot cue is summarized by its
-    demonstrated answers; a sentence cue is the words inserted into the user
-    message (found by a word-level diff, so no template parsing is needed).
-    """
-    if base_msgs is None:
-        return f"(a {influence} cue; its text is not available)"
-    tsys = [m.content for m in trial_msgs if m.role == "system"]
-    bsys = [m.content for m in base_msgs if m.role == "system"]
-    if tsys != bsys:
-        return _clip(" ".join(tsys), 1500)
-    tturns = [m for m in trial_msgs if m.role != "system"]
-    bturns = [m for m in base_msgs if m.role != "system"]
-    if len(tturns) > len(bturns):
-        demos = tturns[: len(tturns) - len(bturns)]
-        answers = [m.content.strip() for m in demos if m.role == "assistant"]
-        return f"{len(answers)} worked examples before the question, answered: {', '.join(answers)}"
-    a, b = _words(bturns[-1].content if bturns else ""), _words(tturns[-1].content if tturns else "")
-    inserted = [
-        "".join(b[j1:j2]).strip()
-        for op, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-        if op in ("insert", "replace")
-    ]
-    text = " ... ".join(s for s in inserted if s)
-    return _clip(text, 1500) if text else f"(a {influence} cue; no text differs from the baseline)"
-
-
-def _target(trial: Trial) -> str:
-    f = trial.factors
-    direction = f.get("direction", "")
-    key = f.get("group_a") if direction == "A" else f.get("group_b") if direction == "B" else None
-    if key is None:
-        return "(no side)"
-    if key in trial.meaning:
-        return f"option {trial.options[trial.meaning.index(key)]} ({key})"
-    return str(key)
-
-
-def _choice(trial: Trial, option: str | None) -> str:
-    if option is None or option not in trial.options:
-        return "(no parsable answer)"
-    meaning = trial.meaning[trial.options.index(option)]
-    return option if meaning == option else f"{option} ({meaning})"
-
-
-def _has_cue(trial: Trial) -> bool:
-    return trial.factors.get("influence", "none") not in ("", "none")
-
-
-# ================================================================ texts to code
-@dataclass(frozen=True)
-class CodingItem:
-    """One text to code and the context its judge prompt shows."""
-
-    trial_id: str
-    draw: int
-    """The sample / generation draw; -1 for a readout's reasoning."""
-    origin: str
-    """readout, samples or generations."""
-    text: str
-    context: Mapping[str, str]
-    """prompt, choice, cue, influence, target."""
-
-
-@dataclass(frozen=True)
-class Collected:
-    items: tuple[CodingItem, ...]
-    skipped: Mapping[str, int]
-    """Why texts were not coded: ``no_cue`` (compliance needs a cue), ``empty`` (empty trace or answer)."""
-
-
-def _source_trials(store: RunStore) -> dict[str, Trial]:
-    """Trials of a run this run refers to (a follow-up run's source), by id; empty when there is none."""
-    out: dict[str, Trial] = {}
-    for source in store.manifest().source_runs():
-        out.update({t.trial_id: t for t in RunStore(source).trials()})
-    return out
-
-
-def _subject_trial(trial: Trial, source: Mapping[str, Trial]) -> Trial:
-    """The trial whose prompt carried the cue: for a follow-up trial its source trial when known."""
-    for key, value in trial.factors.items():
-        if "source" in key and value in source:
-            return source[value]
-    return trial
-
-
-def contexts(trials: Sequence[Trial], source: Mapping[str, Trial] | None = None) -> dict[str, dict[str, str]]:
-    """Per trial id: the judge-prompt fields that do not depend on the draw (prompt, cue, influence, target)."""
-    source = dict(source or {})
-    pool = list(trials) + [t for t in source.values()]
-    base = {
-        (t.item_id, t.factors.get("order", "")): t
-        for t in pool
-        if t.factors.get("direction") == "base" and not _has_cue(t)
-    }
-    out: dict[str, dict[str, str]] = {}
-    for t in trials:
-        subject = _subject_trial(t, source)
-        msgs = original_messages(subject) if subject is t else subject.messages
-        influence = subject.factors.get("influence", "none") or "none"
-        users = [m.content for m in msgs if m.role == "user"]
-        b = base.get((subject.item_id, subject.factors.get("order", "")))
-        out[t.trial_id] = {
-            "prompt": _clip(users[-1] if users else "", 3000),
-            "influence": influence,
-            "target": _target(subject) if _has_cue(subject) else "(no cue)",
-            "cue": cue_text(msgs, b.messages if b else None, influence) if _has_cue(subject) else "(no cue)",
-        }
-    return out
-
-
-def collect(store: RunStore, task: str, source: str = "auto") -> Collected:
-    """The texts a coding task codes in a run, in trial order, then draw.
-
-    ``followup``: the answers (reasoning removed) of the run's ``generations``,
-    else its ``samples``. ``compliance`` / ``rationale``: reasoning traces,
-    i.e. ``readout_trials.reasoning`` (think mode; draw -1) and the reasoning
-    of ``samples`` / ``generations`` (their whole reply when they have no
-    separate reasoning). ``source`` restricts to one table. Compliance skips
-    trials without a cue; every task skips empty texts; both are counted.
-    """
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
-    trials = store.trials()
-    by_id = {t.trial_id: t for t in trials}
-    order = {t.trial_id: i for i, t in enumerate(trials)}
-    ctx = contexts(trials, _source_trials(store))
-    think = store.manifest().think  # where a reply's think block ends depends on the run's mode
-    rows: list[tuple[str, int, str, str, str | None]] = []  # trial_id, draw, origin, text, chosen option
-    tables = ("readout", "samples", "generations") if source == "auto" else (source,)
-    if task == "followup" and source == "auto":
-        gen = store.load("generations")
-        tables = ("generations",) if not gen.empty else ("samples",)
-    for origin in tables:
-        if origin == "readout":
-            if task == "followup":
-                continue
-            per = store.load("readout_trials")
-            for r in per.itertuples(index=False) if not per.empty else ():
-                rows.append((str(r.trial_id), -1, origin, str(r.reasoning or ""), str(r.greedy_option)))
-            continue
-        frame = store.load(origin)
-        for s in frame.itertuples(index=False) if not frame.empty else ():
-            reasoning, answer = split_reasoning(str(s.text or ""), think=think)
-            reasoning = str(getattr(s, "reasoning", "") or "") or reasoning
-            text = answer if task == "followup" else reasoning or answer
-            opt = s.option if isinstance(s.option, str) else None
-            rows.append((str(s.trial_id), int(s.draw), origin, text, opt))
-    rows.sort(key=lambda r: (order.get(r[0], len(order)), r[1], r[2]))
-    skipped = {"no_cue": 0, "empty": 0}
-    items: list[CodingItem] = []
-    seen: set[tuple[str, int]] = set()
-    for tid, draw, origin, text, opt in rows:
-        trial = by_id.get(tid)
-        if trial is None:
-            raise ValueError(f"{store.root}: table {origin} has trial {tid} that is not in trials.jsonl")
-        if task == "compliance" and ctx[tid]["cue"] == "(no cue)":
-            skipped["no_cue"] += 1
-            continue
-        if not text.strip():
-            skipped["empty"] += 1
-            continue
-        if (tid, draw) in seen:
-            raise ValueError(f"{store.root}: trial {tid} draw {draw} comes twice; code one table with --source")
-        seen.add((tid, draw))
-        kept = first_answer(trial)
-        choice = _clip(kept, 1000) if kept is not None else _choice(trial, opt)
-        items.append(CodingItem(tid, draw, origin, text, {**ctx[tid], "choice": choice}))
-    return Collected(tuple(items), skipped)
 
 
 # ================================================================ judge trials
@@ -434,7 +83,7 @@ def judge_prompt(tax: Taxonomy, codes: Sequence[Code], text: str, context: Mappi
     """The taxonomy's template filled with the code list, the text and its context (missing fields: "n/a")."""
     values = {k: "n/a" for k in FIELDS}
     values.update({k: str(v) for k, v in context.items() if k in FIELDS})
-    values.update(codes=codes_block(codes), code_ids=", ".join(c.id for c in codes), text=_clip(text))
+    values.update(codes=codes_block(codes), code_ids=", ".join(c.id for c in codes), text=clip(text))
     return tax.prompt.format(**values)
 
 
@@ -707,59 +356,6 @@ def code_run(
 
 
 # ================================================================ validation
-@dataclass(frozen=True)
-class ValidationItem:
-    """One hand-labelled text of a validation set (``experiments/data/validation/<task>.yaml``)."""
-
-    id: str
-    text: str
-    """The text the judge codes (a follow-up answer or a reasoning trace)."""
-    gold: str
-    """The code id a person gave it."""
-    context: Mapping[str, str]
-    """The other judge-prompt fields of the item (the question, the cue, ...): :data:`FIELDS` less ``text``."""
-    benchmark: str | None = None
-    """Whose added codes apply (None: the taxonomy's base codes only)."""
-    note: str = ""
-    """Why the gold code is what it is (for the reader; the judge never sees it)."""
-
-
-_VAL_KEYS = {"id", "text", "gold", "benchmark", "note", *(FIELDS - {"codes", "code_ids", "text"})}
-
-
-def load_validation(task: str, path: str | Path | None = None, tax: Taxonomy | None = None) -> list[ValidationItem]:
-    """The hand-labelled validation set of a task (``experiments/data/validation/<task>.yaml`` by default)."""
-    p = Path(path) if path else VALIDATION_DIR / f"{task}.yaml"
-    doc = read_yaml(p, "validation file", TaxonomyError, "pass --validation with an existing validation YAML")
-    if not isinstance(doc, Mapping) or doc.get("task") != task or not isinstance(doc.get("items"), list):
-        raise TaxonomyError(f"{p}: expected a mapping with task: {task} and a list of items")
-    tax = tax or load_taxonomy(task)
-    out: list[ValidationItem] = []
-    ids: set[str] = set()
-    for i, raw in enumerate(doc["items"]):
-        if not isinstance(raw, Mapping):
-            raise TaxonomyError(f"{p}: items[{i}] must be a mapping, got {raw!r}")
-        name = f"items[{i}] ({raw.get('id')!r})"
-        unknown = sorted(set(raw) - _VAL_KEYS)
-        if unknown:
-            raise TaxonomyError(f"{p}: {name} has unknown fields {unknown}; allowed: {sorted(_VAL_KEYS)}")
-        for key in ("id", "text", "gold"):
-            if not isinstance(raw.get(key), str) or not raw[key].strip():
-                raise TaxonomyError(f"{p}: {name}: field {key!r} must be a non-empty string")
-        bench = raw.get("benchmark")
-        allowed = {c.id for c in tax.codes_for(bench)}
-        if raw["gold"] not in allowed:
-            raise TaxonomyError(
-                f"{p}: {name}: gold code {raw['gold']!r} is not a code of {tax.source} for benchmark {bench}"
-            )
-        if raw["id"] in ids:
-            raise TaxonomyError(f"{p}: {name}: id repeats")
-        ids.add(raw["id"])
-        ctx = {k: str(v) for k, v in raw.items() if k in FIELDS and k != "text"}
-        out.append(ValidationItem(raw["id"], raw["text"], raw["gold"], ctx, bench, str(raw.get("note", ""))))
-    return out
-
-
 def judge_validation(
     task: str, judge: Coder, *, taxonomy: str | Path | None = None, validation: str | Path | None = None
 ) -> pd.DataFrame:
