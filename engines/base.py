@@ -225,6 +225,31 @@ class LogitEngine(Engine, ReadsSlot, CountsTokens, Protocol):
 
 
 @runtime_checkable
+class ReadsAlone(ReadsSlot, Protocol):
+    """A local engine that can read each trial by itself on the plain path: the reference of the run's numeric
+    floor (:mod:`probe.app.floor`)."""
+
+    settings: EngineSettings
+
+    def reading_alone(self) -> ReadsSlot:
+        """The same weights reading one trial per forward pass (batch size 1, plain path)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Model, revision and settings, for the run manifest."""
+        ...
+
+
+@runtime_checkable
+class ReasonsFirst(Protocol):
+    """An engine in think mode that can also read the bare slots (the floor of a think-mode run is measured there)."""
+
+    def without_reasoning(self) -> ReadsAlone:
+        """The same engine outside think mode."""
+        ...
+
+
+@runtime_checkable
 class BatchesReplies(Protocol):
     """An engine that decodes free-text replies best in large batches (hf, vllm, sim)."""
 

@@ -19,6 +19,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from engines.base import ReadsAlone, ReasonsFirst
 from probe.types import Readout, Trial
 
 FLOOR_TRIALS = 32
@@ -75,7 +76,7 @@ def of_tables(options: Any, per_trial: Any) -> dict[str, tuple[list[float], list
 
 
 def measure_floor(
-    engine: Any,
+    engine: object,
     trials: Sequence[Trial],
     stored: Callable[[], Mapping[str, tuple[Sequence[float], Sequence[float], str]]],
 ) -> dict[str, Any] | None:
@@ -83,24 +84,23 @@ def measure_floor(
 
     ``stored()`` gives the run's stored readouts; it is not called in think mode (see the module docstring).
     """
-    alone_engine = getattr(engine, "reading_alone", None)
-    if alone_engine is None or not trials:
+    if not isinstance(engine, ReadsAlone) or not trials:
         return None
-    think = bool(getattr(getattr(engine, "settings", None), "think", False))
-    if think and not hasattr(engine, "without_reasoning"):
+    think = engine.settings.think
+    if think and not isinstance(engine, ReasonsFirst):
         return None
     sample = floor_sample(trials)
     if not sample:
         return None
     reference: Mapping[str, tuple[Sequence[float], Sequence[float], str]]
-    if think:
+    if isinstance(engine, ReasonsFirst) and think:
         batched_engine = engine.without_reasoning()
         reference = of_readouts(batched_engine.readout(sample))
         solo = batched_engine.reading_alone()
     else:
         wanted = {t.trial_id for t in sample}
         reference = {tid: ref for tid, ref in stored().items() if tid in wanted}
-        solo = alone_engine()
+        solo = engine.reading_alone()
     alone = [solo.readout([t])[0] for t in sample]
     figures = floor_figures(reference, alone)
     figures["how"] = (
