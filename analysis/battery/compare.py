@@ -20,30 +20,32 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from analysis.battery.fit import N_BOOT, SEED
 from analysis.common.bootstrap import finite_ci, resample_index
 from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
 from probe.record import Manifest
 from probe.store import RunStore
 
-N_BOOT = 2000
-SEED = 0
 LEVEL = 0.95
 N_OUTLIERS = 5
 CHANNELS = ("order", "lexical", "logic", "label")
 
 
 # ------------------------------------------------------------------ per run
-@dataclass
+@dataclass(frozen=True)
 class RunData:
-    """What the comparison reads from one run (all items), and what it computed on the shared items."""
+    """What the comparison reads from one run (all items), and what it computed on the shared items.
+
+    :func:`load_run` reads it; :func:`compute_run` returns a copy with the computed fields filled in.
+    """
 
     run: PanelRun
     items: list[str]
@@ -149,7 +151,11 @@ def verbflip_cells(per_trial: pd.DataFrame, options: pd.DataFrame, battery: bool
 
 
 def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed: int = SEED) -> RunData:
-    """Fill in theta / incoherence, the decomposition, the logical pull and (s, m) on ``items`` only."""
+    """``d`` with theta / incoherence, the decomposition, the logical pull and (s, m) computed on ``items`` only.
+
+    The (s, m) fits are the report's (:func:`analysis.battery.fit.fit_run`); a quantity that cannot be
+    computed is None, with the reason under its name in ``why``.
+    """
     from analysis.battery import fit, stance
     from analysis.battery.binary import cell_events, incomplete_stories, projections
     from analysis.battery.yesno import decompose
@@ -157,47 +163,57 @@ def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed:
     keep = set(items)
     per = d.per_trial[d.per_trial["item_id"].isin(keep)]
     opts = d.options[d.options["trial_id"].isin(per["trial_id"])]
+    why: dict[str, str] = {}
+    inc = dec = bt = logic = None
+    dropped: list[Any] = []
     try:
         g = per[per["instrument"] == "graded"] if "instrument" in per.columns else per.iloc[0:0]
         if g.empty:
             raise ValueError("no graded (I-1) trials in this run")
         gt = stance.graded_trials(opts[opts["trial_id"].isin(g["trial_id"])], g, d.source)  # type: ignore[arg-type]
-        d.inc = stance.incoherence(stance.per_form(gt))
+        inc = stance.incoherence(stance.per_form(gt))
     except ValueError as e:
-        d.why["theta"] = str(e)
+        why["theta"] = str(e)
     try:
-        d.dec = decompose(verbflip_cells(per, opts, battery="instrument" in per.columns)).loc[
+        dec = decompose(verbflip_cells(per, opts, battery="instrument" in per.columns)).loc[
             lambda df: df.index.isin(keep)
         ]
     except ValueError as e:
-        d.why["decomposition"] = str(e)
+        why["decomposition"] = str(e)
     try:
-        d.bt = fit.binary_trials(opts, per)
+        bt = fit.binary_trials(opts, per)
     except ValueError as e:
-        d.why["binary"] = str(e)
+        why["binary"] = str(e)
     arb = per[(per["family"] == "arbitrary") & (per["replicate"] == 0)] if "family" in per.columns else per.iloc[0:0]
     if len(arb):
         events = cell_events(arb, opts)
-        d.dropped += list(incomplete_stories(events))
-        d.logic = projections(events, set()).groupby("labels")["logic"].mean()
+        dropped += incomplete_stories(events)
+        logic = projections(events, set()).groupby("labels")["logic"].mean()
     else:
-        d.why["logic"] = "no arbitrary label pairs (A/B, 1/2, ...) in this run"
-    if d.theta is not None and d.bt is not None:
+        why["logic"] = "no arbitrary label pairs (A/B, 1/2, ...) in this run"
+    fitted = None
+    if inc is not None and bt is not None:
         try:
-            fits, d.unfitted = fit.fit_each_channel(d.theta, d.bt, n_boot=n_boot, seed=seed)
-            d.fits = fits.set_index("channel") if len(fits) else None
-            if d.fits is None:
-                d.why["fit"] = "no channel could be fitted"
-            for ch in [*(fits["channel"] if len(fits) else []), *(u.channel for u in d.unfitted)]:
-                with contextlib.suppress(ValueError):
-                    d.dropped += list(fit.dropped_items(d.bt, str(ch)))
+            fitted = fit.fit_run(inc["theta"], bt, n_boot=n_boot, seed=seed)
+            if fitted.fits is None:
+                why["fit"] = "no channel could be fitted"
+            dropped += fitted.dropped
         except ValueError as e:
-            d.why["fit"] = str(e)
-        joint = fit.fit_joints(d.theta, d.bt, n_boot=n_boot, seed=seed)
-        d.joint = joint if len(joint) else None
+            why["fit"] = str(e)
     else:
-        d.why.setdefault("fit", "needs the graded and the binary instruments")
-    return d
+        why["fit"] = "needs the graded and the binary instruments"
+    return replace(
+        d,
+        inc=inc,
+        dec=dec,
+        logic=logic,
+        bt=bt,
+        fits=None if fitted is None else fitted.fits,
+        joint=None if fitted is None else fitted.joint,
+        unfitted=() if fitted is None else fitted.unfitted,
+        why={**d.why, **why},
+        dropped=[*d.dropped, *dropped],
+    )
 
 
 # ------------------------------------------------------------------ human anchors
@@ -842,8 +858,7 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
     if not shared:
         raise ValueError(f"the runs share no dilemma; item counts: { {n: len(d.items) for n, d in runs.items()} }")
-    for d in runs.values():
-        compute_run(d, shared, n_boot=n_boot, seed=seed)
+    runs = {name: compute_run(d, shared, n_boot=n_boot, seed=seed) for name, d in runs.items()}
     c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
     if panel.humans is not None:
         c.humans = load_humans(panel.humans)

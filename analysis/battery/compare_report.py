@@ -31,6 +31,7 @@ cannot be computed says why; the others still run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,7 @@ import pandas as pd
 from analysis.battery.compare import (
     HUMAN_VS,
     LEVEL,
-    N_BOOT,
     N_OUTLIERS,
-    SEED,
     Context,
     agreement,
     consensus_reference,
@@ -61,6 +60,7 @@ from analysis.battery.compare import (
     yesno_cells,
     yesno_context,
 )
+from analysis.battery.fit import N_BOOT, SEED
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import (
     Section,
@@ -583,8 +583,8 @@ def yesno_cells_section(c: Context, out: Path) -> Section:
         "",
         md_table(table.reset_index(), "{:+.3f}", nan="–"),
     ]
-    for name, d in c.runs.items():
-        d.dec = long[long["run"] == name].set_index("item_id")[["z", "lexical", "order", "apparent"]]
+    decomposition = ["z", "lexical", "order", "apparent"]
+    c.runs = {n: replace(d, dec=long[long["run"] == n].set_index("item_id")[decomposition]) for n, d in c.runs.items()}
     files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
     return Section("Cells and decomposition side by side", lines, files)
 

@@ -40,6 +40,7 @@ has an offset. The joint s does not, and its m's are adjusted for each other.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -85,7 +86,10 @@ THETA_SPREAD_MIN = 0.1
 same stance, p+ = sigmoid((theta + m)/s) and p- fix only (theta +/- m)/s, one ratio for two unknowns."""
 
 N_BOOT = 2000
-"""Bootstrap resamples over items of both fits (:func:`fit_channel`, :func:`fit_joint_data`)."""
+"""Bootstrap resamples over items of both fits (:func:`fit_channel`, :func:`fit_joint_data`), and of every CI of the
+battery report and the battery comparison (one place for them)."""
+SEED = 0
+"""The seed of those bootstraps."""
 LEVEL = 0.95
 """The level of their percentile CIs."""
 TIE = 0.9
@@ -549,7 +553,7 @@ def fit_channel(
     *,
     channel: str = "",
     n_boot: int = N_BOOT,
-    seed: int = 0,
+    seed: int = SEED,
     level: float = LEVEL,
     tie: float = TIE,
     clip: float = CLIP,
@@ -960,7 +964,7 @@ def fit_joint_data(
     data: JointData,
     *,
     n_boot: int = N_BOOT,
-    seed: int = 0,
+    seed: int = SEED,
     level: float = LEVEL,
     tie: float = TIE,
     clip: float = CLIP,
@@ -1059,3 +1063,34 @@ def fit_joints(
         except ValueError as e:  # a family the design cannot fit says why; the others are still fitted
             rows.append({"family": fam, "channel": "", "note": f"not fitted: {e}"})
     return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------ one run's fits
+@dataclass(frozen=True)
+class RunFits:
+    """The (s, m) fits of one run: per channel (:func:`fit_each_channel`) and per label family (:func:`fit_joints`)."""
+
+    fits: pd.DataFrame | None
+    """One row per fitted channel, indexed by channel; None when no channel could be fitted."""
+    unfitted: tuple[Unfitted, ...]
+    """The channels that could not be fitted, each with the reason."""
+    joint: pd.DataFrame | None
+    """The joint fit, one row per (family, channel); None when the run has no label family."""
+    dropped: tuple[Dropped, ...]
+    """The stories each channel's fit left out (a cell with no usable answer), fitted channels first."""
+
+
+def fit_run(theta: pd.Series, binary: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED) -> RunFits:
+    """Every fit of a run, as the battery report and ``probe compare`` both show it (the one fit loop)."""
+    fits, unfitted = fit_each_channel(theta, binary, n_boot=n_boot, seed=seed)
+    dropped: list[Dropped] = []
+    for ch in [*(fits["channel"] if len(fits) else []), *(u.channel for u in unfitted)]:
+        with contextlib.suppress(ValueError):
+            dropped += dropped_items(binary, str(ch))
+    joint = fit_joints(theta, binary, n_boot=n_boot, seed=seed)
+    return RunFits(
+        fits=fits.set_index("channel") if len(fits) else None,
+        unfitted=unfitted,
+        joint=joint if len(joint) else None,
+        dropped=tuple(dropped),
+    )

@@ -19,6 +19,7 @@ import pandas as pd
 
 from analysis.battery import figures, yesno
 from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
+from analysis.battery.fit import N_BOOT, SEED
 from analysis.battery.yesno import CELLS, Dropped, decompose
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.frames import choice_probs, trial_meta
@@ -118,7 +119,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     table = _with_mean(cells.join(dec).join(spread.drop(columns="n_forms")))
     table.index.name = "dilemma"
     atomic_write_text(out / "binary_verbflip.csv", table.to_csv(float_format="%.6f"))
-    ci = story_mean_ci(dec[["z", "lexical", "order", "apparent"]], n_boot=2000, seed=0)
+    ci = story_mean_ci(dec[["z", "lexical", "order", "apparent"]], n_boot=N_BOOT, seed=SEED)
     f.results["verbflip_ci"] = ci
     fig = figures.grouped_bars(
         _with_mean(dec[["order", "lexical", "apparent"]]),
@@ -141,7 +142,7 @@ def verbflip_section(f: Frames, out: Path) -> Section:
         "",
         md_table(short, "{:+.3f}", index=True, iterrows=True),
         "",
-        f"Story-averaged, 95% percentile bootstrap over dilemmas (2000 resamples, seed 0): {ci_line}.",
+        f"Story-averaged, 95% percentile bootstrap over dilemmas ({N_BOOT} resamples, seed {SEED}): {ci_line}.",
     ]
     if f.source == "samples":
         from analysis.battery.yesno import resampling_diagnostics
@@ -187,7 +188,7 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     pulls = label_pull(proj)
     for col in ("order", "label_pull", "logic"):
         wide = pulls[col].unstack("labels")
-        ci = story_mean_ci(wide, n_boot=2000, seed=0)
+        ci = story_mean_ci(wide, n_boot=N_BOOT, seed=SEED)
         by_pair[f"{col}_lo"], by_pair[f"{col}_hi"] = ci["lo"], ci["hi"]
     th = f.results.get("theta")
     if th is not None:
@@ -234,7 +235,8 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     show["lexicality"] = show["lexicality"].astype(int).astype(str)
     not_crossed = [str(p) for p in by_pair.index[by_pair["pull_from"] != "label"]]
     lines = [
-        "Per label pair, averaged over dilemmas (95% percentile bootstrap over dilemmas, 2000 resamples, seed 0): "
+        f"Per label pair, averaged over dilemmas (95% percentile bootstrap over dilemmas, {N_BOOT} resamples, seed "
+        f"{SEED}): "
         "order = mean(2 P(first printed) - 1); label_pull = mean(2 P(the pair's nominal yes label) - 1) over "
         "both label-to-verdict mappings (Fig. 6; the label projection of Fig. 5); logic = mean(2 P(yes-mapped "
         "label) - 1), the verdict-attached pull; m_label = the label pull in theta units from the per-pair joint "
@@ -293,7 +295,7 @@ def choice_section(f: Frames, out: Path) -> Section:
     inc = stance.choice_incoherence(stance.choice_forms(d.reset_index(drop=True)))
     per_item = per_item.join(inc[["sigma_repro", "sigma_raw", "order"]])
     f.results["choice"] = per_item["stance"]
-    order_ci = story_mean_ci(per_item[["order"]], n_boot=2000, seed=0).loc["order"]
+    order_ci = story_mean_ci(per_item[["order"]], n_boot=N_BOOT, seed=SEED).loc["order"]
     per_item.index.name = "dilemma"
     atomic_write_text(out / "choice_by_item.csv", per_item.to_csv(float_format="%.6f"))
     judge = ", ".join(sorted(set(j["judge"])))
@@ -306,7 +308,7 @@ def choice_section(f: Frames, out: Path) -> Section:
         md_table(_with_mean(per_item), "{:+.3f}", index=True, iterrows=True),
         "",
         f"I-2 order bias, story-averaged: {order_ci['mean']:+.3f} [{order_ci['lo']:+.3f}, {order_ci['hi']:+.3f}] "
-        "(95% percentile bootstrap over dilemmas, 2000 resamples, seed 0).",
+        f"(95% percentile bootstrap over dilemmas, {N_BOOT} resamples, seed {SEED}).",
     ]
     return Section("Free choice (I-2)", lines, [out / "choice_by_item.csv"])
 
@@ -420,17 +422,15 @@ def fit_section(f: Frames, out: Path) -> Section:
     if th is None or b.empty:
         return Section("Framing susceptibility m and decisiveness s", ["Needs the graded and binary instruments."], [])
     bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
-    fits, unfitted = fit.fit_each_channel(th, bt, n_boot=2000, seed=0)
-    for ch in [*(fits["channel"] if len(fits) else []), *(u.channel for u in unfitted)]:
-        with contextlib.suppress(ValueError):
-            _note_dropped(f, fit.dropped_items(bt, str(ch)))
-    not_fitted = [f"- {u.channel}: not fitted: {u.why}" for u in unfitted]
-    f.results["unfitted"] = unfitted
-    if fits.empty:
+    cf = fit.fit_run(th, bt, n_boot=N_BOOT, seed=SEED)
+    _note_dropped(f, cf.dropped)
+    not_fitted = [f"- {u.channel}: not fitted: {u.why}" for u in cf.unfitted]
+    f.results["unfitted"] = cf.unfitted
+    if cf.fits is None:
         return Section(
             "Framing susceptibility m and decisiveness s", ["No channel could be fitted.", "", *not_fitted], []
         )
-    fits = fits.set_index("channel")
+    fits = cf.fits
     atomic_write_text(out / "fit_sm.csv", fits.to_csv(float_format="%.6f"))
     f.results["fits"] = fits
     files = [out / "fit_sm.csv"]
@@ -448,7 +448,7 @@ def fit_section(f: Frames, out: Path) -> Section:
     show.index.name = "channel"
     lines = [
         "Joint least-squares fit of p+ = sigmoid((theta + m)/s) and p- = sigmoid((theta - m)/s) per channel, theta "
-        "from I-1; 95% percentile bootstrap over dilemmas (2000 resamples, seed 0). m > 0 pulls toward the channel's + "
+        f"from I-1; 95% percentile bootstrap over dilemmas ({N_BOOT} resamples, seed {SEED}). m > 0 pulls toward the channel's + "
         "side (order: the first-printed option; lexical: yes). clip_limited: saturated or degenerate fit, read only "
         "the m-ranking. unidentified: the items cannot separate s from m, read neither. logic and label are "
         f"measured on {', '.join(fit.IDENTIFYING_PAIRS)} alone, as the paper rests identification on it (every "
@@ -469,8 +469,8 @@ def fit_section(f: Frames, out: Path) -> Section:
             f"No logic / label fit: the run's arbitrary pairs ({', '.join(sorted(arbitrary))}) do not include "
             f"{', '.join(fit.IDENTIFYING_PAIRS)}; add it with --label-pairs.",
         ]
-    joint = fit.fit_joints(th, bt, n_boot=2000, seed=0)
-    if len(joint):
+    joint = cf.joint
+    if joint is not None:
         atomic_write_text(out / "fit_joint.csv", joint.to_csv(index=False, float_format="%.6f"))
         f.results["joint"] = joint
         files.append(out / "fit_joint.csv")
@@ -666,7 +666,7 @@ def validity_section(f: Frames, out: Path) -> Section:
         if why:
             lines.append(f"- {name} vs {other_name}: no correlation reported: {why}.")
             continue
-        c = pearson_ci(series, other, n_boot=2000, seed=0)
+        c = pearson_ci(series, other, n_boot=N_BOOT, seed=SEED)
         rows[name if other_name == "theta" else f"{name} vs z"] = {"r": c.r, "lo": c.lo, "hi": c.hi, "n": c.n}
         lines.append(
             f"- {name} vs {other_name}: r = {c.r:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] (95% bootstrap over items, n = {c.n})"
