@@ -133,10 +133,9 @@ def _unwrap(tp: Any) -> tuple[Any, tuple[Any, ...] | None]:
 
 
 def help_of(cls: type, f: dataclasses.Field[Any], default: Any) -> str:
-    """The help of the field's flag: the first paragraph of its docstring without reST markup, its first capital
-    or its final stop,
-    then ``(default: X)`` unless the text has its own ``(default ...)`` or there is none to show. A field
-    named in double backquotes is shown as its flag (``think_budget``: ``--think-budget``)."""
+    """The help of the field's flag: the first paragraph of its docstring without reST markup, a sentence's first
+    capital or its final stop, then ``(default: X)`` unless the text has its own ``(default ...)`` or there is none
+    to show. A field named in double backquotes is shown as its flag (``think_budget``: ``--think-budget``)."""
     fl = flag_of(f)
     if fl.help is not None:
         return fl.help

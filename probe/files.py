@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from probe.errors import StoreError
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -135,3 +139,44 @@ def human_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------ a run folder's files, read safely
+class LinkError(StoreError):
+    """A file or folder of a run folder is a symbolic link (refused: it could show a file from outside the run)."""
+
+
+def link_problem(path: Path) -> str | None:
+    """Why ``path`` may not be read as a run folder's file: a symbolic link, or not a regular file (a device or a
+    pipe reads forever). None: a regular file, or nothing there (the caller says what is missing)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path.name} is a symbolic link (refused: a run folder's files must be the files themselves)"
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        return f"{path.name} is not a regular file"
+    return None
+
+
+def inside(root: Path, *parts: str) -> Path:
+    """``root/parts``, checked: no part is ``..``, absolute or empty, and no file or folder below ``root`` on the
+    way is a symbolic link (lstat), so the path lies inside ``root`` whatever the folder holds. :class:`LinkError`
+    naming the link and the fix otherwise (a missing file is left to the caller)."""
+    cur = Path(root)
+    for part in parts:
+        if part in ("", ".", "..") or "/" in part or "\x00" in part:
+            raise LinkError(f"refused {part!r} under {root}: not a plain file name")
+        cur = cur / part
+        why = link_problem(cur)
+        if why:
+            raise LinkError(
+                f"{cur}: {why}. A run folder read from elsewhere may point outside itself; replace the link "
+                "with a copy of what it points to if you trust it"
+            )
+    return cur
+
+
+def canonical_json(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)

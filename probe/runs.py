@@ -19,7 +19,7 @@ of several hundred MB, so nothing here reads a whole file to show one trial:
 * :meth:`Run.find_match` finds the same trial in another run.
 
 Which trials a filter selects, a page at a time, is the viewer's query
-engine, :class:`probe.app.query.RunQuery`, built on a :class:`Run`.
+engine, :class:`probe.query.RunQuery`, built on a :class:`Run`.
 
 Only verified chunks are read; a damaged or missing chunk is reported, with
 the store's reason, on every trial it holds (:attr:`TrialData.chunk`), never
@@ -40,9 +40,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from probe import tables
 from probe.errors import StoreError
+from probe.files import inside
+from probe.query import FilterError, Page, RunQuery, TrialFilter
+from probe.receipts import ChunkState, Integrity
 from probe.record import Manifest
-from probe.store import MANIFEST, TRIALS, ChunkState, Integrity, RunStore, inside, parse_trial_line
-from probe.tables import SAMPLE_TABLES
+from probe.store import MANIFEST, TRIALS, RunStore, parse_trial_line
+from probe.tables import SAMPLE_TABLES, TrialData, factor_column
 from probe.trial_index import NotARunError, TrialIndex, match_key
 from probe.types import Trial
 
@@ -52,9 +55,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLUMNS",
+    "FilterError",
     "NotARunError",
+    "Page",
     "Run",
     "TrialData",
+    "TrialFilter",
     "factor_column",
     "open_run",
     "run_folders",
@@ -74,18 +80,6 @@ tables' one declaration (:mod:`probe.tables`, which also says what each column h
 ``top_other``: list of ``[token, prob]`` (the most likely non-option first tokens); ``token_ids``: list of int;
 ``probs``: dict code -> probability. ``source`` is ``samples`` (draws of readout trials) or ``generations``
 (free-text replies); codes' ``task`` is ``verdict`` (the run's judge) or a ``probe code`` task."""
-
-FILTER_KEYS: Final[frozenset[str]] = frozenset({"item", "option", "status", "coverage_below", "disagree", "chunk"})
-RESERVED: Final[frozenset[str]] = frozenset(
-    {c for cols in COLUMNS.values() for c in cols} | set(TRIAL_COLUMNS) | FILTER_KEYS
-)
-"""Names a factor column may not take (a factor named like one is spread as ``factor_<name>``)."""
-
-
-def factor_column(name: str) -> str:
-    """The column of factor ``name``: its own name, or ``factor_<name>`` where that is a fixed column or a filter
-    key (the cue experiment has a factor ``status``, and the samples a column ``status``)."""
-    return f"factor_{name}" if name in RESERVED else name
 
 
 # ------------------------------------------------------------------ opening
@@ -146,24 +140,6 @@ def run_folders(path: str | os.PathLike[str]) -> tuple[Path, ...]:
     return tuple(found)
 
 
-@dataclass(frozen=True)
-class TrialData:
-    """Everything the run holds for one trial."""
-
-    trial: Trial
-    position: int
-    chunk: ChunkState
-    """Its chunk's state: when not verified, the result frames are empty and ``chunk.reason`` says why."""
-    readout: Mapping[str, Any] | None
-    """The readout row (coverage, greedy_option, prompt_tokens, reasoning, top_other, ...), None without one."""
-    options: pd.DataFrame
-    """option, option_index, meaning, n_tokens, logprob, prob, greedy; in print order."""
-    samples: pd.DataFrame
-    """source, draw, option, status, text, reasoning, prompt_tokens, completion_tokens, truncated, token_ids."""
-    codes: pd.DataFrame
-    """task, draw, label, p_label, probs, judge, status."""
-
-
 # ------------------------------------------------------------------ the run
 @dataclass(frozen=True, eq=False)
 class Run:
@@ -216,7 +192,7 @@ class Run:
 
     def coding_files(self) -> list[Path]:
         """The tables of ``probe code`` (``coding/*.parquet``, not the failed ones), checked: a symbolic link is a
-        :class:`probe.store.LinkError`."""
+        :class:`probe.files.LinkError`."""
         coding = inside(self.root, "coding")
         if not coding.is_dir():
             return []
@@ -261,6 +237,10 @@ class Run:
             f.seek(offset)
             line = f.read(length)
         return Trial.from_record(parse_trial_line(line, path, position + 1))
+
+    def table_path(self, chunk: int, table: str) -> Path:
+        """The file of one chunk's table (it may be missing: see :attr:`integrity`)."""
+        return self.store.table_path(chunk, table)
 
     def chunk_of(self, position: int) -> int:
         return position // self.chunk_size
@@ -346,6 +326,18 @@ class Run:
         out = out[keys + [c for c in own]]
         out = out.sort_values(["position", *(c for c in ("option_index", "draw") if c in own)], kind="stable")
         return out.reset_index(drop=True)
+
+    # ------------------------------------------------------------ pages of trials (probe.query)
+    @functools.cached_property
+    def query(self) -> RunQuery:
+        """This run's query engine (:class:`probe.query.RunQuery`), kept, so each filter reads only what the last
+        one did not."""
+        return RunQuery(self)
+
+    def page(self, flt: TrialFilter, offset: int = 0, limit: int = 50) -> Page:
+        """One page of the trials ``flt`` selects (:meth:`probe.query.RunQuery.page`); an unknown filter key or
+        value is a :class:`probe.query.FilterError` naming it and the known ones."""
+        return self.query.page(flt, offset, limit)
 
     # ------------------------------------------------------------ what analyses read (probe.views)
     @functools.cached_property

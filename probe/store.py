@@ -35,22 +35,23 @@ import json
 import os
 import re
 import shutil
-import stat
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from probe.errors import StoreError
 from probe.files import (
     atomic_write_bytes,
     atomic_write_text,
-    file_sha256,
+    canonical_json,
     human_bytes,
+    inside,
+    link_problem,
     parquet_bytes,
     read_parquet_bytes,
     sha256_hex,
 )
+from probe.receipts import ChunkState, Integrity, Receipt, TableReceipt, legacy_tables
 from probe.record import Manifest
 from probe.types import Trial
 
@@ -62,223 +63,9 @@ _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 """What a chunk table's name may be (it becomes part of a file name)."""
 
 
-class LinkError(StoreError):
-    """A file or folder of a run folder is a symbolic link (refused: it could show a file from outside the run)."""
-
-
-def link_problem(path: Path) -> str | None:
-    """Why ``path`` may not be read as a run folder's file: a symbolic link, or not a regular file (a device or a
-    pipe reads forever). None: a regular file, or nothing there (the caller says what is missing)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return f"{path.name} is a symbolic link (refused: a run folder's files must be the files themselves)"
-    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-        return f"{path.name} is not a regular file"
-    return None
-
-
-def inside(root: Path, *parts: str) -> Path:
-    """``root/parts``, checked: no part is ``..``, absolute or empty, and no file or folder below ``root`` on the
-    way is a symbolic link (lstat), so the path lies inside ``root`` whatever the folder holds. :class:`LinkError`
-    naming the link and the fix otherwise (a missing file is left to the caller)."""
-    cur = Path(root)
-    for part in parts:
-        if part in ("", ".", "..") or "/" in part or "\x00" in part:
-            raise LinkError(f"refused {part!r} under {root}: not a plain file name")
-        cur = cur / part
-        why = link_problem(cur)
-        if why:
-            raise LinkError(
-                f"{cur}: {why}. A run folder read from elsewhere may point outside itself; replace the link "
-                "with a copy of what it points to if you trust it"
-            )
-    return cur
-
-
-def canonical_json(obj: object) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
 def run_key(identity: Mapping[str, Any]) -> str:
     """Hash of everything that determines the results (spec, model, value-affecting settings)."""
     return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:16]
-
-
-# ------------------------------------------------------------------ receipts
-RECEIPT_FORMAT = 2
-"""Version of the ``.done`` receipt (format 1 was a bare JSON list of table names)."""
-
-
-@dataclass(frozen=True)
-class TableReceipt:
-    """One table file of a chunk as it was written."""
-
-    file: str
-    bytes: int
-    rows: int
-    sha256: str
-
-    def check(self, results: Path) -> str | None:
-        """Why the file on disk does not match (None: it matches)."""
-        path = results / self.file
-        why = link_problem(path)
-        if why:
-            return why
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            return f"{self.file} is missing"
-        if size != self.bytes:
-            return f"{self.file} is {size} bytes, its receipt says {self.bytes}"
-        if file_sha256(path) != self.sha256:
-            return f"{self.file} does not match its receipt's content hash (changed or damaged on disk)"
-        return None
-
-
-@dataclass(frozen=True)
-class Receipt:
-    """A chunk's ``.done`` marker: which run and trials it holds and, per table, what was written."""
-
-    chunk: int
-    run_key: str
-    trials: tuple[int, int]
-    """[lo, hi) positions in trials.jsonl."""
-    tables: Mapping[str, TableReceipt] = field(default_factory=dict)
-
-    def _body(self) -> dict[str, Any]:
-        return {
-            "format": RECEIPT_FORMAT,
-            "chunk": self.chunk,
-            "run_key": self.run_key,
-            "trials": list(self.trials),
-            "tables": {
-                n: {"file": t.file, "bytes": t.bytes, "rows": t.rows, "sha256": t.sha256}
-                for n, t in sorted(self.tables.items())
-            },
-        }
-
-    def to_text(self) -> str:
-        body = self._body()
-        return json.dumps({**body, "receipt_sha256": sha256_hex(canonical_json(body).encode())}, indent=1) + "\n"
-
-    @classmethod
-    def parse(cls, text: str) -> Receipt:
-        """The receipt in ``text``; ValueError saying what is wrong with it."""
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not valid JSON ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != RECEIPT_FORMAT:
-            raise ValueError(f"not a format-{RECEIPT_FORMAT} receipt")
-        claimed = doc.pop("receipt_sha256", None)
-        if claimed != sha256_hex(canonical_json(doc).encode()):
-            raise ValueError("its own checksum does not match (the marker was changed or damaged)")
-        try:
-            tables = {
-                str(n): TableReceipt(str(t["file"]), int(t["bytes"]), int(t["rows"]), str(t["sha256"]))
-                for n, t in doc["tables"].items()
-            }
-            lo, hi = (int(x) for x in doc["trials"])
-            return cls(int(doc["chunk"]), str(doc["run_key"]), (lo, hi), tables)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"a field is missing or malformed ({e!r})") from None
-
-
-ChunkStatus = Literal["verified", "damaged", "missing"]
-
-
-@dataclass(frozen=True)
-class ChunkState:
-    """What the store holds for one chunk of the trial list."""
-
-    chunk: int
-    trials: tuple[int, int]
-    status: ChunkStatus
-    reason: str = ""
-    """Why a chunk is damaged or missing (empty when verified)."""
-    receipt: Receipt | None = None
-    legacy_tables: tuple[str, ...] = ()
-    """Tables of a format-1 marker (no receipt): trusted when they parse."""
-
-    @property
-    def tables(self) -> tuple[str, ...]:
-        return tuple(sorted(self.receipt.tables)) if self.receipt is not None else self.legacy_tables
-
-    def describe(self) -> str:
-        lo, hi = self.trials
-        what = f"chunk {self.chunk} (trials {lo}-{hi - 1})" if hi > lo else f"chunk {self.chunk}"
-        return f"{what}: {self.status}" + (f", {self.reason}" if self.reason else "")
-
-
-@dataclass(frozen=True)
-class Integrity:
-    """Every expected chunk of a run folder, checked against its receipt."""
-
-    root: Path
-    n_trials: int
-    chunks: tuple[ChunkState, ...]
-    trials_problem: str = ""
-    """Why trials.jsonl does not match the manifest (its count or its hash); empty when it does."""
-
-    def _with(self, status: ChunkStatus) -> list[ChunkState]:
-        return [c for c in self.chunks if c.status == status]
-
-    @property
-    def verified(self) -> list[ChunkState]:
-        return self._with("verified")
-
-    @property
-    def damaged(self) -> list[ChunkState]:
-        return self._with("damaged")
-
-    @property
-    def missing(self) -> list[ChunkState]:
-        return self._with("missing")
-
-    @property
-    def found_trials(self) -> int:
-        return sum(hi - lo for c in self.verified for lo, hi in [c.trials])
-
-    @property
-    def complete(self) -> bool:
-        return not self.damaged and not self.missing and not self.trials_problem
-
-    def counts_line(self) -> str:
-        done = len(self.verified) + len(self.damaged)
-        return (
-            f"chunks: {len(self.chunks)} expected, {done} done, {len(self.verified)} verified, "
-            f"{len(self.damaged)} damaged, {len(self.missing)} missing; "
-            f"trials: {self.found_trials} of {self.n_trials} verified"
-        ) + (f"; but {self.trials_problem}" if self.trials_problem else "")
-
-    def problems(self) -> list[str]:
-        return [
-            *([self.trials_problem] if self.trials_problem else []),
-            *(c.describe() for c in self.chunks if c.status != "verified"),
-        ]
-
-    def partial_header(self) -> list[str]:
-        """The lines a report on an incomplete store starts with (``probe analyze --allow-partial``)."""
-        return [
-            f"> **Partial report** (`probe analyze --allow-partial`): {self.found_trials} of {self.n_trials} trials, "
-            f"from {len(self.verified)} of {len(self.chunks)} chunks; left out: {'; '.join(self.problems())}. "
-            "Complete it by re-running `probe run` with the same arguments.",
-            "",
-        ]
-
-    def refusal(self) -> str:
-        """Why analysis refuses this store, and how to repair it."""
-        bad = self.problems()
-        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-        return (
-            f"{self.root} is incomplete: the manifest expects {self.n_trials} trials, {self.found_trials} are in "
-            f"verified chunks ({shown}). Repair it by re-running `probe run` with the same arguments (it "
-            f"recomputes only those chunks; API responses are replayed from the journal), see `probe check "
-            f"{self.root}`; or report on what is there with `probe analyze --allow-partial {self.root}`"
-        )
 
 
 def trials_text(trials: Sequence[Trial]) -> str:
@@ -364,9 +151,7 @@ class RunStore:
             old = store.manifest()
             if old.run_key != new.run_key:
                 diff = sorted(
-                    k
-                    for k in set(old.identity) | set(new.identity)
-                    if old.identity.get(k) != new.identity.get(k)
+                    k for k in set(old.identity) | set(new.identity) if old.identity.get(k) != new.identity.get(k)
                 )
                 raise StoreError(
                     f"{store.root} holds a different run (differs in: {', '.join(diff) or 'run key'}); "
@@ -531,7 +316,7 @@ class RunStore:
         return state
 
     def _verify(self, k: int, trials: tuple[int, int], run_key: str, text: str) -> ChunkState:
-        legacy = _legacy_tables(text)
+        legacy = legacy_tables(text)
         if legacy is not None:  # a format-1 marker: no receipt, so the best check is that every table parses
             bad = [n for n in legacy if not _TABLE_NAME.match(n)]
             if bad:
@@ -663,17 +448,6 @@ def parse_trial_line(line: str | bytes, path: Path, no: int) -> dict[str, Any]:
     if not isinstance(doc, dict) or "trial_id" not in doc:
         raise StoreError(f"{path}, line {no}: not a trial (a JSON object with a trial_id); the file is damaged")
     return doc
-
-
-def _legacy_tables(text: str) -> tuple[str, ...] | None:
-    """The table names of a format-1 marker (a JSON list), else None."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if isinstance(doc, list) and all(isinstance(n, str) for n in doc):
-        return tuple(doc)
-    return None
 
 
 def _parquet_problem(path: Path) -> str | None:

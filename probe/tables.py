@@ -16,12 +16,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, get_args
 
+from probe.receipts import ChunkState
 from probe.types import SampleStatus
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from probe.types import Readout, Sample
+    from probe.types import Readout, Sample, Trial
 
 SAMPLE_STATUSES: Final[tuple[str, ...]] = get_args(SampleStatus)
 """How a sampled reply parsed: ``ok`` (an option), ``refusal``, ``invalid`` (no option), ``error`` (no reply)."""
@@ -29,16 +30,20 @@ SAMPLE_TABLES: Final[tuple[str, ...]] = ("samples", "generations")
 """Sampled answers to readout trials, and free-text replies to generative trials (one schema, :data:`SAMPLES`)."""
 
 __all__ = [
+    "FILTER_KEYS",
     "FRAMES",
     "JUDGMENTS",
     "READOUT_OPTIONS",
     "READOUT_TRIALS",
+    "RESERVED",
     "SAMPLES",
     "SAMPLE_STATUSES",
     "SAMPLE_TABLES",
     "TRIAL_COLUMNS",
     "Column",
     "Table",
+    "TrialData",
+    "factor_column",
     "readout_tables",
     "sample_table",
 ]
@@ -224,6 +229,38 @@ FRAMES: Final[dict[str, Table]] = {
     "codes": CODES,
 }
 """The notebook frame each table is read into (:class:`probe.runs.Run`)."""
+
+
+FILTER_KEYS: Final[frozenset[str]] = frozenset({"item", "option", "status", "coverage_below", "disagree", "chunk"})
+"""The keys of a trial filter that are not factors (:class:`probe.query.TrialFilter`)."""
+RESERVED: Final[frozenset[str]] = frozenset(
+    {c.name for t in FRAMES.values() for c in t.columns().values()} | {c.name for c in TRIAL_COLUMNS} | FILTER_KEYS
+)
+"""Names a factor column may not take (a factor named like one is spread as ``factor_<name>``)."""
+
+
+def factor_column(name: str) -> str:
+    """The column of factor ``name``: its own name, or ``factor_<name>`` where that is a fixed column or a filter
+    key (the cue experiment has a factor ``status``, and the samples a column ``status``)."""
+    return f"factor_{name}" if name in RESERVED else name
+
+
+@dataclass(frozen=True)
+class TrialData:
+    """Everything the run holds for one trial."""
+
+    trial: Trial
+    position: int
+    chunk: ChunkState
+    """Its chunk's state: when not verified, the result frames are empty and ``chunk.reason`` says why."""
+    readout: Mapping[str, Any] | None
+    """The readout row (coverage, greedy_option, prompt_tokens, reasoning, top_other, ...), None without one."""
+    options: pd.DataFrame
+    """option, option_index, meaning, n_tokens, logprob, prob, greedy; in print order."""
+    samples: pd.DataFrame
+    """source, draw, option, status, text, reasoning, prompt_tokens, completion_tokens, truncated, token_ids."""
+    codes: pd.DataFrame
+    """task, draw, label, p_label, probs, judge, status."""
 
 
 # ------------------------------------------------------------------ writers

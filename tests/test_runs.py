@@ -19,8 +19,8 @@ import probe
 from probe import runs as runs_mod
 from probe import trial_index
 from probe.app.cli import main
-from probe.app.query import FilterError, RunQuery, TrialFilter
 from probe.errors import ProbeError, StoreError
+from probe.query import FilterError, RunQuery, TrialFilter
 from probe.runs import COLUMNS, TRIAL_COLUMNS, NotARunError, open_run, run_folders
 from probe.store import RunStore
 from tests.view_runs import ITEMS, index_cache, sim_run  # noqa: F401 (index_cache: autouse fixture)
@@ -97,7 +97,7 @@ def test_a_factor_named_like_a_column_is_spread_as_factor_name(cue: Path) -> Non
     assert "factor_status" in run.trials.columns and "status" not in run.trials.columns
     assert runs_mod.factor_column("status") == "factor_status" and runs_mod.factor_column("instrument") == "instrument"
     value = str(run.trials["factor_status"].dropna().iloc[0])
-    page = RunQuery(run).page(TrialFilter.parse([("factor_status", value)]), 0, 5)
+    page = run.page(TrialFilter.parse([("factor_status", value)]), 0, 5)
     assert page.total == int((run.trials["factor_status"] == value).sum()) > 0
 
 
@@ -113,23 +113,23 @@ def test_trial_is_the_stored_trial(yesno: Path) -> None:
 def test_page_filters_and_paging(yesno: Path) -> None:
     run = open_run(yesno)
     trials = run.trials
-    everything = RunQuery(run).page(TrialFilter(), 0, 10)
+    everything = run.page(TrialFilter(), 0, 10)
     assert everything.total == 24 and list(everything.rows["position"]) == list(range(10))
-    second = RunQuery(run).page(TrialFilter(), 20, 10)
+    second = run.page(TrialFilter(), 20, 10)
     assert list(second.rows["position"]) == [20, 21, 22, 23]
-    one = RunQuery(run).page(TrialFilter.parse([("item", "pond_child"), ("order", "yes_first")]), 0, 50)
+    one = run.page(TrialFilter.parse([("item", "pond_child"), ("order", "yes_first")]), 0, 50)
     want = trials[(trials.item_id == "pond_child") & (trials.order == "yes_first")]
     assert one.total == len(want) == 6 and list(one.rows["trial_id"]) == list(want.trial_id)
-    either = RunQuery(run).page(TrialFilter.parse([("verb", "approve"), ("verb", "oppose")]), 0, 50)
+    either = run.page(TrialFilter.parse([("verb", "approve"), ("verb", "oppose")]), 0, 50)
     assert either.total == 24
     readouts = run.readouts
-    yes = RunQuery(run).page(TrialFilter(option="Yes"), 0, 50)
+    yes = run.page(TrialFilter(option="Yes"), 0, 50)
     assert set(yes.rows["trial_id"]) == set(readouts.trial_id[readouts.greedy_option == "Yes"])
-    low = RunQuery(run).page(TrialFilter(coverage_below=0.9), 0, 50)
+    low = run.page(TrialFilter(coverage_below=0.9), 0, 50)
     assert set(low.rows["trial_id"]) == set(readouts.trial_id[readouts.coverage < 0.9]) and low.total > 0
-    assert RunQuery(run).page(TrialFilter(coverage_below=0.5), 0, 50).total == int((readouts.coverage < 0.5).sum())
+    assert run.page(TrialFilter(coverage_below=0.5), 0, 50).total == int((readouts.coverage < 0.5).sum())
     samples = run.samples
-    refused = RunQuery(run).page(TrialFilter(status="refusal"), 0, 50)
+    refused = run.page(TrialFilter(status="refusal"), 0, 50)
     assert set(refused.rows["trial_id"]) == set(samples.trial_id[samples.status == "refusal"]) and refused.total > 0
     # the row of a page shows the greedy option, its probability and the replies' statuses
     row = refused.rows.iloc[0]
@@ -147,7 +147,7 @@ def test_disagree_is_greedy_against_the_sampled_majority(yesno: Path) -> None:
         top = counts[counts == counts.max()]
         if len(top) != 1 or top.index[0] != greedy[tid]:
             want.add(tid)
-    got = RunQuery(run).page(TrialFilter(disagree=True), 0, 100)
+    got = run.page(TrialFilter(disagree=True), 0, 100)
     assert set(got.rows["trial_id"]) == want and 0 < len(want) < 24
 
 
@@ -166,7 +166,7 @@ def test_disagree_is_greedy_against_the_sampled_majority(yesno: Path) -> None:
 def test_an_unknown_filter_value_names_itself_and_the_known_ones(yesno: Path, pairs: list, message: str) -> None:
     run = open_run(yesno)
     with pytest.raises(FilterError, match=message) as err:
-        RunQuery(run).page(TrialFilter.parse(pairs))
+        run.page(TrialFilter.parse(pairs))
     assert isinstance(err.value, ProbeError)
 
 
@@ -241,9 +241,9 @@ def test_a_damaged_chunk_is_reported_never_dropped(tmp_path: Path, yesno: Path) 
     data = run.trial_data(run.trials.trial_id[8])
     assert data.chunk.status == "damaged" and "readout_options.parquet is" in data.chunk.reason
     assert data.readout is None and data.options.empty
-    page = RunQuery(run).page(TrialFilter(chunk="damaged"), 0, 50)
+    page = run.page(TrialFilter(chunk="damaged"), 0, 50)
     assert list(page.rows["position"]) == list(range(8, 16)) and set(page.rows["chunk_status"]) == {"damaged"}
-    listed = RunQuery(run).page(TrialFilter(), 0, 50).rows
+    listed = run.page(TrialFilter(), 0, 50).rows
     assert len(listed) == 24 and (listed.chunk_status == "damaged").sum() == 8
 
 
@@ -291,5 +291,5 @@ def test_chunks_whose_columns_differ_in_type_are_read_file_by_file(tmp_path: Pat
     store.write_chunk(1, {"samples": samples(["t2", "t3"], "Yes", "ok")})
     run = open_run(store.root)
     assert RunQuery(run).narrow_samples()["option"].to_pylist() == [None, None, "Yes", "Yes"]
-    assert list(RunQuery(run).page(TrialFilter(status="refusal")).rows["trial_id"]) == ["t0", "t1"]
+    assert list(run.page(TrialFilter(status="refusal")).rows["trial_id"]) == ["t0", "t1"]
     assert list(run.samples["status"].astype(str)) == ["refusal", "refusal", "ok", "ok"]

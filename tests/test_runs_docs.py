@@ -11,7 +11,7 @@ import pytest
 
 from probe import tables, trial_index
 from probe.app.cli import main
-from probe.app.query import Page
+from probe.query import Page
 from probe.runs import COLUMNS, TRIAL_COLUMNS
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "python.md"
@@ -34,7 +34,7 @@ def test_the_worked_example_runs_as_written(
     first = next(b for b in _blocks("python") if "counts_line" in b)
     ns: dict[str, object] = {"__name__": "__docs__"}
     exec(compile(first, str(DOC), "exec"), ns)  # the opening block, on the first run
-    paging = next(b for b in _blocks("python") if "RunQuery(run)" in b)
+    paging = next(b for b in _blocks("python") if "run.page(" in b)
     exec(compile(paging, str(DOC), "exec"), ns)  # the query engine's block, on the run the opening block opened
     page = ns["page"]
     assert isinstance(page, Page) and 0 < len(page.rows) == min(page.total, 50)

@@ -26,8 +26,9 @@ from probe.app.cli import main
 from probe.app.redact import redact
 from probe.app.view import Viewer, _json
 from probe.app.viewserver import make_server
+from probe.receipts import Receipt, TableReceipt
 from probe.runs import NotARunError, open_run
-from probe.store import Receipt, RunStore, TableReceipt
+from probe.store import RunStore
 from probe.terminal import escape_controls
 from tests.view_runs import chromium, index_cache, sim_run  # noqa: F401 (index_cache: autouse fixture)
 
@@ -468,8 +469,8 @@ def test_a_damaged_run_warns_that_its_report_may_predate_the_damage(base: Path, 
 
 
 def test_pages_read_as_a_user_expects(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from probe.app.query import _natural
     from probe.app.view import _count_filter, _token_filter
+    from probe.query import _natural
 
     assert _token_filter("<|im_end|>") == '"<|im_end|>"' and _token_filter("\n") == '"\\n"'
     assert _count_filter(1, "token") == "1 token" and _count_filter(2, "token") == "2 tokens"

@@ -73,8 +73,8 @@ from probe.app.taxonomy import (
     load_validation,
 )
 from probe.app.verbs import add_verb
-from probe.files import atomic_write_parquet, atomic_write_text
-from probe.store import RunStore, canonical_json
+from probe.files import atomic_write_parquet, atomic_write_text, canonical_json
+from probe.store import RunStore
 from probe.types import Message, Trial
 
 

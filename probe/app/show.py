@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from probe.app.prompts import Renderer
-from probe.app.query import FilterError, RunQuery, TrialFilter
 from probe.app.trialview import format_trial, trial_view
 from probe.app.verbs import add_verb
+from probe.query import FilterError, RunQuery, TrialFilter
 from probe.runs import open_run
 from probe.store import json_ready
 from probe.terminal import escape_controls, escape_controls_json

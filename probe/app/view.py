@@ -13,7 +13,7 @@ Every page and its JSON twin under ``/api/`` are answered by
 :meth:`Viewer.handle`, a function of (path, query) that the tests call
 directly and through a real server. The runs are read through
 :mod:`probe.runs` (the documented Python API): the trial browser pages the
-trial index and the chunk tables on demand (:class:`probe.app.query.RunQuery`);
+trial index and the chunk tables on demand (:class:`probe.query.RunQuery`);
 the browser is sent one page.
 
 Safety: the server binds 127.0.0.1 only; it serves the run folders it was
@@ -43,12 +43,13 @@ from typing import Any
 
 from probe.app import markdown
 from probe.app.prompts import Renderer
-from probe.app.query import FilterError, RunQuery, TrialFilter
 from probe.app.redact import redact
 from probe.app.trialview import side_by_side, view_of
 from probe.errors import ProbeError
+from probe.files import LinkError, inside, link_problem
+from probe.query import FilterError, RunQuery, TrialFilter
 from probe.runs import NotARunError, Run, factor_column, open_run, run_folders
-from probe.store import LinkError, inside, json_ready, link_problem
+from probe.store import json_ready
 from probe.tables import SAMPLE_STATUSES
 from probe.terminal import escape_controls
 

@@ -1,10 +1,11 @@
-"""The viewer's query engine: which trials of a run a filter selects, and one page of them to show.
+"""The query engine: which trials of a run a filter selects, and one page of them to show.
 
 ``probe view``'s trial browser and ``probe show --where`` list trials by
 item, factor levels, greedy option, parse status, low coverage,
 greedy-vs-sampled disagreement and chunk state. :class:`TrialFilter` is such
 a filter (parsed from a URL's query or ``--where`` pairs); a
-:class:`RunQuery` built on a :class:`probe.runs.Run` answers it:
+:class:`RunQuery` built on a :class:`probe.runs.Run` answers it (``run.page`` asks the run's own,
+:attr:`probe.runs.Run.query`):
 
 * :meth:`RunQuery.select` filters the run's trial index
   (:class:`probe.trial_index.TrialIndex`) in Arrow, and reads only the narrow
@@ -24,14 +25,15 @@ import contextlib
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from probe.errors import ProbeError
-from probe.runs import Run, TrialData, factor_column
-from probe.store import ChunkState, Integrity
-from probe.tables import SAMPLE_STATUSES, SAMPLE_TABLES
+from probe.receipts import ChunkState, Integrity
+from probe.tables import SAMPLE_STATUSES, SAMPLE_TABLES, TrialData, factor_column
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import numpy as np
     import numpy.typing as npt
     import pandas as pd
@@ -122,6 +124,33 @@ class Page:
 
 
 # ------------------------------------------------------------------ the query engine
+class QueriedRun(Protocol):
+    """What the query engine reads of a run (:class:`probe.runs.Run` provides it; the engine does not import it,
+    since the run asks its own engine for a page)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def integrity(self) -> Integrity: ...
+
+    @property
+    def chunk_size(self) -> int: ...
+
+    @property
+    def factor_names(self) -> tuple[str, ...]: ...
+
+    def index(self) -> pa.Table: ...
+
+    def chunk_of(self, position: int) -> int: ...
+
+    def chunk_states(self, integrity: Integrity | None = None) -> dict[int, ChunkState]: ...
+
+    def table_path(self, chunk: int, table: str) -> Path: ...
+
+    def trial_data(self, trial_id: str, *, integrity: Integrity | None = None) -> TrialData: ...
+
+
 @dataclass(eq=False)
 class RunQuery:
     """The trials of one run that a filter selects, and pages of them (see the module doc).
@@ -130,7 +159,7 @@ class RunQuery:
     costs no read; the chunks verified since are read when next asked.
     """
 
-    run: Run
+    run: QueriedRun
     _held: Integrity | None = field(default=None, init=False, repr=False)
     """The chunks' integrity inside :meth:`snapshot`, None outside it."""
     _narrowed: dict[tuple[str, tuple[str, ...]], dict[int, pa.Table]] = field(
@@ -297,7 +326,7 @@ class RunQuery:
         counted = [c for c in todo if c.receipt is not None]
         rows = [c.receipt.tables[table].rows for c in counted if c.receipt is not None]
         try:  # one schema for all files (a column that is all missing in one chunk has another type there)
-            paths = [str(self.run.store.table_path(c.chunk, table)) for c in counted]
+            paths = [str(self.run.table_path(c.chunk, table)) for c in counted]
             whole = ds.dataset(paths, format="parquet").to_table(columns=list(columns)) if counted else None
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             whole = None  # read file by file below
@@ -308,7 +337,7 @@ class RunQuery:
                 start += n
         for c in todo:
             if c.chunk not in cache:
-                cache[c.chunk] = pq.read_table(self.run.store.table_path(c.chunk, table), columns=list(columns))
+                cache[c.chunk] = pq.read_table(self.run.table_path(c.chunk, table), columns=list(columns))
         parts = [cache[c.chunk] for c in held]
         if not parts:
             return pa.table({c: pa.array([], type=pa.float64() if c == "coverage" else pa.string()) for c in columns})
@@ -382,7 +411,7 @@ class RunQuery:
             flt = [("trial_id", "in", ids)]
             if "readout_trials" in state.tables:
                 rt = pq.read_table(
-                    self.run.store.table_path(k, "readout_trials"),
+                    self.run.table_path(k, "readout_trials"),
                     columns=["trial_id", "coverage", "greedy_option"],
                     filters=flt,
                 )
@@ -392,7 +421,7 @@ class RunQuery:
                     out.setdefault(t, {}).update(coverage=cov, greedy_option=g)
             if "readout_options" in state.tables:
                 ro = pq.read_table(
-                    self.run.store.table_path(k, "readout_options"), columns=["trial_id", "option", "prob"], filters=flt
+                    self.run.table_path(k, "readout_options"), columns=["trial_id", "option", "prob"], filters=flt
                 )
                 for t, o, pr in zip(
                     ro["trial_id"].to_pylist(), ro["option"].to_pylist(), ro["prob"].to_pylist(), strict=True
@@ -402,7 +431,7 @@ class RunQuery:
             for table in SAMPLE_TABLES:
                 if table not in state.tables:
                     continue
-                sm = pq.read_table(self.run.store.table_path(k, table), columns=["trial_id", "status"], filters=flt)
+                sm = pq.read_table(self.run.table_path(k, table), columns=["trial_id", "status"], filters=flt)
                 for t, s in zip(sm["trial_id"].to_pylist(), sm["status"].to_pylist(), strict=True):
                     row = out.setdefault(t, {})
                     row["n_samples"] = row.get("n_samples", 0) + 1
