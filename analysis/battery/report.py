@@ -1,25 +1,29 @@
 """The battery report (paper 003): every table and figure the run's instruments allow.
 
-Each section takes the run's frames and returns Markdown lines and the files
-it wrote; a section whose instrument is absent says what is missing instead,
-so a partial run still yields the tables it can (``probe analyze`` never
-fails because, say, the free-choice instrument was not run).
+Computation apart from presentation: :func:`battery_results` computes what the
+sections show once, each part a function of named inputs (the graded stance
+theta feeds the label map and the (s, m) fit), into a frozen
+:class:`BatteryResults`; each section then formats its part and the parts it
+names (Markdown lines and the files it writes). A part whose instrument is
+absent says what is missing instead, and a part that cannot be computed says
+why in its section, so a partial run still yields the tables it can (``probe
+analyze`` never fails because, say, the free-choice instrument was not run).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from analysis.battery import figures, yesno
 from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
-from analysis.battery.fit import N_BOOT, SEED
+from analysis.battery.fit import N_BOOT, SEED, RunFits
 from analysis.battery.yesno import CELLS, Dropped, decompose
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.frames import choice_probs, trial_meta
@@ -30,9 +34,9 @@ from probe.record import Manifest
 from probe.store import RunStore
 
 
-@dataclass
+@dataclass(frozen=True)
 class Frames:
-    """What every section reads."""
+    """What every part of the report reads: the run's frames."""
 
     options: pd.DataFrame
     per_trial: pd.DataFrame
@@ -44,8 +48,6 @@ class Frames:
     meta: pd.DataFrame
     """One row per trial of the run (all instruments), with its factors."""
     trial_list: list[Any]
-    results: dict[str, Any] = field(default_factory=dict)
-    """Per-item series that later sections reuse (theta, z, choice stance)."""
 
     def instrument(self, name: str) -> pd.DataFrame:
         if "instrument" not in self.per_trial:
@@ -73,36 +75,309 @@ def corpus_form_order(corpus: str | None, forms: set[str]) -> list[str]:
     return listed + sorted(forms - set(listed))
 
 
-def _note_dropped(f: Frames, dropped: tuple[Dropped, ...]) -> None:
-    """Remember stories a section left out, for :func:`dropped_section`."""
-    f.results.setdefault("dropped", []).extend(dropped)
+T = TypeVar("T")
 
 
-# ------------------------------------------------------------------- sections
-def verbflip_section(f: Frames, out: Path) -> Section:
-    """The yes/no verb-flip family: per-story cells, z, lexical, order, apparent (Eq. 1)."""
+@dataclass(frozen=True)
+class Part(Generic[T]):
+    """One computed part of the report: its value, or the line saying its instrument is absent, or the ValueError
+    it raised; and the stories it left out (kept when it fails after leaving them out), for :func:`dropped_section`."""
+
+    value: T | None = None
+    absent: str | None = None
+    error: ValueError | None = None
+    dropped: tuple[Dropped, ...] = ()
+
+    def get(self) -> T:
+        """The value; raises the part's ValueError, so its section says why it is not computed."""
+        if self.error is not None:
+            raise self.error
+        if self.value is None:
+            raise ValueError(self.absent or "not computed")
+        return self.value
+
+
+def _attempt(compute: Callable[..., Part[T]], *args: Any) -> Part[T]:
+    try:
+        return compute(*args)
+    except ValueError as e:
+        return Part(error=e)
+
+
+# ------------------------------------------------------------------- parts
+@dataclass(frozen=True)
+class Graded:
+    """I-1: theta per dilemma and its cross-form incoherence (:func:`compute_graded`)."""
+
+    trials: pd.DataFrame
+    """The graded trials, with their factors."""
+    graded: pd.DataFrame
+    """Per graded trial: the value read (:func:`analysis.battery.stance.graded_trials`)."""
+    fallback: pd.DataFrame
+    empty_forms: pd.DataFrame
+    theta: pd.Series
+    inc: pd.DataFrame
+    gen: Any
+    table: pd.DataFrame
+    bipolar: Any
+    pooled: Any
+
+
+def compute_graded(f: Frames) -> Part[Graded]:
+    """Theta per dilemma, its incoherence and components, G and the bipolar contrast, from the graded trials."""
+    from analysis.battery import stance
+
+    g = f.instrument("graded")
+    if g.empty:
+        return Part(absent="Not in this run (instrument graded).")
+    opts = f.options[f.options["trial_id"].isin(g["trial_id"])]
+    gt = stance.graded_trials(opts, g, f.source)  # type: ignore[arg-type]
+    forms = stance.per_form(gt)
+    fallback = forms[forms["value_from"] != "unsalted"]
+    empty_forms = stance.unusable_forms(gt)
+    th = stance.theta(forms)
+    if th.empty:
+        return Part(absent="No unipolar (0-10, 0-100) forms in this run: theta needs them.")
+    inc = stance.incoherence(forms)
+    gen = stance.generalizability(inc)
+    th_mode = stance.theta(stance.per_form(gt, value="mode")).rename("theta_mode")
+    table = inc[["theta", "sigma_repro", "sigma_dir", "sigma_scale", "n_forms"]].join(th_mode)
+    bipolar = None
+    if forms["bipolar"].any():
+        contrast = stance.bipolar_contrast(forms)
+        table = table.join(contrast[["theta_bipolar", "contrast"]])
+        with contextlib.suppress(ValueError):
+            bipolar = stance.bipolar_summary(contrast)
+    pooled = stance.pooled_incoherence(inc)
+    return Part(Graded(g, gt, fallback, empty_forms, th, inc, gen, table, bipolar, pooled))
+
+
+@dataclass(frozen=True)
+class VerbFlip:
+    """I-3, the yes/no verb flip: the four cells per story and their decomposition (:func:`compute_verbflip`)."""
+
+    trials: pd.DataFrame
+    """The Yes/No forced-binary trials of replicate 0."""
+    cells: pd.DataFrame
+    dec: pd.DataFrame
+    """Per story: z, lexical, order, apparent."""
+
+
+def compute_verbflip(f: Frames) -> Part[VerbFlip]:
+    """The per-story cells of the yes/no verb flip and their decomposition (Eq. 1)."""
     b = f.instrument("binary")
     b = b[(b["labels"] == "Yes/No") & (b["replicate"] == 0)] if len(b) else b
     if b.empty:
-        return Section(
-            "Forced binary, yes/no verb flip (I-3)", ["Not in this run (instrument binary, labels Yes/No)."], []
-        )
+        return Part(absent="Not in this run (instrument binary, labels Yes/No).")
     from analysis.battery.yesno import empty_cells, p_cbr
 
     df = b.join(p_cbr(f.options), on="trial_id")
     cells = df.groupby(["item_id", "verb", "order"])["p_cbr"].mean().unstack(["verb", "order"])
     missing = [c for c in CELLS if c not in cells.columns]
     if missing:
-        return Section("Forced binary, yes/no verb flip (I-3)", [f"Cells missing from the run: {missing}."], [])
+        return Part(absent=f"Cells missing from the run: {missing}.")
     cells = cells[CELLS]
     cells.columns = [f"p_cbr_{v}_{o}" for v, o in CELLS]
     dropped = empty_cells(df, ["verb", "order"], "yes/no verb flip")
-    _note_dropped(f, dropped)
-    cells = cells.drop(index=[d.item_id for d in dropped]).dropna()
-    dec = decompose(cells)
-    f.results["z"] = dec["z"]
-    f.results["verbflip"] = dec
-    from analysis.battery.yesno import form_decomposition, i3_incoherence, parity_split, story_mean_ci, trial_variance
+    try:
+        cells = cells.drop(index=[d.item_id for d in dropped]).dropna()
+        dec = decompose(cells)
+    except ValueError as e:
+        return Part(error=e, dropped=dropped)
+    return Part(VerbFlip(b, cells, dec), dropped=dropped)
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """I-3, the label pairs: projections, the lexicality gradient of the label pull, m_label (:func:`compute_labelmap`)."""
+
+    pulls: pd.DataFrame
+    gradient: pd.DataFrame
+    """Per label pair: order, label pull, logic with CIs, n_dropped and (with theta) m_label."""
+    contrast: float
+    contrast_all: float
+    incomplete: tuple[Dropped, ...]
+    n_left: pd.Series
+    clipped: list[str]
+    """Pairs whose per-pair fit is clip-limited (no m_label shown)."""
+
+
+def compute_labelmap(f: Frames, theta: pd.Series | None) -> Part[LabelMap]:
+    """Order / logic / label projections per label pair, the lexicality gradient, and m_label with ``theta``."""
+    from analysis.battery import fit
+    from analysis.battery.binary import label_pull
+    from analysis.battery.yesno import story_mean_ci
+    from experiments.battery import load_corpus
+
+    b = f.instrument("binary")
+    b = b[(b["labels"] != "Yes/No") & (b["replicate"] == 0)] if len(b) else b
+    if b.empty:
+        return Part(absent="Not in this run (no label pairs beyond Yes/No).")
+    corpus = load_corpus(f.manifest.specified("corpus"))
+    labels = corpus["binary"]["labels"]
+    cb = {k for k, v in labels.items() if v.get("counterbalance")}
+    events = cell_events(b, f.options)
+    proj = projections(events, cb)
+    incomplete = incomplete_stories(events)
+    try:
+        if proj.empty:
+            raise ValueError(
+                f"no story has every cell of any label pair usable ({len(incomplete)} story-pairs left out)"
+            )
+        lex = {k: int(v.get("lexicality", -1)) for k, v in labels.items()}
+        by_pair, contrast = lexicality_gradient(proj, lex)
+        _, contrast_all = lexicality_gradient(proj, lex, include_uncrossed=True)
+        n_left = pd.Series([d.analysis.removeprefix("label map: ") for d in incomplete], dtype=object).value_counts()
+        by_pair["n_dropped"] = n_left.reindex(by_pair.index).fillna(0).astype(int)
+        pulls = label_pull(proj)
+        for col in ("order", "label_pull", "logic"):
+            wide = pulls[col].unstack("labels")
+            ci = story_mean_ci(wide, n_boot=N_BOOT, seed=SEED)
+            by_pair[f"{col}_lo"], by_pair[f"{col}_hi"] = ci["lo"], ci["hi"]
+        clipped: list[str] = []
+        if theta is not None:
+            bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
+            m_label = {}
+            for pair in by_pair.index:
+                try:
+                    pf = fit.fit_pair(theta, bt, str(pair), n_boot=0)
+                except ValueError:
+                    continue
+                if "label" not in pf.channels:
+                    continue
+                if pf.clip_limited:  # saturated or at a bound: its m is not a pull in theta units
+                    clipped.append(str(pair))
+                    continue
+                m_label[pair] = pf.m[pf.channels.index("label")]
+            by_pair["m_label"] = pd.Series(m_label, dtype=float)
+    except ValueError as e:
+        return Part(error=e, dropped=incomplete)
+    return Part(LabelMap(pulls, by_pair, contrast, contrast_all, incomplete, n_left, clipped), dropped=incomplete)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """I-2, free choice: the judged replies and the per-dilemma verdict shares (:func:`compute_choice`)."""
+
+    replies: pd.DataFrame
+    per_item: pd.DataFrame
+    stance: pd.Series
+    """P(PRO) - P(ANTI) per dilemma."""
+
+
+def compute_choice(f: Frames) -> Part[Choice]:
+    """P(PRO), P(ANTI), P(NONCOMMIT) per dilemma, the choice stance and its spread across the forms."""
+    j = f.judgments
+    if j.empty:
+        return Part(absent="Not in this run (instrument choice, or no judge).")
+    from analysis.battery import stance
+
+    cols = ["item_id", "framing", "order", "replicate"]
+    meta = f.meta[f.meta["instrument"] == "choice"].set_index("trial_id")[cols]
+    d = j.join(meta, on="trial_id")
+    per_item = d.groupby("item_id")[["p_pro", "p_anti", "p_noncommit"]].mean()
+    per_item["stance"] = per_item["p_pro"] - per_item["p_anti"]
+    inc = stance.choice_incoherence(stance.choice_forms(d.reset_index(drop=True)))
+    per_item = per_item.join(inc[["sigma_repro", "sigma_raw", "order"]])
+    return Part(Choice(d, per_item, per_item["stance"]))
+
+
+@dataclass(frozen=True)
+class Fits:
+    """The (s, m) fits with theta from I-1 (:func:`compute_fits`)."""
+
+    binary: pd.DataFrame
+    """The forced-binary trials (:func:`analysis.battery.fit.binary_trials`)."""
+    run: RunFits
+
+
+def compute_fits(f: Frames, theta: pd.Series | None) -> Part[Fits]:
+    """The (s, m) fit per channel and per label family against ``theta`` (:func:`analysis.battery.fit.fit_run`)."""
+    from analysis.battery import fit
+
+    b = f.instrument("binary")
+    if theta is None or b.empty:
+        return Part(absent="Needs the graded and binary instruments.")
+    bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
+    cf = fit.fit_run(theta, bt, n_boot=N_BOOT, seed=SEED)
+    return Part(Fits(bt, cf), dropped=cf.dropped)
+
+
+@dataclass(frozen=True)
+class BatteryResults:
+    """Every computed part of the battery report, each computed once (:func:`battery_results`)."""
+
+    graded: Part[Graded] = Part()
+    verbflip: Part[VerbFlip] = Part()
+    labelmap: Part[LabelMap] = Part()
+    choice: Part[Choice] = Part()
+    fit: Part[Fits] = Part()
+
+    @property
+    def theta(self) -> pd.Series | None:
+        """Theta per dilemma (I-1), when computed."""
+        return None if self.graded.value is None else self.graded.value.theta
+
+    @property
+    def z(self) -> pd.Series | None:
+        """The story stance z per dilemma (I-3 verb flip), when computed."""
+        return None if self.verbflip.value is None else self.verbflip.value.dec["z"]
+
+    @property
+    def choice_stance(self) -> pd.Series | None:
+        """The choice stance per dilemma (I-2), when computed."""
+        return None if self.choice.value is None else self.choice.value.stance
+
+    @property
+    def fits(self) -> pd.DataFrame | None:
+        """The per-channel (s, m) fits, indexed by channel; None when none was fitted."""
+        return None if self.fit.value is None else self.fit.value.run.fits
+
+    @property
+    def joint(self) -> pd.DataFrame | None:
+        """The joint fits per label family, shown when some channel was fitted."""
+        if self.fit.value is None or self.fit.value.run.fits is None:
+            return None
+        return self.fit.value.run.joint
+
+    @property
+    def label_gradient(self) -> pd.DataFrame | None:
+        return None if self.labelmap.value is None else self.labelmap.value.gradient
+
+    @property
+    def dropped(self) -> list[Dropped]:
+        """The stories the parts left out, in section order."""
+        return [*self.verbflip.dropped, *self.labelmap.dropped, *self.fit.dropped]
+
+
+def battery_results(f: Frames) -> BatteryResults:
+    """Compute every part of the report once; theta (I-1) feeds the label map and the (s, m) fit."""
+    graded = _attempt(compute_graded, f)
+    theta = None if graded.value is None else graded.value.theta
+    return BatteryResults(
+        graded=graded,
+        verbflip=_attempt(compute_verbflip, f),
+        labelmap=_attempt(compute_labelmap, f, theta),
+        choice=_attempt(compute_choice, f),
+        fit=_attempt(compute_fits, f, theta),
+    )
+
+
+# ------------------------------------------------------------------- sections
+def verbflip_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+    """The yes/no verb-flip family: per-story cells, z, lexical, order, apparent (Eq. 1)."""
+    if res.verbflip.absent:
+        return Section("Forced binary, yes/no verb flip (I-3)", [res.verbflip.absent], [])
+    vf = res.verbflip.get()
+    b, cells, dec = vf.trials, vf.cells, vf.dec
+    from analysis.battery.yesno import (
+        form_decomposition,
+        i3_incoherence,
+        p_cbr,
+        parity_split,
+        story_mean_ci,
+        trial_variance,
+    )
 
     yn = f.instrument("binary")
     yn = yn[yn["labels"] == "Yes/No"].assign(cbr_verb=lambda d: d["verb"])
@@ -120,7 +395,6 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     table.index.name = "dilemma"
     atomic_write_text(out / "binary_verbflip.csv", table.to_csv(float_format="%.6f"))
     ci = story_mean_ci(dec[["z", "lexical", "order", "apparent"]], n_boot=N_BOOT, seed=SEED)
-    f.results["verbflip_ci"] = ci
     fig = figures.grouped_bars(
         _with_mean(dec[["order", "lexical", "apparent"]]),
         ["order", "lexical", "apparent"],
@@ -149,7 +423,6 @@ def verbflip_section(f: Frames, out: Path) -> Section:
 
         with contextlib.suppress(ValueError):
             rs = resampling_diagnostics(yn, f.options)
-            f.results["resampling"] = rs
             lines += [
                 "",
                 f"Resampling: {rs.unanimous:.0%} of {rs.n_cells} cells (item x form x verb x order) unanimous across "
@@ -160,54 +433,13 @@ def verbflip_section(f: Frames, out: Path) -> Section:
     return Section("Forced binary, yes/no verb flip (I-3)", lines, [out / "binary_verbflip.csv", fig, *files])
 
 
-def labelmap_section(f: Frames, out: Path) -> Section:
+def labelmap_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """Order / logic / label projections per label pair, and the lexicality gradient of the label pull (Figs. 5-6)."""
-    from analysis.battery import fit
-    from analysis.battery.binary import label_pull
-    from analysis.battery.yesno import story_mean_ci
-    from experiments.battery import load_corpus
-
-    b = f.instrument("binary")
-    b = b[(b["labels"] != "Yes/No") & (b["replicate"] == 0)] if len(b) else b
-    if b.empty:
-        return Section("Label map (I-3)", ["Not in this run (no label pairs beyond Yes/No)."], [])
-    corpus = load_corpus(f.manifest.specified("corpus"))
-    labels = corpus["binary"]["labels"]
-    cb = {k for k, v in labels.items() if v.get("counterbalance")}
-    events = cell_events(b, f.options)
-    proj = projections(events, cb)
-    incomplete = incomplete_stories(events)
-    _note_dropped(f, incomplete)
-    if proj.empty:
-        raise ValueError(f"no story has every cell of any label pair usable ({len(incomplete)} story-pairs left out)")
-    lex = {k: int(v.get("lexicality", -1)) for k, v in labels.items()}
-    by_pair, contrast = lexicality_gradient(proj, lex)
-    _, contrast_all = lexicality_gradient(proj, lex, include_uncrossed=True)
-    n_left = pd.Series([d.analysis.removeprefix("label map: ") for d in incomplete], dtype=object).value_counts()
-    by_pair["n_dropped"] = n_left.reindex(by_pair.index).fillna(0).astype(int)
-    pulls = label_pull(proj)
-    for col in ("order", "label_pull", "logic"):
-        wide = pulls[col].unstack("labels")
-        ci = story_mean_ci(wide, n_boot=N_BOOT, seed=SEED)
-        by_pair[f"{col}_lo"], by_pair[f"{col}_hi"] = ci["lo"], ci["hi"]
-    th = f.results.get("theta")
-    if th is not None:
-        bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
-        m_label, clipped = {}, []
-        for pair in by_pair.index:
-            try:
-                pf = fit.fit_pair(th, bt, str(pair), n_boot=0)
-            except ValueError:
-                continue
-            if "label" not in pf.channels:
-                continue
-            if pf.clip_limited:  # saturated or at a bound: its m is not a pull in theta units
-                clipped.append(str(pair))
-                continue
-            m_label[pair] = pf.m[pf.channels.index("label")]
-        by_pair["m_label"] = pd.Series(m_label, dtype=float)
-        f.results["m_label_clipped"] = clipped
-    f.results["label_gradient"] = by_pair
+    if res.labelmap.absent:
+        return Section("Label map (I-3)", [res.labelmap.absent], [])
+    lm = res.labelmap.get()
+    pulls, by_pair, contrast, contrast_all = lm.pulls, lm.gradient, lm.contrast, lm.contrast_all
+    incomplete, n_left = lm.incomplete, lm.n_left
     by_pair.index.name = "label pair"
     atomic_write_text(out / "binary_labelmap.csv", pulls.to_csv(float_format="%.6f"))
     atomic_write_text(out / "binary_label_gradient.csv", by_pair.to_csv(float_format="%.6f"))
@@ -263,7 +495,7 @@ def labelmap_section(f: Frames, out: Path) -> Section:
             f"logic and label. Left out ({per_pair}; cells named under Dropped stories and in "
             "`dropped_stories.csv`).",
         ]
-    clipped = f.results.get("m_label_clipped") or []
+    clipped = lm.clipped
     if clipped:
         lines += [
             "",
@@ -279,22 +511,14 @@ def labelmap_section(f: Frames, out: Path) -> Section:
     return Section("Label map (I-3)", lines, [out / "binary_labelmap.csv", out / "binary_label_gradient.csv", fig])
 
 
-def choice_section(f: Frames, out: Path) -> Section:
+def choice_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """Free choice: P(PRO), P(ANTI), P(NONCOMMIT) per dilemma and the choice stance P(PRO) - P(ANTI)."""
-    j = f.judgments
-    if j.empty:
-        return Section("Free choice (I-2)", ["Not in this run (instrument choice, or no judge)."], [])
-    from analysis.battery import stance
+    if res.choice.absent:
+        return Section("Free choice (I-2)", [res.choice.absent], [])
     from analysis.battery.yesno import story_mean_ci
 
-    cols = ["item_id", "framing", "order", "replicate"]
-    meta = f.meta[f.meta["instrument"] == "choice"].set_index("trial_id")[cols]
-    d = j.join(meta, on="trial_id")
-    per_item = d.groupby("item_id")[["p_pro", "p_anti", "p_noncommit"]].mean()
-    per_item["stance"] = per_item["p_pro"] - per_item["p_anti"]
-    inc = stance.choice_incoherence(stance.choice_forms(d.reset_index(drop=True)))
-    per_item = per_item.join(inc[["sigma_repro", "sigma_raw", "order"]])
-    f.results["choice"] = per_item["stance"]
+    ch = res.choice.get()
+    j, d, per_item = f.judgments, ch.replies, ch.per_item
     order_ci = story_mean_ci(per_item[["order"]], n_boot=N_BOOT, seed=SEED).loc["order"]
     per_item.index.name = "dilemma"
     atomic_write_text(out / "choice_by_item.csv", per_item.to_csv(float_format="%.6f"))
@@ -313,35 +537,15 @@ def choice_section(f: Frames, out: Path) -> Section:
     return Section("Free choice (I-2)", lines, [out / "choice_by_item.csv"])
 
 
-def graded_section(f: Frames, out: Path) -> Section:
+def graded_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """I-1: theta per dilemma, its cross-form incoherence and components, G, the bipolar contrast, the salt floor."""
     from analysis.battery import stance
 
-    g = f.instrument("graded")
-    if g.empty:
-        return Section("Graded stance (I-1)", ["Not in this run (instrument graded)."], [])
-    opts = f.options[f.options["trial_id"].isin(g["trial_id"])]
-    gt = stance.graded_trials(opts, g, f.source)  # type: ignore[arg-type]
-    forms = stance.per_form(gt)
-    fallback = forms[forms["value_from"] != "unsalted"]
-    empty_forms = stance.unusable_forms(gt)
-    th = stance.theta(forms)
-    if th.empty:
-        return Section("Graded stance (I-1)", ["No unipolar (0-10, 0-100) forms in this run: theta needs them."], [])
-    inc = stance.incoherence(forms)
-    gen = stance.generalizability(inc)
-    th_mode = stance.theta(stance.per_form(gt, value="mode")).rename("theta_mode")
-    table = inc[["theta", "sigma_repro", "sigma_dir", "sigma_scale", "n_forms"]].join(th_mode)
-    bipolar = None
-    if forms["bipolar"].any():
-        contrast = stance.bipolar_contrast(forms)
-        table = table.join(contrast[["theta_bipolar", "contrast"]])
-        with contextlib.suppress(ValueError):
-            bipolar = stance.bipolar_summary(contrast)
-    pooled = stance.pooled_incoherence(inc)
-    f.results["pooled_incoherence"] = pooled
-    f.results["theta"] = th
-    f.results["incoherence"] = inc
+    if res.graded.absent:
+        return Section("Graded stance (I-1)", [res.graded.absent], [])
+    gr = res.graded.get()
+    g, gt, fallback, empty_forms = gr.trials, gr.graded, gr.fallback, gr.empty_forms
+    inc, gen, table, bipolar, pooled = gr.inc, gr.gen, gr.table, gr.bipolar, gr.pooled
     table.index.name = "dilemma"
     atomic_write_text(out / "graded_theta.csv", table.to_csv(float_format="%.6f"))
     fig = figures.stance_bars(
@@ -413,26 +617,22 @@ def graded_section(f: Frames, out: Path) -> Section:
     return Section("Graded stance (I-1)", lines, [out / "graded_theta.csv", out / "graded_pooled.csv", fig])
 
 
-def fit_section(f: Frames, out: Path) -> Section:
+def fit_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """The (s, m) fit per bias channel, with theta from I-1, and its bowtie / ridge figure."""
     from analysis.battery import fit
 
-    th = f.results.get("theta")
-    b = f.instrument("binary")
-    if th is None or b.empty:
-        return Section("Framing susceptibility m and decisiveness s", ["Needs the graded and binary instruments."], [])
-    bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
-    cf = fit.fit_run(th, bt, n_boot=N_BOOT, seed=SEED)
-    _note_dropped(f, cf.dropped)
+    if res.fit.absent:
+        return Section("Framing susceptibility m and decisiveness s", [res.fit.absent], [])
+    ft = res.fit.get()
+    th, bt, cf = res.theta, ft.binary, ft.run
+    assert th is not None  # the fit needs theta
     not_fitted = [f"- {u.channel}: not fitted: {u.why}" for u in cf.unfitted]
-    f.results["unfitted"] = cf.unfitted
     if cf.fits is None:
         return Section(
             "Framing susceptibility m and decisiveness s", ["No channel could be fitted.", "", *not_fitted], []
         )
     fits = cf.fits
     atomic_write_text(out / "fit_sm.csv", fits.to_csv(float_format="%.6f"))
-    f.results["fits"] = fits
     files = [out / "fit_sm.csv"]
     sides = {}
     for ch in fits.index:
@@ -472,7 +672,6 @@ def fit_section(f: Frames, out: Path) -> Section:
     joint = cf.joint
     if joint is not None:
         atomic_write_text(out / "fit_joint.csv", joint.to_csv(index=False, float_format="%.6f"))
-        f.results["joint"] = joint
         files.append(out / "fit_joint.csv")
         lines += ["", *_joint_lines(joint)]
     return Section("Framing susceptibility m and decisiveness s", lines, files)
@@ -532,7 +731,7 @@ def _bowtie_figure(sides: dict[str, pd.DataFrame], fits: pd.DataFrame, path: Pat
     return path
 
 
-def calibration_section(f: Frames, out: Path) -> Section:
+def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """Readout temperature T per instrument (at the slot and on all parsed answers), parse rules, beside s."""
     from analysis.battery.calibration import (
         POOLED,
@@ -608,7 +807,7 @@ def calibration_section(f: Frames, out: Path) -> Section:
         atomic_write_text(out / "calibration.csv", ptable.to_csv(index=False, float_format="%.6f"))
         files += [out / "calibration.csv", fig]
     s_line = ""
-    fits = f.results.get("fits")
+    fits = res.fits
     if fits is not None and len(fits):
         s_line = (
             " Decisiveness s (temperature-free greedy readouts): "
@@ -645,18 +844,18 @@ def calibration_section(f: Frames, out: Path) -> Section:
     return Section("Readout temperature", lines, files)
 
 
-def validity_section(f: Frames, out: Path) -> Section:
+def validity_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """Convergent validity: I-2 and I-3 stances against theta, I-2 against the binary stance z (Pearson r, CI)."""
     from analysis.battery.stance import correlation_blocker, pearson_ci
 
-    th = f.results.get("theta")
+    th = res.theta
     if th is None:
         return Section("Convergent validity", ["Needs the graded instrument (theta)."], [])
     lines, rows = [], {}
     pairs = (
-        ("I-2 choice stance", f.results.get("choice"), "theta", th),
-        ("I-3 story stance z", f.results.get("z"), "theta", th),
-        ("I-2 choice stance", f.results.get("choice"), "the symmetrised binary stance z", f.results.get("z")),
+        ("I-2 choice stance", res.choice_stance, "theta", th),
+        ("I-3 story stance z", res.z, "theta", th),
+        ("I-2 choice stance", res.choice_stance, "the symmetrised binary stance z", res.z),
     )
     for name, series, other_name, other in pairs:
         if series is None or other is None:
@@ -678,7 +877,7 @@ def validity_section(f: Frames, out: Path) -> Section:
     return Section("Convergent validity", lines, files)
 
 
-def planted_section(f: Frames, out: Path) -> Section:
+def planted_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """For a run of the synthetic subject: the planted parameters beside what the analysis recovered."""
     eng = f.manifest.engine
     if eng.kind != "sim":
@@ -689,12 +888,12 @@ def planted_section(f: Frames, out: Path) -> Section:
     params = SimParams(**eng.params)
     fit_pairs = IDENTIFYING_PAIRS
     lines = []
-    th = f.results.get("theta")
+    th = res.theta
     if th is not None and len(th) > 2:
         planted = pd.Series({i: params.item_theta(str(i)) for i in th.index})
         r = float(np.corrcoef(planted.to_numpy(), th.to_numpy())[0, 1])
         lines.append(f"- theta: r(planted, recovered) = {r:.3f} over {len(th)} items")
-    fits = f.results.get("fits")
+    fits = res.fits
     word = {pair: params.m_label.get(pair, params.m_word) for pair in ("Yes/No", *fit_pairs)}
     truth = {
         "order": params.m_order,
@@ -713,7 +912,7 @@ def planted_section(f: Frames, out: Path) -> Section:
                 "m": row["m"],
                 "m CI": f"[{row['m_lo']:.3f}, {row['m_hi']:.3f}]",
             }
-    joint = f.results.get("joint")
+    joint = res.joint
     if joint is not None:
         fitted = joint[joint.reindex(columns=["m"])["m"].notna()]
         for _, row in fitted.iterrows():
@@ -729,7 +928,7 @@ def planted_section(f: Frames, out: Path) -> Section:
                 "m": row["m"],
                 "m CI": f"[{row['m_lo']:.3f}, {row['m_hi']:.3f}]",
             }
-    gradient = f.results.get("label_gradient")
+    gradient = res.label_gradient
     if gradient is not None and "m_label" in gradient.columns:
         for pair, row in gradient.iterrows():
             if pd.isna(row["m_label"]):
@@ -753,9 +952,9 @@ def planted_section(f: Frames, out: Path) -> Section:
     )
 
 
-def dropped_section(f: Frames, out: Path) -> Section:
+def dropped_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     """The stories a table left out (a design cell with no usable answer), and why; empty when none were."""
-    dropped: list[Dropped] = f.results.get("dropped", [])
+    dropped = res.dropped
     if not dropped:
         return Section("Dropped stories", [], [])
     table = pd.DataFrame([{"dilemma": d.item_id, "table": d.analysis, "reason": d.reason} for d in dropped])
@@ -770,7 +969,7 @@ def dropped_section(f: Frames, out: Path) -> Section:
     return Section("Dropped stories", lines, [out / "dropped_stories.csv"])
 
 
-SECTIONS: list[Callable[[Frames, Path], Section]] = [
+SECTIONS: list[Callable[[Frames, BatteryResults, Path], Section]] = [
     graded_section,
     verbflip_section,
     labelmap_section,
@@ -813,7 +1012,7 @@ def battery_report(store: RunStore, out: Path) -> list[Path]:
         "- error bars: incoherence spreads are descriptive; CIs are percentile bootstraps over items (inferential)",
         "",
     ]
-    body, files = run_sections(SECTIONS, f, out, why=True)
+    body, files = run_sections(SECTIONS, f, battery_results(f), out, why=True)
     return [write_summary(out, "\n".join(head + body)), *files]
 
 
@@ -888,7 +1087,7 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
         atomic_write_text(out / "yesno_salt_noise.csv", sd.to_frame().to_csv(float_format="%.6f"))
     if not store.load("samples").empty and not store.load("readout_options").empty:
         # a run that reads the slot and samples (locally or through one server): the battery's calibration
-        body, _ = run_sections([calibration_section], load_frames(store), out, why=True)
+        body, _ = run_sections([calibration_section], load_frames(store), BatteryResults(), out, why=True)
         lines += body
     write_summary(out, "\n".join(lines))
     return report_files(out)
