@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.common.frames import open_run
 from probe.errors import StoreError
 from probe.files import atomic_write_text
-from probe.store import RunStore
+from probe.runs import Run, open_run
 
 
 def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
@@ -24,34 +23,31 @@ def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
     """
     from analysis.registry import report_of
 
-    store = open_run(run)
-    integrity = store.integrity()
+    opened = open_run(run, allow_partial=allow_partial)
+    integrity = opened.integrity
     if not integrity.complete and not allow_partial:
         raise StoreError(integrity.refusal())
-    store = RunStore(store.root, allow_partial=allow_partial)
-    out = store.root / "report"
-    paths = report_of(store.manifest().experiment)(store, out)
-    paths = paths + append_checks(store, out)
+    out = opened.root / "report"
+    paths = report_of(opened.manifest.experiment)(opened, out)
+    paths = paths + append_checks(opened, out)
     summary = out / "summary.md"
     if not integrity.complete and summary.exists():
         atomic_write_text(summary, "\n".join(integrity.partial_header()) + "\n" + summary.read_text())
     return paths
 
 
-def append_checks(store: RunStore, out: Path) -> list[Path]:
+def append_checks(run: Run, out: Path) -> list[Path]:
     """Append "What the numbers rest on" (:mod:`analysis.common.checks`) to ``summary.md``; write its CSV tables."""
     from analysis.common import checks
-    from analysis.common.frames import trial_meta
 
-    trials = store.trials()
     lines, tables = checks.checks_section(
-        store.manifest(),
-        store.load("readout_trials"),
-        trial_meta(trials),
-        store.load("samples"),
-        store.load("generations"),
-        {t.trial_id: t.options for t in trials},
-        store.load("readout_options"),
+        run.manifest,
+        run.load("readout_trials"),
+        run.trial_meta(),
+        run.load("samples"),
+        run.load("generations"),
+        {t.trial_id: t.options for t in run.trial_list},
+        run.load("readout_options"),
     )
     summary = out / "summary.md"
     head = summary.read_text().rstrip("\n") + "\n\n" if summary.exists() else ""

@@ -327,8 +327,9 @@ def selection(store: RunStore, benchmark: str, spec: FollowupSpec) -> pd.DataFra
     import pandas as pd
 
     from analysis.influence.audit import analyze  # TODO(issue 39, step 2): no analysis import
+    from probe.runs import open_run
 
-    audit = analyze(store, benchmark, n_boot=spec.n_boot)
+    audit = analyze(open_run(store.root), benchmark, n_boot=spec.n_boot)
     trials = store.trials()
     order = {t.trial_id: i for i, t in enumerate(trials)}
     ans = first_answers(store, spec.answers)

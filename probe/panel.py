@@ -37,9 +37,10 @@ from typing import Any
 
 import pandas as pd
 
-from probe.errors import ProbeError, StoreError
+from probe.errors import ProbeError
 from probe.files import read_yaml
 from probe.record import Manifest, display_name
+from probe.runs import Run, open_run
 from probe.store import RunStore
 
 
@@ -62,11 +63,12 @@ class PanelRun:
     consensus: bool | None = None
     """Whether the run belongs to the consensus reference set (None: the comparison's default rule)."""
 
-    def store(self) -> RunStore:
-        return RunStore(self.path)
-
-    def manifest(self) -> Manifest:
-        return self.store().manifest()
+    def run(self) -> Run:
+        """The run, opened (:func:`probe.runs.open_run`); a PanelError naming it if it disappeared since."""
+        try:
+            return open_run(self.path)
+        except ProbeError as e:  # the folder was checked when the panel was built
+            raise PanelError(f"run {self.name!r} ({self.path}): {e}") from e
 
 
 @dataclass(frozen=True)
@@ -243,10 +245,3 @@ def shared_items(panel: Panel, items: Mapping[str, Sequence[str]]) -> tuple[list
                 rows.append({"run": n, "item_id": i, "reason": "not in run(s): " + ", ".join(absent)})
     return shared, pd.DataFrame(rows, columns=["run", "item_id", "reason"])
 
-
-def open_store(run: PanelRun) -> RunStore:
-    """The run's store, with a panel-specific error if it disappeared."""
-    try:
-        return run.store()
-    except StoreError as e:  # pragma: no cover - the folder was checked when the panel was built
-        raise PanelError(f"run {run.name!r} ({run.path}): {e}") from e

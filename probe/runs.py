@@ -61,6 +61,7 @@ __all__ = [
     "Run",
     "TrialData",
     "TrialFilter",
+    "as_run",
     "factor_column",
     "open_run",
     "run_folders",
@@ -112,6 +113,16 @@ def open_run(path: str | os.PathLike[str], *, allow_partial: bool = False) -> Ru
     if not (root / TRIALS).is_file():
         raise NotARunError(f"{root} has a manifest but no {TRIALS}; it is not a complete run folder")
     return Run(root, store, manifest, allow_partial)
+
+
+def as_run(run: Run | RunStore | str | os.PathLike[str]) -> Run:
+    """``run`` itself, the run of a store (what :func:`probe.app.runner.run` returns), or the run in folder ``run``
+    (:func:`open_run`)."""
+    if isinstance(run, Run):
+        return run
+    if isinstance(run, RunStore):
+        return open_run(run.root, allow_partial=run.allow_partial)
+    return open_run(run)
 
 
 def run_folders(path: str | os.PathLike[str]) -> tuple[Path, ...]:

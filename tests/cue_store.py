@@ -21,6 +21,7 @@ def sampled_cue_report(
     planted frequencies, not the intervals.
     """
     from analysis.cue.report import cue_report
+    from probe.runs import as_run
     from probe.store import RunStore
     from probe.tables import sample_table
 
@@ -34,5 +35,5 @@ def sampled_cue_report(
     }
     store = RunStore.open(run, manifest, trials)
     store.write_chunk(0, {"samples": sample_table(samples)})
-    cue_report(store, run / "report", n_boot=20)
+    cue_report(as_run(store), run / "report", n_boot=20)
     return run / "report"

@@ -66,11 +66,11 @@ def test_yesno_through_the_api_engine_and_analyze(server: Server, tmp_path: Path
     assert "probabilities from: samples (8 samples per trial at T = 1.0)" in summary
     assert ITEM in summary
 
-    from analysis.common.frames import choice_probs
+    from probe.runs import open_run
     from probe.store import RunStore
 
     store = RunStore(out)
-    _, per_trial, source = choice_probs(store)
+    _, per_trial, source = open_run(out).choice_probs()
     assert source == "samples" and len(per_trial) == 12
     samples = store.load("samples")
     assert len(samples) == 96 and not samples.duplicated(["trial_id", "draw"]).any()

@@ -67,9 +67,9 @@ def test_label_map_leaves_out_stories_with_an_empty_cell(leak_run: Path):
     # the old rule (average the surviving cells), computed here from the run: the stance leaks into the bias
     from analysis.battery.binary import cell_events
     from analysis.battery.yesno import story_mean_ci
-    from analysis.common.frames import choice_probs
+    from probe.runs import open_run
 
-    opts, per, _ = choice_probs(RunStore(leak_run))
+    opts, per, _ = open_run(leak_run).choice_probs()
     ev = cell_events(per[(per["instrument"] == "binary") & (per["labels"] == "A/B")], opts)
     for col in ("p_first", "p_yes", "p_label1"):
         ev[col] = 2 * ev[col] - 1
@@ -183,15 +183,15 @@ def test_graded_section_survives_a_fully_refused_unsalted_replicate(tmp_path: Pa
 
 def test_full_preset_parity_split_in_corpus_order_and_story_outside_the_contrast(tmp_path: Path):
     from analysis.battery.yesno import p_cbr, parity_split
-    from analysis.common.frames import choice_probs
     from experiments.battery import load_corpus
+    from probe.runs import open_run
 
     (tmp_path / "p.yaml").write_text("seed: 1\nsigma_binary: 0.2\nm_order: 0.1\nm_label: {Ja/Nein: 0.2}\n")
     run = _run(
         tmp_path / "full", "--preset", "full", "--instruments", "binary", "--sim-params", str(tmp_path / "p.yaml"),
         "--items", "mine_cart_bridge,dam_spillway,pond_child,hospital_budget",
     )  # fmt: skip
-    opts, per, _ = choice_probs(RunStore(run))
+    opts, per, _ = open_run(run).choice_probs()
     yn = per[(per["instrument"] == "binary") & (per["labels"] == "Yes/No")].assign(cbr_verb=lambda d: d["verb"])
     corpus_order = list(load_corpus()["binary"]["forms"])
     assert corpus_order != sorted(corpus_order)  # otherwise this test could not tell the two apart

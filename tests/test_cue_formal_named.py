@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from analysis.common.frames import choice_probs, open_run
 from analysis.cue.metrics import decision_bias, formal_named_share
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec, build_design, expand
 from experiments.cue.prompts import formal_attributes, formal_binding
 from experiments.cue.puzzles import solutions
 from probe.app.runner import run
+from probe.runs import open_run
 from tests.planted import PlantedCue
 
 SPEC = CueSpec(
@@ -64,7 +64,7 @@ def test_the_share_of_the_gap_via_formal_named_by_hand(tmp_path: Path) -> None:
     engine = PlantedCue("fn", {"direct": 0.9, "puzzled": 0.4, "formal_named": 0.6})
     out = tmp_path / "run"
     run("cue", spec, engine, out, progress=False, log=lambda s: None)
-    options, per_trial, _ = choice_probs(open_run(out))
+    options, per_trial, _ = open_run(out).choice_probs()
     _, gap = decision_bias(options, per_trial, decision="expected", n_boot=0)
     share = formal_named_share(gap).iloc[0]
     assert (share.level, share.gap_p, share.gap_fn, share.share) == ("hard", pytest.approx(1.0), pytest.approx(0.6),

@@ -16,11 +16,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.common.frames import choice_probs, open_run
 from analysis.cue.metrics import correct_only_keep, identity_checks, parse_identity
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec
 from probe.app.runner import Plan, run
+from probe.runs import open_run
 from probe.types import Sample, Trial
 from tests.planted import PlantedCue
 
@@ -63,7 +63,7 @@ def test_json_identity_is_the_default_source(tmp_path: Path) -> None:
     run("cue", spec, _Scripted("s", {"direct": 0.8, "puzzled": 0.3}), out, plan=Plan(), progress=False,
         log=lambda s: None)  # fmt: skip
     store = open_run(out)
-    options, per_trial, _ = choice_probs(store)
+    options, per_trial, _ = store.choice_probs()
     checks, source = identity_checks(store, options, per_trial, LABELS)
     assert source == "json" and len(checks) == 2 * 4 * 2  # 2 dilemmas x 4 individuals x 2 attributes
     cue_report(store, out / "report", n_boot=2)

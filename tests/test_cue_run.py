@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.common.frames import choice_probs, open_run
 from analysis.cue.metrics import decision_frame, run_gap_table
 from probe.app.cli import main
+from probe.runs import open_run
 from tests.cue_store import sampled_cue_report
 from tests.report_files import assert_wrote
 
@@ -71,7 +71,7 @@ def test_logit_run_and_analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
     # the analysis reads P(benefit) straight from the stored readouts
     store = open_run(out)
-    opts, per_trial, source = choice_probs(store)
+    opts, per_trial, source = store.choice_probs()
     assert source == "readout"
     df = decision_frame(opts, per_trial)
     ro = store.load("readout_options").merge(opts[["trial_id", "option", "meaning"]], on=["trial_id", "option"])
@@ -146,7 +146,7 @@ def test_sampled_run_uses_parsed_frequencies(tmp_path: Path) -> None:
         "--no-readout",
     )
     store = open_run(out)
-    assert choice_probs(store)[2] == "samples"
+    assert store.choice_probs()[2] == "samples"
     samples = store.load("samples")
     assert len(samples) == 3 * len(store.trials())
     summary = (out / "report" / "summary.md").read_text()

@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.common.frames import choice_probs, open_run
 from analysis.cue.metrics import decision_bias, wording_table
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec, expand
 from probe.app.runner import run
+from probe.runs import open_run
 from probe.types import Trial
 from tests.planted import PlantedCue
 
@@ -44,7 +44,7 @@ def test_wording_table_by_hand_and_main_tables_ignore_paraphrases(tmp_path: Path
     spec = CueSpec(**BASE, wordings=("main", "v1"))
     out = tmp_path / "run"
     run("cue", spec, _ByWording("w", {"direct": 0.9}), out, progress=False, log=lambda s: None)
-    options, per_trial, _ = choice_probs(open_run(out))
+    options, per_trial, _ = open_run(out).choice_probs()
     wt = wording_table(options, per_trial, decision="expected", n_boot=0).set_index("wording")
     # expected decisions, p_s = 1/2: eligible favor = p, against = 1 - p; all parsable: favor = p/2, against = (1-p)/2
     assert wt.loc["main", "net_eligible"] == pytest.approx(0.8) and wt.loc["v1", "net_eligible"] == pytest.approx(-0.6)

@@ -26,6 +26,7 @@ from experiments.followup import FollowupError, FollowupSpec, check_subject, exp
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
+from probe.runs import as_run
 from probe.store import RunStore
 from probe.types import Message, Trial
 from tests.report_files import assert_wrote
@@ -129,7 +130,7 @@ def test_selection_from_planted_backfire_and_compliance_cells(tmp_path: Path) ->
     spec = TriageSpec(audit=AuditSpec(influences=("survey", "weak_evidence")), factors=("gender",), sizes=(1, 2, 3))
     store = run("influence-triage", spec, planted_engine(), tmp_path / "p", plan=Plan(readout=False, samples=30),
                 progress=False, log=_quiet)  # fmt: skip
-    eff = effects(analyze(store, "triage", n_boot=50).conditions).set_index(["influence", "direction"])
+    eff = effects(analyze(as_run(store), "triage", n_boot=50).conditions).set_index(["influence", "direction"])
     # planted: weak evidence backfires toward A (-0.8), survey complies both ways (+1.0)
     assert eff.loc[("weak_evidence", "A"), "sig"] and eff.loc[("weak_evidence", "A"), "backfire"]
     fs = _spec(store, select=("backfire", "compliance", "baseline"), per_cell=5, seed=3)

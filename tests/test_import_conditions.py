@@ -25,7 +25,7 @@ from experiments.influence.triage import TriageSpec
 from probe.app.cli import main
 from probe.app.runner import Plan, run
 from probe.panel import panel_from_runs
-from probe.store import RunStore
+from probe.runs import open_run
 from tests.planted import PlantedInfluence
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "influence_conditions.csv"
@@ -180,8 +180,8 @@ def test_round_trip_one_run_gives_the_same_report_numbers(native_runs: list[Path
     ic.export_conditions(native, csv)
     store, parsed = ic.import_run(csv, tmp_path / "back")
     assert not parsed.ambiguous and len(parsed.table) == 4
-    a = inf.analyze(RunStore(native), "triage", n_boot=50).conditions
-    b = inf.combine_runs([ic.imported_conditions(store)])
+    a = inf.analyze(open_run(native), "triage", n_boot=50).conditions
+    b = inf.combine_runs([ic.imported_conditions(open_run(store.root))])
     assert list(b["pair"]) == list(a["pair"]) and list(b["influence"]) == list(a["influence"])
     for col in COMPARED:
         np.testing.assert_allclose(b[col].to_numpy(float), a[col].to_numpy(float), rtol=1e-12, err_msg=col)
@@ -225,7 +225,7 @@ def test_an_imported_run_joins_a_native_panel_through_probe_compare(native_runs:
     assert main([*args, "--asym-model", "nested", "--n-boot", "20", "--quiet"]) == 0
     cond = pd.read_csv(out / "conditions.csv")
     assert len(cond) == 12 and set(cond["source"]) == {"samples", "imported"}
-    native = inf.analyze(RunStore(native_runs[2]), "triage", n_boot=2).conditions
+    native = inf.analyze(open_run(native_runs[2]), "triage", n_boot=2).conditions
     back = cond[cond["source"] == "imported"]
     np.testing.assert_allclose(back["s_B"].to_numpy(), native["s_B"].to_numpy(), rtol=5e-6)  # the CSV keeps 6 digits
     assert set(back["think"]) == {True}

@@ -28,6 +28,7 @@ from analysis.influence import stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
+from probe.runs import as_run
 from tests.planted import TRIAGE_BASE, TRIAGE_SHIFTS, PlantedInfluence
 
 # ====================================================================== hand-built cells
@@ -319,7 +320,7 @@ def _planted_s(pair: str, influence: str, d: str) -> float:
 
 def test_planted_steerabilities_are_recovered_from_readouts(tmp_path: Path) -> None:
     store = run("influence-triage", SPEC, planted_engine(), tmp_path / "r", progress=False, log=lambda s: None)
-    audit = inf.analyze(store, "triage", n_boot=200)
+    audit = inf.analyze(as_run(store), "triage", n_boot=200)
     t = audit.conditions.set_index(["pair", "influence"])
     m = 50  # prompts per arm: 25 size pairs x 2 orders
     for (pair, infl), row in t.iterrows():

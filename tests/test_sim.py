@@ -209,13 +209,13 @@ def test_yesno_run_through_the_store_gives_eq1_to_machine_precision(tmp_path):
     """The plain yes/no battery, run on the sim by the real runner, read back, decomposed two independent ways."""
     from analysis.battery import fit
     from analysis.battery.yesno import cell_table, decompose, p_cbr, with_cbr_verb
-    from analysis.common.frames import open_run, readouts
     from experiments.yesno import YesNoSpec
     from probe.app.runner import run
+    from probe.runs import open_run
 
     e = SimEngine(SimParams(seed=1, m_order=-0.15, m_word=-0.1, m_logic=0.04, sigma_binary=0.1))
     store = run("yesno", YesNoSpec(), e, tmp_path / "run", progress=False, log=lambda m: None)
-    opts, per = readouts(open_run(store.root))
+    opts, per = open_run(store.root).readout_frames()
     dec = decompose(cell_table(with_cbr_verb(per, opts), p_cbr(opts)))
     assert float((dec["apparent"] - dec["order"] - dec["lexical"]).abs().max()) < 1e-15
     b = fit.binary_trials(opts, per)
@@ -231,16 +231,16 @@ def test_yesno_run_through_the_store_gives_eq1_to_machine_precision(tmp_path):
 def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     """The lead's real battery, run by the real runner on the sim (readouts, greedy free choice judged by rule)."""
     from analysis.battery import fit, stance
-    from analysis.common.frames import open_run, readouts, trial_meta
     from experiments.battery import REDUCED, BatterySpec
     from experiments.judge import RuleJudge
     from probe.app.runner import run
+    from probe.runs import open_run
 
     items = ("mine_cart_bridge", "freight_yard_switch", "flooded_mine_door", "brake_failure", "uncle_juice")
     spec = BatterySpec(**REDUCED, items=items, salts=SaltSpec(count=2))
     p = SimParams(seed=2, m_order=-0.1, m_word=-0.1, sigma_form=0.1, sigma_salt=0.02, s_choice=0.1)
     store = run("battery", spec, SimEngine(p), tmp_path / "run", judge=RuleJudge(think=False), progress=False, log=lambda m: None)
-    opts, per = readouts(open_run(store.root))
+    opts, per = open_run(store.root).readout_frames()
     gt = stance.graded_trials(opts, per, "readout")
     forms = stance.per_form(gt)
     th = stance.theta(forms)
@@ -255,7 +255,7 @@ def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     fits = fit.fit_channels(th, b, n_boot=50, seed=0).set_index("channel")
     assert list(fits.index) == ["order", "lexical", "logic", "label"]
     assert fits.loc["order", "m"] == pytest.approx(-0.1, abs=0.05)
-    judgments = store.load("judgments").merge(trial_meta(store)[["trial_id", "item_id"]], on="trial_id")
+    judgments = store.load("judgments").merge(open_run(store.root).trial_meta()[["trial_id", "item_id"]], on="trial_id")
     choice = stance.choice_stance(judgments)
     assert set(choice.index) == set(items) and choice.abs().max() <= 1
 

@@ -150,7 +150,7 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path):
         (["run", "yesno", "--dilemmas", str(bad), "--out", str(tmp_path / "o2"), "--quiet"], "bad.yaml"),
         (["run", "yesno", "--shard", "4/4", "--out", str(tmp_path / "o3"), "--quiet"], "shard"),
         (["readout", "--prompt", "hi", "--options", "Yes,"], "non-empty"),
-        (["analyze", str(tmp_path)], "not a run directory"),
+        (["analyze", str(tmp_path)], "not a run folder"),
     ]
     for args, needle in cases:
         p = run_cli(*args, check=False)
@@ -261,9 +261,9 @@ def test_sampled_only_run_is_analyzed_from_counts(tmp_path: Path):
     s = RunStore(out).load("samples")
     assert len(s) == 12 * 6 and not s.duplicated(["trial_id", "draw"]).any()
     assert set(s["status"]) <= {"ok", "refusal", "invalid"}
-    from analysis.common.frames import sample_counts
+    from probe.runs import open_run
 
-    opts, per = sample_counts(RunStore(out))
+    opts, per = open_run(out).sample_counts()
     # frequencies among parsed answers, checked against a direct count
     ok = s[s.status == "ok"]
     assert per["n_ok"].sum() == len(ok) and (per[["n_ok", "n_refusal", "n_invalid"]].sum(axis=1) == 6).all()

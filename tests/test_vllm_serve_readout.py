@@ -195,8 +195,8 @@ def test_readout_throughput_beside_the_in_process_engine(served: Served) -> None
 def test_yesno_reads_and_samples_through_the_server(served: Served, tmp_path: Path) -> None:
     """The acceptance run: slot readouts and 8 draws per trial through one server; T's interval contains 1."""
     from analysis.battery.calibration import temperature_from_frames
-    from analysis.common.frames import sample_counts
     from probe.app.cli import main
+    from probe.runs import open_run
     from probe.store import RunStore
 
     if served.model != "tiny":
@@ -208,7 +208,7 @@ def test_yesno_reads_and_samples_through_the_server(served: Served, tmp_path: Pa
     man = store.manifest()
     assert man["engine"]["engine"] == "server" and man["engine"]["server"]["mode"] == "token_ids"
     assert man["engine"]["server"]["version"] == vllm.__version__
-    counts, _ = sample_counts(store)
+    counts, _ = open_run(out).sample_counts()
     # Profile-likelihood interval at level 1 - 1e-6: a faithful sampler (T = 1) falls outside it with
     # probability 1e-6 (asymptotically), so the false-failure rate is <= 1e-6.
     fit = temperature_from_frames(store.load("readout_options"), counts, level=1 - 1e-6)

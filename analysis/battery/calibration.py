@@ -133,7 +133,7 @@ def temperature_from_frames(readout_options: pd.DataFrame, sample_options: pd.Da
 
     ``readout_options`` needs ``trial_id, option, logprob`` (``RunStore.load("readout_options")``);
     ``sample_options`` needs ``trial_id, option, count`` (the first frame of
-    :func:`analysis.common.frames.sample_counts`). Trials are matched by id, so both
+    :meth:`probe.runs.Run.sample_counts`). Trials are matched by id, so both
     runs must come from the same experiment spec.
     """
     for name, frame, cols in (
@@ -197,7 +197,7 @@ def calibration_table(
     """Per trial: the readout probability and the sampled frequency of the options that mean ``meaning``.
 
     ``readout_options`` needs ``trial_id, option, logprob``;
-    ``sample_options`` (first frame of :func:`analysis.common.frames.sample_counts`)
+    ``sample_options`` (first frame of :meth:`probe.runs.Run.sample_counts`)
     needs ``trial_id, option, meaning, count``. The readout probability is
     ``softmax(logprob / temperature)`` over the trial's options (temperature 1
     gives the readout's own normalized probabilities). With ``meaning=None``
@@ -445,7 +445,7 @@ def calibrate_by_instrument(
     option. ``rules``: :func:`sample_rules` of ``samples`` if already computed
     (else computed in the run's think mode ``think``).
     """
-    from analysis.common.frames import count_samples
+    from probe.views import count_samples
 
     if rules is None:
         rules = sample_rules(samples, trials, think=think)

@@ -89,7 +89,7 @@ def load_run(run: PanelRun) -> RunData:
     """Read one run's option probabilities (readouts, else sampled frequencies) and trial factors."""
     from analysis.common.frames import readouts
 
-    store = run.store()
+    store = run.run().store
     trials = store.trials()
     has_readouts = not store.load("readout_options").empty
     samples = _samples(store)

@@ -24,7 +24,7 @@ the other). So a trial's answer distribution is a distribution over ``x``:
 
 Also the salt floor (within-form SD under salts vs between-form SD) and the
 convergent-validity helpers. All functions are pure and take tidy frames as
-returned by :mod:`analysis.common.frames`.
+returned by :mod:`probe.views`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ Replicates = Literal["unsalted", "pooled"]
 def graded_trials(options: pd.DataFrame, per_trial: pd.DataFrame, source: Source) -> pd.DataFrame:
     """Per graded trial: mean and mode stance, the distribution's variance and the sampling variance of the mean.
 
-    ``options``/``per_trial`` are what :func:`analysis.common.frames.choice_probs`
+    ``options``/``per_trial`` are what :meth:`probe.runs.Run.choice_probs`
     returns and ``source`` is its third value: ``readout`` (exact answer-slot
     probabilities; the mean is exact, ``var_mean = 0``) or ``samples``
     (``count`` per option; ``var_mean`` = the unbiased variance of the draws

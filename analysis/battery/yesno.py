@@ -294,7 +294,7 @@ def resampling_diagnostics(per_trial: pd.DataFrame, options: pd.DataFrame) -> Re
 
     ``per_trial`` needs ``item_id``, ``form``, ``cbr_verb``, ``order``,
     ``replicate``; ``options`` the sampled frequencies with ``n_ok``
-    (:func:`analysis.common.frames.count_samples`). The within-form variance is the
+    (:func:`probe.views.count_samples`). The within-form variance is the
     unbiased variance of one draw, ``n p (1 - p) / (n - 1)``, averaged over
     cells with >= 2 parsed draws.
     """

@@ -83,10 +83,11 @@ def reasoning_md(panel: Panel) -> list[str]:
 
     rows = []
     for r in panel.runs:
-        engine = r.manifest().engine
+        run = r.run()
+        engine = run.manifest.engine
         if not engine.think:  # no reasoning: its readouts need not be read
             continue
-        table = reasoning_table(r.store().load("readout_trials"), pd.DataFrame({"trial_id": []}))
+        table = reasoning_table(run.load("readout_trials"), pd.DataFrame({"trial_id": []}))
         if table.empty:
             continue
         traces, hit, loops = (int(table[c].sum()) for c in ("traces", "hit_budget", "looped"))

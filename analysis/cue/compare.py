@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.cue.metrics import Decision
-from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
+from probe.panel import Panel, PanelError, PanelRun, shared_items
 
 N_BOOT = 1000
 SEED = 0
@@ -63,9 +63,7 @@ class CueRun:
 
 def run_frames(run: PanelRun) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(options, per_trial) of a cue run, as every cue analysis reads them."""
-    from analysis.common.frames import choice_probs
-
-    options, per_trial, _ = choice_probs(open_store(run))
+    options, per_trial, _ = run.run().choice_probs()
     return options, per_trial
 
 
@@ -86,7 +84,7 @@ def run_tables(
     pt = per_trial[per_trial["item_id"].isin(keep)]
     opts = options[options["trial_id"].isin(set(pt["trial_id"]))]
     bias, gap = cue.decision_bias(opts, pt, decision=decision, n_boot=n_boot, seed=seed)
-    checks, _ = cue.identity_checks(open_store(run), opts, pt, _labels(run))  # JSON replies when the run has them
+    checks, _ = cue.identity_checks(run.run(), opts, pt, _labels(run))  # JSON replies when the run has them
     checks = checks[checks["item_id"].isin(keep)]
     return CueRun(run, bias, gap, cue.solve_rates(checks) if not checks.empty else None)
 
@@ -94,7 +92,7 @@ def run_tables(
 def _labels(run: PanelRun) -> dict[str, tuple[str, ...]]:
     from experiments.cue import CueSpec
 
-    spec = CueSpec.from_dict(open_store(run).manifest().spec)
+    spec = CueSpec.from_dict(run.run().manifest.spec)
     return {a.name: a.labels for a in spec.attributes()}
 
 

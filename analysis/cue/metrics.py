@@ -71,7 +71,7 @@ import pandas as pd
 from analysis.common.bootstrap import cluster_weights
 
 if TYPE_CHECKING:
-    from probe.store import RunStore
+    from probe.runs import Run
 
 Decision = Literal["expected", "greedy"]
 Denominator = Literal["eligible", "all"]
@@ -611,19 +611,17 @@ def json_check_frame(
 
 
 def identity_checks(
-    store: RunStore,
+    run: Run,
     options: pd.DataFrame,
     per_trial: pd.DataFrame,
     labels: Mapping[str, Sequence[str]],
     source: str = "json",
 ) -> tuple[pd.DataFrame, str]:
     """(identity-recovery frame, its source): the JSON replies when ``source="json"`` and the run has them, else the check probe."""
-    from analysis.common.frames import trial_meta
-
     if source not in IDENTITY_SOURCES:
         raise ValueError(f"identity source must be one of {', '.join(IDENTITY_SOURCES)}, got {source!r}")
     if source == "json":
-        frame = json_check_frame(store.load("generations"), trial_meta(store), labels)
+        frame = json_check_frame(run.load("generations"), run.trial_meta(), labels)
         if not frame.empty:
             return frame, "json"
     return check_frame(options, per_trial), "check"
@@ -776,9 +774,9 @@ def sign_tests(
 
 def run_gap_table(run: str | Path, *, decision: Decision = "greedy", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """The per-model table the cross-model functions take: the gap table of one ``cue`` run directory."""
-    from analysis.common.frames import choice_probs, open_run
+    from probe.runs import open_run
 
-    options, per_trial, _ = choice_probs(open_run(run))
+    options, per_trial, _ = open_run(run).choice_probs()
     return decision_bias(options, per_trial, decision=decision, n_boot=n_boot, seed=seed)[1]
 
 

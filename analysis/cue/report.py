@@ -38,7 +38,7 @@ from analysis.cue.metrics import (
 
 if TYPE_CHECKING:
     from experiments.cue import CueSpec
-    from probe.store import RunStore
+    from probe.runs import Run
     from probe.types import Trial
 
 
@@ -360,15 +360,15 @@ def _status_section(sb: pd.DataFrame, order: Sequence[tuple[str, str]]) -> list[
     ]
 
 
-def _header(store: RunStore, spec: CueSpec, per_trial: pd.DataFrame, source: str) -> list[str]:
-    man = store.manifest()
+def _header(run: Run, spec: CueSpec, per_trial: pd.DataFrame, source: str) -> list[str]:
+    man = run.manifest
     eng = man.engine
     sampled = f" ({man.planned('samples')} samples per trial at T = {man.planned('temperature')})"
     cov = per_trial.groupby("probe")["coverage"].mean()
     return [
         f"# cue visibility: {man.model}",
         "",
-        f"- run: `{store.root}`, {man.n_trials} trials, run key `{man.run_key}`",
+        f"- run: `{run.root}`, {man.n_trials} trials, run key `{man.run_key}`",
         f"- model path: `{eng.model_path}` ({eng.model_class}, {eng.dtype}, {eng.device})",
         f"- probabilities from: {source}" + (sampled if source == "samples" else ""),
         f"- design: {per_trial['item_id'].nunique()} dilemmas x {spec.combos} demographic combination(s); "
@@ -419,22 +419,21 @@ def _breakdown_flag(changes: pd.DataFrame, head: str, cons: str) -> list[str]:
     ]
 
 
-def cue_report(store: RunStore, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
     """Write the cue-visibility report of a run: CSV tables, ``summary.md``, ``puzzles.jsonl`` and the figure."""
-    from analysis.common.frames import choice_probs
     from analysis.cue import flags
     from experiments.cue import CueSpec
     from probe.files import atomic_write_text
 
-    man = store.manifest()
+    man = run.manifest
     spec = CueSpec.from_dict(man.spec)
     labels = {a.name: a.labels for a in spec.attributes()}
-    options, per_trial, source = choice_probs(store)
+    options, per_trial, source = run.choice_probs()
     out.mkdir(parents=True, exist_ok=True)
-    lines = _header(store, spec, per_trial, source)
-    lines += [*_puzzle_lines(man.spec, store.trials(), out), ""]
+    lines = _header(run, spec, per_trial, source)
+    lines += [*_puzzle_lines(man.spec, run.trial_list, out), ""]
 
-    checks, id_source = identity_checks(store, options, per_trial, labels)
+    checks, id_source = identity_checks(run, options, per_trial, labels)
     if not checks.empty:
         n_options = {a: len(v) for a, v in labels.items()}
         sr = solve_rates(checks).assign(source=id_source)

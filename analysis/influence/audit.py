@@ -41,10 +41,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.bootstrap import basic_ci, cluster_weights, percentile_ci
-from analysis.common.frames import choice_probs
 from analysis.influence import flags
 from analysis.influence import stats as st
-from probe.store import RunStore
+from probe.runs import Run
 
 COND: tuple[str, ...] = ("pair", "influence", "variant", "kind", "position", "bracket")
 """The columns that make a condition within one run (the model is the run)."""
@@ -58,7 +57,7 @@ BENCHMARKS = {"triage": "moral triage", "bbq": "BBQ", "dd": "DailyDilemmas"}
 
 
 # ============================================================================ cells
-def trial_cells(store: RunStore) -> tuple[pd.DataFrame, str]:
+def trial_cells(run: Run) -> tuple[pd.DataFrame, str]:
     """One row per trial: ids, factors, ``n`` and ``k`` (answers choosing side B), and response quality.
 
     Also ``p_first``, the probability (share of parsed answers) of the option printed first, and
@@ -66,18 +65,18 @@ def trial_cells(store: RunStore) -> tuple[pd.DataFrame, str]:
     :mod:`analysis.influence.flags`).
 
     Returns (cells, source) where source is ``readout`` or ``samples`` (as
-    :func:`analysis.common.frames.choice_probs` decides).
+    :meth:`probe.runs.Run.choice_probs` decides).
     """
-    opts, per_trial, source = choice_probs(store)
+    opts, per_trial, source = run.choice_probs()
     need = {"group_a", "group_b", "direction", *COND}
     missing = need - set(per_trial.columns)
     if missing:
-        raise ValueError(f"{store.root}: trials lack the influence factors {sorted(missing)}; not an influence run")
+        raise ValueError(f"{run.root}: trials lack the influence factors {sorted(missing)}; not an influence run")
     side = opts.merge(per_trial[["trial_id", "group_a", "group_b"]], on="trial_id", how="left")
     stray = side[(side["meaning"] != side["group_a"]) & (side["meaning"] != side["group_b"])]
     if not stray.empty:
         raise ValueError(
-            f"{store.root}: options with meanings {sorted(set(stray['meaning']))} are neither side A nor B"
+            f"{run.root}: options with meanings {sorted(set(stray['meaning']))} are neither side A nor B"
         )
     is_b = side["meaning"] == side["group_b"]
     if source == "readout":
@@ -94,7 +93,7 @@ def trial_cells(store: RunStore) -> tuple[pd.DataFrame, str]:
         cells["p_first"] = n_first / cells["n"].where(cells["n"] > 0)
     cells["first_label"] = cells["trial_id"].map(first["option"])
     cells["stratum"] = cells["pair"]
-    order = {tid: i for i, tid in enumerate(store.trial_ids())}  # trial order = design order (sampled tables are not)
+    order = run.trial_index.positions  # trial order = design order (sampled tables are not)
     cells = cells.sort_values("trial_id", key=lambda ids: ids.map(order), kind="stable")
     return cells.reset_index(drop=True), source
 
@@ -690,22 +689,22 @@ class Audit:
     flips: pd.DataFrame | None
 
 
-def analyze(store: RunStore, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> Audit:
+def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> Audit:
     """Run the whole analysis of one influence run."""
     if benchmark not in BENCHMARKS:
         raise ValueError(f"benchmark must be one of {sorted(BENCHMARKS)}, got {benchmark!r}")
-    man = store.manifest()
-    raw, source = trial_cells(store)
+    man = run.manifest
+    raw, source = trial_cells(run)
     cells = value_level(raw) if benchmark == "dd" else raw
     ct = contributions(cells)
     if ct.conditions.empty:
-        raise ValueError(f"{store.root}: no condition has baseline, toward-A and toward-B trials for the same items")
+        raise ValueError(f"{run.root}: no condition has baseline, toward-A and toward-B trials for the same items")
     res = condition_table(ct, source, n_boot=n_boot, seed=seed)
     info = {
         "benchmark": benchmark,
         "model": man.model,
         "think": man.think,
-        "run": str(store.root),
+        "run": str(run.root),
         "source": source,
     }
     table = res.table.assign(**info)

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.bootstrap import resample_index
-from probe.store import RunStore
+from probe.runs import Run
 
 TRACE_TASKS = ("compliance", "rationale")
 COND_KEYS = ("pair", "influence", "variant", "kind", "position", "bracket")
@@ -168,11 +168,9 @@ def code_columns(frame: pd.DataFrame) -> list[str]:
     return [c[2:] for c in frame.columns if c.startswith("p_")]
 
 
-def with_factors(coded: pd.DataFrame, store: RunStore) -> pd.DataFrame:
+def with_factors(coded: pd.DataFrame, run: Run) -> pd.DataFrame:
     """Coded rows joined with their trial's factors (``arm``: base, rerun or cued)."""
-    from analysis.common.frames import trial_meta
-
-    meta = trial_meta(store)
+    meta = run.trial_meta()
     out = coded.merge(meta, on="trial_id", how="left", validate="many_to_one")
     if "direction" in out.columns:
         out["arm"] = np.where(out["direction"].isin(["A", "B"]), "cued", out["direction"])

@@ -25,7 +25,7 @@ from analysis.influence.coding import (
     with_factors,
 )
 from analysis.influence.tables import table_md, table_section
-from probe.store import RunStore
+from probe.runs import Run
 
 
 # ============================================================ report
@@ -76,7 +76,7 @@ def _figure_effect(joined: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def coded_report(store: RunStore, eff: pd.DataFrame, out: Path) -> str:
+def coded_report(run: Run, eff: pd.DataFrame, out: Path) -> str:
     """Write the coded tables and figures of an influence run into ``out``; return the summary's Markdown ("" if uncoded).
 
     ``eff`` is :func:`analysis.influence.audit.effects` of the run's conditions.
@@ -84,11 +84,11 @@ def coded_report(store: RunStore, eff: pd.DataFrame, out: Path) -> str:
 
     lines: list[str] = []
     for task in TRACE_TASKS:
-        got = load_coding(store.root, task)
+        got = load_coding(run.root, task)
         if got is None:
             continue
         raw, meta = got
-        coded = with_factors(raw, store)
+        coded = with_factors(raw, run)
         c = meta["counts"]
         lines += [
             "",

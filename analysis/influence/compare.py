@@ -45,7 +45,7 @@ import pandas as pd
 
 from analysis.common.bootstrap import cluster_weights, percentile_ci
 from analysis.influence.asym import STRUCTURES, AsymFit, asym_fits, asym_frame
-from probe.panel import Panel, PanelError, PanelRun, open_store, shared_items
+from probe.panel import Panel, PanelError, PanelRun, shared_items
 
 BENCHMARK_OF = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}
 IMPORTED = "influence-import"
@@ -92,7 +92,7 @@ def run_cells(run: PanelRun) -> tuple[pd.DataFrame, str]:
     """A run's analysis cells (value-level for DailyDilemmas) and their source (``readout`` or ``samples``)."""
     from analysis.influence import audit as inf
 
-    raw, source = inf.trial_cells(open_store(run))
+    raw, source = inf.trial_cells(run.run())
     return (inf.value_level(raw) if benchmark_of(run.experiment) == "dd" else raw), source
 
 
@@ -402,7 +402,7 @@ def compare_frames(
     native, imported = _split_imported(panel)
     matched = match_panel(native) if native is not None else []
     tables_in = [condition_tables(m, n_boot=n_boot, seed=seed) for m in matched]
-    tables_in += [imported_conditions(open_store(r), run=r.name) for r in imported]
+    tables_in += [imported_conditions(r.run(), label=r.name) for r in imported]
     cond = inf.combine_runs(tables_in)
     tables = dict(inf.panel_tables(cond))
     main = cond[cond["variant"] == "cue"]

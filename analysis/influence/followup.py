@@ -25,10 +25,9 @@ from typing import Any, Final
 
 import pandas as pd
 
-from analysis.common.frames import trial_meta
 from analysis.influence import stats as st
 from analysis.influence.audit import cluster_bootstrap_mean
-from probe.store import RunStore
+from probe.runs import Run
 
 CODES: Final[tuple[str, ...]] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
 """The follow-up taxonomy (part B's ``experiments/data/taxonomies/followup.yaml``), in display order."""
@@ -39,28 +38,28 @@ SEED: Final[int] = 0
 
 
 # ============================================================================== frames
-def answers(store: RunStore) -> pd.DataFrame:
+def answers(run: Run) -> pd.DataFrame:
     """One row per follow-up reply: the trial's factors (cell, source condition) and the reply."""
-    gen = store.load("generations")
+    gen = run.load("generations")
     if gen.empty:
-        raise ValueError(f"{store.root} has no follow-up replies yet; run `probe run followup` (or let it finish)")
-    meta = trial_meta(store)
+        raise ValueError(f"{run.root} has no follow-up replies yet; run `probe run followup` (or let it finish)")
+    meta = run.trial_meta()
     out = gen.merge(meta, on="trial_id", how="left", validate="many_to_one")
-    order = {tid: i for i, tid in enumerate(store.trial_ids())}
+    order = run.trial_index.positions
     out = out.assign(_o=out["trial_id"].map(order)).sort_values(["_o", "draw"], kind="stable").drop(columns="_o")
     return out.reset_index(drop=True)
 
 
-def load_codes(store: RunStore, path: Path | None = None) -> pd.DataFrame | None:
+def load_codes(run: Run, path: Path | None = None) -> pd.DataFrame | None:
     """The judge's codes (the part-B contract file), validated; None when the run has not been coded."""
-    path = path or store.root / CODING
+    path = path or run.root / CODING
     if not path.exists():
         return None
     codes = pd.read_parquet(path)
     need = {"trial_id", "draw", "label", "judge", *(f"p_{c}" for c in CODES)}
     missing = sorted(need - set(codes.columns))
     if missing:
-        raise ValueError(f"{path} lacks the columns {missing}; recode with `probe code {store.root} --task followup`")
+        raise ValueError(f"{path} lacks the columns {missing}; recode with `probe code {run.root} --task followup`")
     bad = sorted(set(codes["label"]) - set(CODES))
     if bad:
         raise ValueError(f"{path}: labels {bad} are not follow-up codes {list(CODES)}")

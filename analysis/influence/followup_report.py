@@ -28,7 +28,7 @@ from analysis.influence.followup import (
     with_codes,
 )
 from analysis.influence.tables import table_section
-from probe.store import RunStore
+from probe.runs import Run
 
 
 # ============================================================================= figures
@@ -55,17 +55,17 @@ def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame, path: Path) -> Pa
 
 
 # ============================================================================== report
-def report(store: RunStore, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
+def report(run: Run, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
     """Write the follow-up report: selection, replies, and (when coded) the crosstab, headline and figure."""
     out.mkdir(parents=True, exist_ok=True)
-    ans = answers(store)
+    ans = answers(run)
     tables: dict[str, pd.DataFrame] = {
         "selection": selection_table(ans),
         "classes": class_counts(ans),
     }
     show = ["trial_id", "draw", "cell", "cell_key", "item_id", "source_choice", "option", "status", "text"]
     tables["answers"] = ans[[c for c in show if c in ans.columns]]
-    codes = load_codes(store)
+    codes = load_codes(run)
     figures: list[str] = []
     coded = None
     if codes is not None:
@@ -78,24 +78,24 @@ def report(store: RunStore, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED
         if len(counts):
             figures.append(stacked_figure(shares, counts, out / "fig_followup_labels.png").name)
     write_tables(out, tables)
-    write_summary(out, _summary(store, tables, coded, figures, n_boot))
+    write_summary(out, _summary(run, tables, coded, figures, n_boot))
     return report_files(out)
 
 
 def _summary(
-    store: RunStore,
+    run: Run,
     tables: Mapping[str, pd.DataFrame],
     coded: pd.DataFrame | None,
     figures: Sequence[str],
     n_boot: int,
 ) -> str:
-    man = store.manifest()
+    man = run.manifest
     spec = man.specified
     draws = f"{man.planned('samples')} sampled replies per trial at T = {man.planned('temperature')}"
     lines = [
         f"# Follow-up self-report probe: {man.model}",
         "",
-        f"- run: `{store.root}`, {man.n_trials} follow-up trials, run key `{man.run_key}`",
+        f"- run: `{run.root}`, {man.n_trials} follow-up trials, run key `{man.run_key}`",
         f"- source: `{spec('source')}` (run key `{spec('source_run_key')}`); cells: "
         f"{', '.join(spec('select', []))}, up to {spec('per_cell')} first answers per cell "
         f"(seed {spec('seed')}); significance: {spec('significance')}",
@@ -117,8 +117,8 @@ def _summary(
             "",
             "No codes yet. Code the replies with a judge, then re-run the report:",
             "",
-            f"    probe code {store.root} --task followup --judge MODEL",
-            f"    probe analyze {store.root}",
+            f"    probe code {run.root} --task followup --judge MODEL",
+            f"    probe analyze {run.root}",
             "",
         ]
     else:

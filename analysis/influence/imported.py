@@ -67,6 +67,7 @@ import pandas as pd
 
 from probe.errors import ProbeError
 from probe.record import Manifest
+from probe.runs import Run, open_run
 
 EXPERIMENT = "influence-import"
 TABLE = "imported_conditions"
@@ -409,22 +410,22 @@ def is_imported(manifest: Manifest) -> bool:
     return manifest.experiment == EXPERIMENT and manifest.imported
 
 
-def imported_conditions(store: Any, run: str | None = None) -> pd.DataFrame:
+def imported_conditions(run: Run, label: str | None = None) -> pd.DataFrame:
     """The per-condition table of an imported run, in the columns of a native ``conditions.csv`` (before FDR).
 
-    ``run`` (default: the run folder) prefixes the cluster label; the ``run``
+    ``label`` (default: the run folder) prefixes the cluster label; the ``run``
     column is ``<run>:<model> / reasoning on|off`` so the headline's cluster
     bootstrap resamples (model x reasoning, factor) clusters.
     """
     from analysis.influence import audit as inf
     from analysis.influence import stats as st
 
-    man = store.manifest()
+    man = run.manifest
     if not is_imported(man):
-        raise ValueError(f"{store.root} is not an imported run (experiment {man.experiment!r})")
-    t = store.load(TABLE)
+        raise ValueError(f"{run.root} is not an imported run (experiment {man.experiment!r})")
+    t = run.load(TABLE)
     if t.empty:
-        raise ValueError(f"{store.root}: the imported table is empty; re-run `probe import`")
+        raise ValueError(f"{run.root}: the imported table is empty; re-run `probe import`")
     n = np.stack([t[f"n{a}"].to_numpy(float) for a in ARM_NAMES])
     k = np.stack([t[f"k{a}"].to_numpy(float) for a in ARM_NAMES])
     est = inf.metrics(n, k)
@@ -454,7 +455,7 @@ def imported_conditions(store: Any, run: str | None = None) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         out["p_asym_2x"] = st.z_pvalue(out["asym"].to_numpy() / np.sqrt(var2))
     out["f0_ci_lo"], out["f0_ci_hi"] = st.wilson_interval(k[0], n[0])
-    prefix = run if run is not None else str(store.root)
+    prefix = label if label is not None else str(run.root)
     think = t["reasoning"].astype(bool).to_numpy()
     out["benchmark"] = t["benchmark"].astype(str)
     out["model"] = t["model"].astype(str)
@@ -495,16 +496,15 @@ def export_frame(conditions: pd.DataFrame) -> pd.DataFrame:
 
 def export_conditions(run: str | Path, path: str | Path) -> pd.DataFrame:
     """Write a sampled run's per-condition counts to ``path`` in the import schema; returns the frame."""
-    from analysis.common.frames import open_run
     from analysis.influence import audit as inf
     from probe.files import atomic_write_text
 
-    store = open_run(run)
-    experiment = store.manifest().experiment
+    source = open_run(run)
+    experiment = source.manifest.experiment
     bench = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}.get(experiment)
     if bench is None:
-        raise ValueError(f"{store.root} is a {experiment!r} run; only influence runs export to the condition schema")
-    frame = export_frame(inf.analyze(store, bench, n_boot=2).conditions)
+        raise ValueError(f"{source.root} is a {experiment!r} run; only influence runs export to the condition schema")
+    frame = export_frame(inf.analyze(source, bench, n_boot=2).conditions)
     atomic_write_text(Path(path), frame.to_csv(index=False))
     return frame
 

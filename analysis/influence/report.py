@@ -8,13 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot, save_figure
-from analysis.common.frames import open_run
 from analysis.common.report import report_files, write_summary, write_tables
 from analysis.common.tables import md_table
 from analysis.influence import flags
@@ -39,7 +37,7 @@ from analysis.influence.audit import (
 from analysis.influence.imported import ambiguous_frame, imported_conditions
 from analysis.influence.tables import table_md, table_section
 from probe.record import Provenance
-from probe.store import RunStore
+from probe.runs import Run, as_run
 
 
 def _figures(audit: Audit, out: Path, max_pairs: int = 12) -> list[Path]:
@@ -106,11 +104,11 @@ _SHOW = ["pair", "influence", "n_items", "f0_B", "fA_B", "fB_B", "delta_A", "del
 
 
 def influence_report(
-    store: RunStore | str | Path, out: Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED
+    run: Run | str | Path, out: Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED
 ) -> list[Path]:
     """Write the influence audit report of one run: CSV tables, ``summary.md`` and PNG figures."""
-    store = open_run(store)
-    audit = analyze(store, benchmark, n_boot=n_boot, seed=seed)
+    run = as_run(run)
+    audit = analyze(run, benchmark, n_boot=n_boot, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     c = audit.conditions
     main = c[c["variant"] == "cue"]
@@ -135,8 +133,8 @@ def influence_report(
     figures = _figures(audit, out)
     from analysis.influence.coding_report import coded_report
 
-    coded = coded_report(store, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
-    write_summary(out, _summary_md(store, audit, tables, n_boot, [p.name for p in figures]) + coded)
+    coded = coded_report(run, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
+    write_summary(out, _summary_md(run, audit, tables, n_boot, [p.name for p in figures]) + coded)
     return report_files(out)
 
 
@@ -163,9 +161,9 @@ def readout_checks(
 
 
 def _summary_md(
-    store: RunStore, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]
+    run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]
 ) -> str:
-    man = store.manifest()
+    man = run.manifest
     c = audit.conditions
     name = BENCHMARKS[audit.benchmark]
     if audit.source == "readout":
@@ -186,7 +184,7 @@ def _summary_md(
     lines = [
         f"# Influence audit, {name}: {audit.info['model']}",
         "",
-        f"- run: `{store.root}`, {man.n_trials} trials, run key `{man.run_key}`",
+        f"- run: `{run.root}`, {man.n_trials} trials, run key `{man.run_key}`",
         f"- reasoning (think mode): {audit.info['think']}; conditions: {len(c)} "
         f"({(c['variant'] == 'cue').sum()} main cues, {(c['variant'] != 'cue').sum()} controls); "
         f"pairs: {c['pair'].nunique()}; influence types: {', '.join(dict.fromkeys(c['influence']))}",
@@ -285,19 +283,19 @@ def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
     return lines
 
 
-def imported_report(store: Any, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
+def imported_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
     """Write the report of an imported run: the native report's tables from counts, and the |Asym| fits.
 
     No item-level bootstrap (condition-level data has no items): the headline
     CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
     """
 
-    man = store.manifest()
-    cond = combine_runs([imported_conditions(store, run=store.root.name)])
+    man = run.manifest
+    cond = combine_runs([imported_conditions(run, label=run.root.name)])
     main = cond[cond["variant"] == "cue"]
     panel = panel_tables(cond)
     fits = asym_fits(cond)
-    amb_path = store.root / "ambiguous.csv"
+    amb_path = run.root / "ambiguous.csv"
     ambiguous = pd.read_csv(amb_path) if amb_path.exists() else ambiguous_frame(())
     tables: dict[str, pd.DataFrame] = {
         "conditions": cond,
@@ -316,7 +314,7 @@ def imported_report(store: Any, out: Path, *, n_boot: int = 1000, seed: int = 0)
     lines = [
         "# Influence audit, imported per-condition results",
         "",
-        f"- run: `{store.root}` (**imported**: {prov.source}, sha256 `{str(prov.source_sha256)[:16]}`, "
+        f"- run: `{run.root}` (**imported**: {prov.source}, sha256 `{str(prov.source_sha256)[:16]}`, "
         f"imported {prov.imported_at})",
         f"- rows: {prov.rows}; imported {prov.imported_rows}; ambiguous (left out, `ambiguous.csv`): "
         f"{len(prov.ambiguous_rows)}"
