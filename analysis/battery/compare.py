@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.battery.fit import N_BOOT, SEED
+from analysis.battery.results import Part
 from analysis.common.bootstrap import finite_ci, resample_index
 from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
@@ -458,13 +459,34 @@ def consensus_reference(panel: Panel, runs: dict[str, RunData], have: Sequence[s
     return list(have), "every run (no sampled run: the paper's frontier set is empty here)"
 
 
+@dataclass(frozen=True)
+class ThetaAgreement:
+    """The agreement of theta across the runs on the shared dilemmas with theta in every run (:func:`agreement`)."""
+
+    theta: pd.DataFrame
+    """Item x run theta, items with theta in every run."""
+    rule: str
+    """Which runs the consensus averages over, and why (:func:`consensus_reference`)."""
+    r: pd.DataFrame
+    consensus: pd.DataFrame
+    """Per item: the consensus theta and the disagreement."""
+    per_run: pd.DataFrame
+    reference: list[str]
+
+
+def theta_agreement(panel: Panel, runs: dict[str, RunData], theta: pd.DataFrame) -> ThetaAgreement:
+    """:func:`agreement` of ``theta`` (item x run) against the consensus of :func:`consensus_reference`."""
+    reference, rule = consensus_reference(panel, runs, list(theta.columns))
+    r, cons, per_run = agreement(theta, reference)
+    cons.index.name = "item_id"
+    return ThetaAgreement(theta, rule, r, cons, per_run, reference)
+
+
 # ------------------------------------------------------------------ the comparison
 @dataclass
 class Context:
-    """What the comparison's parts share: the panel, its runs, the shared items and the dropped ones, the humans.
-
-    ``results`` holds what one part leaves for a later one (``consensus``: the consensus theta per item).
-    """
+    """What the comparison's parts share: the panel, its runs, the shared items and the dropped ones, the humans,
+    and the agreement of theta (computed with the runs, read by the agreement and planted parts)."""
 
     panel: Panel
     runs: dict[str, RunData]
@@ -473,11 +495,17 @@ class Context:
     n_boot: int = N_BOOT
     seed: int = SEED
     humans: pd.DataFrame | None = None
-    results: dict[str, Any] = field(default_factory=dict)
+    agreement: Part[ThetaAgreement] = field(default_factory=Part)
+    """Theta agreement of a battery panel (:func:`theta_agreement`; absent in a yes/no panel)."""
 
     def theta_table(self) -> pd.DataFrame:
         cols = {n: d.theta for n, d in self.runs.items() if d.theta is not None}
         return pd.DataFrame(cols).reindex(self.shared).dropna(how="all")
+
+    @property
+    def consensus(self) -> pd.Series | None:
+        """The consensus theta per item, when the agreement was computed."""
+        return None if self.agreement.value is None else self.agreement.value.consensus["consensus"]
 
 
 def models_table(c: Context) -> pd.DataFrame:
@@ -528,9 +556,9 @@ def planted_r2(c: Context) -> pd.DataFrame | None:
     from engines.sim import SimParams
 
     sims = {n: d for n, d in c.runs.items() if d.manifest.engine.kind == "sim"}
-    if len(sims) < 2 or "consensus" not in c.results:
+    if len(sims) < 2 or c.consensus is None:
         return None
-    items = list(c.results["consensus"].index)
+    items = list(c.consensus.index)
     planted = pd.DataFrame(
         {n: [SimParams(**d.manifest.engine.params).item_theta(str(i)) for i in items] for n, d in sims.items()},
         index=items,
@@ -860,6 +888,10 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
         raise ValueError(f"the runs share no dilemma; item counts: { {n: len(d.items) for n, d in runs.items()} }")
     runs = {name: compute_run(d, shared, n_boot=n_boot, seed=seed) for name, d in runs.items()}
     c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
+    try:
+        c.agreement = Part(theta_agreement(panel, runs, c.theta_table().dropna()))
+    except ValueError as e:  # the agreement part says why
+        c.agreement = Part(error=e)
     if panel.humans is not None:
         c.humans = load_humans(panel.humans)
         extra = sorted(set(c.humans["item_id"]) - set(shared))

@@ -44,7 +44,6 @@ from analysis.battery.compare import (
     N_OUTLIERS,
     Context,
     agreement,
-    consensus_reference,
     deliberation_table,
     framing_shift,
     human_anchor,
@@ -206,12 +205,10 @@ def dropped_stories_section(c: Context, out: Path) -> Section:
 
 
 def agreement_section(c: Context, out: Path) -> Section:
-    theta = c.theta_table().dropna()
-    reference, rule = consensus_reference(c.panel, c.runs, list(theta.columns))
-    r, cons, per_run = agreement(theta, reference)
+    ag = c.agreement.get()
+    theta, reference, rule, r, cons, per_run = ag.theta, ag.reference, ag.rule, ag.r, ag.consensus, ag.per_run
     r2 = r**2
     r2.index.name = "run"
-    cons.index.name = "item_id"
     files = [
         _csv(r2, out / "agreement_r2.csv"),
         _csv(r.rename_axis("run"), out / "agreement_r.csv"),
@@ -219,7 +216,6 @@ def agreement_section(c: Context, out: Path) -> Section:
         _csv(per_run, out / "agreement_models.csv"),
         _heatmap(r2, out / "fig_agreement_r2.png"),
     ]
-    c.results["consensus"] = cons["consensus"]
     s2_runs, s2_groups = mean_r2_summary(theta, reference, human_anchor(c.humans))
     files += [_csv(s2_runs, out / "agreement_r2_by_run.csv"), _csv(s2_groups, out / "agreement_r2_summary.csv")]
     top = cons.sort_values("disagreement", ascending=False).head(N_OUTLIERS)
@@ -423,9 +419,7 @@ def _save(fig: Any, path: Path, title: str) -> Path:
 
 
 def _item_order(c: Context) -> list[str]:
-    cons = c.results.get("consensus")
-    if cons is not None:
-        return [str(i) for i in cons.sort_values().index]
+    """The dilemmas by their mean theta over the runs (the order of the per-model figures)."""
     theta = c.theta_table()
     return [str(i) for i in theta.mean(axis=1).sort_values().index]
 
