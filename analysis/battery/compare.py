@@ -497,6 +497,8 @@ class Context:
     humans: pd.DataFrame | None = None
     agreement: Part[ThetaAgreement] = field(default_factory=Part)
     """Theta agreement of a battery panel (:func:`theta_agreement`; absent in a yes/no panel)."""
+    yesno: Part[YesNoCells] = field(default_factory=Part)
+    """The cells and decomposition of a yes/no panel (:func:`yesno_cells`; absent in a battery panel)."""
 
     def theta_table(self) -> pd.DataFrame:
         cols = {n: d.theta for n, d in self.runs.items() if d.theta is not None}
@@ -904,15 +906,39 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
 
 
 def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
-    """The runs of a yes/no panel, loaded and matched on their shared dilemmas (nothing computed per run yet)."""
+    """The runs of a yes/no panel, loaded, matched on their shared dilemmas, with their cells and decomposition there.
+
+    Each run's ``dec`` is its decomposition on the shared dilemmas; when the cells cannot be computed for every run,
+    no run has one and the cells part says why.
+    """
     runs = {r.name: load_run(r) for r in panel.runs}
     shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
     if not shared:
         raise ValueError("the runs share no dilemma")
-    return Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
+    c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
+    try:
+        cells = yesno_cells(c)
+    except ValueError as e:  # the cells part says why
+        c.yesno = Part(error=e)
+        return c
+    c.yesno = Part(cells)
+    decomposition = ["z", "lexical", "order", "apparent"]
+    long = cells.long
+    c.runs = {n: replace(d, dec=long[long["run"] == n].set_index("item_id")[decomposition]) for n, d in runs.items()}
+    return c
 
 
-def yesno_cells(c: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
+@dataclass(frozen=True)
+class YesNoCells:
+    """The yes/no verb-flip cells and their decomposition on the shared dilemmas, per run (:func:`yesno_cells`)."""
+
+    table: pd.DataFrame
+    """Per run (index ``run``): model, reasoning, source and the means over items of z, order, lexical, apparent."""
+    long: pd.DataFrame
+    """One row per (run, item): the four cells' P(CBR) joined with the decomposition."""
+
+
+def yesno_cells(c: Context) -> YesNoCells:
     """(per-run means, per item and run) of the yes/no verb-flip cells and their decomposition on the shared items.
 
     Per run (index ``run``): model, reasoning, source and the means over items
@@ -932,4 +958,4 @@ def yesno_cells(c: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
         summary[name].update({k: float(dec[k].mean()) for k in ("z", "order", "lexical", "apparent")})
     table = pd.DataFrame.from_dict(summary, orient="index")
     table.index.name = "run"
-    return table, pd.concat(parts, ignore_index=True)
+    return YesNoCells(table, pd.concat(parts, ignore_index=True))

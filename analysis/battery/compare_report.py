@@ -31,7 +31,6 @@ cannot be computed says why; the others still run.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,6 @@ from analysis.battery.compare import (
     models_table,
     panel_context,
     planted_r2,
-    yesno_cells,
     yesno_context,
 )
 from analysis.battery.fit import N_BOOT, SEED
@@ -565,7 +563,8 @@ def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int 
 
 # ------------------------------------------------------------------ yes/no
 def yesno_cells_section(c: Context, out: Path) -> Section:
-    table, long = yesno_cells(c)
+    cells = c.yesno.get()
+    table, long = cells.table, cells.long
     files = [_csv(table, out / "models.csv"), _csv(long, out / "yesno_cells.csv", index=False)]
     for col in ("z", "lexical", "order"):
         wide = long.pivot(index="item_id", columns="run", values=col).reindex(columns=list(c.runs))
@@ -577,8 +576,6 @@ def yesno_cells_section(c: Context, out: Path) -> Section:
         "",
         md_table(table.reset_index(), "{:+.3f}", nan="–"),
     ]
-    decomposition = ["z", "lexical", "order", "apparent"]
-    c.runs = {n: replace(d, dec=long[long["run"] == n].set_index("item_id")[decomposition]) for n, d in c.runs.items()}
     files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
     return Section("Cells and decomposition side by side", lines, files)
 
