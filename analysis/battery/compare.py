@@ -483,10 +483,17 @@ def theta_agreement(panel: Panel, runs: dict[str, RunData], theta: pd.DataFrame)
 
 
 # ------------------------------------------------------------------ the comparison
-@dataclass
+def theta_table(runs: dict[str, RunData], shared: Sequence[str]) -> pd.DataFrame:
+    """Item x run theta on the shared dilemmas (items with theta in no run left out)."""
+    cols = {n: d.theta for n, d in runs.items() if d.theta is not None}
+    return pd.DataFrame(cols).reindex(shared).dropna(how="all")
+
+
+@dataclass(frozen=True)
 class Context:
-    """What the comparison's parts share: the panel, its runs, the shared items and the dropped ones, the humans,
-    and the agreement of theta (computed with the runs, read by the agreement and planted parts)."""
+    """What the comparison's sections read, all computed before them (:func:`panel_context`, :func:`yesno_context`):
+    the panel, its runs (with what :func:`compute_run` computed), the shared items and the dropped ones, the humans,
+    and the agreement of theta or the yes/no cells. The sections only format it."""
 
     panel: Panel
     runs: dict[str, RunData]
@@ -501,8 +508,7 @@ class Context:
     """The cells and decomposition of a yes/no panel (:func:`yesno_cells`; absent in a battery panel)."""
 
     def theta_table(self) -> pd.DataFrame:
-        cols = {n: d.theta for n, d in self.runs.items() if d.theta is not None}
-        return pd.DataFrame(cols).reindex(self.shared).dropna(how="all")
+        return theta_table(self.runs, self.shared)
 
     @property
     def consensus(self) -> pd.Series | None:
@@ -889,20 +895,21 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     if not shared:
         raise ValueError(f"the runs share no dilemma; item counts: { {n: len(d.items) for n, d in runs.items()} }")
     runs = {name: compute_run(d, shared, n_boot=n_boot, seed=seed) for name, d in runs.items()}
-    c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
+    agreement: Part[ThetaAgreement]
     try:
-        c.agreement = Part(theta_agreement(panel, runs, c.theta_table().dropna()))
+        agreement = Part(theta_agreement(panel, runs, theta_table(runs, shared).dropna()))
     except ValueError as e:  # the agreement part says why
-        c.agreement = Part(error=e)
+        agreement = Part(error=e)
+    humans = None
     if panel.humans is not None:
-        c.humans = load_humans(panel.humans)
-        extra = sorted(set(c.humans["item_id"]) - set(shared))
+        humans = load_humans(panel.humans)
+        extra = sorted(set(humans["item_id"]) - set(shared))
         if extra:
             more = pd.DataFrame(
                 {"run": "humans", "item_id": extra, "reason": "human item not in every run (or unknown id)"}
             )
-            c.dropped = pd.concat([dropped, more], ignore_index=True)
-    return c
+            dropped = pd.concat([dropped, more], ignore_index=True)
+    return Context(panel, runs, shared, dropped, n_boot, seed, humans, agreement)
 
 
 def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
@@ -915,17 +922,14 @@ def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
     if not shared:
         raise ValueError("the runs share no dilemma")
-    c = Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed)
     try:
-        cells = yesno_cells(c)
+        cells = yesno_cells(runs, shared)
     except ValueError as e:  # the cells part says why
-        c.yesno = Part(error=e)
-        return c
-    c.yesno = Part(cells)
+        return Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed, yesno=Part(error=e))
     decomposition = ["z", "lexical", "order", "apparent"]
     long = cells.long
-    c.runs = {n: replace(d, dec=long[long["run"] == n].set_index("item_id")[decomposition]) for n, d in runs.items()}
-    return c
+    runs = {n: replace(d, dec=long[long["run"] == n].set_index("item_id")[decomposition]) for n, d in runs.items()}
+    return Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed, yesno=Part(cells))
 
 
 @dataclass(frozen=True)
@@ -938,7 +942,7 @@ class YesNoCells:
     """One row per (run, item): the four cells' P(CBR) joined with the decomposition."""
 
 
-def yesno_cells(c: Context) -> YesNoCells:
+def yesno_cells(runs: dict[str, RunData], shared: Sequence[str]) -> YesNoCells:
     """(per-run means, per item and run) of the yes/no verb-flip cells and their decomposition on the shared items.
 
     Per run (index ``run``): model, reasoning, source and the means over items
@@ -949,8 +953,8 @@ def yesno_cells(c: Context) -> YesNoCells:
 
     parts: list[pd.DataFrame] = []
     summary: dict[str, dict[str, Any]] = {}
-    for name, d in c.runs.items():
-        per = d.per_trial[d.per_trial["item_id"].isin(c.shared)]
+    for name, d in runs.items():
+        per = d.per_trial[d.per_trial["item_id"].isin(shared)]
         cells = verbflip_cells(per, d.options, battery=False)
         dec = decompose(cells)
         parts.append(cells.join(dec).assign(run=name).reset_index())
