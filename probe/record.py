@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, overload
 
 from probe.errors import StoreError
 
@@ -54,6 +54,29 @@ def _optional_int(doc: Mapping[str, Any], key: str) -> int | None:
 def display_name(model: str, think: bool) -> str:
     """What a run is called where no name was given: its model, and ``think`` when it reasoned first."""
     return model + (" think" if think else "")
+
+
+class _Text:
+    """A text field of the engine's record, read-only; None where the engine recorded none."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.key = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = name
+
+    @overload
+    def __get__(self, rec: None, owner: type | None = None) -> _Text: ...
+
+    @overload
+    def __get__(self, rec: EngineRecord, owner: type | None = None) -> str | None: ...
+
+    def __get__(self, rec: EngineRecord | None, owner: type | None = None) -> _Text | str | None:
+        if rec is None:  # the class's attribute: the descriptor, with its doc
+            return self
+        value = rec.raw.get(self.key)
+        return None if value is None else str(value)
 
 
 @dataclass(frozen=True)
@@ -102,34 +125,11 @@ class EngineRecord:
         sp = self.raw.get("system_prompt")
         return sp if isinstance(sp, Mapping) else None
 
-    def _text(self, key: str) -> str | None:
-        value = self.raw.get(key)
-        return None if value is None else str(value)
-
-    @property
-    def model_class(self) -> str | None:
-        """The model's class (``Qwen3ForCausalLM``, ...) where a local engine loaded one."""
-        return self._text("model_class")
-
-    @property
-    def dtype(self) -> str | None:
-        """The weights' dtype of a local model (None for engines without weights here)."""
-        return self._text("dtype")
-
-    @property
-    def head_dtype(self) -> str | None:
-        """The dtype of the final projection at the positions read, where it differs by design."""
-        return self._text("head_dtype")
-
-    @property
-    def device(self) -> str | None:
-        """The device a local model was loaded on."""
-        return self._text("device")
-
-    @property
-    def placement(self) -> str | None:
-        """How the weights were placed (``auto``, ``split``, ... or ``given``)."""
-        return self._text("placement")
+    model_class = _Text("The model's class (``Qwen3ForCausalLM``, ...) where a local engine loaded one.")
+    dtype = _Text("The weights' dtype of a local model (None for engines without weights here).")
+    head_dtype = _Text("The dtype of the final projection at the positions read, where it differs by design.")
+    device = _Text("The device a local model was loaded on.")
+    placement = _Text("How the weights were placed (``auto``, ``split``, ... or ``given``).")
 
     @property
     def params(self) -> Mapping[str, Any]:
