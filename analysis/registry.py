@@ -45,8 +45,8 @@ class Compare(Protocol):
 
 
 REPORTS: Final[dict[str, Report]] = {
-    battery.NAME: lambda run, out: battery_report(run.store, out),  # TODO(issue 39): battery takes the Run
-    yesno.NAME: lambda run, out: yesno_report(run.store, out),
+    battery.NAME: battery_report,
+    yesno.NAME: yesno_report,
     cue.NAME: cue_report,
     followup.NAME: followup_report,
     imported.NAME: imported_report,

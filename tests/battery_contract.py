@@ -3,7 +3,7 @@
 The real instrument lives in ``experiments/battery.py``; this helper builds
 the same factors and meanings for any number of made-up items without a
 dilemma file, so the parameter-recovery studies can use many items quickly.
-``frames_*`` produce the tables :mod:`analysis.common.frames` would read back from a
+``frames_*`` produce the tables :mod:`probe.views` would read back from a
 run directory, without writing one.
 """
 

@@ -31,7 +31,7 @@ RACES = ("Asian", "Black", "Hispanic", "Muslim", "White")
 
 
 class Run:
-    """Builds the (options, per_trial) frames that analysis.common.frames.choice_probs returns."""
+    """Builds the (options, per_trial) frames that probe.runs.Run.choice_probs returns."""
 
     def __init__(self) -> None:
         self.opts: list[dict] = []

@@ -186,7 +186,7 @@ def test_p_cbr_sums_cbr_options_per_trial() -> None:
 
 
 def test_p_cbr_of_a_trial_with_no_usable_answer_is_nan_not_zero() -> None:
-    # trial "r": every sampled draw refused, so count / n_ok is NaN for both options (analysis.common.frames.count_samples)
+    # trial "r": every sampled draw refused, so count / n_ok is NaN for both options (probe.views.count_samples)
     opts = pd.DataFrame(
         {
             "trial_id": ["a", "a", "r", "r"],

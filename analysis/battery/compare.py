@@ -33,7 +33,8 @@ from analysis.common.bootstrap import finite_ci, resample_index
 from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
 from probe.record import Manifest
-from probe.store import RunStore
+from probe.runs import Run
+from probe.types import Trial
 
 LEVEL = 0.95
 N_OUTLIERS = 5
@@ -54,9 +55,8 @@ class RunData:
     """``readout`` or ``samples``: where the option probabilities come from."""
     options: pd.DataFrame
     per_trial: pd.DataFrame
-    manifest: Manifest
-    store: RunStore
-    trial_list: list[Any]
+    opened: Run
+    """The run folder, opened (:class:`probe.runs.Run`)."""
     has_readouts: bool
     has_samples: bool
     inc: pd.DataFrame | None = None
@@ -82,20 +82,26 @@ class RunData:
         return self.run.name
 
     @property
+    def manifest(self) -> Manifest:
+        return self.opened.manifest
+
+    @property
+    def trial_list(self) -> list[Trial]:
+        return self.opened.trial_list
+
+    @property
     def theta(self) -> pd.Series | None:
         return None if self.inc is None else self.inc["theta"]
 
 
 def load_run(run: PanelRun) -> RunData:
     """Read one run's option probabilities (readouts, else sampled frequencies) and trial factors."""
-    from analysis.common.frames import readouts
-
-    store = run.run().store
-    trials = store.trials()
-    has_readouts = not store.load("readout_options").empty
-    samples = _samples(store)
-    if has_readouts:  # the same choice as analysis.common.frames.choice_probs: readouts when the run has them
-        opts, per_trial = readouts(store)
+    opened = run.run()
+    trials = opened.trial_list
+    has_readouts = not opened.load("readout_options").empty
+    samples = _samples(opened)
+    if has_readouts:  # the same choice as Run.choice_probs: readouts when the run has them
+        opts, per_trial = opened.readout_frames()
         source = "readout"
     elif not samples.empty:
         opts, per_trial = _count(samples, trials)
@@ -108,22 +114,20 @@ def load_run(run: PanelRun) -> RunData:
         source=source,
         options=opts,
         per_trial=per_trial,
-        manifest=store.manifest(),
-        store=store,
-        trial_list=trials,
+        opened=opened,
         has_readouts=has_readouts,
         has_samples=not samples.empty,
     )
 
 
-def _samples(store: RunStore) -> pd.DataFrame:
+def _samples(run: Run) -> pd.DataFrame:
     """The run's samples, trial ids as plain Python strings (fast set membership)."""
-    s = store.load("samples")
+    s = run.load("samples")
     return s.astype({"trial_id": object}) if not s.empty else s
 
 
 def _count(samples: pd.DataFrame, trials: Sequence[Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from analysis.common.frames import count_samples
+    from probe.views import count_samples
 
     ids = set(samples["trial_id"])
     return count_samples(samples, [t for t in trials if t.trial_id in ids])
@@ -842,10 +846,10 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
     if not ids:
         raise ValueError(f"runs {r.name!r} and {s.name!r} share no trial id; were they run with the same spec?")
     keep = set(ids)
-    samples = _samples(s.store)
+    samples = _samples(s.opened)
     sopts, sper = _count(samples[samples["trial_id"].isin(keep)], s.trial_list)
     ropts, rper = r.options[r.options["trial_id"].isin(keep)], r.per_trial[r.per_trial["trial_id"].isin(keep)]
-    ro = r.store.load("readout_options")
+    ro = r.opened.load("readout_options")
     meaning = "cbr" if "cbr" in set(sopts["meaning"]) else None
     cal = calibrate(ro[ro["trial_id"].isin(keep)], sopts, tau=tau, meaning=meaning)
     head = {

@@ -23,11 +23,10 @@ from analysis.battery import figures, yesno
 from analysis.battery.fit import N_BOOT, SEED
 from analysis.battery.results import BatteryResults, Frames, battery_results, load_frames
 from analysis.common.figures import pyplot, save_figure
-from analysis.common.frames import choice_probs
 from analysis.common.report import Section, report_files, run_sections, write_summary
 from analysis.common.tables import md_table
 from probe.files import atomic_write_text
-from probe.store import RunStore
+from probe.runs import Run
 
 
 def _with_mean(df: pd.DataFrame) -> pd.DataFrame:
@@ -428,7 +427,7 @@ def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Section:
         sample_rules,
         temperature_table,
     )
-    from analysis.common.frames import count_samples
+    from probe.views import count_samples
 
     if f.samples.empty:
         return Section("Readout temperature", ["Needs --samples N (and readouts, from a logit engine)."], [])
@@ -669,16 +668,16 @@ SECTIONS: list[Callable[[Frames, BatteryResults, Path], Section]] = [
 ]
 
 
-def battery_report(store: RunStore, out: Path) -> list[Path]:
+def battery_report(run: Run, out: Path) -> list[Path]:
     """Write every section's tables and figures, and ``summary.md`` with all of them."""
     out.mkdir(parents=True, exist_ok=True)
-    f = load_frames(store)
+    f = load_frames(run)
     man = f.manifest
     eng = man.engine
     head = [
         f"# Crossed-frame battery: {man.model}",
         "",
-        f"- run `{store.root}`: {man.n_trials} trials, run key `{man.run_key}`; engine "
+        f"- run `{run.root}`: {man.n_trials} trials, run key `{man.run_key}`; engine "
         f"{eng.kind or '?'} ({eng.model_class or ''} {eng.dtype or ''} {eng.device or ''})",
         f"- probabilities from: {f.source}; think mode: {man.think}",
         "- error bars: incoherence spreads are descriptive; CIs are percentile bootstraps over items (inferential)",
@@ -688,10 +687,10 @@ def battery_report(store: RunStore, out: Path) -> list[Path]:
     return [write_summary(out, "\n".join(head + body)), *files]
 
 
-def yesno_report(store: RunStore, out: Path) -> list[Path]:
+def yesno_report(run: Run, out: Path) -> list[Path]:
     """Per-dilemma P(CBR) cells and the lexical / order decomposition, as CSV and Markdown."""
-    man = store.manifest()
-    opts, per_trial, source = choice_probs(store)
+    man = run.manifest
+    opts, per_trial, source = run.choice_probs()
     pc = yesno.p_cbr(opts)
     with_verb = yesno.with_cbr_verb(per_trial, opts)
     cells = yesno.cell_table(with_verb, pc)
@@ -720,7 +719,7 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
     lines = [
         f"# yes/no battery: {man.model}",
         "",
-        f"- run: `{store.root}`, {man.n_trials} trials, run key `{man.run_key}`",
+        f"- run: `{run.root}`, {man.n_trials} trials, run key `{man.run_key}`",
         f"- engine {eng.kind or '?'}, model `{eng.model_path}`"
         + "".join(f", {v}" for v in (eng.model_class, eng.dtype, eng.device) if v),
         f"- think mode: {man.think}; forms: {', '.join(man.specified('forms', []))}",
@@ -757,9 +756,9 @@ def yesno_report(store: RunStore, out: Path) -> list[Path]:
             "",
         ]
         atomic_write_text(out / "yesno_salt_noise.csv", sd.to_frame().to_csv(float_format="%.6f"))
-    if not store.load("samples").empty and not store.load("readout_options").empty:
+    if not run.load("samples").empty and not run.load("readout_options").empty:
         # a run that reads the slot and samples (locally or through one server): the battery's calibration
-        body, _ = run_sections([calibration_section], load_frames(store), BatteryResults(), out, why=True)
+        body, _ = run_sections([calibration_section], load_frames(run), BatteryResults(), out, why=True)
         lines += body
     write_summary(out, "\n".join(lines))
     return report_files(out)

@@ -22,9 +22,8 @@ import pandas as pd
 from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 from analysis.battery.fit import N_BOOT, SEED, RunFits
 from analysis.battery.yesno import CELLS, Dropped, decompose
-from analysis.common.frames import choice_probs, trial_meta
 from probe.record import Manifest
-from probe.store import RunStore
+from probe.runs import Run
 
 
 @dataclass(frozen=True)
@@ -48,18 +47,18 @@ class Frames:
         return self.per_trial[self.per_trial["instrument"] == name]
 
 
-def load_frames(store: RunStore) -> Frames:
-    opts, per_trial, source = choice_probs(store)
+def load_frames(run: Run) -> Frames:
+    opts, per_trial, source = run.choice_probs()
     return Frames(
         options=opts,
         per_trial=per_trial,
         source=source,
-        manifest=store.manifest(),
-        judgments=store.load("judgments"),
-        samples=store.load("samples"),
-        readout_options=store.load("readout_options"),
-        meta=trial_meta(store),
-        trial_list=store.trials(),
+        manifest=run.manifest,
+        judgments=run.load("judgments"),
+        samples=run.load("samples"),
+        readout_options=run.load("readout_options"),
+        meta=run.trial_meta(),
+        trial_list=run.trial_list,
     )
 
 
