@@ -93,39 +93,48 @@ class Table:
         return pd.DataFrame([{n: r[n] for n in names} for r in rows], columns=list(names))
 
 
-def _c(name: str, dtype: str, doc: str) -> Column:
-    return Column(name, dtype, doc)
+def columns(text: str) -> tuple[Column, ...]:
+    """Columns written as a table, one a line: name, dtype, then what it holds (the rest of the line)."""
+    out = []
+    for line in text.strip().splitlines():
+        name, dtype, doc = line.split(maxsplit=2)
+        out.append(Column(name, dtype, doc))
+    return tuple(out)
 
 
-TRIAL_ID: Final = _c("trial_id", "string", "the stable id (hash of experiment, item, factors, salt, replicate)")
+_TRIAL_ID = "trial_id          string    the stable id (hash of experiment, item, factors, salt, replicate)"
 
-TRIAL_COLUMNS: Final[tuple[Column, ...]] = (
-    TRIAL_ID,
-    _c("position", "int64", "line of `trials.jsonl` (0-based)"),
-    _c("chunk", "int64", "the chunk holding the trial's results"),
-    _c("experiment", "category", "experiment name"),
-    _c("item_id", "category", "dilemma / item"),
-    _c("replicate", "int64", "salt replicate"),
-    _c("salt", "string", 'the salt text ("" unsalted)'),
-    _c("assistant_prefix", "string", "text the reply starts with before the slot"),
-    _c("n_options", "int64", "printed options"),
+TRIAL_COLUMNS: Final[tuple[Column, ...]] = columns(
+    f"""
+    {_TRIAL_ID}
+    position          int64     line of `trials.jsonl` (0-based)
+    chunk             int64     the chunk holding the trial's results
+    experiment        category  experiment name
+    item_id           category  dilemma / item
+    replicate         int64     salt replicate
+    salt              string    the salt text ("" unsalted)
+    assistant_prefix  string    text the reply starts with before the slot
+    n_options         int64     printed options
+    """
 )
 """The columns every notebook frame starts with (read from the trial index, not from a chunk table)."""
 
 READOUT_TRIALS: Final = Table(
     "readout_trials",
-    (
-        TRIAL_ID,
-        _c("coverage", "float64", "option mass at the slot before normalizing"),
-        _c("greedy_option", "string", "the most likely option"),
-        _c("prompt_tokens", "int64", "prompt length in tokens"),
-        _c("computed_tokens", "int64", "tokens run through the model"),
-        _c("reasoning_tokens", "int64", "think mode: reasoning length"),
-        _c("hit_budget", "bool", "think mode: reasoning cut at the budget"),
-        _c("reasoning", "string", "think mode: the reasoning trace"),
-        _c("top_other", "object", "list of `[token, prob]`: most likely non-option first tokens"),
+    columns(
+        f"""
+        {_TRIAL_ID}
+        coverage          float64   option mass at the slot before normalizing
+        greedy_option     string    the most likely option
+        prompt_tokens     int64     prompt length in tokens
+        computed_tokens   int64     tokens run through the model
+        reasoning_tokens  int64     think mode: reasoning length
+        hit_budget        bool      think mode: reasoning cut at the budget
+        reasoning         string    think mode: the reasoning trace
+        top_other         object    list of `[token, prob]`: most likely non-option first tokens
+        """
     ),
-    derived=(_c("greedy_meaning", "string", "what it stands for (e.g. `cbr`)"),),
+    derived=columns("greedy_meaning string what it stands for (e.g. `cbr`)"),
     frame=(
         "coverage",
         "greedy_option",
@@ -142,17 +151,21 @@ READOUT_TRIALS: Final = Table(
 
 READOUT_OPTIONS: Final = Table(
     "readout_options",
-    (
-        TRIAL_ID,
-        _c("option", "string", "the printed option"),
-        _c("option_index", "int64", "print position"),
-        _c("n_tokens", "int64", "tokens of the option at the slot"),
-        _c("logprob", "float64", "log P(option is the whole answer), raw model"),
-        _c("prob", "float64", "normalized over the options"),
+    columns(
+        f"""
+        {_TRIAL_ID}
+        option            string    the printed option
+        option_index      int64     print position
+        n_tokens          int64     tokens of the option at the slot
+        logprob           float64   log P(option is the whole answer), raw model
+        prob              float64   normalized over the options
+        """
     ),
-    derived=(
-        _c("meaning", "string", "what the option stands for"),
-        _c("greedy", "bool", "the greedy option"),
+    derived=columns(
+        """
+        meaning           string    what the option stands for
+        greedy            bool      the greedy option
+        """
     ),
     frame=("option", "option_index", "meaning", "n_tokens", "logprob", "prob", "greedy"),
 )
@@ -160,21 +173,25 @@ READOUT_OPTIONS: Final = Table(
 
 SAMPLES: Final = Table(
     "samples",
-    (
-        TRIAL_ID,
-        _c("draw", "int64", "draw index"),
-        _c("option", "string", "parsed option (missing: none parsed)"),
-        _c("status", "category", "`ok`, `refusal`, `invalid`, `error`"),
-        _c("text", "string", "the reply"),
-        _c("reasoning", "string", "its reasoning (think mode)"),
-        _c("prompt_tokens", "int64", "prompt tokens"),
-        _c("completion_tokens", "int64", "reply tokens"),
-        _c("token_ids", "object", "list of generated ids (local engines)"),
-        _c("truncated", "bool", "the reply hit the token cap"),
+    columns(
+        f"""
+        {_TRIAL_ID}
+        draw              int64     draw index
+        option            string    parsed option (missing: none parsed)
+        status            category  `ok`, `refusal`, `invalid`, `error`
+        text              string    the reply
+        reasoning         string    its reasoning (think mode)
+        prompt_tokens     int64     prompt tokens
+        completion_tokens int64     reply tokens
+        token_ids         object    list of generated ids (local engines)
+        truncated         bool      the reply hit the token cap
+        """
     ),
-    derived=(
-        _c("source", "category", "`samples` or `generations`"),
-        _c("meaning", "string", "what the parsed option stands for"),
+    derived=columns(
+        """
+        source            category  `samples` or `generations`
+        meaning           string    what the parsed option stands for
+        """
     ),
     frame=(
         "source",
@@ -195,14 +212,16 @@ SAMPLES: Final = Table(
 
 JUDGMENTS: Final = Table(
     "judgments",
-    (
-        TRIAL_ID,
-        _c("draw", "int64", "the judged draw"),
-        _c("verdict", "string", "PRO, ANTI or NONCOMMIT"),
-        _c("p_pro", "float64", "the judge's probability of PRO"),
-        _c("p_anti", "float64", "of ANTI"),
-        _c("p_noncommit", "float64", "of NONCOMMIT"),
-        _c("judge", "string", "the judge"),
+    columns(
+        f"""
+        {_TRIAL_ID}
+        draw              int64     the judged draw
+        verdict           string    PRO, ANTI or NONCOMMIT
+        p_pro             float64   the judge's probability of PRO
+        p_anti            float64   of ANTI
+        p_noncommit       float64   of NONCOMMIT
+        judge             string    the judge
+        """
     ),
 )
 """The run's judge on each free-text reply (:mod:`experiments.judge`)."""
@@ -210,14 +229,16 @@ JUDGMENTS: Final = Table(
 CODES: Final = Table(
     "codes",
     (),
-    derived=(
-        _c("task", "category", "`verdict` or a coding task"),
-        _c("draw", "int64", "the coded draw (-1: a readout's reasoning)"),
-        _c("label", "string", "the verdict or code"),
-        _c("p_label", "float64", "its probability"),
-        _c("probs", "object", "dict code -> probability"),
-        _c("judge", "string", "the judge"),
-        _c("status", "string", "`ok`, or `unparsed`"),
+    derived=columns(
+        """
+        task              category  `verdict` or a coding task
+        draw              int64     the coded draw (-1: a readout's reasoning)
+        label             string    the verdict or code
+        p_label           float64   its probability
+        probs             object    dict code -> probability
+        judge             string    the judge
+        status            string    `ok`, or `unparsed`
+        """
     ),
 )
 """Read only: the run's verdicts (``judgments``) and every ``probe code`` table, in one shape."""
