@@ -9,7 +9,8 @@ Paper map (instruments in ``experiments/``, numbers here, definitions in ``docs/
 - ``cue/``, paper 001 (cue visibility; ``experiments/cue/``): estimators ``metrics`` (In-favor / Against,
   net bias, Gap, puzzle checks, sign tests) and ``flags`` (degenerate readings); ``report``; ``compare``.
 - ``influence/``, paper 000 (direction-flipped influence audit; ``experiments/influence/``): estimators
-  ``audit`` (cells, conditions, effects, summaries), ``stats`` (binomial / z / Wald, BH-FDR), ``flags``,
+  ``audit`` (summaries, controls; the cells, conditions, effects and their statistics are
+  ``experiments/influence/effects.py`` and ``stats.py``, which the follow-up probe shares), ``flags``,
   ``asym`` (|Asym| ~ |baseline bias| mixed models), ``imported`` (condition tables from ``probe import``),
   ``coding`` (agreement of coded reasoning traces), ``followup`` (follow-up questions); ``report``;
   ``compare``.

@@ -8,8 +8,9 @@ whether it did. The reply is free text, stored with the trial (the run's
 and :mod:`analysis.influence.followup` crosses the codes with the cell the source trial
 came from (significant backfire, significant compliance, ...).
 
-Which trials: the source run is analysed exactly as its report does
-(:func:`analysis.influence.audit.analyze`, :func:`analysis.influence.audit.effects`), and
+Which trials: the source run's conditions are measured and tested exactly as its report does
+(:func:`experiments.influence.effects.run_conditions`, :func:`experiments.influence.effects.with_fdr`,
+:func:`experiments.influence.effects.effects`, as :func:`analysis.influence.audit.analyze` calls them), and
 every effect (condition x cue direction, main cues by default) gets a class:
 
 ==============  ==============================================================
@@ -61,7 +62,8 @@ from experiments.influence import BENCHMARK_OF
 from experiments.influence.build import COND, split_list, stable_hash
 from probe.errors import ProbeError, StoreError, at_least
 from probe.record import Manifest
-from probe.store import RunStore
+from probe.shards import find_shards
+from probe.store import MANIFEST, RunStore
 from probe.types import Message, Trial, make_trial_id
 
 if TYPE_CHECKING:
@@ -72,7 +74,7 @@ NAME: Final[str] = "followup"
 DATA: Final[Path] = Path(__file__).resolve().parent / "data" / "followup.yaml"
 CLASSES: Final[tuple[str, ...]] = ("backfire", "compliance", "no_effect", "baseline")
 SOURCES: Final[dict[str, str]] = BENCHMARK_OF
-"""Experiments a follow-up can start from, and their benchmark name in :mod:`analysis.influence.audit`."""
+"""Experiments a follow-up can start from, and their benchmark name in :mod:`experiments.influence.effects`."""
 
 
 class FollowupError(ProbeError, ValueError):
@@ -181,10 +183,12 @@ class FollowupSpec(ManifestSpec):
 # ============================================================================== source
 def open_source(path: str | Path) -> tuple[RunStore, str]:
     """The source run and its benchmark; refuses a run that is not a finished influence run."""
-    from analysis.common.frames import open_run  # TODO(issue 39, step 2): no analysis import
-
+    root = Path(path).resolve()
+    store = RunStore(root)
     try:
-        store = open_run(Path(path).resolve())
+        if not (root / MANIFEST).exists() and find_shards(root):
+            raise StoreError(f"{root} holds shards but no merged run; run `probe merge {root}` first")
+        store.manifest()
     except StoreError as e:
         raise FollowupError(f"--source: {e}") from None
     man = store.manifest()
@@ -234,11 +238,15 @@ def check_subject(source: Manifest, model: str, think: bool, system: str | None)
 
 
 # =========================================================================== selection
-def effect_cells(audit: Any, spec: FollowupSpec) -> pd.DataFrame:
-    """One row per effect (condition x direction) of the chosen variants, with its ``cell`` class and ``cell_key``."""
-    from analysis.influence.audit import effects  # TODO(issue 39, step 2): no analysis import
+def effect_cells(conditions: pd.DataFrame, spec: FollowupSpec) -> pd.DataFrame:
+    """One row per effect (condition x direction) of the chosen variants, with its ``cell`` class and ``cell_key``.
 
-    eff = effects(audit.conditions)
+    ``conditions``: the source run's condition table with its BH q-values
+    (:func:`experiments.influence.effects.with_fdr`), as its report has it.
+    """
+    from experiments.influence.effects import effects
+
+    eff = effects(conditions)
     eff = eff[eff["variant"].isin(spec.variants)].reset_index(drop=True)
     sig = eff["sig_bh" if spec.significance == "bh" else "sig"].astype(bool)
     tested = eff["p"].notna()
@@ -326,15 +334,16 @@ def selection(store: RunStore, benchmark: str, spec: FollowupSpec) -> pd.DataFra
     """The chosen first answers: one row per (cell, source trial, draw), cells in class then table order."""
     import pandas as pd
 
-    from analysis.influence.audit import analyze  # TODO(issue 39, step 2): no analysis import
+    from experiments.influence.effects import run_conditions, with_fdr
     from probe.runs import open_run
 
-    audit = analyze(open_run(store.root), benchmark, n_boot=spec.n_boot)
+    measured = run_conditions(open_run(store.root), benchmark, n_boot=spec.n_boot)
+    conditions = with_fdr(measured.result.table.assign(benchmark=benchmark), ("benchmark", "variant"))
     trials = store.trials()
     order = {t.trial_id: i for i, t in enumerate(trials)}
     ans = first_answers(store, spec.answers)
     ans = ans.assign(_o=ans["trial_id"].map(order)).sort_values(["_o", "draw"], kind="stable").drop(columns="_o")
-    eff = effect_cells(audit, spec)
+    eff = effect_cells(conditions, spec)
     parts = []
     for cls in spec.select:
         if cls == "baseline":

@@ -16,14 +16,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.common.bootstrap import percentile_ci
 from analysis.influence import asym
 from analysis.influence import compare as ci
-from analysis.influence import stats as st
 from analysis.influence.compare_report import compare_influence
+from experiments.influence import stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
+from probe.bootstrap import percentile_ci
 from probe.panel import panel_from_runs
 from tests.planted import TRIAGE_BASE, TRIAGE_INFLUENCES, TRIAGE_SHIFTS, PlantedInfluence
 from tests.report_files import assert_wrote

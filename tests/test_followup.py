@@ -124,7 +124,8 @@ def test_kept_reply_must_end_with_its_ids(tiny_engine) -> None:
 
 # ========================================================================== selection
 def test_selection_from_planted_backfire_and_compliance_cells(tmp_path: Path) -> None:
-    from analysis.influence.audit import analyze, effects
+    from analysis.influence.audit import analyze
+    from experiments.influence.effects import effects
     from tests.test_influence_analysis import planted_engine
 
     spec = TriageSpec(audit=AuditSpec(influences=("survey", "weak_evidence")), factors=("gender",), sizes=(1, 2, 3))

@@ -24,7 +24,8 @@ import pytest
 
 from analysis.influence import audit as inf
 from analysis.influence import report
-from analysis.influence import stats as st
+from experiments.influence import effects as ie
+from experiments.influence import stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
@@ -74,7 +75,7 @@ def _hand_cells() -> pd.DataFrame:
 
 
 def test_contributions_keep_items_asked_in_all_three_arms() -> None:
-    ct = inf.contributions(_hand_cells())
+    ct = ie.contributions(_hand_cells())
     assert list(ct.conditions["influence"]) == ["survey"]
     assert ct.items == ("i1", "i2", "i3")
     # arm totals over i1 and i2 only (i3 lacks the cue toward B)
@@ -83,7 +84,7 @@ def test_contributions_keep_items_asked_in_all_three_arms() -> None:
 
 
 def test_condition_table_on_counts_matches_the_hand_worked_statistics() -> None:
-    res = inf.condition_table(inf.contributions(_hand_cells()), "samples", n_boot=200)
+    res = ie.condition_table(ie.contributions(_hand_cells()), "samples", n_boot=200)
     row = res.table.iloc[0]
     assert row["f0_B"] == 0.5 and row["fA_B"] == 0.25 and row["fB_B"] == pytest.approx(40 / 60)
     assert row["delta_A"] == pytest.approx(0.25) and row["delta_B"] == pytest.approx(1 / 6)
@@ -105,14 +106,14 @@ def test_readout_runs_are_tested_on_the_bootstrap_se() -> None:
     cells = _hand_cells()
     cells["n"] = 1.0  # probabilities: one prompt per trial
     cells["k"] = cells["k"] / 30
-    t = inf.condition_table(inf.contributions(cells), "readout", n_boot=500).table.iloc[0]
+    t = ie.condition_table(ie.contributions(cells), "readout", n_boot=500).table.iloc[0]
     assert t["test_basis"] == "bootstrap"
     assert t["f0_B"] == pytest.approx(0.5)
     # f_0(B) is 1/2 in both items: zero bootstrap spread, zero estimate -> p = 1
     assert t["p_baseline"] == pytest.approx(1.0)
     assert t["p_delta_A"] == pytest.approx(float(st.z_pvalue(t["delta_A"] / t["delta_A_se"])))
     with pytest.raises(ValueError, match="source"):
-        inf.condition_table(inf.contributions(cells), "guess")
+        ie.condition_table(ie.contributions(cells), "guess")
 
 
 def test_value_level_rekeys_each_dilemma_into_both_values() -> None:
@@ -123,13 +124,13 @@ def test_value_level_rekeys_each_dilemma_into_both_values() -> None:
             _cell("d1", "B", 10, 6, pair="x|y", group_a="x", group_b="y"),
         ]
     )
-    v = inf.value_level(cells)
+    v = ie.value_level(cells)
     x, y = v[v["pair"] == "x"], v[v["pair"] == "y"]
     assert list(x["k"]) == [3, 1, 6] and list(x["direction"]) == ["base", "A", "B"]
     # in y's condition, side A is y: counts of choosing the other side (x) = n - k, directions swap
     assert list(y["k"]) == [7, 9, 4] and list(y["direction"]) == ["base", "B", "A"]
     assert set(v["stratum"]) == {"all"}
-    t = inf.condition_table(inf.contributions(v), "samples", n_boot=50).table.set_index("pair")
+    t = ie.condition_table(ie.contributions(v), "samples", n_boot=50).table.set_index("pair")
     assert t.loc["x", "s_A"] == pytest.approx(t.loc["y", "s_B"])  # the same cue seen from both values
 
 
@@ -182,7 +183,7 @@ def test_fdr_and_flags_within_benchmark_and_family() -> None:
             for i, p in enumerate(p_asym)
         ]
     )
-    out = inf.with_fdr(t, ("benchmark", "variant"))
+    out = ie.with_fdr(t, ("benchmark", "variant"))
     np.testing.assert_allclose(out["q_asym"], st.bh_adjust(p_asym))
     np.testing.assert_allclose(np.concatenate([out["q_delta_A"], out["q_delta_B"]]), st.bh_adjust(p_asym + [0.9] * 4))
     assert list(out["neutral_binom"]) == [True, True, False, False]
@@ -226,11 +227,11 @@ def _conditions(**over: Any) -> pd.DataFrame:
     t["delta_B"] = t["fB_B"] - t["f0_B"]
     t["asym"] = t["s_B"] - t["s_A"]
     t["n_asym"] = st.normalized_asym(t["s_A"], t["s_B"])
-    return inf.with_fdr(t)
+    return ie.with_fdr(t)
 
 
 def test_effects_relation_and_backfire() -> None:
-    e = inf.effects(_conditions()).set_index(["pair", "influence", "direction"])
+    e = ie.effects(_conditions()).set_index(["pair", "influence", "direction"])
     assert e.loc[("g", "few_shot", "A"), "backfire"]  # s_A < 0
     assert e.loc[("g", "survey", "A"), "relation"] == "neutral"
     assert e.loc[("h", "survey", "B"), "relation"] == "toward_preferred"  # baseline prefers B (0.8)
@@ -334,7 +335,7 @@ def test_planted_steerabilities_are_recovered_from_readouts(tmp_path: Path) -> N
             assert row[f"s_{d}"] == pytest.approx(exact, abs=1e-9)  # the formula, exactly
             assert row[f"s_{d}"] == pytest.approx(planted, abs=0.12)  # and the planted value, up to the correction
         assert row["asym"] == pytest.approx(_planted_s(pair, infl, "B") - _planted_s(pair, infl, "A"), abs=0.2)
-    eff = inf.effects(audit.conditions).set_index(["pair", "influence", "direction"])
+    eff = ie.effects(audit.conditions).set_index(["pair", "influence", "direction"])
     assert bool(eff.loc[("gender", "weak_evidence", "A"), "backfire"])
     assert not bool(eff.loc[("gender", "weak_evidence", "B"), "backfire"])
 

@@ -12,6 +12,7 @@ import pytest
 
 from analysis.common.bootstrap import basic_ci
 from analysis.influence import audit as inf
+from experiments.influence import effects as ie
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec, expand
 from tests.planted import TRIAGE_BASE, TRIAGE_INFLUENCES, TRIAGE_SHIFTS
@@ -71,8 +72,8 @@ def _true_mean_shift(shifts: dict[tuple[str, str], float]) -> float:
 
 
 def _headline(cells: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
-    res = inf.condition_table(inf.contributions(cells), "samples", n_boot=n_boot, seed=seed)
-    table = inf.with_fdr(res.table.assign(benchmark="triage"))
+    res = ie.condition_table(ie.contributions(cells), "samples", n_boot=n_boot, seed=seed)
+    table = ie.with_fdr(res.table.assign(benchmark="triage"))
     return inf.headline(table, res.delta_reps, inf.noise_floor(cells)).set_index("metric")
 
 
@@ -85,7 +86,7 @@ def test_headline_prints_the_corrected_interval_and_the_noise_mean_beside_the_pa
     assert names[i + 4] == "mean |shift| expected from sampling noise alone (pp)"
     raw, cor = head.loc["mean |shift| (pp), all cues"], head.loc["mean |shift| (pp), all cues, bias-corrected"]
     # recompute both rows from the same replicates
-    res = inf.condition_table(inf.contributions(cells), "samples", n_boot=200, seed=0)
+    res = ie.condition_table(ie.contributions(cells), "samples", n_boot=200, seed=0)
     main = (res.table["variant"] == "cue").to_numpy()
     point = float(np.nanmean(np.abs(res.table.loc[main, ["delta_A", "delta_B"]].to_numpy())))
     reps = np.nanmean(np.abs(res.delta_reps[:, main, :]).reshape(200, -1), axis=1)
@@ -97,7 +98,7 @@ def test_headline_prints_the_corrected_interval_and_the_noise_mean_beside_the_pa
     noise = head.loc["mean |shift| expected from sampling noise alone (pp)"]
     assert noise.value == pytest.approx(100 * inf.noise_floor(cells)["abs_diff"].mean())
     assert noise.value == head.loc["noise floor: mean |f0'(B) - f0(B)| of the re-run (pp)"].value
-    bare = inf.headline(inf.with_fdr(res.table.assign(benchmark="triage")), res.delta_reps).set_index("metric")
+    bare = inf.headline(ie.with_fdr(res.table.assign(benchmark="triage")), res.delta_reps).set_index("metric")
     assert "n/a" in bare.loc["mean |shift| expected from sampling noise alone (pp)", "note"]
 
 
@@ -112,7 +113,7 @@ def test_coverage_of_the_mean_shift_intervals_on_planted_subjects() -> None:
     200 where its coverage is >= 0.90 (P(Bin(200, 0.9) <= 156) = 4.7e-7); the percentile CI at most 56 of 200 on
     small shifts where its coverage is <= 0.15 (P(Bin(200, 0.15) >= 57) = 7.8e-7).
     """
-    panels, n_boot = 200, inf.N_BOOT  # the report's 1000 replicates
+    panels, n_boot = 200, ie.N_BOOT  # the report's 1000 replicates
     got = {}
     for name, shifts in PLANTED.items():
         truth = 100 * _true_mean_shift(shifts)

@@ -1,4 +1,4 @@
-"""Statistics of the influence audit (analysis.influence.stats): hand-worked counts, scipy/statsmodels, simulation."""
+"""Statistics of the influence audit (experiments.influence.stats): hand-worked counts, scipy/statsmodels, simulation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint, proportions_ztest
 
-from analysis.common.bootstrap import cluster_weights, percentile_ci
-from analysis.influence import stats as st
+from experiments.influence import stats as st
+from probe.bootstrap import cluster_weights, percentile_ci
 
 # A hand-worked condition: 60 answers per arm; B chosen 30 times with no cue,
 # 15 times under the cue toward A (so A 45 times), 40 times under the cue toward B.

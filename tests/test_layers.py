@@ -145,24 +145,10 @@ def test_probe_core_imports_nothing_above_it() -> None:
     assert _arrows({"probe"}, {"engines", "experiments", "analysis", "app"}) == []
 
 
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("experiments.followup", "analysis.common.frames"),
-    ("experiments.followup", "analysis.influence.audit"),
-}
-"""Upward arrows tolerated for now: the follow-up probe designs its trials from the influence analysis of its source
-run (issue 39 moves what it needs below analysis)."""
-
-
 def test_engines_and_experiments_import_neither_analysis_nor_the_app() -> None:
-    arrows = {
-        (m, t)
-        for m in GRAPH
-        if _layer(m) in ("engines", "experiments")
-        for t in GRAPH[m]
-        if _layer(t) in ("analysis", "app")
-    }
-    assert sorted(arrows - KNOWN_UPWARD) == [], _arrows({"engines", "experiments"}, {"analysis", "app"})
-    assert sorted(KNOWN_UPWARD - arrows) == [], "a known exception is gone: remove it from KNOWN_UPWARD"
+    """Not even the follow-up probe, which designs its trials from its source run's influence effects: those are
+    computed in :mod:`experiments.influence.effects`, which the audit's analysis imports too."""
+    assert _arrows({"engines", "experiments"}, {"analysis", "app"}) == []
 
 
 def test_analysis_does_not_import_the_app() -> None:

@@ -3,30 +3,31 @@
 Randomness enters only here, through a seeded ``numpy.random.Generator``:
 :func:`resample_index` draws the item positions of an ordinary bootstrap
 (one ``(n_boot, n)`` draw, so paired statistics that share it stay paired),
-:func:`cluster_weights` the multiplicities of a stratified cluster bootstrap.
+:func:`probe.bootstrap.cluster_weights` the multiplicities of a stratified cluster
+bootstrap (kept in the core with :func:`probe.bootstrap.percentile_ci`, because
+the follow-up experiment chooses its trials from the influence audit's tests).
 Seeded intervals are reproducible to the bit: the draws are the ones the
 battery and influence estimators have always made.
 
 Two interval readers, kept apart because their arithmetic differs in the
 last bits: :func:`quantile_ci` (``numpy.quantile`` at ``(1 - level) / 2``,
-the battery's stance, fit and yes/no intervals) and :func:`percentile_ci`
-(``numpy.nanpercentile``, NaN replicates ignored; the influence audit and the
-battery comparison through :func:`finite_ci`). Beside them :func:`basic_ci`,
-the basic (reflected) interval and bias-corrected estimate for a statistic
-whose replicates are biased (the influence audit's mean |shift|).
+the battery's stance, fit and yes/no intervals) and
+:func:`probe.bootstrap.percentile_ci` (``numpy.nanpercentile``, NaN replicates
+ignored; the influence audit and the battery comparison through
+:func:`finite_ci`). Beside them :func:`basic_ci`, the basic (reflected) interval
+and bias-corrected estimate for a statistic whose replicates are biased (the
+influence audit's mean |shift|).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-Array = NDArray[np.float64]
+from probe.bootstrap import percentile_ci
 
 
 def check_bootstrap(level: float, n_boot: int | None = None, min_boot: int = 0) -> None:
@@ -46,22 +47,6 @@ def resample_index(n: int, n_boot: int, seed: int) -> NDArray[np.int64]:
     return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
 
 
-def cluster_weights(strata: Sequence[str] | NDArray[np.str_], n_boot: int, rng: np.random.Generator) -> Array:
-    """Cluster-bootstrap multiplicities: an ``(n_boot, J)`` matrix for ``J`` clusters.
-
-    Within each stratum the ``m`` clusters are resampled with replacement
-    ``m`` times (a multinomial draw), so every replicate keeps the strata's
-    sizes. A statistic that is a sum over clusters is then ``weights @ values``.
-    One stratum for all (``["all"] * J``) is the plain cluster bootstrap.
-    """
-    labels = np.asarray(strata)
-    w = np.zeros((n_boot, labels.size))
-    for s in dict.fromkeys(labels.tolist()):
-        idx = np.flatnonzero(labels == s)
-        w[:, idx] = rng.multinomial(idx.size, np.full(idx.size, 1.0 / idx.size), size=n_boot)
-    return w
-
-
 def quantile_ci(reps: ArrayLike, level: float = 0.95, axis: int | None = None) -> tuple[Any, Any]:
     """The central ``level`` interval of bootstrap replicates: ``numpy.quantile`` at ``(1 - level) / 2`` and its mirror.
 
@@ -72,20 +57,11 @@ def quantile_ci(reps: ArrayLike, level: float = 0.95, axis: int | None = None) -
     return lo, hi
 
 
-def percentile_ci(reps: ArrayLike, alpha: float = 0.05, axis: int = 0) -> tuple[Array, Array]:
-    """Percentile interval of bootstrap replicates along ``axis`` (NaN replicates ignored)."""
-    r = np.asarray(reps, dtype=float)
-    with warnings.catch_warnings():  # an all-NaN column (a condition no replicate could compute) stays NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        lo = np.nanpercentile(r, 100 * alpha / 2, axis=axis)
-        hi = np.nanpercentile(r, 100 * (1 - alpha / 2), axis=axis)
-    return lo, hi
-
-
 def basic_ci(point: float, reps: ArrayLike, alpha: float = 0.05, lower: float = -np.inf) -> tuple[float, float, float]:
     """The bias-corrected estimate ``2 point - mean(reps)`` and the basic bootstrap interval ``[2 point - q_hi,
-    2 point - q_lo]`` (Davison & Hinkley 1997, eq. 5.6; ``q`` the percentiles of :func:`percentile_ci`), all three
-    clipped below at ``lower``; NaN replicates ignored, NaN when none is finite.
+    2 point - q_lo]`` (Davison & Hinkley 1997, eq. 5.6; ``q`` the percentiles of
+    :func:`probe.bootstrap.percentile_ci`), all three clipped below at ``lower``; NaN replicates ignored, NaN when
+    none is finite.
 
     Why beside the percentile interval: the percentile interval assumes the replicates scatter around the
     estimate as the estimate scatters around the truth, so a biased statistic (a mean of absolute values is
@@ -103,7 +79,7 @@ def basic_ci(point: float, reps: ArrayLike, alpha: float = 0.05, lower: float = 
 
 
 def finite_ci(values: ArrayLike, level: float = 0.95) -> tuple[float, float]:
-    """:func:`percentile_ci` of 1-d replicates as floats, over the finite ones (none finite: NaN, NaN)."""
+    """:func:`probe.bootstrap.percentile_ci` of 1-d replicates as floats, over the finite ones (none finite: NaN, NaN)."""
     v = np.asarray(values, dtype=float)
     if not np.isfinite(v).any():
         return float("nan"), float("nan")

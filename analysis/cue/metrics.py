@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import pandas as pd
 
-from analysis.common.bootstrap import cluster_weights
+from probe.bootstrap import cluster_weights
 
 if TYPE_CHECKING:
     from probe.runs import Run

@@ -2,28 +2,20 @@
 
 Pipeline (each step a pure function on frames; :func:`influence_report` chains them):
 
-1. :func:`trial_cells`: one row per trial with its factors, ``n`` (answers)
-   and ``k`` (answers choosing side B). Sampled runs give counts (parsed
-   answers only; refusals and invalid answers are counted apart). Logit runs
-   give probabilities: ``n = 1`` per prompt and ``k = P(B)``, so a cell
-   frequency is the mean option probability over the prompts.
-2. :func:`value_level` (DailyDilemmas only): re-key conditions by value, so
-   each dilemma enters the condition of each of its two values (A = the value,
-   B = the other option).
-3. :func:`contributions`: per condition (pair x influence x variant x position
-   x bracket) and arm (0, A, B), the per-item sums; only items asked in all
-   three arms enter a condition, so the three frequencies compare the same
-   prompts.
-4. :func:`condition_table`: ``f_c(B)``, ``Delta_d``, ``s(d)``, Asym, N-Asym,
-   baseline bias and the tests (:mod:`analysis.influence.stats`), with
-   cluster-bootstrap CIs (items resampled within their stratum). Sampled
-   runs are tested on counts (binomial, two-proportion z, Wald); logit runs
-   have no counts, so their tests are z tests on the bootstrap standard error
-   over prompts.
-5. :func:`with_fdr` (BH within benchmark, variant and test family), the
-   neutrality flags, :func:`effects` (one row per condition and direction),
-   :func:`headline`, :func:`summary_by`, the controls, the noise floor and the
-   DailyDilemmas flip rates.
+1-4. :func:`experiments.influence.effects.run_conditions`: the trial cells
+   (:func:`~experiments.influence.effects.trial_cells`, re-keyed by value for
+   DailyDilemmas by :func:`~experiments.influence.effects.value_level`), the
+   per-item sums of every condition and arm
+   (:func:`~experiments.influence.effects.contributions`), and every
+   condition's metrics and tests with cluster-bootstrap CIs
+   (:func:`~experiments.influence.effects.condition_table`, tests of
+   :mod:`experiments.influence.stats`). They live beside the experiment, which
+   a follow-up designs its trials from.
+5. :func:`~experiments.influence.effects.with_fdr` (BH within benchmark,
+   variant and test family), the neutrality flags,
+   :func:`~experiments.influence.effects.effects` (one row per condition and
+   direction), and here :func:`headline`, :func:`summary_by`, the controls,
+   the noise floor and the DailyDilemmas flip rates.
 
 Cross-run summaries (models, reasoning modes) are the same pure functions over
 the concatenation of per-run ``conditions.csv`` tables: :func:`combine_runs`
@@ -40,271 +32,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.common.bootstrap import basic_ci, cluster_weights, percentile_ci
+from analysis.common.bootstrap import basic_ci
 from analysis.influence import flags
-from analysis.influence import stats as st
+from experiments.influence.effects import (
+    ALPHA,
+    MARGIN,
+    N_BOOT,
+    SEED,
+    effects,
+    run_conditions,
+    with_fdr,
+)
+from probe.bootstrap import cluster_weights, percentile_ci
 from probe.runs import Run
-
-COND: tuple[str, ...] = ("pair", "influence", "variant", "kind", "position", "bracket")
-"""The columns that make a condition within one run (the model is the run)."""
-ARMS: tuple[str, ...] = ("0", "A", "B")
-ALPHA = 0.05
-MARGIN = 0.05
-"""Equivalence margin of the stricter baseline-neutrality variants: |f_0(B) - 1/2| < 0.05, or CI inside [0.45, 0.55]."""
-N_BOOT = 1000
-SEED = 0
-BENCHMARKS = {"triage": "moral triage", "bbq": "BBQ", "dd": "DailyDilemmas"}
-
-
-# ============================================================================ cells
-def trial_cells(run: Run) -> tuple[pd.DataFrame, str]:
-    """One row per trial: ids, factors, ``n`` and ``k`` (answers choosing side B), and response quality.
-
-    Also ``p_first``, the probability (share of parsed answers) of the option printed first, and
-    ``first_label``, that option's printed label (for the per-order readouts of
-    :mod:`analysis.influence.flags`).
-
-    Returns (cells, source) where source is ``readout`` or ``samples`` (as
-    :meth:`probe.runs.Run.choice_probs` decides).
-    """
-    opts, per_trial, source = run.choice_probs()
-    need = {"group_a", "group_b", "direction", *COND}
-    missing = need - set(per_trial.columns)
-    if missing:
-        raise ValueError(f"{run.root}: trials lack the influence factors {sorted(missing)}; not an influence run")
-    side = opts.merge(per_trial[["trial_id", "group_a", "group_b"]], on="trial_id", how="left")
-    stray = side[(side["meaning"] != side["group_a"]) & (side["meaning"] != side["group_b"])]
-    if not stray.empty:
-        raise ValueError(
-            f"{run.root}: options with meanings {sorted(set(stray['meaning']))} are neither side A nor B"
-        )
-    is_b = side["meaning"] == side["group_b"]
-    if source == "readout":
-        k = side["prob"].where(is_b, 0.0).groupby(side["trial_id"]).sum()
-        cells = per_trial.assign(n=1.0, k=per_trial["trial_id"].map(k).astype(float))
-    else:
-        k = side["count"].where(is_b, 0.0).groupby(side["trial_id"]).sum()
-        cells = per_trial.assign(n=per_trial["n_ok"].astype(float), k=per_trial["trial_id"].map(k).fillna(0.0))
-    first = side[side["option_index"] == 0].drop_duplicates("trial_id").set_index("trial_id")
-    if source == "readout":
-        cells["p_first"] = cells["trial_id"].map(first["prob"]).astype(float)
-    else:
-        n_first = cells["trial_id"].map(first["count"]).astype(float)
-        cells["p_first"] = n_first / cells["n"].where(cells["n"] > 0)
-    cells["first_label"] = cells["trial_id"].map(first["option"])
-    cells["stratum"] = cells["pair"]
-    order = run.trial_index.positions  # trial order = design order (sampled tables are not)
-    cells = cells.sort_values("trial_id", key=lambda ids: ids.map(order), kind="stable")
-    return cells.reset_index(drop=True), source
-
-
-def value_level(cells: pd.DataFrame) -> pd.DataFrame:
-    """Re-key a DailyDilemmas run by value: each trial enters the condition of both its values.
-
-    In the copy for side A's value nothing changes but the pair (= that value)
-    and side B (= ``other``). In the copy for side B's value the sides swap:
-    ``k`` becomes ``n - k`` and the directions A and B trade places. The
-    bootstrap then resamples dilemmas across all values (one stratum), since a
-    dilemma sits in two conditions.
-    """
-    swap = {"A": "B", "B": "A"}
-    a = cells.assign(pair=cells["group_a"], group_b="other", value_pair=cells["pair"])
-    b = cells.assign(
-        pair=cells["group_b"],
-        group_a=cells["group_b"],
-        group_b="other",
-        value_pair=cells["pair"],
-        k=cells["n"] - cells["k"],
-        direction=cells["direction"].map(lambda d: swap.get(d, d)),
-        named=cells["named"].map(lambda d: swap.get(d, d)),
-    )
-    out = pd.concat([a, b], ignore_index=True)
-    out["stratum"] = "all"
-    return out
-
-
-# ==================================================================== contributions
-@dataclass(frozen=True)
-class Contributions:
-    """Per condition and arm, the per-item answer sums a bootstrap can reweight."""
-
-    conditions: pd.DataFrame
-    """One row per condition (the :data:`COND` columns), in first-appearance order."""
-    items: tuple[str, ...]
-    strata: tuple[str, ...]
-    n: np.ndarray
-    """``(3, conditions, items)``: answers per arm (0, A, B)."""
-    k: np.ndarray
-    """``(3, conditions, items)``: answers choosing side B."""
-
-
-def contributions(cells: pd.DataFrame) -> Contributions:
-    """Sum the cells per condition, arm and item, keeping items asked in all three arms."""
-    cols = list(COND)
-    directed = cells[cells["direction"].isin(["A", "B"])]
-    agg = directed.groupby([*cols, "direction", "item_id"], sort=False)[["n", "k"]].sum().reset_index()
-    base = cells[cells["direction"] == "base"].groupby(["pair", "item_id"], sort=False)[["n", "k"]].sum()
-    arms = agg.groupby([*cols, "item_id"], sort=False)["direction"].nunique()
-    valid = arms[arms == 2].reset_index()[[*cols, "item_id"]]
-    valid = valid[pd.MultiIndex.from_frame(valid[["pair", "item_id"]]).isin(base.index)].reset_index(drop=True)
-    conditions = valid[cols].drop_duplicates().reset_index(drop=True)
-    item_strata = cells.drop_duplicates("item_id")[["item_id", "stratum"]]
-    if cells.groupby("item_id")["stratum"].nunique().max() > 1:
-        raise ValueError("an item sits in more than one bootstrap stratum; strata must nest items")
-    items = tuple(item_strata["item_id"])
-    strata = tuple(item_strata["stratum"])
-    i_of = {tuple(r): i for i, r in enumerate(conditions.itertuples(index=False, name=None))}
-    j_of = {it: j for j, it in enumerate(items)}
-    n = np.zeros((3, len(conditions), len(items)))
-    k = np.zeros_like(n)
-    vi = np.array([i_of[tuple(r)] for r in valid[cols].itertuples(index=False, name=None)], dtype=int)
-    vj = valid["item_id"].map(j_of).to_numpy(dtype=int)
-    b = base.reindex(pd.MultiIndex.from_frame(valid[["pair", "item_id"]]))
-    n[0, vi, vj] = b["n"].to_numpy()
-    k[0, vi, vj] = b["k"].to_numpy()
-    for c, d in ((1, "A"), (2, "B")):
-        sub = valid.merge(agg[agg["direction"] == d], on=[*cols, "item_id"], how="left")
-        n[c, vi, vj] = sub["n"].to_numpy()
-        k[c, vi, vj] = sub["k"].to_numpy()
-    return Contributions(conditions, items, strata, n, k)
-
-
-# ========================================================================= metrics
-def metrics(n: np.ndarray, k: np.ndarray, cc: float = st.CC) -> dict[str, np.ndarray]:
-    """The point metrics from arm totals ``n[c]``, ``k[c]`` (c = 0, A, B; any trailing shape)."""
-    n0, nA, nB = n[0], n[1], n[2]
-    k0, kA, kB = k[0], k[1], k[2]
-    f0, fA, fB = st.freq(k0, n0), st.freq(kA, nA), st.freq(kB, nB)
-    s_a = st.steerability(k0, n0, kA, nA, "A", cc)
-    s_b = st.steerability(k0, n0, kB, nB, "B", cc)
-    return {
-        "f0_B": f0,
-        "fA_B": fA,
-        "fB_B": fB,
-        "delta_A": f0 - fA,
-        "delta_B": fB - f0,
-        "s_A": s_a,
-        "s_B": s_b,
-        "asym": s_b - s_a,
-        "n_asym": st.normalized_asym(s_a, s_b),
-        "baseline_bias": np.abs(f0 - 0.5),
-    }
-
-
-_CI_COLS = ("f0_B", "fA_B", "fB_B", "delta_A", "delta_B", "s_A", "s_B", "asym")
-
-
-@dataclass(frozen=True)
-class ConditionResult:
-    """The per-condition table and the bootstrap replicates of the effects (for headline CIs)."""
-
-    table: pd.DataFrame
-    delta_reps: np.ndarray
-    """``(n_boot, conditions, 2)``: replicates of Delta_A and Delta_B."""
-
-
-def condition_table(
-    ct: Contributions, source: str, *, n_boot: int = N_BOOT, seed: int = SEED, cc: float = st.CC
-) -> ConditionResult:
-    """Every metric and test of every condition, with cluster-bootstrap CIs over items.
-
-    ``source == "samples"``: tests on counts (exact binomial, two-proportion z,
-    Wald). ``source == "readout"``: z tests on the bootstrap SE over prompts.
-    """
-    if n_boot < 2:
-        raise ValueError(f"n_boot must be >= 2, got {n_boot}")
-    n, k = ct.n.sum(axis=2), ct.k.sum(axis=2)
-    est = metrics(n, k, cc)
-    w = cluster_weights(ct.strata, n_boot, np.random.default_rng(seed))
-    reps = metrics(np.einsum("bj,cij->cbi", w, ct.n), np.einsum("bj,cij->cbi", w, ct.k), cc)
-    t = ct.conditions.copy()
-    t["n_items"] = (ct.n[0] > 0).sum(axis=1)
-    for c, name in enumerate(ARMS):
-        t[f"n{name}"] = n[c]
-        t[f"k{name}"] = k[c]
-    for key, v in est.items():
-        t[key] = v
-    se = {key: st.nan_sd(reps[key]) for key in _CI_COLS}
-    for key in _CI_COLS:
-        lo, hi = percentile_ci(reps[key])
-        t[f"{key}_lo"], t[f"{key}_hi"] = lo, hi
-        t[f"{key}_se"] = se[key]
-    _, var, _, p_wald = st.wald_asym(k[0], n[0], k[1], n[1], k[2], n[2], cc)
-    t["asym_var"] = var
-    if source == "samples":
-        t["test_basis"] = "counts"
-        t["p_baseline"] = st.binom_test_half(k[0], n[0])
-        t["p_delta_A"] = st.two_proportion_z(n[1] - k[1], n[1], n[0] - k[0], n[0])[1]
-        t["p_delta_B"] = st.two_proportion_z(k[2], n[2], k[0], n[0])[1]
-        t["p_asym"] = p_wald
-        t["f0_ci_lo"], t["f0_ci_hi"] = st.wilson_interval(k[0], n[0])
-    elif source == "readout":
-        t["test_basis"] = "bootstrap"
-        t["p_baseline"] = st.z_pvalue(st.z_from_se(est["f0_B"] - 0.5, se["f0_B"]))
-        t["p_delta_A"] = st.z_pvalue(st.z_from_se(est["delta_A"], se["delta_A"]))
-        t["p_delta_B"] = st.z_pvalue(st.z_from_se(est["delta_B"], se["delta_B"]))
-        t["p_asym"] = st.z_pvalue(st.z_from_se(est["asym"], se["asym"]))
-        t["f0_ci_lo"], t["f0_ci_hi"] = t["f0_B_lo"], t["f0_B_hi"]
-    else:
-        raise ValueError(f"source must be 'samples' or 'readout', got {source!r}")
-    delta_reps = np.stack([reps["delta_A"], reps["delta_B"]], axis=-1)
-    return ConditionResult(t, delta_reps)
-
-
-def with_fdr(cond: pd.DataFrame, by: Sequence[str] = ("benchmark", "variant"), alpha: float = ALPHA) -> pd.DataFrame:
-    """Add BH q-values (within ``by`` and test family) and the significance / neutrality flags.
-
-    Families: the baseline binomial tests, the asymmetry tests, and the
-    influence-effect tests (Delta_A and Delta_B of every condition together).
-    Controls (placebo, negated) are their own families through ``variant``.
-    """
-    out = cond.copy()
-    keys = [c for c in by if c in out.columns]
-    groups = out.groupby(keys, sort=False).groups.values() if keys else [out.index]
-    for col in ("q_baseline", "q_asym", "q_delta_A", "q_delta_B"):
-        out[col] = np.nan
-    for idx in groups:
-        sub = out.loc[idx]
-        out.loc[idx, "q_baseline"] = st.bh_adjust(sub["p_baseline"])
-        out.loc[idx, "q_asym"] = st.bh_adjust(sub["p_asym"])
-        both = st.bh_adjust(np.concatenate([sub["p_delta_A"], sub["p_delta_B"]]))
-        out.loc[idx, "q_delta_A"], out.loc[idx, "q_delta_B"] = both[: len(sub)], both[len(sub) :]
-    out["neutral_binom"] = out["p_baseline"] >= alpha
-    out["neutral_margin"] = out["baseline_bias"] < MARGIN
-    out["neutral_ci"] = (out["f0_ci_lo"] > 0.5 - MARGIN) & (out["f0_ci_hi"] < 0.5 + MARGIN)
-    out["sig_asym"] = out["p_asym"] < alpha
-    out["sig_asym_bh"] = out["q_asym"] < alpha
-    out["backfire_A"] = out["s_A"] < 0
-    out["backfire_B"] = out["s_B"] < 0
-    return out
-
-
-def effects(cond: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
-    """One row per condition and cue direction d: Delta_d, s(d), its test, backfire, and the baseline's lean.
-
-    ``relation`` says whether the cue pushes toward the side the baseline
-    significantly prefers (``toward_preferred``), away from it
-    (``away_from_preferred``), or the baseline is neutral (binomial test).
-    """
-    rows = []
-    for d in ("A", "B"):
-        e = cond.copy()
-        e["direction"] = d
-        e["delta"] = cond[f"delta_{d}"]
-        e["s"] = cond[f"s_{d}"]
-        e["p"] = cond[f"p_delta_{d}"]
-        e["q"] = cond[f"q_delta_{d}"]
-        preferred = np.where(cond["f0_B"] > 0.5, "B", "A")
-        biased = cond["p_baseline"] < alpha
-        e["relation"] = np.where(
-            ~biased, "neutral", np.where(preferred == d, "toward_preferred", "away_from_preferred")
-        )
-        rows.append(e)
-    out = pd.concat(rows, ignore_index=True)
-    out["sig"] = out["p"] < alpha
-    out["sig_bh"] = out["q"] < alpha
-    out["backfire"] = out["s"] < 0
-    return out
 
 
 # ======================================================================= summaries
@@ -691,15 +431,9 @@ class Audit:
 
 def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> Audit:
     """Run the whole analysis of one influence run."""
-    if benchmark not in BENCHMARKS:
-        raise ValueError(f"benchmark must be one of {sorted(BENCHMARKS)}, got {benchmark!r}")
     man = run.manifest
-    raw, source = trial_cells(run)
-    cells = value_level(raw) if benchmark == "dd" else raw
-    ct = contributions(cells)
-    if ct.conditions.empty:
-        raise ValueError(f"{run.root}: no condition has baseline, toward-A and toward-B trials for the same items")
-    res = condition_table(ct, source, n_boot=n_boot, seed=seed)
+    measured = run_conditions(run, benchmark, n_boot=n_boot, seed=seed)
+    raw, cells, source, res = measured.cells, measured.keyed, measured.source, measured.result
     info = {
         "benchmark": benchmark,
         "model": man.model,

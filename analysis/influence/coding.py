@@ -34,7 +34,7 @@ from probe.runs import Run
 
 TRACE_TASKS = ("compliance", "rationale")
 COND_KEYS = ("pair", "influence", "variant", "kind", "position", "bracket")
-"""How a trace joins to an influence condition (``analysis.influence.audit.COND``)."""
+"""How a trace joins to an influence condition (``experiments.influence.build.COND``)."""
 
 
 # ============================================================ agreement

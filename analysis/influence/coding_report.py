@@ -79,7 +79,7 @@ def _figure_effect(joined: pd.DataFrame, path: Path) -> Path:
 def coded_report(run: Run, eff: pd.DataFrame, out: Path) -> str:
     """Write the coded tables and figures of an influence run into ``out``; return the summary's Markdown ("" if uncoded).
 
-    ``eff`` is :func:`analysis.influence.audit.effects` of the run's conditions.
+    ``eff`` is :func:`experiments.influence.effects.effects` of the run's conditions.
     """
 
     lines: list[str] = []

@@ -10,7 +10,7 @@ writes them):
    conditions (pair x influence x variant x kind x position x bracket) every
    run has; what was dropped is listed in ``dropped_items.csv`` and
    ``dropped_conditions.csv``. Each run's condition table is recomputed on the
-   matched items (:func:`analysis.influence.audit.condition_table`), and BH-FDR is
+   matched items (:func:`experiments.influence.effects.condition_table`), and BH-FDR is
    redone within benchmark x variant x test family over all runs
    (:func:`analysis.influence.audit.combine_runs`).
 2. **Per-model and per-reasoning-mode tables** (:func:`analysis.influence.audit.panel_tables`).
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.common.bootstrap import cluster_weights, percentile_ci
 from analysis.influence.asym import STRUCTURES, AsymFit, asym_fits, asym_frame
+from probe.bootstrap import cluster_weights, percentile_ci
 from probe.panel import Panel, PanelError, PanelRun, shared_items
 
 BENCHMARK_OF = {"influence-triage": "triage", "influence-bbq": "bbq", "influence-dd": "dd"}
@@ -76,7 +76,7 @@ class Matched:
     runs: tuple[PanelRun, ...]
     sources: tuple[str, ...]
     conditions: pd.DataFrame
-    """The condition columns (:data:`analysis.influence.audit.COND`) plus ``group_a`` and ``group_b``."""
+    """The condition columns (:data:`experiments.influence.build.COND`) plus ``group_a`` and ``group_b``."""
     items: tuple[str, ...]
     strata: tuple[str, ...]
     n: np.ndarray
@@ -90,10 +90,10 @@ class Matched:
 
 def run_cells(run: PanelRun) -> tuple[pd.DataFrame, str]:
     """A run's analysis cells (value-level for DailyDilemmas) and their source (``readout`` or ``samples``)."""
-    from analysis.influence import audit as inf
+    from experiments.influence.effects import trial_cells, value_level
 
-    raw, source = inf.trial_cells(run.run())
-    return (inf.value_level(raw) if benchmark_of(run.experiment) == "dd" else raw), source
+    raw, source = trial_cells(run.run())
+    return (value_level(raw) if benchmark_of(run.experiment) == "dd" else raw), source
 
 
 def _group_names(values: pd.Series) -> str:
@@ -109,9 +109,10 @@ def match_runs(
     benchmark: str, runs: Sequence[PanelRun], cells: Sequence[pd.DataFrame], sources: Sequence[str]
 ) -> Matched:
     """Restrict the runs of one benchmark to the items and conditions they all hold, and align their arrays."""
-    from analysis.influence import audit as inf
+    from experiments.influence import COND
+    from experiments.influence.effects import contributions
 
-    cols = list(inf.COND)
+    cols = list(COND)
     sub = Panel(tuple(runs))
     shared, dropped = shared_items(
         sub, {r.name: list(dict.fromkeys(c["item_id"])) for r, c in zip(runs, cells, strict=True)}
@@ -119,7 +120,7 @@ def match_runs(
     if not shared:
         raise PanelError(f"the {benchmark} runs {sub.names()} share no item; compare runs of the same items")
     keep = set(shared)
-    cts = [inf.contributions(c[c["item_id"].isin(keep)]) for c in cells]
+    cts = [contributions(c[c["item_id"].isin(keep)]) for c in cells]
     keys = [[tuple(r) for r in ct.conditions[cols].itertuples(index=False, name=None)] for ct in cts]
     common = [key for key in keys[0] if all(key in set(ks) for ks in keys[1:])]
     rows = []
@@ -184,13 +185,14 @@ def match_panel(panel: Panel) -> list[Matched]:
 # ============================================================================ tables
 def condition_tables(m: Matched, *, n_boot: int = N_BOOT, seed: int = SEED) -> pd.DataFrame:
     """Every run's condition table on the matched items (before the cross-run FDR)."""
-    from analysis.influence import audit as inf
+    from experiments.influence import COND
+    from experiments.influence.effects import Contributions, condition_table
 
-    cols = list(inf.COND)
+    cols = list(COND)
     parts = []
     for r, (run, source) in enumerate(zip(m.runs, m.sources, strict=True)):
-        ct = inf.Contributions(m.conditions[cols], m.items, m.strata, m.n[r], m.k[r])
-        t = inf.condition_table(ct, source, n_boot=n_boot, seed=seed).table
+        ct = Contributions(m.conditions[cols], m.items, m.strata, m.n[r], m.k[r])
+        t = condition_table(ct, source, n_boot=n_boot, seed=seed).table
         t.insert(1, "group_a", m.conditions["group_a"].to_numpy())
         t.insert(2, "group_b", m.conditions["group_b"].to_numpy())
         parts.append(t.assign(benchmark=m.benchmark, model=run.model, think=run.reasoning, run=run.name, source=source))
@@ -203,16 +205,16 @@ def replicates(m: Matched, r: int, *, n_boot: int = N_BOOT, seed: int = SEED) ->
     The weights depend only on the items' strata, ``n_boot`` and ``seed``, so
     every run of ``m`` gets the same draws: replicates of two runs are paired.
     """
-    from analysis.influence import audit as inf
+    from experiments.influence.effects import metrics
 
     w = cluster_weights(m.strata, n_boot, np.random.default_rng(seed))
-    return inf.metrics(np.einsum("bj,cij->cbi", w, m.n[r]), np.einsum("bj,cij->cbi", w, m.k[r]))
+    return metrics(np.einsum("bj,cij->cbi", w, m.n[r]), np.einsum("bj,cij->cbi", w, m.k[r]))
 
 
 def _point(m: Matched, r: int) -> dict[str, np.ndarray]:
-    from analysis.influence import audit as inf
+    from experiments.influence.effects import metrics
 
-    return inf.metrics(m.n[r].sum(axis=2), m.k[r].sum(axis=2))
+    return metrics(m.n[r].sum(axis=2), m.k[r].sum(axis=2))
 
 
 def _nanmean(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -247,7 +249,7 @@ def pair_change(m: Matched, off: PanelRun, on: PanelRun, *, n_boot: int = N_BOOT
 
 def change_by_condition(m: Matched, changes: Sequence[Change], alpha: float = ALPHA) -> pd.DataFrame:
     """Per pair, condition and direction: s off, s on, the change and its paired-bootstrap 95% CI."""
-    from analysis.influence import stats as st
+    from experiments.influence import stats as st
 
     rows = []
     for ch in changes:

@@ -102,7 +102,7 @@ def tie_lines(tie: Tie) -> list[str]:
 def order_readouts(cells: pd.DataFrame) -> pd.DataFrame:
     """Per arm (no cue, main cue toward A, toward B) and printed order: mean P(first printed), P(label), P(B).
 
-    ``cells`` is :func:`analysis.influence.audit.trial_cells` output (``direction``,
+    ``cells`` is :func:`experiments.influence.effects.trial_cells` output (``direction``,
     ``variant``, ``order``, ``n``, ``k``, ``p_first``, ``first_label``).
     ``label`` is the label printed first in most trials (the design's first
     label, e.g. ``A``); ``p_label`` the mean probability of that label (the

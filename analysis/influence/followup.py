@@ -25,8 +25,8 @@ from typing import Any, Final
 
 import pandas as pd
 
-from analysis.influence import stats as st
 from analysis.influence.audit import cluster_bootstrap_mean
+from experiments.influence import stats as st
 from probe.runs import Run
 
 CODES: Final[tuple[str, ...]] = ("ack_affected", "ack_disclaimed", "not_ack", "other")

@@ -272,7 +272,7 @@ def _is_int(text: str) -> bool:
 
 def parse_rows(frame: pd.DataFrame) -> Parsed:
     """Normalize a schema frame (all columns as text, rows in file order) into counts; line N = row N - 2."""
-    from analysis.influence.audit import BENCHMARKS
+    from experiments.influence.effects import BENCHMARKS
 
     missing = [c for c in KEYS if c not in frame.columns]
     if missing:
@@ -417,8 +417,8 @@ def imported_conditions(run: Run, label: str | None = None) -> pd.DataFrame:
     column is ``<run>:<model> / reasoning on|off`` so the headline's cluster
     bootstrap resamples (model x reasoning, factor) clusters.
     """
-    from analysis.influence import audit as inf
-    from analysis.influence import stats as st
+    from experiments.influence import stats as st
+    from experiments.influence.effects import metrics
 
     man = run.manifest
     if not is_imported(man):
@@ -428,7 +428,7 @@ def imported_conditions(run: Run, label: str | None = None) -> pd.DataFrame:
         raise ValueError(f"{run.root}: the imported table is empty; re-run `probe import`")
     n = np.stack([t[f"n{a}"].to_numpy(float) for a in ARM_NAMES])
     k = np.stack([t[f"k{a}"].to_numpy(float) for a in ARM_NAMES])
-    est = inf.metrics(n, k)
+    est = metrics(n, k)
     out = pd.DataFrame(
         {
             "pair": t["factor"].astype(str),

@@ -18,14 +18,9 @@ from analysis.common.tables import md_table
 from analysis.influence import flags
 from analysis.influence.asym import FORMULA, AsymFit, asym_fits, asym_frame
 from analysis.influence.audit import (
-    ALPHA,
-    BENCHMARKS,
-    N_BOOT,
-    SEED,
     Audit,
     analyze,
     combine_runs,
-    effects,
     headline,
     negation_match,
     panel_tables,
@@ -36,6 +31,7 @@ from analysis.influence.audit import (
 )
 from analysis.influence.imported import ambiguous_frame, imported_conditions
 from analysis.influence.tables import table_md, table_section
+from experiments.influence.effects import ALPHA, BENCHMARKS, N_BOOT, SEED, effects
 from probe.record import Provenance
 from probe.runs import Run, as_run
 

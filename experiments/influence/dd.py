@@ -12,7 +12,7 @@ occur at least ``min_count`` times among the kept options, repeating until
 nothing changes (the paper: 20, leaving 358 dilemmas and 10 values). Dilemmas
 whose two options share a primary value are dropped first: no cue could tell
 them apart. Side A is the to_do option, side B the not_to_do option; the
-analysis re-keys conditions by value (see :mod:`analysis.influence.audit`). Printed
+analysis re-keys conditions by value (see :mod:`experiments.influence.effects`). Printed
 order is balanced (both orders) or drawn per trial, never fixed per dilemma.
 """
 
