@@ -85,15 +85,18 @@ def test_truncation_is_counted_per_instrument():
 
 def test_checks_section_states_the_system_prompt_and_the_sampling_flag():
     from analysis.common.checks import checks_section
+    from probe.record import Manifest
 
-    manifest = {
-        "engine": {
-            "system_prompt": {"text": "Be kind.", "source": "chat template default"},
-            "settings": {"max_new_tokens": 32},
-        },
-        "plan": {"temperature": 1.0},
-        "spec": {"choice_tokens": 256},
-    }
+    manifest = Manifest.from_dict(
+        {
+            "engine": {
+                "system_prompt": {"text": "Be kind.", "source": "chat template default"},
+                "settings": {"max_new_tokens": 32},
+            },
+            "plan": {"temperature": 1.0},
+            "spec": {"choice_tokens": 256},
+        }
+    )
     samples = pd.DataFrame(
         {"trial_id": [f"t{i // 2}" for i in range(12)], "text": ["Yes"] * 12, "truncated": [False] * 12}
     )
