@@ -69,24 +69,37 @@ def attr_docs(cls: type) -> dict[str, str]:
     cleaned as ``inspect.cleandoc`` does; a subclass's docstring for a field wins over its base's."""
     docs: dict[str, str] = {}
     for c in reversed(cls.__mro__):
-        if c is object or not dataclasses.is_dataclass(c):
-            continue
-        try:
-            source = textwrap.dedent(inspect.getsource(c))
-        except (OSError, TypeError):  # pragma: no cover - a class built at run time has no source
-            continue
-        body = ast.parse(source).body[0]
-        assert isinstance(body, ast.ClassDef)
-        for node, after in zip(body.body, body.body[1:], strict=False):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
+        if c is not object and dataclasses.is_dataclass(c):
+            docs.update(_own_attr_docs(c))
     return docs
+
+
+@cache
+def _own_attr_docs(c: type) -> dict[str, str]:
+    """The attribute docstrings ``c`` itself declares (its source parsed once, however many subclasses ask)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(c))
+    except (OSError, TypeError):  # pragma: no cover - a class built at run time has no source
+        return {}
+    body = ast.parse(source).body[0]
+    assert isinstance(body, ast.ClassDef)
+    docs: dict[str, str] = {}
+    for node, after in zip(body.body, body.body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The class's resolved annotations (resolving compiles each string annotation: once per class, not per flag)."""
+    return typing.get_type_hints(cls)
 
 
 def flag_of(f: dataclasses.Field[Any]) -> Flag:
@@ -167,7 +180,7 @@ def add_flags(
     ``defaults`` (field -> value) changes a flag's default where one command starts elsewhere (a judge's
     shorter replies); the field's own default is unchanged.
     """
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in flagged(cls, names, own=own):
         fl = flag_of(f)
         default = (defaults or {}).get(f.name, _field_default(f))
