@@ -60,15 +60,15 @@ class Column:
 
 @dataclass(frozen=True)
 class Table:
-    """One stored table (or, with no ``stored`` columns, a frame made only on reading)."""
+    """One stored table (or, with no ``stored`` columns, a frame made only on reading): ``stored``, the columns
+    written, in order (``trial_id`` first); ``derived``, the columns a reader adds from the trials (the option's
+    meaning, the greedy flag, ...); ``frame``, the notebook frame's own columns in order (default: the stored ones
+    after ``trial_id``, then the derived)."""
 
     name: str
     stored: tuple[Column, ...]
-    """The columns written, in order (``trial_id`` first)."""
     derived: tuple[Column, ...] = ()
-    """Columns a reader adds from the trials (the option's meaning, the greedy flag, ...)."""
     frame: tuple[str, ...] = ()
-    """The notebook frame's own columns, in order (default: the stored ones after ``trial_id``, then the derived)."""
 
     @property
     def names(self) -> tuple[str, ...]:
