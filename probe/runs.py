@@ -356,6 +356,11 @@ class Run:
         """Every trial, in full and in order (read once, kept)."""
         return self.store.trials()
 
+    @functools.cached_property
+    def trial_order(self) -> dict[str, int]:
+        """trial_id -> its place in the trial list (design order; the sampled tables are not in it)."""
+        return {t.trial_id: i for i, t in enumerate(self.trial_list)}
+
     def load(self, table: str) -> pd.DataFrame:
         """One stored table (:mod:`probe.tables`), its verified chunks concatenated (a fresh frame on every call;
         an incomplete run is refused unless opened with ``allow_partial``)."""
@@ -385,13 +390,13 @@ class Run:
 
     def choice_probs(self) -> tuple[pd.DataFrame, pd.DataFrame, str]:
         """The option probabilities every analysis uses: (options, per_trial, source), from the readouts where the
-        run has them, else from the sampled answers (:func:`probe.views.choice_probs`)."""
+        run has them, else from the sampled answers (the choice :data:`probe.views.SOURCES` names)."""
         from probe import views
 
         opts = self.load("readout_options")
-        per = self.load("readout_trials") if not opts.empty else opts
-        samples = self.load("samples") if opts.empty else opts.iloc[0:0]
-        return views.choice_probs(opts, per, samples, self.trial_list, self.root)
+        if opts.empty:
+            return (*self.sample_counts(), "samples")
+        return (*views.readout_frames(opts, self.load("readout_trials"), self.trial_list, self.root), "readout")
 
     # ------------------------------------------------------------ one trial
     def trial_data(self, trial_id: str, *, integrity: Integrity | None = None) -> TrialData:

@@ -27,7 +27,7 @@ from probe.errors import StoreError
 from probe.tables import SAMPLE_STATUSES
 from probe.types import Trial
 
-__all__ = ["choice_probs", "count_samples", "option_meaning", "readout_frames", "trial_meta"]
+__all__ = ["SOURCES", "count_samples", "option_meaning", "readout_frames", "trial_meta"]
 
 SOURCES: Final[tuple[str, ...]] = ("readout", "samples")
 """Where an analysis's option probabilities come from: the readouts (exact) or the sampled frequencies."""
@@ -84,23 +84,3 @@ def count_samples(samples: pd.DataFrame, trials: Sequence[Trial]) -> tuple[pd.Da
     per_trial = status.merge(trial_meta(trials), on="trial_id", how="left", validate="one_to_one")
     per_trial["coverage"] = per_trial["n_ok"] / per_trial[[f"n_{s}" for s in SAMPLE_STATUSES]].sum(axis=1)
     return opts, per_trial
-
-
-def choice_probs(
-    readout_options: pd.DataFrame,
-    readout_trials: pd.DataFrame,
-    samples: pd.DataFrame,
-    trials: Sequence[Trial],
-    where: object = "the run",
-) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The option probabilities an analysis should use, and where they came from (one of :data:`SOURCES`).
-
-    A run with readouts uses them (the exact distribution); a sampled-only run
-    uses the sampled frequencies among parsed answers, so every analysis works
-    the same on logit and sampled runs. Returns (options, per_trial, source).
-    """
-    if not readout_options.empty:
-        return (*readout_frames(readout_options, readout_trials, trials, where), "readout")
-    if samples.empty:
-        raise StoreError(f"{where} has no samples; run with --samples N")
-    return (*count_samples(samples, trials), "samples")

@@ -45,7 +45,7 @@ def answers(run: Run) -> pd.DataFrame:
         raise ValueError(f"{run.root} has no follow-up replies yet; run `probe run followup` (or let it finish)")
     meta = run.trial_meta()
     out = gen.merge(meta, on="trial_id", how="left", validate="many_to_one")
-    order = run.trial_index.positions
+    order = run.trial_order
     out = out.assign(_o=out["trial_id"].map(order)).sort_values(["_o", "draw"], kind="stable").drop(columns="_o")
     return out.reset_index(drop=True)
 

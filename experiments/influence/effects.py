@@ -85,7 +85,7 @@ def trial_cells(run: Run) -> tuple[pd.DataFrame, str]:
         cells["p_first"] = n_first / cells["n"].where(cells["n"] > 0)
     cells["first_label"] = cells["trial_id"].map(first["option"])
     cells["stratum"] = cells["pair"]
-    order = run.trial_index.positions  # trial order = design order (sampled tables are not)
+    order = run.trial_order  # trial order = design order (sampled tables are not)
     cells = cells.sort_values("trial_id", key=lambda ids: ids.map(order), kind="stable")
     return cells.reset_index(drop=True), source
 
