@@ -12,16 +12,28 @@ the free-choice instrument was not run).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from analysis.battery import figures, yesno
 from analysis.battery.fit import N_BOOT, SEED
-from analysis.battery.results import BatteryResults, Frames, battery_results, load_frames
+from analysis.battery.results import (
+    BatteryResults,
+    Choice,
+    Fits,
+    Frames,
+    Graded,
+    LabelMap,
+    Part,
+    VerbFlip,
+    battery_results,
+    load_frames,
+)
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import Section, report_files, run_sections, write_summary
 from analysis.common.tables import md_table
@@ -50,11 +62,38 @@ def corpus_form_order(corpus: str | None, forms: set[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------- sections
-def verbflip_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+Body = tuple[list[str], list[Path]]
+"""What a part's section writes: its Markdown lines and its files."""
+P = TypeVar("P")
+SectionFn = Callable[[Frames, BatteryResults, Path], Section]
+
+
+def part_section(
+    title: str, part: Callable[[BatteryResults], Part[P]]
+) -> Callable[[Callable[[Frames, BatteryResults, P, Path], Body]], SectionFn]:
+    """Make a section of one computed part: titled ``title``; the part's absent line when its instrument is absent.
+
+    The body receives the part's value (a part that failed raises its ValueError there, so the section says
+    why it is not computed); the section keeps the body's name and docstring, which :func:`run_sections` uses.
+    """
+
+    def wrap(body: Callable[[Frames, BatteryResults, P, Path], Body]) -> SectionFn:
+        @functools.wraps(body)
+        def section(f: Frames, res: BatteryResults, out: Path) -> Section:
+            p = part(res)
+            if p.absent:
+                return Section(title, [p.absent], [])
+            lines, files = body(f, res, p.get(), out)
+            return Section(title, lines, files)
+
+        return section
+
+    return wrap
+
+
+@part_section("Forced binary, yes/no verb flip (I-3)", lambda res: res.verbflip)
+def verbflip_section(f: Frames, res: BatteryResults, vf: VerbFlip, out: Path) -> Body:
     """The yes/no verb-flip family: per-story cells, z, lexical, order, apparent (Eq. 1)."""
-    if res.verbflip.absent:
-        return Section("Forced binary, yes/no verb flip (I-3)", [res.verbflip.absent], [])
-    vf = res.verbflip.get()
     b, cells, dec = vf.trials, vf.cells, vf.dec
     from analysis.battery.yesno import (
         form_decomposition,
@@ -116,14 +155,12 @@ def verbflip_section(f: Frames, res: BatteryResults, out: Path) -> Section:
                 f"({rs.between_within_orders:.1f}x with print order inside the form); {rs.opposite_majority:.0%} of "
                 f"{rs.n_items} dilemmas have two equivalent forms with opposite majority verdicts.",
             ]
-    return Section("Forced binary, yes/no verb flip (I-3)", lines, [out / "binary_verbflip.csv", fig, *files])
+    return lines, [out / "binary_verbflip.csv", fig, *files]
 
 
-def labelmap_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@part_section("Label map (I-3)", lambda res: res.labelmap)
+def labelmap_section(f: Frames, res: BatteryResults, lm: LabelMap, out: Path) -> Body:
     """Order / logic / label projections per label pair, and the lexicality gradient of the label pull (Figs. 5-6)."""
-    if res.labelmap.absent:
-        return Section("Label map (I-3)", [res.labelmap.absent], [])
-    lm = res.labelmap.get()
     pulls, by_pair, contrast, contrast_all = lm.pulls, lm.gradient, lm.contrast, lm.contrast_all
     incomplete, n_left = lm.incomplete, lm.n_left
     by_pair.index.name = "label pair"
@@ -194,16 +231,14 @@ def labelmap_section(f: Frames, res: BatteryResults, out: Path) -> Section:
             f"Mapping not counterbalanced for {', '.join(not_crossed)}: the label projection is not identified "
             "there, and its label pull is the logic projection (the pull toward the label carrying yes).",
         ]
-    return Section("Label map (I-3)", lines, [out / "binary_labelmap.csv", out / "binary_label_gradient.csv", fig])
+    return lines, [out / "binary_labelmap.csv", out / "binary_label_gradient.csv", fig]
 
 
-def choice_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@part_section("Free choice (I-2)", lambda res: res.choice)
+def choice_section(f: Frames, res: BatteryResults, ch: Choice, out: Path) -> Body:
     """Free choice: P(PRO), P(ANTI), P(NONCOMMIT) per dilemma and the choice stance P(PRO) - P(ANTI)."""
-    if res.choice.absent:
-        return Section("Free choice (I-2)", [res.choice.absent], [])
     from analysis.battery.yesno import story_mean_ci
 
-    ch = res.choice.get()
     j, d, per_item = f.judgments, ch.replies, ch.per_item
     order_ci = story_mean_ci(per_item[["order"]], n_boot=N_BOOT, seed=SEED).loc["order"]
     per_item.index.name = "dilemma"
@@ -220,16 +255,14 @@ def choice_section(f: Frames, res: BatteryResults, out: Path) -> Section:
         f"I-2 order bias, story-averaged: {order_ci['mean']:+.3f} [{order_ci['lo']:+.3f}, {order_ci['hi']:+.3f}] "
         f"(95% percentile bootstrap over dilemmas, {N_BOOT} resamples, seed {SEED}).",
     ]
-    return Section("Free choice (I-2)", lines, [out / "choice_by_item.csv"])
+    return lines, [out / "choice_by_item.csv"]
 
 
-def graded_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@part_section("Graded stance (I-1)", lambda res: res.graded)
+def graded_section(f: Frames, res: BatteryResults, gr: Graded, out: Path) -> Body:
     """I-1: theta per dilemma, its cross-form incoherence and components, G, the bipolar contrast, the salt floor."""
     from analysis.battery import stance
 
-    if res.graded.absent:
-        return Section("Graded stance (I-1)", [res.graded.absent], [])
-    gr = res.graded.get()
     g, gt, fallback, empty_forms = gr.trials, gr.graded, gr.fallback, gr.empty_forms
     inc, gen, table, bipolar, pooled = gr.inc, gr.gen, gr.table, gr.bipolar, gr.pooled
     table.index.name = "dilemma"
@@ -300,23 +333,19 @@ def graded_section(f: Frames, res: BatteryResults, out: Path) -> Section:
             f"theta vs unsalted: r = {inv.r_theta:.3f} ({inv.n_items} dilemmas).",
         ]
     atomic_write_text(out / "graded_pooled.csv", pd.DataFrame([pooled.to_dict()]).to_csv(index=False))
-    return Section("Graded stance (I-1)", lines, [out / "graded_theta.csv", out / "graded_pooled.csv", fig])
+    return lines, [out / "graded_theta.csv", out / "graded_pooled.csv", fig]
 
 
-def fit_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@part_section("Framing susceptibility m and decisiveness s", lambda res: res.fit)
+def fit_section(f: Frames, res: BatteryResults, ft: Fits, out: Path) -> Body:
     """The (s, m) fit per bias channel, with theta from I-1, and its bowtie / ridge figure."""
     from analysis.battery import fit
 
-    if res.fit.absent:
-        return Section("Framing susceptibility m and decisiveness s", [res.fit.absent], [])
-    ft = res.fit.get()
     th, bt, cf = res.theta, ft.binary, ft.run
     assert th is not None  # the fit needs theta
     not_fitted = [f"- {u.channel}: not fitted: {u.why}" for u in cf.unfitted]
     if cf.fits is None:
-        return Section(
-            "Framing susceptibility m and decisiveness s", ["No channel could be fitted.", "", *not_fitted], []
-        )
+        return ["No channel could be fitted.", "", *not_fitted], []
     fits = cf.fits
     atomic_write_text(out / "fit_sm.csv", fits.to_csv(float_format="%.6f"))
     files = [out / "fit_sm.csv"]
@@ -360,7 +389,7 @@ def fit_section(f: Frames, res: BatteryResults, out: Path) -> Section:
         atomic_write_text(out / "fit_joint.csv", joint.to_csv(index=False, float_format="%.6f"))
         files.append(out / "fit_joint.csv")
         lines += ["", *_joint_lines(joint)]
-    return Section("Framing susceptibility m and decisiveness s", lines, files)
+    return lines, files
 
 
 def _unidentified_lines(reasons: dict[str, str]) -> list[str]:
@@ -655,7 +684,7 @@ def dropped_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     return Section("Dropped stories", lines, [out / "dropped_stories.csv"])
 
 
-SECTIONS: list[Callable[[Frames, BatteryResults, Path], Section]] = [
+SECTIONS: list[SectionFn] = [
     graded_section,
     verbflip_section,
     labelmap_section,
