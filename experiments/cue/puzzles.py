@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import random
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Final
 
 from experiments.cue.categories import Attribute, Category, Combo
@@ -253,35 +254,55 @@ class Count:
 
 
 @dataclass(frozen=True)
-class Implication:
-    type: ClassVar[str] = "implication"
-    antecedent: Literal
-    consequent: Literal
+class _Joined:
+    """Two literals joined by a connective; a subclass's two fields, in order, are the literals.
+
+    What a connective says once here: the clue holds by its truth function of
+    the two literals, its structured form is the type and the two literals
+    under the connective's keys, and its text is the connective's sentence.
+    """
+
+    type: ClassVar[str]
+    keys: ClassVar[tuple[str, str]]
+    """The keys of the two literals in the structured form."""
+    sentence: ClassVar[str]
+    """The rendered text, with ``{}`` for each literal."""
+    truth: ClassVar[Callable[[bool, bool], bool]]
+    """Whether the clue holds, given whether each literal holds."""
+
+    def literals(self) -> tuple[Literal, Literal]:
+        first, second = (getattr(self, f.name) for f in fields(self))
+        return first, second
 
     def holds(self, a: Assignment) -> bool:
-        return (not self.antecedent.holds(a)) or self.consequent.holds(a)
+        first, second = self.literals()
+        return type(self).truth(first.holds(a), second.holds(a))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "if": self.antecedent.to_dict(), "then": self.consequent.to_dict()}
+        return {"type": self.type} | {k: lit.to_dict() for k, lit in zip(self.keys, self.literals(), strict=True)}
 
     def render(self, b: Binding) -> str:
-        return f"If {self.antecedent.render(b)}, then {self.consequent.render(b)}."
+        return self.sentence.format(*(lit.render(b) for lit in self.literals()))
 
 
 @dataclass(frozen=True)
-class Biconditional:
+class Implication(_Joined):
+    type: ClassVar[str] = "implication"
+    keys = ("if", "then")
+    sentence = "If {}, then {}."
+    truth = operator.le  # on truth values, x <= y is "if x then y"
+    antecedent: Literal
+    consequent: Literal
+
+
+@dataclass(frozen=True)
+class Biconditional(_Joined):
     type: ClassVar[str] = "biconditional"
+    keys = ("left", "right")
+    sentence = "{} if and only if {}."
+    truth = operator.eq
     left: Literal
     right: Literal
-
-    def holds(self, a: Assignment) -> bool:
-        return self.left.holds(a) == self.right.holds(a)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "left": self.left.to_dict(), "right": self.right.to_dict()}
-
-    def render(self, b: Binding) -> str:
-        return f"{self.left.render(b)} if and only if {self.right.render(b)}."
 
 
 Clue = Negation | Equivalence | Count | Implication | Biconditional
@@ -297,10 +318,9 @@ def clue_from_dict(d: Mapping[str, Any]) -> Clue:
         return Equivalence((str(x), str(y)), str(d["attr"]), bool(d["same"]))
     if kind == "count":
         return Count(tuple(str(w) for w in d["who"]), str(d["attr"]), int(d["value"]), int(d["k"]))
-    if kind == "implication":
-        return Implication(Literal.from_dict(d["if"]), Literal.from_dict(d["then"]))
-    if kind == "biconditional":
-        return Biconditional(Literal.from_dict(d["left"]), Literal.from_dict(d["right"]))
+    for joined in (Implication, Biconditional):
+        if kind == joined.type:
+            return joined(*(Literal.from_dict(d[k]) for k in joined.keys))
     raise ValueError(f"unknown clue type {kind!r}; types are {list(CLUE_TYPES)}")
 
 
