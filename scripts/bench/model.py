@@ -6,11 +6,12 @@ keeps tiny's tokenizer (Qwen2's digit-splitting pre-tokenizer and Qwen3's chat
 template, from :func:`probe.tiny_tokenizer.build_tokenizer`) and its training style (a
 short run on the synthetic format corpus, so the answer slot puts its mass on
 the offered labels and the experts are not routed uniformly at random), but
-has the proportions of a small modern MoE: 8 layers, hidden size 512,
-grouped-query attention (8 query heads, 4 key/value heads of 64), and 16
-experts of which 4 are active per token. About 57M parameters, 19M active
+has the proportions of a small modern MoE: 6 layers, hidden size 384,
+grouped-query attention (6 query heads, 2 key/value heads of 64), and 16
+experts of which 4 are active per token. About 24M parameters, 8M active
 per token, so a forward pass is dominated by matrix multiplications as it is
-on real models.
+on real models. Its config is tiny's (:data:`probe.tiny.QWEN_MOE_CONFIG`)
+with these widths.
 
 The build is deterministic and cached under ``$PROBE_CACHE/bench/`` in a
 folder named by a hash of the recipe, written atomically (temporary sibling
@@ -29,25 +30,22 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+from probe.tiny import QWEN_MOE_CONFIG
+
 BENCH_VERSION = "1"
 NAME = "bench-moe"
 
-BENCH_MOE_CONFIG: dict[str, Any] = {
+BENCH_MOE_CONFIG: dict[str, Any] = QWEN_MOE_CONFIG | {
     "hidden_size": 384,
     "intermediate_size": 768,
     "num_hidden_layers": 6,
     "num_attention_heads": 6,
-    "num_key_value_heads": 2,
     "head_dim": 64,
     "num_experts": 16,
     "num_experts_per_tok": 4,
     "moe_intermediate_size": 192,
-    "norm_topk_prob": True,
-    "max_position_embeddings": 2048,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    "tie_word_embeddings": True,
-    "dtype": "float32",
 }
+"""``tiny``'s Qwen3-MoE config (its key/value heads, positions, rope, tied embeddings, float32) at these widths."""
 
 
 def recipe() -> Any:
