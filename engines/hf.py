@@ -47,27 +47,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
-from engines.base import (
-    Draws,
-    EngineSettings,
-    ProgressFn,
-    check_reasoning,
-    draw_seed,
-    reasoning_seed,
-    require,
-)
+from engines.base import Draws, EngineSettings, ProgressFn, check_reasoning, require
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
-from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
+from engines.local import DrawRow, LocalEngine, Prepared, folder_info, slot_readout
 from engines.placement import TorchCuda, check_device_arg, check_offload, nvidia_driver, place
-from engines.render import (
-    checked_option_ids,
-    encode_option,
-    option_texts,
-    render_ids,
-    rendered_system_prompt,
-    stop_ids,
-    think_end_id,
-)
+from engines.render import checked_option_ids, encode_option, option_texts, rendered_system_prompt, stop_ids
 from engines.sampling import (
     GROUPED_ATTENTION,
     RowSampler,
@@ -192,13 +176,9 @@ class HFSettings(EngineSettings):
 
 
 @dataclass(frozen=True)
-class _Draw:
-    """One draw to make: draw ``draw`` of trial number ``trial``, its prompt ids, seed and (answer stop) options."""
+class _Draw(DrawRow):
+    """One draw to make (:class:`engines.local.DrawRow`), with its (answer stop) options."""
 
-    trial: int
-    draw: int
-    prompt: tuple[int, ...]
-    seed: int
     options: tuple[str, ...] | None
     """The options, when the draw stops once its answer is over; None: it runs to a stop token or the budget."""
     prefix: str = ""
@@ -643,11 +623,8 @@ class HFEngine(LocalEngine):
         think = self.settings.think if think is None else think
         key = (trial.messages, trial.assistant_prefix, think)
         if key not in self._renders:
-            self._renders[key] = self._render(trial, think)
+            self._renders[key] = super().render(trial, think=think)
         return self._renders[key]
-
-    def _render(self, trial: Trial, think: bool) -> tuple[int, ...]:
-        return render_ids(self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt)
 
     def option_ids(self, trial: Trial) -> tuple[tuple[int, ...], ...]:
         """Each option as the token ids the model would emit at the slot (rules: :func:`engines.render.option_texts`)."""
@@ -663,25 +640,10 @@ class HFEngine(LocalEngine):
             self._token_texts[tid] = self.tokenizer.decode([tid])
         return self._token_texts[tid]
 
-    def _think_end_id(self) -> int:
-        return think_end_id(self.tokenizer, self.settings.model)
-
     def _stop_ids(self) -> set[int]:
+        """The ids that end the model's turn: the tokenizer's eos and the loaded model's generation config's."""
         gen = getattr(self.model, "generation_config", None)
         return stop_ids(self.tokenizer, getattr(gen, "eos_token_id", None))
-
-    def prepare(self, trials: Sequence[Trial]) -> list[Prepared]:
-        """Render trials; in think mode, generate and append the reasoning."""
-        base = [self.render(t) for t in trials]
-        opts = [self.option_ids(t) for t in trials]
-        if not self.settings.think:
-            return [Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
-        end_id = self._think_end_id()
-        budget = self.settings.think_budget
-        stops = self._stop_ids()
-        seeds = [reasoning_seed(self.settings.seed, t.trial_id) for t in trials]
-        gens = self._reason(base, seeds, budget, stops | {end_id})
-        return with_reasoning(self.tokenizer, trials, base, opts, gens, end_id=end_id, stops=stops, budget=budget)
 
     # ------------------------------------------------------------ the forward
     def _pad_left(self, seqs: Sequence[Sequence[int]]) -> tuple[Any, Any]:
@@ -1013,16 +975,18 @@ class HFEngine(LocalEngine):
 
     # -------------------------------------------------------------- sampling
     def _reason(
-        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new: int, stops: set[int]
+        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], max_new: int, end_id: int, stops: set[int]
     ) -> list[list[int]]:
         """The reasoning of think mode: whole length buckets decoded with a KV cache, greedily or (with
-        ``think_temperature`` > 0) sampled with top-p / top-k, each trial from its own seeded generator.
+        ``think_temperature`` > 0) sampled with top-p / top-k, each trial from its own seeded generator, until
+        ``end_id`` or one of ``stops``.
 
         Every row of a bucket stays in it to the end, so a row's logits never
         depend on when its neighbours stopped.
         """
         torch = require("torch", "hf")
         s = self.settings
+        stops = stops | {end_id}
         out: list[list[int]] = [[] for _ in prompts]
         longest = max((len(p) for p in prompts), default=0)
         rows = self._reasoning_rows(longest + max_new)
@@ -1085,22 +1049,19 @@ class HFEngine(LocalEngine):
         draws.check()
         n, temperature = draws.n, draws.temperature
         torch = require("torch", "hf")
-        s = self.settings
-        budget = (draws.max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
+        budget = self._reply_budget(draws)
         stops = self._stop_ids()
-        answer_stop = draws.stop_at_answer and not s.think
-        base = {t.trial_id: self.render(t) for t in trials}
+        answer_stop = draws.stop_at_answer and not self.settings.think
         rows = [
             _Draw(
-                k,
-                d,
-                base[t.trial_id],
-                draw_seed(s.seed, t.trial_id, d),
-                tuple(t.options) if answer_stop else None,
-                t.assistant_prefix,
+                r.trial,
+                r.draw,
+                r.prompt,
+                r.seed,
+                tuple(trials[r.trial].options) if answer_stop else None,
+                trials[r.trial].assistant_prefix,
             )
-            for k, t in enumerate(trials)
-            for d in range(n)
+            for r in self._seeded_rows(trials, n)
         ]
         gens: list[list[int]] = [[] for _ in rows]
         path = self.sample_path()
@@ -1116,14 +1077,11 @@ class HFEngine(LocalEngine):
                 if progress:
                     progress(len(batch))
         return [
-            reply_sample(
-                self.tokenizer,
+            self._parsed_reply(
                 trials[row.trial],
-                row.draw,
-                len(row.prompt),
+                row,
                 gen,
                 stops,
-                think=s.think,
                 truncated=len(gen) >= budget and gen[-1] not in stops,  # ran out of tokens, not ended by the model
                 stop_at_answer=draws.stop_at_answer,
             )

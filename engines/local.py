@@ -2,8 +2,9 @@
 
 They differ in how they compute (one forward over a token tree, or ``max_tokens=1`` requests to vLLM), and must
 agree on everything else, to the bit: how a trial is prepared for its slot, how a readout is assembled from the
-trie's conditionals, how a generated reply is parsed, and what the manifest and the run key
-record of the model. Each of those is written here once, so the engines cannot drift apart.
+trie's conditionals, how a draw is seeded and its reply parsed, and what the manifest and the run key
+record of the model. Each of those is written here once, so the engines cannot drift apart. Readouts through a
+server (:mod:`engines.server`) prepare their trials here too (:class:`RendersLocally`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.base import Engine, reasoning_record
-from engines.render import close_reasoning
+from engines.base import Draws, Engine, draw_seed, reasoning_record, reasoning_seed
+from engines.render import close_reasoning, option_ids, render_ids, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, normalize, option_logprobs
 from probe.models import folder_fingerprint
 from probe.models.gguf import manifest_record
@@ -24,23 +25,102 @@ IDENTITY_SETTINGS = ("model", "think", "think_budget", "system_prompt", "revisio
 """Settings that change the values of both engines (the rest, like batch size and device, only change speed)."""
 
 
-class LocalEngine(Engine):
-    """What the two local engines have alike: settings, a model's tokenizer loaded with the engine, the run key."""
+@dataclass(frozen=True)
+class Prepared:
+    """A trial rendered to ids up to its slot (reasoning appended in think mode), with its option token sequences."""
+
+    ids: tuple[int, ...]
+    options: tuple[tuple[int, ...], ...]
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+    hit_budget: bool = False
+
+
+@dataclass(frozen=True)
+class DrawRow:
+    """One draw of a sample call: draw ``draw`` of trial number ``trial``, its prompt ids and its seed."""
+
+    trial: int
+    draw: int
+    prompt: tuple[int, ...]
+    seed: int
+
+
+class RendersLocally:
+    """What renders every trial to token ids with a local copy of the model's tokenizer and reads the slot after
+    them: the local engines (:class:`LocalEngine`) and readouts through a server (:mod:`engines.server`).
+
+    A trial is rendered, its options encoded and its think-mode reasoning appended here (:meth:`prepare`), so
+    these engines read every slot after the same ids; each generates the reasoning its own way (:meth:`_reason`).
+    """
 
     settings: Any
     _tok: Any
-    value_settings: tuple[str, ...] = IDENTITY_SETTINGS
-    """The settings that change this engine's values (they enter the run key)."""
+    _generation_eos: Any = None
+    """The eos id(s) of the model's generation config, where the engine reads them at load; None: the tokenizer's
+    eos alone ends a turn."""
 
     @property
     def tokenizer(self) -> Any:
-        """The model's tokenizer (loads the engine on first use)."""
+        """The model's tokenizer (loaded on first use)."""
         if self._tok is None:
-            self.load()
+            self._load_tokenizer()
         return self._tok
 
+    def _load_tokenizer(self) -> None:
+        """Load the tokenizer into ``_tok``."""
+        raise NotImplementedError
+
     def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` in the model's tokenizer (special tokens not added)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
+        """The prompt token ids up to the answer slot (or to where reasoning starts; ``think``: the settings')."""
+        think = self.settings.think if think is None else think
+        return render_ids(self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt)
+
+    def option_ids(self, trial: Trial) -> tuple[tuple[int, ...], ...]:
+        """Each option as the token ids the model would emit at the slot (:func:`engines.render.option_ids`)."""
+        return option_ids(self.tokenizer, trial)
+
+    def _stop_ids(self) -> set[int]:
+        """The ids that end the model's turn (:func:`engines.render.stop_ids`)."""
+        return stop_ids(self.tokenizer, self._generation_eos)
+
+    def prepare(self, trials: Sequence[Trial]) -> list[Prepared]:
+        """Render trials; in think mode, generate the reasoning (:meth:`_reason`, each trial seeded by
+        :func:`engines.base.reasoning_seed`) and append it, closed, as ids (:func:`with_reasoning`)."""
+        s = self.settings
+        opts = [self.option_ids(t) for t in trials]
+        base = [self.render(t) for t in trials]
+        if not s.think:
+            return [Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
+        tok = self.tokenizer
+        end_id = think_end_id(tok, s.model)
+        stops = self._stop_ids()
+        seeds = [reasoning_seed(s.seed, t.trial_id) for t in trials]
+        gens = self._reason(base, seeds, s.think_budget, end_id, stops)
+        return with_reasoning(tok, trials, base, opts, gens, end_id=end_id, stops=stops, budget=s.think_budget)
+
+    def _reason(
+        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], budget: int, end_id: int, stops: set[int]
+    ) -> list[list[int]]:
+        """The reasoning generated after each think-mode prompt, up to ``budget`` tokens, ending at ``end_id``
+        (``</think>``) or one of ``stops`` (that token included): greedy, or at ``think_temperature`` from the
+        trial's seed in ``seeds``."""
+        raise NotImplementedError
+
+
+class LocalEngine(RendersLocally, Engine):
+    """What the two local engines have alike: settings, a model's tokenizer loaded with the engine, the run key,
+    and how draws are seeded and their replies parsed."""
+
+    value_settings: tuple[str, ...] = IDENTITY_SETTINGS
+    """The settings that change this engine's values (they enter the run key)."""
+
+    def _load_tokenizer(self) -> None:
+        self.load()
 
     def identity(self) -> dict[str, Any]:
         """What determines the values (enters the run key): the model's dtype and fingerprint (or hub commit),
@@ -65,6 +145,49 @@ class LocalEngine(Engine):
         """
         return {}
 
+    def _seeded_rows(self, trials: Sequence[Trial], n: int) -> list[DrawRow]:
+        """The ``n`` draws of each trial, trial-major: every trial rendered once, draw d seeded by (seed, trial id,
+        d) (:func:`engines.base.draw_seed`), so a draw depends neither on the batch nor on the engine."""
+        base = {t.trial_id: self.render(t) for t in trials}
+        seed = self.settings.seed
+        return [
+            DrawRow(k, d, base[t.trial_id], draw_seed(seed, t.trial_id, d))
+            for k, t in enumerate(trials)
+            for d in range(n)
+        ]
+
+    def _reply_budget(self, draws: Draws) -> int:
+        """Most tokens one draw generates: the call's reply cap (else ``max_new_tokens``), and in think mode the
+        reasoning budget before it."""
+        s = self.settings
+        return (draws.max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
+
+    def _parsed_reply(
+        self,
+        trial: Trial,
+        row: DrawRow,
+        gen: Sequence[int],
+        stops: set[int],
+        *,
+        truncated: bool,
+        stop_at_answer: bool,
+    ) -> Sample:
+        """The parsed :class:`Sample` of the reply ``gen`` generated for ``row`` (its stop tokens dropped before
+        decoding); ``truncated``: it hit the token cap, not ended by the model."""
+        body = [g for g in gen if g not in stops]
+        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        return parsed_sample(
+            trial,
+            row.draw,
+            text,
+            len(row.prompt),
+            len(gen),
+            think=self.settings.think,
+            token_ids=body,
+            truncated=truncated,
+            stop_at_answer=stop_at_answer,
+        )
+
     def _check_chat_template(self) -> None:
         """Refuse a tokenizer without a chat template, naming the model and the fix."""
         if not getattr(self._tok, "chat_template", None):
@@ -72,17 +195,6 @@ class LocalEngine(Engine):
                 f"model {self.settings.model!r} has no chat template; probe renders every trial as a chat. "
                 "Use an instruction-tuned model (or add a chat_template to its tokenizer_config.json)."
             )
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A trial rendered to ids up to its slot (reasoning appended in think mode), with its option token sequences."""
-
-    ids: tuple[int, ...]
-    options: tuple[tuple[int, ...], ...]
-    reasoning: str = ""
-    reasoning_tokens: int = 0
-    hit_budget: bool = False
 
 
 def with_reasoning(
@@ -154,32 +266,13 @@ def assembled_readout(
     )
 
 
-def reply_sample(
-    tok: Any,
-    trial: Trial,
-    draw: int,
-    prompt_tokens: int,
-    gen: Sequence[int],
-    stops: set[int],
-    *,
-    think: bool,
-    truncated: bool,
-    stop_at_answer: bool,
-) -> Sample:
-    """The parsed :class:`Sample` of one generated reply ``gen`` (its stop tokens dropped before decoding)."""
-    body = [g for g in gen if g not in stops]
-    text = tok.decode(body, skip_special_tokens=False)
-    return parsed_sample(
-        trial,
-        draw,
-        text,
-        prompt_tokens,
-        len(gen),
-        think=think,
-        token_ids=body,
-        truncated=truncated,
-        stop_at_answer=stop_at_answer,
-    )
+def with_stop(gen: Sequence[int], stop_reason: Any, end_id: int) -> list[int]:
+    """Generated ids with the ``end_id`` (``</think>``) they stopped at: vLLM keeps it among the ids, and where a
+    version or a server left it out, it is restored from the reply's ``stop_reason``."""
+    out = [int(g) for g in gen]
+    if stop_reason == end_id and (not out or out[-1] != end_id):
+        out.append(end_id)
+    return out
 
 
 def folder_info(path: str | None) -> dict[str, Any]:

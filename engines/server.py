@@ -57,19 +57,10 @@ from engines.api import ApiEngine, ApiSettings, TransportGaveUp, parse_model_spe
 from engines.api import from_args as api_from_args
 from engines.api_journal import AppendLog
 from engines.api_providers import TransportError
-from engines.base import (
-    RAW_SAMPLING,
-    Draws,
-    EngineSettings,
-    ProgressFn,
-    draw_seed,
-    reasoning_record,
-    reasoning_seed,
-    require,
-)
+from engines.base import RAW_SAMPLING, Draws, EngineSettings, ProgressFn, draw_seed, reasoning_record, require
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
-from engines.local import Prepared, assembled_readout, folder_info, slot_readout, with_reasoning
-from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
+from engines.local import Prepared, RendersLocally, assembled_readout, folder_info, slot_readout, with_stop
+from engines.render import rendered_system_prompt
 from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError, ProbeError
 from probe.types import Message, Readout, Sample, Trial
@@ -320,16 +311,17 @@ class Request:
         return len(self.body["prompt"])
 
 
-def reasoning_sampling(s: EngineSettings, trial_id: str) -> dict[str, Any]:
+def reasoning_sampling(s: EngineSettings, seed: int) -> dict[str, Any]:
     """The sampling fields of a think request: none for greedy reasoning, else the local engines' settings
-    (``--think-sampling``) with the trial's own seed, so the server reasons as ``engines.vllm`` does."""
+    (``--think-sampling``) with the trial's own ``seed`` (:func:`engines.base.reasoning_seed`), so the server
+    reasons as ``engines.vllm`` does."""
     if s.think_temperature == 0:
         return {}
     return {
         "temperature": float(s.think_temperature),
         "top_p": float(s.think_top_p),
         "top_k": int(s.think_top_k),
-        "seed": reasoning_seed(s.seed, trial_id),
+        "seed": seed,
     }
 
 
@@ -484,7 +476,7 @@ def bounded_readout(
 
 
 # ------------------------------------------------------------------ engine
-class ServerEngine(ApiEngine):
+class ServerEngine(RendersLocally, ApiEngine):
     """Answer-slot readouts and samples through an OpenAI-compatible server; see the module docstring.
 
     ``tokenizer`` and ``client_factory`` can be injected (tests).
@@ -550,18 +542,6 @@ class ServerEngine(ApiEngine):
         gen = Path(ref.path) / "generation_config.json"
         self._generation_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
 
-    @property
-    def tokenizer(self) -> Any:
-        if self._tok is None:
-            self._load_tokenizer()
-        return self._tok
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _stops(self) -> set[int]:
-        return stop_ids(self.tokenizer, self._generation_eos)
-
     def _reverse_vocab(self) -> dict[str, int]:
         """Decoded token text -> id, for servers that name top-k tokens by text (ambiguous texts left out)."""
         if self._reverse is None:
@@ -583,8 +563,8 @@ class ServerEngine(ApiEngine):
         trial = Trial(
             "canary", "canary", "canary", {}, (Message("user", CANARY_PROMPT),), CANARY_OPTIONS, CANARY_OPTIONS
         )
-        ids = render_ids(self.tokenizer, trial, think=False, system_prompt=s.system_prompt)
-        yes, no = (o[0] for o in option_ids(self.tokenizer, trial))
+        ids = self.render(trial, think=False)
+        yes, no = (o[0] for o in self.option_ids(trial))
         found: dict[str, Any] = {"url": public_url(s.base_url), "version": self._version(), "prompt_tokens": len(ids)}
         offered: dict[str, bool] = {}
         reasons: dict[str, str] = {}
@@ -827,17 +807,11 @@ class ServerEngine(ApiEngine):
         return out
 
     # ---------------------------------------------------------------- readouts
-    def prepare(self, trials: Sequence[Trial]) -> list[Prepared]:
-        """Render trials; in think mode, generate the reasoning greedily through the server and append it."""
+    def _reason(
+        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], budget: int, end_id: int, stops: set[int]
+    ) -> list[list[int]]:
+        """The reasoning of think mode, through the server: one ``/v1/completions`` request per trial."""
         s = self.settings
-        tok = self.tokenizer
-        opts = [option_ids(tok, t) for t in trials]
-        base = [render_ids(tok, t, think=s.think, system_prompt=s.system_prompt) for t in trials]
-        if not s.think:
-            return [Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
-        end_id = think_end_id(tok, s.model)
-        stops = self._stops()
-        budget = s.think_budget
         reqs = [
             Request(
                 i,
@@ -851,18 +825,12 @@ class ServerEngine(ApiEngine):
                     skip_special_tokens=False,
                     return_token_ids=True,
                     logprobs=0,
-                    **reasoning_sampling(s, t.trial_id),
+                    **reasoning_sampling(s, seed),
                 ),
             )
-            for i, (t, ids) in enumerate(zip(trials, base, strict=True))
+            for i, (ids, seed) in enumerate(zip(prompts, seeds, strict=True))
         ]
-        gens = []
-        for r in self.fetch(reqs):
-            gen = list(r.generated)
-            if r.stop_reason == end_id and (not gen or gen[-1] != end_id):
-                gen.append(end_id)  # the stop token, where the server left it out of the ids
-            gens.append(gen)
-        return with_reasoning(tok, trials, base, opts, gens, end_id=end_id, stops=stops, budget=budget)
+        return [with_stop(r.generated, r.stop_reason, end_id) for r in self.fetch(reqs)]
 
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
         """The answer-slot distribution of each trial, in input order (see the module docstring)."""
@@ -872,7 +840,7 @@ class ServerEngine(ApiEngine):
         t0 = time.perf_counter()
         before = self.readout_stats["bounded_options"]
         for t in trials:  # fail on a bad option before sending anything
-            option_ids(self.tokenizer, t)
+            self.option_ids(t)
         prepared = self.prepare(trials)
         tries = [build_trie(p.options) for p in prepared]
         s = self.settings
@@ -925,7 +893,7 @@ class ServerEngine(ApiEngine):
         """A ``/v1/completions`` draw on the readout's own token ids: raw sampling at ``temperature`` (no top-k,
         top-p, min-p or penalties), the draw's seed, stopping at the model's end-of-turn ids."""
         s = self.settings
-        ids = render_ids(self.tokenizer, trial, think=s.think, system_prompt=s.system_prompt)
+        ids = self.render(trial)
         return {
             "model": s.model,
             "prompt": list(ids),
@@ -933,7 +901,7 @@ class ServerEngine(ApiEngine):
             "temperature": float(temperature),
             **RAW_SAMPLING,
             "seed": draw_seed(s.seed, trial.trial_id, draw),
-            "stop_token_ids": sorted(self._stops()),
+            "stop_token_ids": sorted(self._stop_ids()),
             "skip_special_tokens": False,
             "return_token_ids": True,
             **dict(s.extra_body),
@@ -947,7 +915,7 @@ class ServerEngine(ApiEngine):
         raw = self._post(body)
         reply = parse_completion(raw)
         check_prompt_count(len(body["prompt"]), reply, "a sampling request")
-        stops = self._stops()
+        stops = self._stop_ids()
         text = raw["choices"][0].get("text") or ""
         if reply.generated:
             text = self.tokenizer.decode([t for t in reply.generated if t not in stops], skip_special_tokens=False)

@@ -42,19 +42,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from engines import LOADING
-from engines.base import (
-    RAW_SAMPLING,
-    Draws,
-    EngineSettings,
-    ProgressFn,
-    check_reasoning,
-    draw_seed,
-    reasoning_seed,
-    require,
-)
+from engines.base import RAW_SAMPLING, Draws, EngineSettings, ProgressFn, check_reasoning, require
 from engines.flags import NO_FLAG, add_flags, flag, flagged, settings_from_flags
-from engines.local import LocalEngine, Prepared, folder_info, reply_sample, slot_readout, with_reasoning
-from engines.render import option_ids, render_ids, rendered_system_prompt, stop_ids, think_end_id
+from engines.local import LocalEngine, Prepared, folder_info, slot_readout, with_stop
+from engines.render import rendered_system_prompt
 from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError, ProbeError
 from probe.models import resolve_model
@@ -697,16 +688,9 @@ class VLLMEngine(LocalEngine):
         info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
 
-    # ------------------------------------------------------------- rendering
-    def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
-        think = self.settings.think if think is None else think
-        return render_ids(self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt)
-
-    def option_ids(self, trial: Trial) -> tuple[tuple[int, ...], ...]:
-        return option_ids(self.tokenizer, trial)
-
     def _stops(self) -> set[int]:
-        return stop_ids(self.tokenizer, self._generation_eos)
+        """:meth:`_stop_ids`, by the name ``scripts/bench/vllm_child.py`` calls it."""
+        return self._stop_ids()
 
     def _logprob_kind(self) -> Kind:
         want = self.settings.logprob_request
@@ -762,16 +746,10 @@ class VLLMEngine(LocalEngine):
         budget = getattr(cfg, "max_num_batched_tokens", None) or self.settings.max_num_batched_tokens or 2048
         return int(budget), int(getattr(cfg, "max_num_seqs", None) or 256)
 
-    def prepare(self, trials: Sequence[Trial]) -> list[Prepared]:
-        """Render trials; in think mode, generate the reasoning greedily and append it as ids."""
-        opts = [self.option_ids(t) for t in trials]
-        base = [self.render(t) for t in trials]
-        if not self.settings.think:
-            return [Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
-        tok = self.tokenizer
-        end_id = think_end_id(tok, self.settings.model)
-        stops = self._stops()
-        budget = self.settings.think_budget
+    def _reason(
+        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], budget: int, end_id: int, stops: set[int]
+    ) -> list[list[int]]:
+        """The reasoning of think mode: one request per trial (:func:`think_params`), in one ``generate`` call."""
         s = self.settings
         params = [
             think_params(
@@ -780,12 +758,11 @@ class VLLMEngine(LocalEngine):
                 temperature=s.think_temperature,
                 top_p=s.think_top_p,
                 top_k=s.think_top_k,
-                seed=reasoning_seed(s.seed, t.trial_id),
+                seed=seed,
             )
-            for t in trials
+            for seed in seeds
         ]
-        gens = [generated_ids(res, end_id) for res in self._generate(base, params)]
-        return with_reasoning(tok, trials, base, opts, gens, end_id=end_id, stops=stops, budget=budget)
+        return [generated_ids(res, end_id) for res in self._generate(prompts, params)]
 
     # -------------------------------------------------------------- readouts
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
@@ -906,27 +883,21 @@ class VLLMEngine(LocalEngine):
             if progress:
                 progress(len(trials) * n)
             return out
-        s = self.settings
-        rows = [(t, d) for t in trials for d in range(n)]
-        base = {t.trial_id: self.render(t) for t in trials}
-        prompts = [base[t.trial_id] for t, _ in rows]
-        stops = self._stops()
-        budget = (draws.max_new_tokens or s.max_new_tokens) + (s.think_budget if s.think else 0)
-        params = [sample_params(temperature, draw_seed(s.seed, t.trial_id, d), budget, stops) for t, d in rows]
-        outs = self._generate_seeded(prompts, params)
+        rows = self._seeded_rows(trials, n)
+        stops = self._stop_ids()
+        budget = self._reply_budget(draws)
+        params = [sample_params(temperature, r.seed, budget, stops) for r in rows]
+        outs = self._generate_seeded([r.prompt for r in rows], params)
         samples = [
-            reply_sample(
-                self.tokenizer,
-                t,
-                d,
-                len(p),
+            self._parsed_reply(
+                trials[r.trial],
+                r,
                 [int(g) for g in res.outputs[0].token_ids],
                 stops,
-                think=s.think,
                 truncated=res.outputs[0].finish_reason == "length",  # hit the token cap, not ended by the model
                 stop_at_answer=draws.stop_at_answer,
             )
-            for (t, d), p, res in zip(rows, prompts, outs, strict=True)
+            for r, res in zip(rows, outs, strict=True)
         ]
         if progress:
             progress(len(rows))
@@ -996,10 +967,7 @@ def sample_params(temperature: float, seed: int, max_tokens: int, stops: Iterabl
 def generated_ids(output: Any, end_id: int) -> list[int]:
     """The generated ids with their stop token (vLLM keeps it; restored from ``stop_reason`` if a version did not)."""
     comp = output.outputs[0]
-    gen = [int(g) for g in comp.token_ids]
-    if getattr(comp, "stop_reason", None) == end_id and (not gen or gen[-1] != end_id):
-        gen.append(end_id)
-    return gen
+    return with_stop(comp.token_ids, getattr(comp, "stop_reason", None), end_id)
 
 
 def _has_field(cls: Any, name: str) -> bool:
