@@ -340,6 +340,17 @@ class ApiEngine(Engine):
     """Sampling through a provider's API; see the module docstring."""
 
     name = "api"
+    value_settings: tuple[str, ...] = (
+        "provider",
+        "model",
+        "system_prompt",
+        "max_tokens",
+        "think",
+        "thinking_budget",
+        "reasoning_effort",
+        "seed",
+    )
+    """The settings that change the answers (they enter the run key, with ``extra_body``)."""
 
     def __init__(
         self,
@@ -473,14 +484,7 @@ class ApiEngine(Engine):
         s = self.settings
         return {
             "engine": self.name,
-            "provider": s.provider,
-            "model": s.model,
-            "system_prompt": s.system_prompt,
-            "max_tokens": s.max_tokens,
-            "think": s.think,
-            "thinking_budget": s.thinking_budget,
-            "reasoning_effort": s.reasoning_effort,
-            "seed": s.seed,
+            **{k: getattr(s, k) for k in self.value_settings},
             "extra_body": dict(s.extra_body),
         }
 

@@ -484,6 +484,8 @@ class ServerEngine(RendersLocally, ApiEngine):
 
     name = "server"
     settings: ServerSettings
+    value_settings = (*ApiEngine.value_settings, "top_other", "think_budget")
+    """The API engine's value settings, and how many non-option tokens a readout reports and how long it reasons."""
 
     def __init__(self, settings: ServerSettings, *, tokenizer: Any = None, **kw: Any) -> None:
         super().__init__(settings, **kw)
@@ -770,10 +772,7 @@ class ServerEngine(RendersLocally, ApiEngine):
         s = self.settings
         return {
             **super().identity(),
-            "engine": self.name,
             "readout_mode": self.mode,
-            "top_other": s.top_other,
-            "think_budget": s.think_budget,
             **reasoning_record(s),
             "tokenizer": (folder_info(self._tok_path) or {}).get("fingerprint") or s.tokenizer or s.model,
         }
