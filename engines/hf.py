@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 from engines.base import Draws, EngineSettings, ProgressFn, check_reasoning, require
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
-from engines.local import DrawRow, LocalEngine, Prepared, folder_info, slot_readout
+from engines.local import DrawRow, LocalEngine, Prepared, ThinkRequest, folder_info, slot_readout
 from engines.placement import TorchCuda, check_device_arg, check_offload, nvidia_driver, place
 from engines.render import checked_option_ids, encode_option, option_texts, rendered_system_prompt, stop_ids
 from engines.sampling import (
@@ -974,19 +974,16 @@ class HFEngine(LocalEngine):
         ]
 
     # -------------------------------------------------------------- sampling
-    def _reason(
-        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], max_new: int, end_id: int, stops: set[int]
-    ) -> list[list[int]]:
+    def _reason(self, request: ThinkRequest) -> list[list[int]]:
         """The reasoning of think mode: whole length buckets decoded with a KV cache, greedily or (with
-        ``think_temperature`` > 0) sampled with top-p / top-k, each trial from its own seeded generator, until
-        ``end_id`` or one of ``stops``.
+        ``think_temperature`` > 0) sampled with top-p / top-k, each trial from its own seeded generator.
 
         Every row of a bucket stays in it to the end, so a row's logits never
         depend on when its neighbours stopped.
         """
         torch = require("torch", "hf")
         s = self.settings
-        stops = stops | {end_id}
+        prompts, seeds, max_new, stops = request.prompts, request.seeds, request.budget, request.ends
         out: list[list[int]] = [[] for _ in prompts]
         longest = max((len(p) for p in prompts), default=0)
         rows = self._reasoning_rows(longest + max_new)

@@ -46,6 +46,28 @@ class DrawRow:
     seed: int
 
 
+@dataclass(frozen=True)
+class ThinkRequest:
+    """What one think-mode reasoning call (:meth:`RendersLocally._reason`) asks for, as one value (as
+    :class:`engines.base.Draws` is for a sample call)."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    """Each trial's prompt, rendered up to where its reasoning starts."""
+    seeds: tuple[int, ...]
+    """Each trial's reasoning seed (:func:`engines.base.reasoning_seed`), for ``think_temperature`` > 0."""
+    budget: int
+    """Most reasoning tokens of a trial."""
+    end_id: int
+    """The id of ``</think>``."""
+    stops: frozenset[int]
+    """The ids that end the model's turn."""
+
+    @property
+    def ends(self) -> set[int]:
+        """The ids a trace stops at (and keeps): ``</think>`` and the end-of-turn ids."""
+        return {*self.stops, self.end_id}
+
+
 class RendersLocally:
     """What renders every trial to token ids with a local copy of the model's tokenizer and reads the slot after
     them: the local engines (:class:`LocalEngine`) and readouts through a server (:mod:`engines.server`).
@@ -99,16 +121,13 @@ class RendersLocally:
         tok = self.tokenizer
         end_id = think_end_id(tok, s.model)
         stops = self._stop_ids()
-        seeds = [reasoning_seed(s.seed, t.trial_id) for t in trials]
-        gens = self._reason(base, seeds, s.think_budget, end_id, stops)
+        seeds = tuple(reasoning_seed(s.seed, t.trial_id) for t in trials)
+        gens = self._reason(ThinkRequest(tuple(base), seeds, s.think_budget, end_id, frozenset(stops)))
         return with_reasoning(tok, trials, base, opts, gens, end_id=end_id, stops=stops, budget=s.think_budget)
 
-    def _reason(
-        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], budget: int, end_id: int, stops: set[int]
-    ) -> list[list[int]]:
-        """The reasoning generated after each think-mode prompt, up to ``budget`` tokens, ending at ``end_id``
-        (``</think>``) or one of ``stops`` (that token included): greedy, or at ``think_temperature`` from the
-        trial's seed in ``seeds``."""
+    def _reason(self, request: ThinkRequest) -> list[list[int]]:
+        """The reasoning generated after each prompt of ``request``, up to its budget, ending at (and keeping) one
+        of its ``ends``: greedy, or at ``think_temperature`` from the trial's seed."""
         raise NotImplementedError
 
 

@@ -59,7 +59,15 @@ from engines.api_journal import AppendLog
 from engines.api_providers import TransportError
 from engines.base import RAW_SAMPLING, Draws, EngineSettings, ProgressFn, draw_seed, reasoning_record, require
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
-from engines.local import Prepared, RendersLocally, assembled_readout, folder_info, slot_readout, with_stop
+from engines.local import (
+    Prepared,
+    RendersLocally,
+    ThinkRequest,
+    assembled_readout,
+    folder_info,
+    slot_readout,
+    with_stop,
+)
 from engines.render import rendered_system_prompt
 from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError, ProbeError
@@ -806,9 +814,7 @@ class ServerEngine(RendersLocally, ApiEngine):
         return out
 
     # ---------------------------------------------------------------- readouts
-    def _reason(
-        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], budget: int, end_id: int, stops: set[int]
-    ) -> list[list[int]]:
+    def _reason(self, request: ThinkRequest) -> list[list[int]]:
         """The reasoning of think mode, through the server: one ``/v1/completions`` request per trial."""
         s = self.settings
         reqs = [
@@ -819,17 +825,17 @@ class ServerEngine(RendersLocally, ApiEngine):
                 completion_body(
                     s.model,
                     ids,
-                    max_tokens=budget,
-                    stop_token_ids=sorted(stops | {end_id}),
+                    max_tokens=request.budget,
+                    stop_token_ids=sorted(request.ends),
                     skip_special_tokens=False,
                     return_token_ids=True,
                     logprobs=0,
                     **reasoning_sampling(s, seed),
                 ),
             )
-            for i, (ids, seed) in enumerate(zip(prompts, seeds, strict=True))
+            for i, (ids, seed) in enumerate(zip(request.prompts, request.seeds, strict=True))
         ]
-        return [with_stop(r.generated, r.stop_reason, end_id) for r in self.fetch(reqs)]
+        return [with_stop(r.generated, r.stop_reason, request.end_id) for r in self.fetch(reqs)]
 
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
         """The answer-slot distribution of each trial, in input order (see the module docstring)."""

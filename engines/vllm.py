@@ -44,7 +44,7 @@ from typing import Any, Literal
 from engines import LOADING
 from engines.base import RAW_SAMPLING, Draws, EngineSettings, ProgressFn, check_reasoning, require
 from engines.flags import NO_FLAG, add_flags, flag, flagged, settings_from_flags
-from engines.local import LocalEngine, Prepared, folder_info, slot_readout, with_stop
+from engines.local import LocalEngine, Prepared, ThinkRequest, folder_info, slot_readout, with_stop
 from engines.render import rendered_system_prompt
 from engines.trie import Prefix, Trie, build_trie
 from probe.errors import ModelError, ProbeError
@@ -746,23 +746,21 @@ class VLLMEngine(LocalEngine):
         budget = getattr(cfg, "max_num_batched_tokens", None) or self.settings.max_num_batched_tokens or 2048
         return int(budget), int(getattr(cfg, "max_num_seqs", None) or 256)
 
-    def _reason(
-        self, prompts: Sequence[tuple[int, ...]], seeds: Sequence[int], budget: int, end_id: int, stops: set[int]
-    ) -> list[list[int]]:
+    def _reason(self, request: ThinkRequest) -> list[list[int]]:
         """The reasoning of think mode: one request per trial (:func:`think_params`), in one ``generate`` call."""
         s = self.settings
         params = [
             think_params(
-                budget,
-                stops | {end_id},
+                request.budget,
+                request.ends,
                 temperature=s.think_temperature,
                 top_p=s.think_top_p,
                 top_k=s.think_top_k,
                 seed=seed,
             )
-            for seed in seeds
+            for seed in request.seeds
         ]
-        return [generated_ids(res, end_id) for res in self._generate(prompts, params)]
+        return [generated_ids(res, request.end_id) for res in self._generate(request.prompts, params)]
 
     # -------------------------------------------------------------- readouts
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
