@@ -688,10 +688,6 @@ class VLLMEngine(LocalEngine):
         info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
 
-    def _stops(self) -> set[int]:
-        """:meth:`_stop_ids`, by the name ``scripts/bench/vllm_child.py`` calls it."""
-        return self._stop_ids()
-
     def _logprob_kind(self) -> Kind:
         want = self.settings.logprob_request
         if want == "top_k":

@@ -211,7 +211,7 @@ def run(plan: dict[str, Any], out: dict[str, Any]) -> None:
         trials = binary_trials(count, sp["trials"])
         n, max_new = sp["n"], sp["max_new_tokens"]
         prompts = [list(engine.render(t)) for t in trials]
-        stops = sorted(engine._stops())
+        stops = sorted(engine._stop_ids())
         index = {t.trial_id: i for i, t in enumerate(trials)}
 
         def probe_run() -> list[dict[str, Any]]:
