@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -37,13 +38,18 @@ class Server:
         return self.url.rsplit("/v1", 1)[0]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+        stop_process(self.proc, grace=3)
+
+
+def stop_process(proc: subprocess.Popen, *, sig: int = signal.SIGTERM, grace: float, kill_wait: float = 15) -> None:
+    """Stop a server started by a test: send ``sig``, wait ``grace`` s for it to exit, else kill it and reap it."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=kill_wait)
 
 
 def free_port() -> int:

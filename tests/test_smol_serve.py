@@ -80,7 +80,7 @@ def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine
     pytest.importorskip("openai")
     from engines.api import ApiEngine, ApiSettings
     from engines.api_providers import ApiRequestError
-    from tests.api_serve import free_port, wait_until_serving
+    from tests.api_serve import free_port, stop_process, wait_until_serving
 
     port = free_port()
     log = tmp_path / "serve.log"
@@ -112,11 +112,6 @@ def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine
         with pytest.raises(ApiRequestError, match=r"Server is pinned to 'smol'; requested 'tiny'.*model name"):
             wrong.load().sample([trial], n=1, temperature=1.0)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop_process(proc, grace=10)
     with pytest.raises(OSError):  # probe serve became the server: stopping it stopped the server, none is left
         urllib.request.urlopen(f"{url}/models", timeout=2)

@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm installs it into .venv-vllm)")
 
 from scripts.vllm_parity import parity  # noqa: E402
+from tests.api_serve import free_port, stop_process, wait_until_serving  # noqa: E402
 from tests.conftest import make_trial  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,21 +57,7 @@ class Served:
         return f"openai-compatible:{self.model}@{self.url}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        stop_process(self.proc, sig=signal.SIGINT, grace=60, kill_wait=30)
 
 
 def start(model: str, root: Path, timeout: float = 900.0) -> Served:
@@ -84,23 +70,14 @@ def start(model: str, root: Path, timeout: float = 900.0) -> Served:
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     served = Served(model, f"http://127.0.0.1:{port}/v1", proc, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"probe serve {model} --engine vllm exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-            )
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
-                if model in r.read().decode():
-                    return served
-        except OSError:
-            pass
-        time.sleep(2)
-    served.stop()
-    raise RuntimeError(
-        f"probe serve {model} --engine vllm did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}"
-    )
+    try:
+        wait_until_serving(
+            served.url, model, proc, log, what=f"probe serve {model} --engine vllm", timeout=timeout, poll=2
+        )
+    except RuntimeError:
+        served.stop()
+        raise
+    return served
 
 
 @pytest.fixture(scope="module", params=["tiny", "smol"])
