@@ -32,9 +32,7 @@ from analysis.battery.results import Part
 from analysis.common.bootstrap import finite_ci, resample_index
 from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
-from probe.record import Manifest
 from probe.runs import Run
-from probe.types import Trial
 
 LEVEL = 0.95
 N_OUTLIERS = 5
@@ -80,14 +78,6 @@ class RunData:
     @property
     def name(self) -> str:
         return self.run.name
-
-    @property
-    def manifest(self) -> Manifest:
-        return self.opened.manifest
-
-    @property
-    def trial_list(self) -> list[Trial]:
-        return self.opened.trial_list
 
     @property
     def theta(self) -> pd.Series | None:
@@ -567,12 +557,12 @@ def planted_r2(c: Context) -> pd.DataFrame | None:
     """r^2 between the planted thetas of the sim runs on the consensus items; None without two sim runs or a consensus."""
     from engines.sim import SimParams
 
-    sims = {n: d for n, d in c.runs.items() if d.manifest.engine.kind == "sim"}
+    sims = {n: d for n, d in c.runs.items() if d.opened.manifest.engine.kind == "sim"}
     if len(sims) < 2 or c.consensus is None:
         return None
     items = list(c.consensus.index)
     planted = pd.DataFrame(
-        {n: [SimParams(**d.manifest.engine.params).item_theta(str(i)) for i in items] for n, d in sims.items()},
+        {n: [SimParams(**d.opened.manifest.engine.params).item_theta(str(i)) for i in items] for n, d in sims.items()},
         index=items,
     )
     r2 = planted.corr() ** 2
@@ -839,7 +829,7 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
     """The readout temperature of (readout run r, sampled run s) and the agreement of the cell-level quantities."""
     from analysis.battery.calibration import calibrate
 
-    tau = s.manifest.temperature
+    tau = s.opened.manifest.temperature
     if not tau > 0:
         raise ValueError(f"run {s.name!r} sampled greedily (temperature {tau:g}): no temperature to fit")
     ids = sorted(set(r.per_trial["trial_id"]) & set(s.per_trial["trial_id"]))
@@ -847,7 +837,7 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
         raise ValueError(f"runs {r.name!r} and {s.name!r} share no trial id; were they run with the same spec?")
     keep = set(ids)
     samples = _samples(s.opened)
-    sopts, sper = _count(samples[samples["trial_id"].isin(keep)], s.trial_list)
+    sopts, sper = _count(samples[samples["trial_id"].isin(keep)], s.opened.trial_list)
     ropts, rper = r.options[r.options["trial_id"].isin(keep)], r.per_trial[r.per_trial["trial_id"].isin(keep)]
     ro = r.opened.load("readout_options")
     meaning = "cbr" if "cbr" in set(sopts["meaning"]) else None
