@@ -146,6 +146,8 @@ class VerbFlip:
     trials: pd.DataFrame
     """The Yes/No forced-binary trials of replicate 0."""
     cells: pd.DataFrame
+    """Per story: mean P(CBR) in each (verb, order) cell, ``p_cbr_<verb>_<order>``; stories with an empty cell
+    are left out (in the part's ``dropped``)."""
     dec: pd.DataFrame
     """Per story: z, lexical, order, apparent."""
 
@@ -247,7 +249,9 @@ class Choice:
     """I-2, free choice: the judged replies and the per-dilemma verdict shares (:func:`compute_choice`)."""
 
     replies: pd.DataFrame
+    """The judged replies (one row each) with their dilemma, framing, print order and replicate."""
     per_item: pd.DataFrame
+    """Per dilemma: P(PRO), P(ANTI), P(NONCOMMIT), the stance, sigma_repro, sigma_raw and the order pull."""
     stance: pd.Series
     """P(PRO) - P(ANTI) per dilemma."""
 
