@@ -60,11 +60,13 @@ from analysis.battery.compare import (
 from analysis.battery.fit import N_BOOT, SEED
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import (
+    Body,
     Section,
     dropped_md,
     panel_md,
     report_files,
     run_sections,
+    titled,
     write_dropped,
     write_summary,
 )
@@ -78,17 +80,19 @@ def _csv(df: pd.DataFrame, path: Path, index: bool = True) -> Path:
     return path
 
 
-def matching_section(c: Context, out: Path) -> Section:
+@titled("Panel and item matching")
+def matching_section(c: Context, out: Path) -> Body:
     write_dropped(c.dropped, out)
     lines = [
         *panel_md(c.panel),
         "",
         *dropped_md(c.dropped[c.dropped["run"] != "humans"], len(c.shared), "dilemmas"),
     ]
-    return Section("Panel and item matching", lines, [out / "dropped_items.csv"])
+    return lines, [out / "dropped_items.csv"]
 
 
-def models_section(c: Context, out: Path) -> Section:
+@titled("Models side by side: stance, incoherence, G, decomposition")
+def models_section(c: Context, out: Path) -> Body:
     """Per run on the shared items (:func:`analysis.battery.compare.models_table`), with the per-item tables."""
     table = models_table(c)
     long = [d.inc.assign(run=name).reset_index() for name, d in c.runs.items() if d.inc is not None]
@@ -126,10 +130,11 @@ def models_section(c: Context, out: Path) -> Section:
         dec = pd.concat(decs, ignore_index=True)
         files.append(_csv(dec, out / "decomposition_by_item.csv", index=False))
         files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
-    return Section("Models side by side: stance, incoherence, G, decomposition", lines, files)
+    return lines, files
 
 
-def fits_section(c: Context, out: Path) -> Section:
+@titled("Framing susceptibility m and decisiveness s")
+def fits_section(c: Context, out: Path) -> Body:
     rows = []
     for name, d in c.runs.items():
         if d.fits is None:
@@ -140,9 +145,7 @@ def fits_section(c: Context, out: Path) -> Section:
     if not rows:
         why = "; ".join(f"{n}: {d.why.get('fit', '?')}" for n, d in c.runs.items())
         per_channel = [f"- {n}: {u.channel}: {u.why}" for n, d in c.runs.items() for u in d.unfitted]
-        return Section(
-            "Framing susceptibility m and decisiveness s", [f"No run could be fitted ({why}).", *per_channel], []
-        )
+        return [f"No run could be fitted ({why}).", *per_channel], []
     table = pd.DataFrame(rows)
     files = [_csv(table, out / "fit_sm.csv", index=False), _fit_figure(table, out / "fig_sm_models.png")]
     lines = [
@@ -178,10 +181,11 @@ def fits_section(c: Context, out: Path) -> Section:
             "",
             md_table(show, "{:+.3f}", nan="–"),
         ]
-    return Section("Framing susceptibility m and decisiveness s", lines, files)
+    return lines, files
 
 
-def dropped_stories_section(c: Context, out: Path) -> Section:
+@titled("Dropped stories")
+def dropped_stories_section(c: Context, out: Path) -> Body:
     """Per run: the shared stories a table left out for an empty design cell (label map, (s, m) fit), and why."""
     rows = [
         {"run": n, "dilemma": x.item_id, "table": x.analysis, "reason": x.reason}
@@ -189,7 +193,7 @@ def dropped_stories_section(c: Context, out: Path) -> Section:
         for x in d.dropped
     ]
     if not rows:
-        return Section("Dropped stories", [], [])
+        return [], []
     table = pd.DataFrame(rows).drop_duplicates().sort_values(["run", "dilemma", "table"], kind="stable")
     files = [_csv(table, out / "dropped_stories.csv", index=False)]
     lines = [
@@ -199,10 +203,11 @@ def dropped_stories_section(c: Context, out: Path) -> Section:
         "",
         *(f"- {r.run}: {r.dilemma}, {r.table}: {r.reason}" for r in table.itertuples()),
     ]
-    return Section("Dropped stories", lines, files)
+    return lines, files
 
 
-def agreement_section(c: Context, out: Path) -> Section:
+@titled("Agreement of the item ordering across runs")
+def agreement_section(c: Context, out: Path) -> Body:
     ag = c.agreement.get()
     theta, reference, rule, r, cons, per_run = ag.theta, ag.reference, ag.rule, ag.r, ag.consensus, ag.per_run
     r2 = r**2
@@ -243,20 +248,17 @@ def agreement_section(c: Context, out: Path) -> Section:
         "",
         md_table(s2_groups.reset_index(), "{:.3f}", nan="–"),
     ]
-    return Section("Agreement of the item ordering across runs", lines, files)
+    return lines, files
 
 
-def deliberation_section(c: Context, out: Path) -> Section:
+@titled("Deliberation: reasoning off - on")
+def deliberation_section(c: Context, out: Path) -> Body:
     pairs = c.panel.reasoning_pairs()
     if not pairs:
-        return Section(
-            "Deliberation: reasoning off - on",
-            [
+        return [
                 "No model has both a reasoning-off and a reasoning-on run in this panel (give `model:` and "
                 "`reasoning:` in a panel file to pair runs)."
-            ],
-            [],
-        )
+            ], []
     tables, lines = [], []
     for off, on in pairs:
         try:
@@ -287,18 +289,18 @@ def deliberation_section(c: Context, out: Path) -> Section:
             md_table(show, "{:+.3f}", nan="–"),
             *(["", *lines] if lines else []),
         ]
-    return Section("Deliberation: reasoning off - on", lines, files)
+    return lines, files
 
 
-def humans_section(c: Context, out: Path) -> Section:
-    title = "Human anchors"
+@titled("Human anchors")
+def humans_section(c: Context, out: Path) -> Body:
     if c.panel.humans is None:
-        return Section(title, ["No human table in this panel (`--humans CSV` or `humans:` in the panel file)."], [])
+        return ["No human table in this panel (`--humans CSV` or `humans:` in the panel file)."], []
     h = c.humans
     assert h is not None
     h = h[h["item_id"].isin(c.shared)]
     if h.empty:
-        return Section(title, ["None of the human items is among the shared dilemmas; check the item ids."], [])
+        return ["None of the human items is among the shared dilemmas; check the item ids."], []
     per_item = humans_per_item(h)
     table, by_item = humans_agreement(c.runs, per_item, n_boot=c.n_boot, seed=c.seed)
     files = [
@@ -333,21 +335,17 @@ def humans_section(c: Context, out: Path) -> Section:
             "",
             md_table(shift, "{:+.3f}", nan="–"),
         ]
-    return Section(title, lines, files)
+    return lines, files
 
 
-def logit_sampled_section(c: Context, out: Path) -> Section:
-    title = "Logit readout vs sampled behaviour (across runs)"
+@titled("Logit readout vs sampled behaviour (across runs)")
+def logit_sampled_section(c: Context, out: Path) -> Body:
     pairs = logit_sampled_pairs(list(c.runs.values()))
     if not pairs:
-        return Section(
-            title,
-            [
+        return [
                 "No pair of a readout run and a sampled-only run (`--no-readout --samples N`) of the same model and "
                 "reasoning flag with common trials (a run with both readouts and samples has this in its own report)."
-            ],
-            [],
-        )
+            ], []
     heads, cells, notes = [], [], []
     for r, s in pairs:
         try:
@@ -379,23 +377,20 @@ def logit_sampled_section(c: Context, out: Path) -> Section:
             "",
             md_table(ct, "{:+.3f}", nan="–"),
         ]
-    return Section(title, lines + (["", *notes] if notes else []), files)
+    return lines + (["", *notes] if notes else []), files
 
 
-def planted_section(c: Context, out: Path) -> Section:
+@titled("Planted vs recovered (synthetic subjects)")
+def planted_section(c: Context, out: Path) -> Body:
     """For sim runs: r^2 of the planted thetas beside the recovered r^2 matrix."""
     r2 = planted_r2(c)
     if r2 is None:
-        return Section("Planted vs recovered", [], [])
-    return Section(
-        "Planted vs recovered (synthetic subjects)",
-        [
+        return [], []
+    return [
             "r^2 of the planted thetas (compare with the recovered matrix above):",
             "",
             md_table(r2.reset_index(), "{:.3f}", nan="–"),
-        ],
-        [_csv(r2, out / "planted_r2.csv")],
-    )
+        ], [_csv(r2, out / "planted_r2.csv")]
 
 
 # ------------------------------------------------------------------ figures
@@ -562,7 +557,8 @@ def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int 
 
 
 # ------------------------------------------------------------------ yes/no
-def yesno_cells_section(c: Context, out: Path) -> Section:
+@titled("Cells and decomposition side by side")
+def yesno_cells_section(c: Context, out: Path) -> Body:
     cells = c.yesno.get()
     table, long = cells.table, cells.long
     files = [_csv(table, out / "models.csv"), _csv(long, out / "yesno_cells.csv", index=False)]
@@ -577,10 +573,11 @@ def yesno_cells_section(c: Context, out: Path) -> Section:
         md_table(table.reset_index(), "{:+.3f}", nan="–"),
     ]
     files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
-    return Section("Cells and decomposition side by side", lines, files)
+    return lines, files
 
 
-def yesno_agreement_section(c: Context, out: Path) -> Section:
+@titled("Agreement of the item ordering (z)")
+def yesno_agreement_section(c: Context, out: Path) -> Body:
     z = pd.DataFrame({n: d.dec["z"] for n, d in c.runs.items() if d.dec is not None}).dropna()
     r, cons, per_run = agreement(z)
     r2 = (r**2).rename_axis("run")
@@ -592,7 +589,7 @@ def yesno_agreement_section(c: Context, out: Path) -> Section:
         "",
         md_table(per_run.reset_index(), "{:+.3f}", nan="–"),
     ]
-    return Section("Agreement of the item ordering (z)", lines, files)
+    return lines, files
 
 
 def compare_yesno(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:

@@ -35,7 +35,7 @@ from analysis.battery.results import (
     load_frames,
 )
 from analysis.common.figures import pyplot, save_figure
-from analysis.common.report import Section, report_files, run_sections, write_summary
+from analysis.common.report import Body, Section, report_files, run_sections, titled, write_summary
 from analysis.common.tables import md_table
 from probe.files import atomic_write_text
 from probe.runs import Run
@@ -62,29 +62,27 @@ def corpus_form_order(corpus: str | None, forms: set[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------- sections
-Body = tuple[list[str], list[Path]]
-"""What a part's section writes: its Markdown lines and its files."""
-P = TypeVar("P")
+V = TypeVar("V")
 SectionFn = Callable[[Frames, BatteryResults, Path], Section]
 
 
 def part_section(
-    title: str, part: Callable[[BatteryResults], Part[P]]
-) -> Callable[[Callable[[Frames, BatteryResults, P, Path], Body]], SectionFn]:
-    """Make a section of one computed part: titled ``title``; the part's absent line when its instrument is absent.
+    title: str, part: Callable[[BatteryResults], Part[V]]
+) -> Callable[[Callable[[Frames, BatteryResults, V, Path], Body]], SectionFn]:
+    """A section (:func:`titled`) of one computed part; the part's absent line when its instrument is absent.
 
     The body receives the part's value (a part that failed raises its ValueError there, so the section says
     why it is not computed); the section keeps the body's name and docstring, which :func:`run_sections` uses.
     """
 
-    def wrap(body: Callable[[Frames, BatteryResults, P, Path], Body]) -> SectionFn:
+    def wrap(body: Callable[[Frames, BatteryResults, V, Path], Body]) -> SectionFn:
+        @titled(title)
         @functools.wraps(body)
-        def section(f: Frames, res: BatteryResults, out: Path) -> Section:
+        def section(f: Frames, res: BatteryResults, out: Path) -> Body:
             p = part(res)
             if p.absent:
-                return Section(title, [p.absent], [])
-            lines, files = body(f, res, p.get(), out)
-            return Section(title, lines, files)
+                return [p.absent], []
+            return body(f, res, p.get(), out)
 
         return section
 
@@ -446,7 +444,8 @@ def _bowtie_figure(sides: dict[str, pd.DataFrame], fits: pd.DataFrame, path: Pat
     return path
 
 
-def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@titled("Readout temperature")
+def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Body:
     """Readout temperature T per instrument (at the slot and on all parsed answers), parse rules, beside s."""
     from analysis.battery.calibration import (
         POOLED,
@@ -459,7 +458,7 @@ def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     from probe.views import count_samples
 
     if f.samples.empty:
-        return Section("Readout temperature", ["Needs --samples N (and readouts, from a logit engine)."], [])
+        return ["Needs --samples N (and readouts, from a logit engine)."], []
     rules = sample_rules(f.samples, f.trial_list, think=f.manifest.think)
     counts = rule_counts(rules, f.trial_list)
     atomic_write_text(out / "parse_rules.csv", counts.to_csv())
@@ -478,16 +477,10 @@ def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Section:
             "parsed by an older version): the rules above are today's; the 'all' temperatures use the stored answers.",
         ]
     if f.readout_options.empty:
-        return Section(
-            "Readout temperature", ["Needs readouts beside the samples (a logit engine).", "", *rule_lines], files
-        )
+        return ["Needs readouts beside the samples (a logit engine).", "", *rule_lines], files
     tau = f.manifest.temperature
     if tau <= 0:
-        return Section(
-            "Readout temperature",
-            ["Samples were greedy (temperature 0): no temperature to fit.", "", *rule_lines],
-            files,
-        )
+        return ["Samples were greedy (temperature 0): no temperature to fit.", "", *rule_lines], files
     rows = calibrate_by_instrument(
         f.readout_options, f.samples, f.trial_list, tau, think=f.manifest.think, rules=rules
     )
@@ -556,16 +549,17 @@ def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     if s_line:
         lines += ["", s_line.strip()]
     lines += ["", *rule_lines]
-    return Section("Readout temperature", lines, files)
+    return lines, files
 
 
-def validity_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@titled("Convergent validity")
+def validity_section(f: Frames, res: BatteryResults, out: Path) -> Body:
     """Convergent validity: I-2 and I-3 stances against theta, I-2 against the binary stance z (Pearson r, CI)."""
     from analysis.battery.stance import correlation_blocker, pearson_ci
 
     th = res.theta
     if th is None:
-        return Section("Convergent validity", ["Needs the graded instrument (theta)."], [])
+        return ["Needs the graded instrument (theta)."], []
     lines, rows = [], {}
     pairs = (
         ("I-2 choice stance", res.choice_stance, "theta", th),
@@ -589,14 +583,15 @@ def validity_section(f: Frames, res: BatteryResults, out: Path) -> Section:
     if rows:
         atomic_write_text(out / "validity.csv", pd.DataFrame(rows).T.to_csv(float_format="%.6f"))
         files.append(out / "validity.csv")
-    return Section("Convergent validity", lines, files)
+    return lines, files
 
 
-def planted_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@titled("Planted vs recovered (synthetic subject)")
+def planted_section(f: Frames, res: BatteryResults, out: Path) -> Body:
     """For a run of the synthetic subject: the planted parameters beside what the analysis recovered."""
     eng = f.manifest.engine
     if eng.kind != "sim":
-        return Section("Planted vs recovered", [], [])
+        return [], []
     from analysis.battery.fit import IDENTIFYING_PAIRS
     from engines.sim import SimParams
 
@@ -662,16 +657,15 @@ def planted_section(f: Frames, res: BatteryResults, out: Path) -> Section:
         lines += ["", md_table(table, "{:+.3f}", index=True, iterrows=True), ""]
         atomic_write_text(out / "planted_vs_recovered.csv", table.to_csv())
     lines.append(f"- readout temperature planted T = {params.T:g} (recovered: see Readout temperature)")
-    return Section(
-        "Planted vs recovered (synthetic subject)", lines, [out / "planted_vs_recovered.csv"] if len(table) else []
-    )
+    return lines, [out / "planted_vs_recovered.csv"] if len(table) else []
 
 
-def dropped_section(f: Frames, res: BatteryResults, out: Path) -> Section:
+@titled("Dropped stories")
+def dropped_section(f: Frames, res: BatteryResults, out: Path) -> Body:
     """The stories a table left out (a design cell with no usable answer), and why; empty when none were."""
     dropped = res.dropped
     if not dropped:
-        return Section("Dropped stories", [], [])
+        return [], []
     table = pd.DataFrame([{"dilemma": d.item_id, "table": d.analysis, "reason": d.reason} for d in dropped])
     table = table.drop_duplicates().sort_values(["dilemma", "table"], kind="stable")
     atomic_write_text(out / "dropped_stories.csv", table.to_csv(index=False))
@@ -681,7 +675,7 @@ def dropped_section(f: Frames, res: BatteryResults, out: Path) -> Section:
         "",
         *(f"- {r.dilemma}, {r.table}: {r.reason}" for r in table.itertuples()),
     ]
-    return Section("Dropped stories", lines, [out / "dropped_stories.csv"])
+    return lines, [out / "dropped_stories.csv"]
 
 
 SECTIONS: list[SectionFn] = [

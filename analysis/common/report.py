@@ -2,7 +2,7 @@
 
 A paper's report (or comparison) is a list of sections, each made by a
 function that returns a :class:`Section` (Markdown lines and the files it
-wrote); :func:`run_sections` runs them so that one that cannot be computed
+wrote; :func:`titled` makes one of a function that writes the lines and files); :func:`run_sections` runs them so that one that cannot be computed
 says why while the others still run, and :func:`write_summary` writes
 ``summary.md`` atomically. :func:`panel_md`, :func:`dropped_md` and
 :func:`write_dropped` are the panel table and the dropped-items log of every
@@ -13,10 +13,11 @@ files (tables, dropped items, figures, then the summary that names them).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import pandas as pd
 
@@ -32,6 +33,29 @@ class Section:
     title: str
     lines: list[str]
     files: list[Path]
+
+
+P = ParamSpec("P")
+Body = tuple[list[str], list[Path]]
+"""What a section's function writes: its Markdown lines (none: the section is left out) and its files."""
+
+
+def titled(title: str) -> Callable[[Callable[P, Body]], Callable[P, Section]]:
+    """Make a section of a function that writes a :data:`Body`: the section's ``title`` is said here, once.
+
+    The section keeps the function's name and docstring, which :func:`run_sections` names it by when it
+    cannot be computed.
+    """
+
+    def wrap(body: Callable[P, Body]) -> Callable[P, Section]:
+        @functools.wraps(body)
+        def section(*args: P.args, **kwargs: P.kwargs) -> Section:
+            lines, files = body(*args, **kwargs)
+            return Section(title, lines, files)
+
+        return section
+
+    return wrap
 
 
 def run_sections(
