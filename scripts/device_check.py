@@ -13,7 +13,7 @@ tests/test_device_check.py). Steps:
 3. **split** (GPU only): the model split over two devices (norm and ``lm_head`` on the CPU, the layers on the
    GPU) through every readout and sampling path, against the model in one place.
 4. **moe**: a randomly initialised Qwen3-MoE at the real widths (hidden 2048, 32/4 heads of 128, 128 experts top-8
-   of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (tiny widths on the CPU):
+   of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (the tiny model's widths on the CPU):
    readouts/s per path, decode steps/s at several batch sizes, draws/s, peak memory, each extrapolated to 48
    layers, and the drift of the bfloat16 head against the float32 head.
 5. **summary**: what was verified and, plainly, what was not.
@@ -237,33 +237,30 @@ def step_split(models: Sequence[str], device: str, emit: Callable[[dict[str, Any
     return problems
 
 
+REAL_WIDTHS: dict[str, int] = dict(
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    intermediate_size=6144,
+    vocab_size=151936,
+)
+"""The widths of step 4's MoE on a GPU: Qwen3-30B-A3B's (its layers: :data:`MOE_LAYERS`)."""
+
+
 def moe_config(cpu: bool) -> Any:
+    """Step 4's Qwen3-MoE config: :data:`REAL_WIDTHS`, or on a CPU the tiny model's widths (``probe.tiny``: the
+    same code path, seconds on 2 cores) with a 4,096-token vocabulary."""
     import transformers
 
-    if cpu:  # tiny widths: the same code path, seconds on 2 cores
-        widths = dict(
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            intermediate_size=64,
-            vocab_size=4096,
-        )
-    else:
-        widths = dict(
-            hidden_size=2048,
-            num_attention_heads=32,
-            num_key_value_heads=4,
-            head_dim=128,
-            num_experts=128,
-            num_experts_per_tok=8,
-            moe_intermediate_size=768,
-            intermediate_size=6144,
-            vocab_size=151936,
-        )
+    widths = REAL_WIDTHS
+    if cpu:
+        from probe.tiny import QWEN_MOE_CONFIG
+
+        widths = {k: QWEN_MOE_CONFIG[k] for k in REAL_WIDTHS if k != "vocab_size"} | {"vocab_size": 4096}
     return transformers.Qwen3MoeConfig(num_hidden_layers=MOE_LAYERS, max_position_embeddings=4096, **widths)
 
 
