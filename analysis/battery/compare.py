@@ -34,7 +34,6 @@ from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
 from probe.runs import Run
 
-LEVEL = 0.95
 N_OUTLIERS = 5
 CHANNELS = ("order", "lexical", "logic", "label")
 

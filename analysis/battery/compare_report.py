@@ -39,7 +39,6 @@ import pandas as pd
 
 from analysis.battery.compare import (
     HUMAN_VS,
-    LEVEL,
     N_OUTLIERS,
     Context,
     agreement,
@@ -57,7 +56,7 @@ from analysis.battery.compare import (
     planted_r2,
     yesno_context,
 )
-from analysis.battery.fit import N_BOOT, SEED
+from analysis.battery.fit import LEVEL, N_BOOT, SEED
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import (
     Body,

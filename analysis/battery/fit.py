@@ -554,9 +554,6 @@ def fit_channel(
     channel: str = "",
     n_boot: int = N_BOOT,
     seed: int = SEED,
-    level: float = LEVEL,
-    tie: float = TIE,
-    clip: float = CLIP,
 ) -> ChannelFit:
     """Fit (s, m) jointly to both sides of a channel; percentile bootstrap over items with a fixed seed.
 
@@ -568,7 +565,7 @@ def fit_channel(
     resamples whose fit does not converge are counted in ``n_boot_failed``
     and left out of the CI.
     """
-    check_bootstrap(level, n_boot)
+    check_bootstrap(LEVEL, n_boot)
     df = pd.concat([theta.rename("theta"), sides[["p_plus", "p_minus", "z"]]], axis=1, join="inner").dropna()
     n = len(df)
     if n < 3:
@@ -582,7 +579,7 @@ def fit_channel(
     stacked = np.concatenate([pp, pm])
     r2, rmse = _goodness(stacked, _residuals(x, th, pp, pm))
     lo, hi, failed = _bootstrap(
-        lambda idx: refit_resamples(th, pp, pm, idx, (s, m)), n, 2, n_boot=n_boot, seed=seed, level=level
+        lambda idx: refit_resamples(th, pp, pm, idx, (s, m)), n, 2, n_boot=n_boot, seed=seed, level=LEVEL
     )
     return ChannelFit(
         channel=channel,
@@ -595,9 +592,9 @@ def fit_channel(
         r2=r2,
         rmse=rmse,
         n_items=n,
-        n_near_tie=int(np.sum(np.abs(df["z"].to_numpy(float)) < tie)),
-        tie=tie,
-        quality=FitQuality.measure(stacked, x, ok, clip=clip, level=level, n_boot=n_boot, failed=failed, seed=seed),
+        n_near_tie=int(np.sum(np.abs(df["z"].to_numpy(float)) < TIE)),
+        tie=TIE,
+        quality=FitQuality.measure(stacked, x, ok, clip=CLIP, level=LEVEL, n_boot=n_boot, failed=failed, seed=seed),
         unidentified=unidentified_reason(th, float(lo[0]), float(hi[0]), [float(lo[1])], [float(hi[1])]),
     )
 
@@ -649,7 +646,9 @@ def fit_each_channel(
     theta: pd.Series,
     binary: pd.DataFrame,
     channels: tuple[str, ...] = ("order", "lexical", "logic", "label"),
-    **kw: Any,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
 ) -> tuple[pd.DataFrame, tuple[Unfitted, ...]]:
     """Fit every channel present in ``binary`` on its own complete stories; one row per fitted channel.
 
@@ -669,7 +668,7 @@ def fit_each_channel(
         if not chosen.any():
             continue
         try:
-            rows.append(fit_channel(theta, channel_sides(binary, ch), channel=ch, **kw).to_dict())
+            rows.append(fit_channel(theta, channel_sides(binary, ch), channel=ch, n_boot=n_boot, seed=seed).to_dict())
         except ValueError as e:
             unfitted.append(Unfitted(ch, unfitted_reason(theta, binary, ch, str(e))))
     return pd.DataFrame(rows), tuple(unfitted)
@@ -679,10 +678,12 @@ def fit_channels(
     theta: pd.Series,
     binary: pd.DataFrame,
     channels: tuple[str, ...] = ("order", "lexical", "logic", "label"),
-    **kw: Any,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
 ) -> pd.DataFrame:
     """The fitted rows of :func:`fit_each_channel` (channels that cannot be fitted are left out, not raised)."""
-    return fit_each_channel(theta, binary, channels, **kw)[0]
+    return fit_each_channel(theta, binary, channels, n_boot=n_boot, seed=seed)[0]
 
 
 # ------------------------------------------------------------ the joint fit
@@ -965,9 +966,6 @@ def fit_joint_data(
     *,
     n_boot: int = N_BOOT,
     seed: int = SEED,
-    level: float = LEVEL,
-    tie: float = TIE,
-    clip: float = CLIP,
 ) -> JointFit:
     """Fit P(CBR)[i, k] = sigmoid((theta_i + sum_c m_c x[k, c]) / s) to every cell of every item (least squares).
 
@@ -975,7 +973,7 @@ def fit_joint_data(
     from the point estimate (see :func:`refit_joint_resamples`); resamples
     that do not converge are counted in ``n_boot_failed`` and left out.
     """
-    check_bootstrap(level, n_boot)
+    check_bootstrap(LEVEL, n_boot)
     n, n_ch = len(data.items), len(data.channels)
     if n < 3:
         raise ValueError(f"the joint fit of family {data.family!r} needs at least 3 items with theta, got {n}")
@@ -990,7 +988,7 @@ def fit_joint_data(
     complete = ok.all(axis=1)
     z = (2 * p[complete] - 1).mean(axis=1)
     lo, hi, failed = _bootstrap(
-        lambda idx: refit_joint_resamples(data, idx, x), n, 1 + n_ch, n_boot=n_boot, seed=seed, level=level
+        lambda idx: refit_joint_resamples(data, idx, x), n, 1 + n_ch, n_boot=n_boot, seed=seed, level=LEVEL
     )
     return JointFit(
         family=data.family,
@@ -1005,18 +1003,24 @@ def fit_joint_data(
         rmse=rmse,
         n_items=n,
         n_cells=int(stacked.size),
-        n_near_tie=int(np.sum(np.abs(z) < tie)),
-        tie=tie,
-        quality=FitQuality.measure(stacked, x, conv, clip=clip, level=level, n_boot=n_boot, failed=failed, seed=seed),
+        n_near_tie=int(np.sum(np.abs(z) < TIE)),
+        tie=TIE,
+        quality=FitQuality.measure(stacked, x, conv, clip=CLIP, level=LEVEL, n_boot=n_boot, failed=failed, seed=seed),
         excluded=data.excluded,
         unidentified=unidentified_reason(th, float(lo[0]), float(hi[0]), lo[1:].tolist(), hi[1:].tolist()),
     )
 
 
 def fit_joint(
-    theta: pd.Series, binary: pd.DataFrame, family: str, *, labels: tuple[str, ...] | str | None = "default", **kw: Any
+    theta: pd.Series,
+    binary: pd.DataFrame,
+    family: str,
+    *,
+    labels: tuple[str, ...] | str | None = "default",
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
 ) -> JointFit:
-    """The joint fit of one label family: :func:`joint_cells` then :func:`fit_joint_data` (keywords go there).
+    """The joint fit of one label family: :func:`joint_cells` then :func:`fit_joint_data` (with ``n_boot`` and ``seed``).
 
     Unlike :func:`fit_channel`, whose sides each average over the other
     channels' offsets (the paper's estimand, a family-aggregate s), this fits
@@ -1024,30 +1028,35 @@ def fit_joint(
     adjusted for the others and s is not flattened by them. A cell with no
     usable answer (every draw refused) is simply absent from the fit.
     """
-    return fit_joint_data(joint_cells(theta, binary, family, labels=labels), **kw)
+    return fit_joint_data(joint_cells(theta, binary, family, labels=labels), n_boot=n_boot, seed=seed)
 
 
 PAIR_CHANNELS = ("order", "logic", "label")
 
 
-def fit_pair(theta: pd.Series, binary: pd.DataFrame, pair: str, **kw: Any) -> JointFit:
+def fit_pair(theta: pd.Series, binary: pd.DataFrame, pair: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> JointFit:
     """The joint fit (order, logic, label) on one label pair's cells: its label pull in theta units.
 
     The per-pair counterpart of Fig. 6's label pull: ``m`` of the label
     channel is the offset toward the pair's nominal yes label, adjusted for
     order and verdict. A pair whose mapping is not counterbalanced has its
-    label channel left out (named in ``excluded``). Keywords go to
-    :func:`fit_joint_data`.
+    label channel left out (named in ``excluded``). ``n_boot`` and ``seed``
+    go to :func:`fit_joint_data`.
     """
     df = binary[binary["labels"] == pair]
     if df.empty:
         raise ValueError(f"label pair {pair!r} is not in these binary trials; pairs: {sorted(set(binary['labels']))}")
     family = str(df["family"].iloc[0])
-    return fit_joint_data(joint_cells(theta, df, family, labels=None, channels=PAIR_CHANNELS), **kw)
+    return fit_joint_data(joint_cells(theta, df, family, labels=None, channels=PAIR_CHANNELS), n_boot=n_boot, seed=seed)
 
 
 def fit_joints(
-    theta: pd.Series, binary: pd.DataFrame, families: tuple[str, ...] = ("yesno", "arbitrary"), **kw: Any
+    theta: pd.Series,
+    binary: pd.DataFrame,
+    families: tuple[str, ...] = ("yesno", "arbitrary"),
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
 ) -> pd.DataFrame:
     """The joint fit of every family present in ``binary``; one row per (family, channel) (:meth:`JointFit.rows`).
 
@@ -1059,7 +1068,7 @@ def fit_joints(
         if not (binary["family"] == fam).any():
             continue
         try:
-            rows += fit_joint(theta, binary, fam, **kw).rows()
+            rows += fit_joint(theta, binary, fam, n_boot=n_boot, seed=seed).rows()
         except ValueError as e:  # a family the design cannot fit says why; the others are still fitted
             rows.append({"family": fam, "channel": "", "note": f"not fitted: {e}"})
     return pd.DataFrame(rows)
