@@ -14,18 +14,21 @@ files (tables, dropped items, figures, then the summary that names them).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec
 
 import pandas as pd
 
+from analysis.common.figures import save_figure
 from probe.files import atomic_write_text
 from probe.panel import Panel
 
 SUMMARY = "summary.md"
 REPORT_SUFFIXES = (".md", ".csv", ".png")
+PANEL_DPI = 110
+"""The resolution of a comparison's figures."""
 
 
 @dataclass
@@ -168,18 +171,19 @@ def write_panel_report(
     out: Path,
     tables: Mapping[str, pd.DataFrame | None],
     dropped: pd.DataFrame,
-    figures: Callable[[Path], Sequence[Path]],
+    figures: Callable[[], Iterable[tuple[str, Any]]],
     summary: Callable[[list[str]], str],
 ) -> list[Path]:
     """Write a comparison into ``out``: its CSV ``tables``, ``dropped_items.csv``, the figures, then ``summary.md``.
 
-    The figures are drawn before the summary because the summary names them
-    (``summary`` gets the figure file names). Returns :func:`report_files`.
+    ``figures`` only draws: it yields each figure with its file name, and each is saved here (PNG at
+    :data:`PANEL_DPI`) before the next is drawn. The figures come before the summary because the summary names
+    them (``summary`` gets the figure file names). Returns :func:`report_files`.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_tables(out, tables)
     write_dropped(dropped, out)
-    names = [p.name for p in figures(out)]
+    names = [save_figure(fig, out / name, dpi=PANEL_DPI).name for name, fig in figures()]
     write_summary(out, summary(names))
     return report_files(out)

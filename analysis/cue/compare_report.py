@@ -6,14 +6,15 @@ The quantities come from :func:`analysis.cue.compare.compare_cue_frames`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.common.figures import pyplot, save_figure
+from analysis.common.figures import pyplot
 from analysis.common.report import write_panel_report
 from analysis.common.tables import md_table
 from analysis.cue.compare import (
@@ -40,10 +41,9 @@ def compare_cue(
 
 
 # ---------------------------------------------------------------------------- figures
-def _figures(res: CueComparison, out: Path) -> list[Path]:
+def _figures(res: CueComparison) -> Iterator[tuple[str, Any]]:
+    """Draw the comparison\'s figures, each with its file name."""
     plt = pyplot()
-
-    paths = []
     m = res.models
     fig, ax = plt.subplots(figsize=(5, 0.3 * len(m) + 3))
     for r in m.itertuples():
@@ -56,7 +56,7 @@ def _figures(res: CueComparison, out: Path) -> list[Path]:
     ax.set_ylabel("macro net bias (pp)")
     ax.set_title(f"net bias per model ({res.consequences} consequences); crossing lines = rank changes", fontsize=8)
     fig.tight_layout()
-    paths.append(save_figure(fig, out / "fig_cue_rankings.png", dpi=110))
+    yield "fig_cue_rankings.png", fig
     if res.attributes is not None and res.ols is not None:
         cols = [c for c in res.attributes.columns if c != "name"]
         data = m[["name", "gap"]].merge(res.attributes, on="name", how="left")
@@ -73,8 +73,7 @@ def _figures(res: CueComparison, out: Path) -> list[Path]:
             ax.set_xlabel(col)
             ax.set_ylabel("Gap (pp)")
         fig.tight_layout()
-        paths.append(save_figure(fig, out / "fig_cue_gap_vs_attributes.png", dpi=110))
-    return paths
+        yield "fig_cue_gap_vs_attributes.png", fig
 
 
 # ---------------------------------------------------------------------------- summary

@@ -7,13 +7,14 @@ The quantities come from :func:`analysis.influence.compare.compare_frames`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from analysis.common.figures import pyplot, save_figure
+from analysis.common.figures import pyplot
 from analysis.common.report import write_panel_report
 from analysis.common.tables import md_table
 from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_frames
@@ -33,10 +34,9 @@ def compare_influence(
 
 
 # ---------------------------------------------------------------------------- figures
-def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
+def _figures(res: InfluenceComparison) -> Iterator[tuple[str, Any]]:
+    """Draw the comparison\'s figures, each with its file name."""
     plt = pyplot()
-
-    paths = []
     main = res.conditions[res.conditions["variant"] == "cue"]
     for bench, g in main.groupby("benchmark", sort=False):
         runs = list(dict.fromkeys(g["run"]))
@@ -58,7 +58,7 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
         axes[0, 0].legend(fontsize=7)
         fig.suptitle(f"{bench}: steerability per run (mean over conditions)", fontsize=9)
         fig.tight_layout()
-        paths.append(save_figure(fig, out / f"fig_steerability_by_model_{bench}.png", dpi=110))
+        yield f"fig_steerability_by_model_{bench}.png", fig
     if not res.change.empty:
         ch = res.change[res.change["direction"] != "both"]
         for bench, g in ch.groupby("benchmark", sort=False):
@@ -82,7 +82,7 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
                 ax.set_xlabel("s(on) - s(off), 95% CI", fontsize=8)
             fig.suptitle(f"{bench}: reasoning on minus off", fontsize=9)
             fig.tight_layout()
-            paths.append(save_figure(fig, out / f"fig_reasoning_change_{bench}.png", dpi=110))
+            yield f"fig_reasoning_change_{bench}.png", fig
     data = res.asym_data
     if len(data):
         scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
@@ -100,8 +100,7 @@ def _figures(res: InfluenceComparison, out: Path) -> list[Path]:
             ax.set_ylabel("|Asym| (log-odds)")
             ax.legend(fontsize=6)
         fig.tight_layout()
-        paths.append(save_figure(fig, out / "fig_asym_vs_bias.png", dpi=110))
-    return paths
+        yield "fig_asym_vs_bias.png", fig
 
 
 # ---------------------------------------------------------------------------- summary
