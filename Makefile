@@ -44,7 +44,7 @@ help:
 	@echo "make probe [MODEL=smol|tiny|tiny-hybrid|<hf id>|<path>|<file.gguf>] [ENGINE=auto|hf|vllm] [RUN=runs/NAME] [ARGS='--think --salts 4']"
 	@echo "make test        fast tests (CI)"
 	@echo "make test-slow   slow tests too"
-	@echo "make test-kernels the tests that rest on the trained tiny model, on a tiny built from an empty cache under ATEN_CPU_CAPABILITY=$(KERNELS)"
+	@echo "make test-kernels the tests that rest on the trained tiny model (and the tiny build's long checks), on a tiny built from an empty cache under ATEN_CPU_CAPABILITY=$(KERNELS)"
 	@echo "make test-repeat every test that samples answers, REPEAT=20 times (the flake hunt; REPEAT_MARK=draws for all draws)"
 	@echo "make test-calibration  API sampling vs logit readouts against transformers serve (slow)"
 	@echo "make test-slurm  the Slurm scripts on a one-node cluster started here (installs slurm-wlm + munge as root)"
@@ -87,11 +87,12 @@ test-slow: $(STAMP)
 # torch picks its CPU float kernels by instruction set, and the tiny model's training follows their rounding, so
 # another CPU trains other weights (docs/testing.md, "Trained behaviour on every CPU"). This builds the tiny models
 # from an empty cache under another kernel set (default: the portable kernels every x86 CPU runs; KERNELS=avx2 or
-# avx512 for the others) and runs the tests marked `trained` against them. About 4 minutes on 2 cores.
+# avx512 for the others) and runs the tests marked `trained` against them, and those marked `kernels` (the tiny
+# build's own long checks, left out of `make test` to keep it under 10 minutes). About 5 minutes on 2 cores.
 KERNELS ?= default
 test-kernels: $(STAMP)
 	@cache=$$(mktemp -d) && echo "make test-kernels: ATEN_CPU_CAPABILITY=$(KERNELS), PROBE_CACHE=$$cache (empty)" && \
-	PROBE_CACHE=$$cache ATEN_CPU_CAPABILITY=$(KERNELS) $(PY) -m pytest -q -rs --durations=10 -m "trained and not slow" ; \
+	PROBE_CACHE=$$cache ATEN_CPU_CAPABILITY=$(KERNELS) $(PY) -m pytest -q -rs --durations=10 -m "(trained and not slow) or kernels" ; \
 	rc=$$? ; \
 	for m in $$cache/tiny/*/tiny-build.json; do echo "built under $(KERNELS): $$m"; $(PY) -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('name', 'contract_rounds', 'contract') if k in d})" $$m; done ; \
 	rm -rf $$cache ; exit $$rc

@@ -144,7 +144,9 @@ def test_concurrent_builders_agree(tmp_path: pathlib.Path) -> None:
     assert not list((tmp_path / "tiny").glob(".*.tmp-*"))
 
 
+@pytest.mark.kernels  # about a minute: make test-kernels (CI) runs it, on a fresh build under the portable kernels
 def test_rebuild_is_bit_identical(built: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    """Building every tiny model again gives the same weights, tokenizer and config, byte for byte."""
     for name, path in built.items():
         again = tiny.ensure_tiny(name, tmp_path)
         for file in ("model.safetensors", "tokenizer.json", "config.json"):
