@@ -13,8 +13,8 @@ tests/test_device_check.py). Steps:
 3. **split** (GPU only): the model split over two devices (norm and ``lm_head`` on the CPU, the layers on the
    GPU) through every readout and sampling path, against the model in one place.
 4. **moe**: a randomly initialised Qwen3-MoE at the real widths (hidden 2048, 32/4 heads of 128, 128 experts top-8
-   of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (the tiny model's widths on the CPU):
-   readouts/s per path, decode steps/s at several batch sizes, draws/s, peak memory, each extrapolated to 48
+   of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (the tiny model's widths
+   on the CPU): readouts/s per path, decode steps/s at several batch sizes, draws/s, peak memory, each extrapolated to 48
    layers, and the drift of the bfloat16 head against the float32 head.
 5. **summary**: what was verified and, plainly, what was not.
 

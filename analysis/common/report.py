@@ -2,7 +2,8 @@
 
 A paper's report (or comparison) is a list of sections, each made by a
 function that returns a :class:`Section` (Markdown lines and the files it
-wrote; :func:`titled` makes one of a function that writes the lines and files); :func:`run_sections` runs them so that one that cannot be computed
+wrote; :func:`titled` makes one of a function that writes the lines and
+files); :func:`run_sections` runs them so that one that cannot be computed
 says why while the others still run, and :func:`write_summary` writes
 ``summary.md`` atomically. :func:`panel_md`, :func:`dropped_md` and
 :func:`write_dropped` are the panel table and the dropped-items log of every

@@ -271,8 +271,8 @@ class _Joined:
     """Whether the clue holds, given whether each literal holds."""
 
     def literals(self) -> tuple[Literal, Literal]:
-        first, second = (getattr(self, f.name) for f in fields(self))
-        return first, second
+        first, second = _literal_fields(self.type)
+        return getattr(self, first), getattr(self, second)
 
     def holds(self, a: Assignment) -> bool:
         first, second = self.literals()
@@ -306,6 +306,16 @@ class Biconditional(_Joined):
 
 
 Clue = Negation | Equivalence | Count | Implication | Biconditional
+JOINED: Final = (Implication, Biconditional)
+"""The clue classes of two joined literals (:class:`_Joined`)."""
+
+
+@functools.cache
+def _literal_fields(kind: str) -> tuple[str, str]:
+    """The names of the two literal fields of the joined clue type ``kind``, in order (read once per type:
+    ``holds`` runs in the exhaustive search)."""
+    first, second = (f.name for c in JOINED if c.type == kind for f in fields(c))
+    return first, second
 
 
 def clue_from_dict(d: Mapping[str, Any]) -> Clue:
@@ -318,7 +328,7 @@ def clue_from_dict(d: Mapping[str, Any]) -> Clue:
         return Equivalence((str(x), str(y)), str(d["attr"]), bool(d["same"]))
     if kind == "count":
         return Count(tuple(str(w) for w in d["who"]), str(d["attr"]), int(d["value"]), int(d["k"]))
-    for joined in (Implication, Biconditional):
+    for joined in JOINED:
         if kind == joined.type:
             return joined(*(Literal.from_dict(d[k]) for k in joined.keys))
     raise ValueError(f"unknown clue type {kind!r}; types are {list(CLUE_TYPES)}")
