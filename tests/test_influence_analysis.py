@@ -323,18 +323,20 @@ def test_planted_steerabilities_are_recovered_from_readouts(tmp_path: Path) -> N
     store = run("influence-triage", SPEC, planted_engine(), tmp_path / "r", progress=False, log=lambda s: None)
     audit = inf.analyze(as_run(store), "triage", n_boot=200)
     t = audit.conditions.set_index(["pair", "influence"])
-    m = 50  # prompts per arm: 25 size pairs x 2 orders
     for (pair, infl), row in t.iterrows():
         for d in ("A", "B"):
             planted = _planted_s(pair, infl, d)
-            p0_d = 1 / (1 + math.exp(-(BASE[pair] if d == "B" else -BASE[pair])))
-            p_d = 1 / (1 + math.exp(-(math.log(p0_d / (1 - p0_d)) + planted)))
-            exact = math.log((m * p_d + 0.5) / (m * (1 - p_d) + 0.5)) - math.log(
-                (m * p0_d + 0.5) / (m * (1 - p0_d) + 0.5)
+            # every prompt of an arm reads the same P(B), so the logit of the mean probability is the planted
+            # log-odds and the readout rule (no pseudo-count) gives the planted s exactly; the old rule (+1/2 per
+            # cell over the 50 prompts) read it up to 0.12 short
+            lo = np.log(
+                row[["f0_B", "fA_B", "fB_B"]].to_numpy(float) / (1 - row[["f0_B", "fA_B", "fB_B"]].to_numpy(float))
             )
-            assert row[f"s_{d}"] == pytest.approx(exact, abs=1e-9)  # the formula, exactly
-            assert row[f"s_{d}"] == pytest.approx(planted, abs=0.12)  # and the planted value, up to the correction
-        assert row["asym"] == pytest.approx(_planted_s(pair, infl, "B") - _planted_s(pair, infl, "A"), abs=0.2)
+            exact = lo[2] - lo[0] if d == "B" else lo[0] - lo[1]
+            assert row[f"s_{d}"] == pytest.approx(exact, abs=1e-12)  # the difference of its own f columns' logits
+            assert row[f"s_{d}"] == pytest.approx(planted, abs=1e-9)  # and the planted value
+            assert row["clipped"] == ""
+        assert row["asym"] == pytest.approx(_planted_s(pair, infl, "B") - _planted_s(pair, infl, "A"), abs=1e-9)
     eff = ie.effects(audit.conditions).set_index(["pair", "influence", "direction"])
     assert bool(eff.loc[("gender", "weak_evidence", "A"), "backfire"])
     assert not bool(eff.loc[("gender", "weak_evidence", "B"), "backfire"])

@@ -83,6 +83,14 @@ class Matched:
     k: np.ndarray
     dropped_items: pd.DataFrame
     dropped_conditions: pd.DataFrame
+    clips: tuple[float, ...] = ()
+    """Per run, the clip of its readout log-odds (:func:`experiments.influence.effects.run_clip`); empty: float32's."""
+
+    def clip(self, r: int) -> float:
+        """The readout clip of run ``r``."""
+        from experiments.influence.stats import FLOAT32_RESOLUTION
+
+        return self.clips[r] if self.clips else FLOAT32_RESOLUTION
 
     def index(self, name: str) -> int:
         return [r.name for r in self.runs].index(name)
@@ -167,7 +175,14 @@ def match_runs(
         k=k,
         dropped_items=dropped.assign(benchmark=benchmark),
         dropped_conditions=dropped_cond,
+        clips=tuple(_clip(r) for r in runs),
     )
+
+
+def _clip(run: PanelRun) -> float:
+    from experiments.influence.effects import run_clip
+
+    return run_clip(run.run())
 
 
 def match_panel(panel: Panel) -> list[Matched]:
@@ -192,7 +207,7 @@ def condition_tables(m: Matched, *, n_boot: int = N_BOOT, seed: int = SEED) -> p
     parts = []
     for r, (run, source) in enumerate(zip(m.runs, m.sources, strict=True)):
         ct = Contributions(m.conditions[cols], m.items, m.strata, m.n[r], m.k[r])
-        t = condition_table(ct, source, n_boot=n_boot, seed=seed).table
+        t = condition_table(ct, source, n_boot=n_boot, seed=seed, clip=m.clip(r)).table
         t.insert(1, "group_a", m.conditions["group_a"].to_numpy())
         t.insert(2, "group_b", m.conditions["group_b"].to_numpy())
         parts.append(t.assign(benchmark=m.benchmark, model=run.model, think=run.reasoning, run=run.name, source=source))
@@ -208,13 +223,14 @@ def replicates(m: Matched, r: int, *, n_boot: int = N_BOOT, seed: int = SEED) ->
     from experiments.influence.effects import metrics
 
     w = cluster_weights(m.strata, n_boot, np.random.default_rng(seed))
-    return metrics(np.einsum("bj,cij->cbi", w, m.n[r]), np.einsum("bj,cij->cbi", w, m.k[r]))
+    n, k = np.einsum("bj,cij->cbi", w, m.n[r]), np.einsum("bj,cij->cbi", w, m.k[r])
+    return metrics(n, k, m.sources[r], clip=m.clip(r))
 
 
 def _point(m: Matched, r: int) -> dict[str, np.ndarray]:
     from experiments.influence.effects import metrics
 
-    return metrics(m.n[r].sum(axis=2), m.k[r].sum(axis=2))
+    return metrics(m.n[r].sum(axis=2), m.k[r].sum(axis=2), m.sources[r], clip=m.clip(r))
 
 
 def _nanmean(x: np.ndarray, axis: int = -1) -> np.ndarray:

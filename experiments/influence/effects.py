@@ -29,7 +29,7 @@ from these effects; each step is a pure function on frames:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,34 +49,61 @@ BENCHMARKS = {"triage": "moral triage", "bbq": "BBQ", "dd": "DailyDilemmas"}
 
 
 # ============================================================================ cells
-def trial_cells(run: Run) -> tuple[pd.DataFrame, str]:
+SOURCES = ("readout", "samples")
+"""The two sources of a run's choice probabilities, in the order reports show them."""
+
+
+def run_sources(run: Run) -> tuple[str, ...]:
+    """The sources a run holds (:data:`SOURCES` order): ``readout`` where it has readouts, ``samples`` where it has
+    sampled answers. A run with both is analysed from each (the report shows them side by side)."""
+    have = {"readout": not run.load("readout_options").empty, "samples": not run.load("samples").empty}
+    return tuple(s for s in SOURCES if have[s])
+
+
+def trial_cells(run: Run, source: str | None = None) -> tuple[pd.DataFrame, str]:
     """One row per trial: ids, factors, ``n`` and ``k`` (answers choosing side B), and response quality.
 
     Also ``p_first``, the probability (share of parsed answers) of the option printed first, and
     ``first_label``, that option's printed label (for the per-order readouts of
     :mod:`analysis.influence.flags`).
 
-    Returns (cells, source) where source is ``readout`` or ``samples`` (as
-    :meth:`probe.runs.Run.choice_probs` decides).
+    ``source``: ``readout`` or ``samples``; None takes the one :meth:`probe.runs.Run.choice_probs`
+    decides (readouts where the run has them). Returns (cells, source).
     """
-    opts, per_trial, source = run.choice_probs()
+    if source is None:
+        opts, per_trial, source = run.choice_probs()
+    elif source == "readout":
+        opts, per_trial = run.readout_frames()
+    elif source == "samples":
+        opts, per_trial = run.sample_counts()
+    else:
+        raise ValueError(f"source must be one of {list(SOURCES)} (or None: the run's own choice), got {source!r}")
+    return cells_from_frames(opts, per_trial, source, run.trial_order, where=run.root), source
+
+
+def cells_from_frames(
+    opts: pd.DataFrame, per_trial: pd.DataFrame, source: str, order: Mapping[str, int], where: object = "the run"
+) -> pd.DataFrame:
+    """:func:`trial_cells` on frames: ``opts``/``per_trial`` as :meth:`probe.runs.Run.readout_frames` (``source``
+    ``readout``) or :meth:`probe.runs.Run.sample_counts` (``samples``) give them; ``order``: trial id -> design
+    position (:attr:`probe.runs.Run.trial_order`)."""
     need = {"group_a", "group_b", "direction", *COND}
     missing = need - set(per_trial.columns)
     if missing:
-        raise ValueError(f"{run.root}: trials lack the influence factors {sorted(missing)}; not an influence run")
+        raise ValueError(f"{where}: trials lack the influence factors {sorted(missing)}; not an influence run")
     side = opts.merge(per_trial[["trial_id", "group_a", "group_b"]], on="trial_id", how="left")
     stray = side[(side["meaning"] != side["group_a"]) & (side["meaning"] != side["group_b"])]
     if not stray.empty:
-        raise ValueError(
-            f"{run.root}: options with meanings {sorted(set(stray['meaning']))} are neither side A nor B"
-        )
+        raise ValueError(f"{where}: options with meanings {sorted(set(stray['meaning']))} are neither side A nor B")
     is_b = side["meaning"] == side["group_b"]
     if source == "readout":
         k = side["prob"].where(is_b, 0.0).groupby(side["trial_id"]).sum()
         cells = per_trial.assign(n=1.0, k=per_trial["trial_id"].map(k).astype(float))
-    else:
+    elif source == "samples":
         k = side["count"].where(is_b, 0.0).groupby(side["trial_id"]).sum()
         cells = per_trial.assign(n=per_trial["n_ok"].astype(float), k=per_trial["trial_id"].map(k).fillna(0.0))
+    else:
+        raise ValueError(f"source must be one of {list(SOURCES)}, got {source!r}")
     first = side[side["option_index"] == 0].drop_duplicates("trial_id").set_index("trial_id")
     if source == "readout":
         cells["p_first"] = cells["trial_id"].map(first["prob"]).astype(float)
@@ -85,9 +112,8 @@ def trial_cells(run: Run) -> tuple[pd.DataFrame, str]:
         cells["p_first"] = n_first / cells["n"].where(cells["n"] > 0)
     cells["first_label"] = cells["trial_id"].map(first["option"])
     cells["stratum"] = cells["pair"]
-    order = run.trial_order  # trial order = design order (sampled tables are not)
-    cells = cells.sort_values("trial_id", key=lambda ids: ids.map(order), kind="stable")
-    return cells.reset_index(drop=True), source
+    cells = cells.sort_values("trial_id", key=lambda ids: ids.map(order), kind="stable")  # design order
+    return cells.reset_index(drop=True)
 
 
 def value_level(cells: pd.DataFrame) -> pd.DataFrame:
@@ -162,13 +188,26 @@ def contributions(cells: pd.DataFrame) -> Contributions:
 
 
 # ========================================================================= metrics
-def metrics(n: np.ndarray, k: np.ndarray, cc: float = st.CC) -> dict[str, np.ndarray]:
-    """The point metrics from arm totals ``n[c]``, ``k[c]`` (c = 0, A, B; any trailing shape)."""
+def metrics(
+    n: np.ndarray, k: np.ndarray, source: str = "samples", *, clip: float = st.FLOAT32_RESOLUTION
+) -> dict[str, np.ndarray]:
+    """The point metrics from arm totals ``n[c]``, ``k[c]`` (c = 0, A, B; any trailing shape).
+
+    The log-odds rule follows the source: ``samples`` adds the paper's continuity correction
+    (:data:`experiments.influence.stats.CC`) to counts; ``readout`` takes the logit of the mean probability with
+    no pseudo-count, clipped at ``clip`` (:func:`experiments.influence.stats.readout_steerability`).
+    """
     n0, nA, nB = n[0], n[1], n[2]
     k0, kA, kB = k[0], k[1], k[2]
     f0, fA, fB = st.freq(k0, n0), st.freq(kA, nA), st.freq(kB, nB)
-    s_a = st.steerability(k0, n0, kA, nA, "A", cc)
-    s_b = st.steerability(k0, n0, kB, nB, "B", cc)
+    if source == "samples":
+        s_a = st.steerability(k0, n0, kA, nA, "A")
+        s_b = st.steerability(k0, n0, kB, nB, "B")
+    elif source == "readout":
+        s_a = st.readout_steerability(k0, n0, kA, nA, "A", clip)
+        s_b = st.readout_steerability(k0, n0, kB, nB, "B", clip)
+    else:
+        raise ValueError(f"source must be 'samples' or 'readout', got {source!r}")
     return {
         "f0_B": f0,
         "fA_B": fA,
@@ -186,6 +225,13 @@ def metrics(n: np.ndarray, k: np.ndarray, cc: float = st.CC) -> dict[str, np.nda
 _CI_COLS = ("f0_B", "fA_B", "fB_B", "delta_A", "delta_B", "s_A", "s_B", "asym")
 
 
+def clipped_arms(n: np.ndarray, k: np.ndarray, clip: float) -> np.ndarray:
+    """Per condition, the arms whose mean probability a readout log-odds clipped (``"f0_B fB_B"``; ``""``: none)."""
+    hit = [st.clipped(k[c], n[c], clip) for c in range(3)]
+    names = ("f0_B", "fA_B", "fB_B")
+    return np.array([" ".join(nm for nm, h in zip(names, row, strict=True) if h) for row in zip(*hit, strict=True)])
+
+
 @dataclass(frozen=True)
 class ConditionResult:
     """The per-condition table and the bootstrap replicates of the effects (for headline CIs)."""
@@ -193,22 +239,34 @@ class ConditionResult:
     table: pd.DataFrame
     delta_reps: np.ndarray
     """``(n_boot, conditions, 2)``: replicates of Delta_A and Delta_B."""
+    reps: Mapping[str, np.ndarray] | None = None
+    """``(n_boot, conditions)`` replicates of every metric (:func:`metrics`' keys): the weights depend only on the
+    items' strata, ``n_boot`` and ``seed``, so two sources of one run get paired replicates."""
 
 
 def condition_table(
-    ct: Contributions, source: str, *, n_boot: int = N_BOOT, seed: int = SEED, cc: float = st.CC
+    ct: Contributions,
+    source: str,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
+    clip: float = st.FLOAT32_RESOLUTION,
 ) -> ConditionResult:
     """Every metric and test of every condition, with cluster-bootstrap CIs over items.
 
     ``source == "samples"``: tests on counts (exact binomial, two-proportion z,
-    Wald). ``source == "readout"``: z tests on the bootstrap SE over prompts.
+    Wald), log-odds with the continuity correction. ``source == "readout"``: z tests on the bootstrap SE over
+    prompts, log-odds of the mean probabilities clipped at ``clip`` (:func:`experiments.influence.stats.readout_clip`)
+    and a ``clipped`` column naming the arms that were.
     """
     if n_boot < 2:
         raise ValueError(f"n_boot must be >= 2, got {n_boot}")
+    if source not in SOURCES:
+        raise ValueError(f"source must be 'samples' or 'readout', got {source!r}")
     n, k = ct.n.sum(axis=2), ct.k.sum(axis=2)
-    est = metrics(n, k, cc)
+    est = metrics(n, k, source, clip=clip)
     w = cluster_weights(ct.strata, n_boot, np.random.default_rng(seed))
-    reps = metrics(np.einsum("bj,cij->cbi", w, ct.n), np.einsum("bj,cij->cbi", w, ct.k), cc)
+    reps = metrics(np.einsum("bj,cij->cbi", w, ct.n), np.einsum("bj,cij->cbi", w, ct.k), source, clip=clip)
     t = ct.conditions.copy()
     t["n_items"] = (ct.n[0] > 0).sum(axis=1)
     for c, name in enumerate(ARMS):
@@ -221,7 +279,7 @@ def condition_table(
         lo, hi = percentile_ci(reps[key])
         t[f"{key}_lo"], t[f"{key}_hi"] = lo, hi
         t[f"{key}_se"] = se[key]
-    _, var, _, p_wald = st.wald_asym(k[0], n[0], k[1], n[1], k[2], n[2], cc)
+    _, var, _, p_wald = st.wald_asym(k[0], n[0], k[1], n[1], k[2], n[2])
     t["asym_var"] = var
     if source == "samples":
         t["test_basis"] = "counts"
@@ -230,17 +288,16 @@ def condition_table(
         t["p_delta_B"] = st.two_proportion_z(k[2], n[2], k[0], n[0])[1]
         t["p_asym"] = p_wald
         t["f0_ci_lo"], t["f0_ci_hi"] = st.wilson_interval(k[0], n[0])
-    elif source == "readout":
+    else:
         t["test_basis"] = "bootstrap"
         t["p_baseline"] = st.z_pvalue(st.z_from_se(est["f0_B"] - 0.5, se["f0_B"]))
         t["p_delta_A"] = st.z_pvalue(st.z_from_se(est["delta_A"], se["delta_A"]))
         t["p_delta_B"] = st.z_pvalue(st.z_from_se(est["delta_B"], se["delta_B"]))
         t["p_asym"] = st.z_pvalue(st.z_from_se(est["asym"], se["asym"]))
         t["f0_ci_lo"], t["f0_ci_hi"] = t["f0_B_lo"], t["f0_B_hi"]
-    else:
-        raise ValueError(f"source must be 'samples' or 'readout', got {source!r}")
+        t["clipped"] = clipped_arms(n, k, clip)
     delta_reps = np.stack([reps["delta_A"], reps["delta_B"]], axis=-1)
-    return ConditionResult(t, delta_reps)
+    return ConditionResult(t, delta_reps, reps)
 
 
 def with_fdr(cond: pd.DataFrame, by: Sequence[str] = ("benchmark", "variant"), alpha: float = ALPHA) -> pd.DataFrame:
@@ -311,13 +368,24 @@ class RunConditions:
     result: ConditionResult
 
 
-def run_conditions(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> RunConditions:
-    """Every condition of one influence run of ``benchmark``, measured (before BH-FDR and flags: :func:`with_fdr`)."""
+def run_clip(run: Run) -> float:
+    """The clip of this run's readout log-odds: float32's resolution, or the run's numeric floor where larger."""
+    floor = run.manifest.numeric_floor
+    return st.readout_clip(floor.get("max_prob_diff") if isinstance(floor, Mapping) else None)
+
+
+def run_conditions(
+    run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED, source: str | None = None
+) -> RunConditions:
+    """Every condition of one influence run of ``benchmark``, measured (before BH-FDR and flags: :func:`with_fdr`).
+
+    ``source``: ``readout`` or ``samples`` (:func:`run_sources`); None: the run's own choice (readouts first).
+    """
     if benchmark not in BENCHMARKS:
         raise ValueError(f"benchmark must be one of {sorted(BENCHMARKS)}, got {benchmark!r}")
-    raw, source = trial_cells(run)
+    raw, source = trial_cells(run, source)
     cells = value_level(raw) if benchmark == "dd" else raw
     ct = contributions(cells)
     if ct.conditions.empty:
         raise ValueError(f"{run.root}: no condition has baseline, toward-A and toward-B trials for the same items")
-    return RunConditions(raw, cells, source, condition_table(ct, source, n_boot=n_boot, seed=seed))
+    return RunConditions(raw, cells, source, condition_table(ct, source, n_boot=n_boot, seed=seed, clip=run_clip(run)))

@@ -24,6 +24,15 @@ its variance counts four times,
 independent would count it twice and reject too often; the simulation test
 shows both.)
 
+**Readout runs take no pseudo-count.** A logit run has one readout per
+prompt, so ``n`` counts prompts and ``k`` sums P(B): there is no sampling noise
+inside a prompt for the correction to temper, and half a *prompt* per cell
+only pulls s toward 0 by an amount set by the design (f moving from 0.5 to
+0.99 over 18 prompts reads 3.29 instead of logit(0.99) = 4.60). Their log-odds
+is the logit of the mean probability (:func:`mean_log_odds`), clipped to
+``[clip, 1 - clip]`` where ``clip`` is the run's resolution of a probability
+(:func:`readout_clip`); a clipped cell is flagged by the caller.
+
 Tests: exact two-sided binomial for ``f_0(B) != 1/2``; pooled two-proportion
 z for ``Delta_d != 0``; Wald z for ``Asym != 0``; Benjamini-Hochberg within a
 family. All functions take numpy arrays (or scalars) and broadcast.
@@ -31,6 +40,7 @@ family. All functions take numpy arrays (or scalars) and broadcast.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -41,6 +51,11 @@ CC = 0.5
 """The continuity correction added to each cell of a log-odds (Haldane-Anscombe)."""
 
 Array = NDArray[np.float64]
+
+FLOAT32_RESOLUTION = 2.0**-24
+"""The spacing of float32 numbers just below 1 (half of float32's machine epsilon): readouts are computed in
+float32 (docs/DESIGN), so a probability within this of 0 or 1 cannot be told from 0 or 1, and a mean over prompts
+no better. The smallest clip of a readout log-odds (:func:`readout_clip`); logit(1 - 2^-24) = 16.6."""
 
 
 def _f(x: ArrayLike) -> Array:
@@ -66,6 +81,54 @@ def log_odds_var(k: ArrayLike, n: ArrayLike, cc: float = CC) -> Array:
     k, n = _f(k), _f(n)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, 1.0 / (k + cc) + 1.0 / (n - k + cc), np.nan)
+
+
+def readout_clip(max_prob_diff: float | None = None) -> float:
+    """How close to 0 or 1 a readout run's mean probability may come before its log-odds is clipped there.
+
+    A probability is resolved no finer than :data:`FLOAT32_RESOLUTION`, nor than the run's own numeric floor
+    (``max_prob_diff``, the largest change of a readout probability when a trial is read alone instead of in its
+    batch, :mod:`probe.app.floor`; None where the run recorded none): a distance from 0 or 1 below the larger of
+    the two means nothing, so the log-odds past it is not a measurement.
+    """
+    if max_prob_diff is None:
+        return FLOAT32_RESOLUTION
+    d = float(max_prob_diff)
+    if not (math.isfinite(d) and 0 <= d < 0.5):
+        raise ValueError(f"a numeric floor's max_prob_diff must be a number in [0, 0.5), got {max_prob_diff!r}")
+    return max(FLOAT32_RESOLUTION, d)
+
+
+def mean_log_odds(k: ArrayLike, n: ArrayLike, clip: float = FLOAT32_RESOLUTION) -> Array:
+    """Log-odds of the mean probability ``k / n`` with no pseudo-count, ``k / n`` clipped to ``[clip, 1 - clip]``.
+
+    The readout rule: ``k`` sums P(side) over ``n`` prompts. NaN where ``n == 0``.
+    """
+    if not 0 < clip < 0.5:
+        raise ValueError(f"clip must lie in (0, 0.5), got {clip!r}")
+    f = np.clip(freq(k, n), clip, 1.0 - clip)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.log(f) - np.log1p(-f)
+
+
+def clipped(k: ArrayLike, n: ArrayLike, clip: float = FLOAT32_RESOLUTION) -> NDArray[np.bool_]:
+    """Where :func:`mean_log_odds` clipped: the mean probability ``k / n`` lies within ``clip`` of 0 or 1."""
+    f = freq(k, n)
+    with np.errstate(invalid="ignore"):
+        return (f < clip) | (f > 1.0 - clip)
+
+
+def readout_steerability(
+    k0: ArrayLike, n0: ArrayLike, k: ArrayLike, n: ArrayLike, toward: str, clip: float = FLOAT32_RESOLUTION
+) -> Array:
+    """``s(d)`` of a readout run: ``logit(f_d(d)) - logit(f_0(d))`` of the mean probabilities, no pseudo-count.
+
+    ``k0``/``k`` sum P(B) over the ``n0``/``n`` prompts of the baseline and the cued arm.
+    """
+    if toward not in ("A", "B"):
+        raise ValueError(f"toward must be 'A' or 'B', got {toward!r}")
+    diff = mean_log_odds(k, n, clip) - mean_log_odds(k0, n0, clip)
+    return diff if toward == "B" else -diff
 
 
 def binom_test_half(k: ArrayLike, n: ArrayLike) -> Array:
