@@ -75,6 +75,7 @@ from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
+from probe.record import Plan
 from probe.store import chunk_bounds
 from probe.types import Sample, Trial
 
@@ -627,7 +628,8 @@ class ApiEngine(Engine):
     def dry_run_report(self, store: Any) -> str:
         """Calls still to make in this run folder and their estimated cost."""
         man = store.manifest()
-        n, temperature = int(man.planned("samples", 0)), man.temperature
+        plan = man.plan or Plan()
+        n, temperature = plan.samples, plan.temperature
         trials = store.trials()
         bounds = chunk_bounds(len(trials), man.chunk_size or 256)
         done = store.verified_chunks()  # a damaged chunk is recomputed (its journaled calls are not re-sent)

@@ -19,12 +19,15 @@ registered by its name in :mod:`analysis.registry`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import pkgutil
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, Self, cast
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -50,6 +53,63 @@ class ManifestSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"experiment": self.experiment_name, **asdict(cast("DataclassInstance", self))}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Self:
+        """Inverse of :meth:`to_dict` (a run manifest's spec, :meth:`probe.record.Manifest.spec_as`): each field
+        read as its declared type (JSON lists back to tuples, nested specs to their dataclass), a field the
+        manifest lacks at its default (a spec written before the field existed); an unknown field or a value of
+        another type is a ValueError naming it."""
+        return cast("Self", _from_json(cls, {k: v for k, v in d.items() if k != "experiment"}, cls.__name__))
+
+
+def _from_json(kind: Any, value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) as type ``kind``: a dataclass, tuple, union, Literal, mapping or scalar."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where} is {value!r}, not an object")
+        hints = typing.get_type_hints(kind)
+        fields = {f.name: f for f in dataclasses.fields(kind) if f.init}
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ValueError(f"{where} has no field {', '.join(unknown)}")
+        return kind(**{k: _from_json(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return _from_json(option, value, where)
+            except ValueError:
+                continue
+        raise ValueError(f"{where} is {value!r}, not {kind}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{where} is {value!r}, not one of {args}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{where} is {value!r}, not a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ValueError(f"{where} is {value!r}, not {len(args)} values")
+        return tuple(_from_json(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if origin in (dict, Mapping) or kind in (dict, Mapping) or origin is typing.get_origin(Mapping[str, Any]):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where} is {value!r}, not an object")
+        vt = args[1] if len(args) == 2 else Any
+        return {str(k): _from_json(vt, v, f"{where}[{k!r}]") for k, v in value.items()}
+    if kind is Any:
+        return value
+    if kind is type(None):
+        if value is not None:
+            raise ValueError(f"{where} is {value!r}, not null")
+        return None
+    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind in (str, int, bool) and type(value) is kind:
+        return value
+    raise ValueError(f"{where} is {value!r}, not {getattr(kind, '__name__', kind)}")
 
 
 HOOK_NAMES: Final[tuple[str, ...]] = ("NAME", "add_arguments", "spec_from_args", "expand")

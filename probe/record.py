@@ -9,12 +9,18 @@ model*, *did it reason first* and *what is it called*, are answered here once
 (:attr:`Manifest.model`, :attr:`Manifest.think`, :attr:`Manifest.display_name`).
 
 A manifest is read exactly as it was written: :meth:`Manifest.to_dict` gives
-back every key, including ones this version does not know (a run written by a
-newer probe, or fields added after the run such as ``throughput``), so
-:meth:`Manifest.with_fields` round-trips a file byte for byte. Old manifests
-read too: every field a manifest may lack has a default, and a field of the
-wrong type is a :class:`probe.errors.StoreError` naming it (a run folder is
-untrusted input).
+back every key, including ones this version does not know (fields added after
+the run such as ``throughput``), so :meth:`Manifest.with_fields` round-trips a
+file byte for byte. Old manifests read too: every field a manifest may lack has
+a default, and a field of the wrong type is a :class:`probe.errors.StoreError`
+naming it (a run folder is untrusted input).
+
+Its parts are typed all the way down: the plan is a :class:`Plan`, the spec is
+read as its experiment's own type with :meth:`Manifest.spec_as` (the spec
+classes live in ``experiments/``, which this core module does not import, so
+the reader names the type it expects). Every manifest records the version of
+its format (``format``, :data:`MANIFEST_FORMAT`); a manifest without one is
+format 1, as written before the field existed, and reads the same.
 
 ``Manifest`` is also a read-only mapping of the stored JSON (``run.manifest["engine"]``
 works as docs/python.md shows); code in this project reads the typed fields.
@@ -27,11 +33,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from probe.errors import StoreError
 
-__all__ = ["EngineRecord", "Manifest", "Provenance", "display_name"]
+__all__ = ["MANIFEST_FORMAT", "EngineRecord", "Manifest", "Plan", "Provenance", "RecordedSpec", "display_name"]
+
+MANIFEST_FORMAT = 2
+"""Version of ``manifest.json``. Format 1 (no ``format`` field; probe up to fd38b79): the same fields, the plan
+possibly absent (an imported run) or partial. Format 2 adds the field; a reader refuses a newer one."""
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -54,6 +64,76 @@ def _optional_int(doc: Mapping[str, Any], key: str) -> int | None:
 def display_name(model: str, think: bool) -> str:
     """What a run is called where no name was given: its model, and ``think`` when it reasoned first."""
     return model + (" think" if think else "")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run collects per trial (``probe run``'s --no-readout, --samples, --temperature, --sample-only)."""
+
+    readout: bool = True
+    """Read the answer-slot distribution (logit engines only)."""
+    samples: int = 0
+    """Sampled answers per trial (0 = none)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    sample_only: tuple[tuple[str, str], ...] = ()
+    """Sample only the trials whose factors match all these (name, value) pairs (empty = all)."""
+
+    def samples_for(self, trial: Any) -> bool:
+        """Whether ``trial`` (a :class:`probe.types.Trial`) is sampled under :attr:`sample_only`."""
+        return all(trial.factors.get(k) == v for k, v in self.sample_only)
+
+    def __post_init__(self) -> None:
+        if self.samples < 0:
+            raise ValueError(f"samples must be >= 0, got {self.samples}")
+        if not self.readout and self.samples == 0:
+            raise ValueError("nothing to collect: ask for readouts or for --samples N")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as the manifest and the run's identity record it (the run key hashes this)."""
+        return {
+            "readout": self.readout,
+            "sample_only": [list(p) for p in self.sample_only],
+            "samples": self.samples,
+            "temperature": self.temperature,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, where: str = "manifest.json") -> Plan:
+        """The plan a manifest recorded (absent fields at their defaults); a damaged one is a StoreError."""
+        unknown = sorted(set(doc) - {"readout", "samples", "temperature", "sample_only"})
+        readout, samples = doc.get("readout", True), doc.get("samples", 0)
+        temperature, only = doc.get("temperature", 1.0), doc.get("sample_only") or []
+        pairs_ok = isinstance(only, list) and all(
+            isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(v, str) for v in p) for p in only
+        )
+        if (
+            unknown
+            or not isinstance(readout, bool)
+            or not isinstance(samples, int)
+            or isinstance(samples, bool)
+            or not isinstance(temperature, int | float)
+            or isinstance(temperature, bool)
+            or not pairs_ok
+        ):
+            raise StoreError(f"{where}: 'plan' is not a plan ({dict(doc)!r}); the manifest is damaged")
+        try:
+            return cls(readout, samples, float(temperature), tuple((str(k), str(v)) for k, v in only))
+        except ValueError as e:
+            raise StoreError(f"{where}: 'plan' {dict(doc)!r}: {e}") from None
+
+
+class RecordedSpec(Protocol):
+    """An experiment spec type that reads itself back from the manifest (``experiments.ManifestSpec`` and
+    ``experiments.cue.CueSpec``): what :meth:`Manifest.spec_as` takes."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any: ...
+
+
+SpecT = TypeVar("SpecT", bound=RecordedSpec)
 
 
 class _Text:
@@ -176,10 +256,14 @@ class Manifest(Mapping[str, Any]):
 
     experiment: str
     run_key: str
+    format: int
+    """The manifest format (:data:`MANIFEST_FORMAT`; 1 for a manifest written before the field)."""
     identity: Mapping[str, Any]
     """What defines the run (experiment, spec, plan, model, settings); its hash is the run key."""
     spec: Mapping[str, Any]
-    plan: Mapping[str, Any]
+    """The experiment's spec as stored; :meth:`spec_as` reads it as its type."""
+    plan: Plan | None
+    """What the run collected; None for a run that records no plan (an imported one)."""
     engine: EngineRecord
     shard: Mapping[str, Any] | None
     """This folder's shard (index, count) while it is one; None for a whole or merged run."""
@@ -202,15 +286,25 @@ class Manifest(Mapping[str, Any]):
         if not isinstance(doc, Mapping):
             raise StoreError(f"{where} is not a manifest (a JSON object)")
         raw = copy.deepcopy(dict(doc))
+        version = raw.get("format", 1)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise StoreError(f"{where}: 'format' is {version!r}, not a manifest format; the manifest is damaged")
+        if version > MANIFEST_FORMAT:
+            raise StoreError(
+                f"{where} is manifest format {version}, written by a newer probe; this one reads up to format "
+                f"{MANIFEST_FORMAT}: update probe to read it"
+            )
+        plan = _mapping(raw, "plan", where) if raw.get("plan") is not None else None
         shard = raw.get("shard")
         provenance, floor = raw.get("provenance"), raw.get("numeric_floor")
         merged = raw.get("merged_from") or []
         return cls(
             experiment=str(raw.get("experiment") or ""),
             run_key=str(raw.get("run_key") or ""),
+            format=version,
             identity=_mapping(raw, "identity", where),
             spec=_mapping(raw, "spec", where),
-            plan=_mapping(raw, "plan", where),
+            plan=Plan.from_dict(plan, where=where) if plan is not None else None,
             engine=EngineRecord.from_dict(_mapping(raw, "engine", where)),
             shard=shard if isinstance(shard, Mapping) else None,
             n_trials=_optional_int(raw, "n_trials"),
@@ -223,10 +317,11 @@ class Manifest(Mapping[str, Any]):
         )
 
     @classmethod
-    def build(cls, *, run_key: str, identity: Mapping[str, Any], **fields: Any) -> Manifest:
-        """A new run's record: its key and identity, and the other top-level fields (experiment, spec, plan,
-        engine, packages, project_commit, created, shard, n_trials, chunk_size)."""
-        return cls.from_dict({"run_key": run_key, "identity": dict(identity), **fields})
+    def build(cls, *, run_key: str, identity: Mapping[str, Any], plan: Plan | None = None, **fields: Any) -> Manifest:
+        """A new run's record, in the current format: its key, identity and plan, and the other top-level fields
+        (experiment, spec, engine, packages, project_commit, created, shard, n_trials, chunk_size)."""
+        doc = {"format": MANIFEST_FORMAT, "run_key": run_key, "identity": dict(identity), **fields}
+        return cls.from_dict(doc if plan is None else {**doc, "plan": plan.to_dict()})
 
     def with_fields(self, **fields: Any) -> Manifest:
         """The same record with top-level ``fields`` added or replaced."""
@@ -283,21 +378,36 @@ class Manifest(Mapping[str, Any]):
         """A run whose numbers were imported (``probe import``), not computed by probe."""
         return self.provenance is not None and self.provenance.kind == "imported"
 
+    def spec_as(self, kind: type[SpecT]) -> SpecT:
+        """The spec as its experiment's type (``man.spec_as(BatterySpec).corpus``); a spec of another experiment,
+        or one that type cannot read, is a StoreError naming both."""
+        name = getattr(kind, "experiment_name", None)
+        stored = self.spec.get("experiment")
+        if name is not None and stored != name:
+            raise StoreError(f"the run's spec is of experiment {stored!r}, not {name!r} ({kind.__name__})")
+        try:
+            return kind.from_dict(self.spec)  # type: ignore[no-any-return]
+        except (TypeError, ValueError, KeyError) as e:
+            raise StoreError(f"the run's spec does not read as {kind.__name__}: {e}") from None
+
     @property
     def temperature(self) -> float:
-        """The sampling temperature of the plan (1.0 where the plan records none)."""
-        return float(self.plan.get("temperature", 1.0))
+        """The sampling temperature of the plan (:class:`Plan`'s default where the run records no plan).
+
+        For ``analysis/``'s readers until they read :attr:`plan` (issue 46, left to the owner of analysis/)."""
+        return (self.plan or Plan()).temperature
 
     def identified(self, name: str, default: Any = None) -> Any:
         """One field of the identity (model, think, system_prompt, ...)."""
         return self.identity.get(name, default)
 
     def planned(self, name: str, default: Any = None) -> Any:
-        """One field of the plan (samples, temperature, readout, ...)."""
-        return self.plan.get(name, default)
+        """One field of the plan by name; for ``analysis/``'s readers until they read :attr:`plan` (issue 46)."""
+        return default if self.plan is None else getattr(self.plan, name, default)
 
     def specified(self, name: str, default: Any = None) -> Any:
-        """One field of the experiment's spec."""
+        """One field of the stored spec by name; for ``analysis/``'s readers until they read :meth:`spec_as`
+        (issue 46)."""
         return self.spec.get(name, default)
 
     # ------------------------------------------------------------ the stored JSON, read-only

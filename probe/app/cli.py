@@ -60,8 +60,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def plan_from_args(a: argparse.Namespace) -> Any:
-    """The :class:`~probe.app.runner.Plan` (what to collect) that ``probe run`` arguments ask for."""
-    from probe.app.runner import Plan
+    """The :class:`~probe.record.Plan` (what to collect) that ``probe run`` arguments ask for."""
+    from probe.record import Plan
 
     only = []
     for pair in a.sample_only or []:

