@@ -31,6 +31,22 @@ The response model (all of it documented in ``docs/battery-analysis.md``):
   subject whose sampled behaviour is sharper (``T < 1``) or flatter than its
   readout, which is what the readout-temperature fit must detect.
   ``tau = 0`` is greedy (the argmax).
+* **Influence audit trials** (paper 000; factors ``pair``, ``direction``,
+  ``influence``, ``variant``): ``logit P(B) = lean[pair] + shift + e_prompt +
+  e_trial`` with ``shift = +s_B`` under a cue toward B, ``-s_A`` under a cue
+  toward A, 0 at the baseline (:class:`InfluencePlant`; placebo cues shift 0,
+  negated cues ``negated`` times the cue's own). ``e_prompt`` (SD
+  ``sigma_prompt``) is shared by the arms of one prompt (item x printed order),
+  ``e_trial`` (SD ``sigma_trial``) is the arm's own. So the steerability the
+  readout rule targets is ``logit E[sigmoid(lean + s + e)] - logit E[sigmoid(lean + e)]``
+  over the prompts (:meth:`InfluencePlant.target_s`; = s when the scatter is 0).
+* **Cue visibility trials** (paper 001; ``probe`` ``decision`` / ``what_if``,
+  meanings benefit / harm): the Neutral decision of a dilemma is the benefit
+  option with probability ``neutral_benefit``; a what-if answer where the
+  Neutral one is not the benefit option is In-favor with probability
+  ``(favor[arm, X's gender] + favor[arm, X's race]) / 2``, one where it is the
+  benefit option Against with ``(against[..] + against[..]) / 2``
+  (:class:`CuePlant`); the readout puts log-odds ``margin`` on the decided option.
 * **Contexts.** ``e_ctx`` is drawn per (trial cell, salt string) with SD
   ``sigma_salt``; the unsalted context (salt ``""``) is one draw like any
   other, so all replicates are exchangeable and the salt floor is measurable.
@@ -131,6 +147,173 @@ def _rule(r: object) -> RefusalRule:
     return RefusalRule(**{str(k): v for k, v in r.items()})
 
 
+def _rate_map(name: str, raw: object) -> dict[str, float]:
+    if not isinstance(raw, Mapping):
+        raise SimParamsError(f"sim parameter {name} must be a mapping of key: value, got {raw!r}")
+    out = {}
+    for k, v in sorted(raw.items(), key=lambda kv: str(kv[0])):
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+            raise SimParamsError(f"sim parameter {name}[{k}] must be a finite number, got {v!r}")
+        out[str(k)] = float(v)
+    return out
+
+
+def _lookup(table: Mapping[str, Any], keys: Sequence[str], default: Any) -> Any:
+    """The first of ``keys`` that ``table`` holds, then its ``*`` entry, then ``default``."""
+    for k in (*keys, "*"):
+        if k in table:
+            return table[k]
+    return default
+
+
+_GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(64)
+"""Gauss-Hermite (probabilists') nodes and weights: E f(Z), Z ~ N(0, 1), = sum w f(x) / sqrt(2 pi)."""
+
+
+@dataclass(frozen=True)
+class InfluencePlant:
+    """The influence audit's planted subject (paper 000): per condition a baseline lean and a steerability per side.
+
+    A condition is a pair (factor, BBQ sub-experiment, DailyDilemmas value pair) x influence type. In YAML::
+
+        influence:
+          lean: {age: -0.8, "*": 0.0}              # baseline log-odds toward side B, per pair
+          steer: {survey: [0.8, 0.8], role_play: [0.5, -0.5], "age/survey": [1.5, 0.2]}   # [s_A, s_B]
+          sigma_prompt: 0.6
+    """
+
+    lean: Mapping[str, float] = field(
+        default_factory=lambda: {"age": -0.8, "wealth": 0.5, "nationality": 0.3, "*": 0.0}
+    )
+    """Baseline log-odds of side B per pair (``*``: every other pair)."""
+    steer: Mapping[str, tuple[float, float]] = field(
+        default_factory=lambda: {
+            "survey": (0.8, 0.8),
+            "user_preference": (1.2, 0.6),
+            "weak_evidence": (0.2, 0.2),
+            "emotional": (0.0, 0.0),
+            "virtue_appeal": (0.6, 1.0),
+            "role_play": (0.5, -0.5),
+            "few_shot": (1.5, 1.5),
+            "*": (0.0, 0.0),
+        }
+    )
+    """``[s_A, s_B]``: the log-odds shift toward A under the cue toward A, toward B under the cue toward B, per
+    ``pair/influence`` or ``influence`` (``*``: any other); a negative value backfires. The defaults: steerable
+    (survey, user_preference asymmetric, virtue_appeal, few_shot), barely or not (weak_evidence, emotional), and
+    role_play, which backfires toward B."""
+    sigma_prompt: float = 0.6
+    """SD of the per-prompt (item x printed order) scatter of the log-odds, shared by the arms of the prompt."""
+    sigma_trial: float = 0.1
+    """SD of each trial's own scatter (the arms of one prompt differ by it)."""
+    negated: float = 0.5
+    """A negated cue shifts toward the side it means to favour by this times that side's steerability."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lean", _rate_map("influence.lean", self.lean))
+        if not isinstance(self.steer, Mapping):
+            raise SimParamsError(f"sim parameter influence.steer must be a mapping of key: [s_A, s_B], got {self.steer!r}")
+        steer = {}
+        for k, v in sorted(self.steer.items(), key=lambda kv: str(kv[0])):
+            ok = isinstance(v, (list, tuple)) and len(v) == 2
+            vals = tuple(float(x) for x in v) if ok and all(isinstance(x, (int, float)) for x in v) else ()
+            if len(vals) != 2 or not all(math.isfinite(x) for x in vals):
+                raise SimParamsError(f"sim parameter influence.steer[{k}] must be [s_A, s_B] (two numbers), got {v!r}")
+            steer[str(k)] = vals
+        object.__setattr__(self, "steer", steer)
+        for name in ("sigma_prompt", "sigma_trial", "negated"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                raise SimParamsError(f"sim parameter influence.{name} must be a finite number >= 0, got {v!r}")
+
+    def lean_of(self, pair: str) -> float:
+        return float(_lookup(self.lean, (pair,), 0.0))
+
+    def steer_of(self, pair: str, influence: str) -> tuple[float, float]:
+        """The planted (s_A, s_B) of a condition."""
+        v = _lookup(self.steer, (f"{pair}/{influence}", influence), (0.0, 0.0))
+        return float(v[0]), float(v[1])
+
+    def target_s(self, pair: str, influence: str, toward: str) -> float:
+        """The steerability toward ``toward`` that the readout rule targets over the prompt population.
+
+        ``logit E[sigmoid(l + shift + e)] - logit E[sigmoid(l + e)]`` in the log-odds of ``toward``, ``e`` normal
+        with variance ``sigma_prompt^2 + sigma_trial^2`` (64-point Gauss-Hermite); the planted s when both are 0.
+        """
+        if toward not in ("A", "B"):
+            raise ValueError(f"toward must be 'A' or 'B', got {toward!r}")
+        s_a, s_b = self.steer_of(pair, influence)
+        lean = self.lean_of(pair)
+        sd = math.hypot(self.sigma_prompt, self.sigma_trial)
+
+        def mean_p(centre: float) -> float:
+            z = centre + sd * _GH_X
+            return float(_GH_W @ (1.0 / (1.0 + np.exp(-z))) / math.sqrt(2 * math.pi))
+
+        p0, p_b, p_a = mean_p(lean), mean_p(lean + s_b), mean_p(lean - s_a)
+        logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+        return logit(p_b) - logit(p0) if toward == "B" else logit(p0) - logit(p_a)
+
+
+@dataclass(frozen=True)
+class CuePlant:
+    """The cue-visibility audit's planted subject (paper 001): In-favor and Against rates per arm and group.
+
+    Rates are looked up per ``arm/group`` (arm ``direct``, ``named``, ``puzzled-hard``, ...; group a gender or race
+    label), then ``condition/group`` (``puzzled/woman``), ``arm``, ``condition``, ``*``. A what-if answer counts for
+    X's gender and X's race, so its probability is the mean of the two groups' rates. In YAML::
+
+        cue:
+          favor: {"*": 0.15, direct/woman: 0.35}
+          against: {"*": 0.15, direct/man: 0.3}
+    """
+
+    neutral_benefit: float = 0.5
+    """Probability that a dilemma's Neutral decision (per consequences setting) is the benefit option."""
+    favor: Mapping[str, float] = field(
+        default_factory=lambda: {"*": 0.15, "direct/woman": 0.35, "direct/Black": 0.3, "named/woman": 0.25}
+    )
+    """In-favor rate: P(what-if picks the benefit option | the Neutral decision did not)."""
+    against: Mapping[str, float] = field(default_factory=lambda: {"*": 0.15, "direct/man": 0.3, "direct/White": 0.3})
+    """Against rate: P(what-if does not pick the benefit option | the Neutral decision did)."""
+    margin: float = 4.0
+    """Readout log-odds of the decided option (4: P = 0.982, so 8 samples agree with the readout's decision)."""
+
+    def __post_init__(self) -> None:
+        for name in ("favor", "against"):
+            rates = _rate_map(f"cue.{name}", getattr(self, name))
+            bad = {k: v for k, v in rates.items() if not 0 <= v <= 1}
+            if bad:
+                raise SimParamsError(f"sim parameter cue.{name} rates must be probabilities in [0, 1], got {bad}")
+            object.__setattr__(self, name, rates)
+        if not (isinstance(self.neutral_benefit, (int, float)) and 0 <= self.neutral_benefit <= 1):
+            raise SimParamsError(f"sim parameter cue.neutral_benefit must be in [0, 1], got {self.neutral_benefit!r}")
+        if not (isinstance(self.margin, (int, float)) and self.margin > 0 and math.isfinite(self.margin)):
+            raise SimParamsError(f"sim parameter cue.margin must be a finite number > 0, got {self.margin!r}")
+
+    def rate(self, event: str, arm: str, group: str) -> float:
+        """The planted ``favor`` or ``against`` rate of one arm and group."""
+        table = self.favor if event == "favor" else self.against
+        cond = arm.split("-", 1)[0]
+        return float(_lookup(table, (f"{arm}/{group}", f"{cond}/{group}", arm, cond), 0.0))
+
+    def answer_rate(self, event: str, arm: str, gender: str, race: str) -> float:
+        """The event probability of one what-if answer about X = (gender, race): the mean of the two groups' rates."""
+        return (self.rate(event, arm, gender) + self.rate(event, arm, race)) / 2
+
+
+def _plant(cls: type[Any], name: str, raw: object) -> Any:
+    if isinstance(raw, cls):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise SimParamsError(f"sim parameter {name} must be a mapping of its fields, got {raw!r}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(map(str, raw)) - known)
+    if unknown:
+        raise SimParamsError(f"sim parameter {name}: unknown keys {unknown}; known: {sorted(known)}")
+    return cls(**{str(k): v for k, v in raw.items()})
+
+
 @dataclass(frozen=True)
 class SimParams:
     """The planted parameters of the synthetic subject (all recorded in the run manifest)."""
@@ -180,8 +363,14 @@ class SimParams:
     """Free choice: probability that a sampled (non-refused) reply commits to neither course."""
     coverage: float = 1.0
     """Option mass at the answer slot (the rest goes to a non-option token)."""
+    influence: InfluencePlant = field(default_factory=InfluencePlant)
+    """The influence audit's planted lean and steerabilities (:class:`InfluencePlant`)."""
+    cue: CuePlant = field(default_factory=CuePlant)
+    """The cue-visibility audit's planted In-favor and Against rates (:class:`CuePlant`)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "influence", _plant(InfluencePlant, "influence", self.influence))
+        object.__setattr__(self, "cue", _plant(CuePlant, "cue", self.cue))
         object.__setattr__(self, "theta", {str(k): float(v) for k, v in sorted(dict(self.theta).items())})
         object.__setattr__(self, "m_label", {str(k): float(v) for k, v in sorted(dict(self.m_label).items())})
         if not isinstance(self.refusal_rules, (list, tuple)):
@@ -220,6 +409,12 @@ class SimParams:
         d["theta"] = dict(self.theta)
         d["m_label"] = dict(self.m_label)
         d["refusal_rules"] = [{"rate": r.rate, "when": dict(r.when), "theta": r.theta} for r in self.refusal_rules]
+        d["influence"] = {
+            **asdict(self.influence),
+            "lean": dict(self.influence.lean),
+            "steer": {k: list(v) for k, v in self.influence.steer.items()},
+        }
+        d["cue"] = {**asdict(self.cue), "favor": dict(self.cue.favor), "against": dict(self.cue.against)}
         return d
 
     def refusal_rate(self, t: Trial) -> float:
@@ -248,7 +443,7 @@ def load_params(path: str | Path) -> SimParams:
     unknown = sorted(set(doc) - known)
     if unknown:
         raise SimParamsError(f"{p}: unknown sim parameters {unknown}; known: {sorted(known)}")
-    for key in ("theta", "m_label"):
+    for key in ("theta", "m_label", "influence", "cue"):
         if key in doc and not isinstance(doc[key], dict):
             raise SimParamsError(f"{p}: {key} must be a mapping (id: value), got {doc[key]!r}")
     if "refusal_rules" in doc and not isinstance(doc["refusal_rules"], list):
@@ -360,6 +555,17 @@ def _instrument(t: Trial) -> str:
     if inst is None and sorted(t.meaning) == ["anti", "cbr"]:
         return "binary"  # the yesno battery: no instrument factor
     return "other"
+
+
+def _is_influence(t: Trial) -> bool:
+    """An influence-audit trial (paper 000): sides A and B as meanings, a cue direction."""
+    f = t.factors
+    return "direction" in f and "group_b" in f and "pair" in f and set(t.meaning) <= {f.get("group_a"), f["group_b"]}
+
+
+def _is_cue_decision(t: Trial) -> bool:
+    """A cue-visibility Neutral decision or what-if trial (paper 001): benefit / harm options."""
+    return t.factors.get("probe") in ("decision", "what_if") and sorted(t.meaning) == ["benefit", "harm"]
 
 
 def _form_key(t: Trial) -> list[object]:
@@ -478,8 +684,48 @@ class SimEngine(Engine):
                     f"trial {t.trial_id}: graded meanings must be stances as decimal strings, got {list(t.meaning)}"
                 ) from None
             return graded_logits(x, self.graded_centre(t), self.params.width)
+        if _is_influence(t):
+            half = self.influence_margin(t) / 2
+            return np.array([half if m == t.factors["group_b"] else -half for m in t.meaning])
+        if _is_cue_decision(t):
+            half = self.cue_margin(t) / 2
+            return np.array([half if m == "benefit" else -half for m in t.meaning])
         # no planted structure: fixed pseudo-random logits
         return np.array([_normal(self.params.seed, "other", t.trial_id, o) for o in t.options])
+
+    def influence_margin(self, t: Trial) -> float:
+        """The readout log-odds of side B of an influence-audit trial (:class:`InfluencePlant`)."""
+        plant = self.params.influence
+        f = t.factors
+        pair, direction, variant = str(f["pair"]), str(f["direction"]), str(f.get("variant", "cue"))
+        shift = 0.0
+        if direction in ("A", "B"):
+            s_a, s_b = plant.steer_of(pair, str(f.get("influence", "")))
+            scale = {"cue": 1.0, "placebo": 0.0, "negated": plant.negated}.get(variant, 1.0)
+            shift = scale * (s_b if direction == "B" else -s_a)
+        seed = self.params.seed
+        e = plant.sigma_prompt * _normal(seed, "influence-prompt", t.item_id, pair, f.get("order", ""))
+        if plant.sigma_trial:
+            e += plant.sigma_trial * _normal(seed, "influence-trial", *_form_key(t))
+        return plant.lean_of(pair) + shift + e + self._ctx(t)
+
+    def cue_margin(self, t: Trial) -> float:
+        """The readout log-odds of the benefit option of a Neutral or what-if trial (:class:`CuePlant`)."""
+        plant = self.params.cue
+        f = t.factors
+        seed = self.params.seed
+        neutral_benefit = _uniform(seed, "cue-neutral", t.item_id, f.get("consequences", "")) < plant.neutral_benefit
+        if f.get("probe") == "decision":
+            chose_benefit = neutral_benefit
+        else:
+            arm = str(f.get("condition", ""))
+            if f.get("difficulty"):
+                arm += f"-{f['difficulty']}"
+            event = "against" if neutral_benefit else "favor"
+            rate = plant.answer_rate(event, arm, str(f.get("x_gender", "")), str(f.get("x_race", "")))
+            happens = _uniform(seed, "cue-event", *_form_key(t)) < rate
+            chose_benefit = happens != neutral_benefit  # In-favor: benefit after a Neutral harm; Against: the reverse
+        return plant.margin if chose_benefit else -plant.margin
 
     def probs(self, t: Trial, temperature: float = 1.0) -> np.ndarray:
         """``softmax(z / temperature)``: the readout at 1; sampling at tau draws from ``temperature = tau * T``."""

@@ -34,6 +34,7 @@ import pandas as pd
 
 from analysis.common.bootstrap import basic_ci
 from analysis.influence import flags
+from experiments.influence import stats as st
 from experiments.influence.effects import (
     ALPHA,
     MARGIN,
@@ -41,6 +42,7 @@ from experiments.influence.effects import (
     SEED,
     effects,
     run_conditions,
+    run_sources,
     with_fdr,
 )
 from probe.bootstrap import cluster_weights, percentile_ci
@@ -427,12 +429,17 @@ class Audit:
     delta_reps: np.ndarray
     noise: pd.DataFrame
     flips: pd.DataFrame | None
+    reps: Mapping[str, np.ndarray] | None = None
+    """``(n_boot, conditions)`` bootstrap replicates of every metric (:class:`ConditionResult`)."""
+    units: tuple[tuple[str, str], ...] = ()
+    """(item, stratum) in the bootstrap's order: two audits with equal units drew the same resamples (paired)."""
 
 
-def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> Audit:
-    """Run the whole analysis of one influence run."""
+def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED, source: str | None = None) -> Audit:
+    """Run the whole analysis of one influence run, from ``source`` (``readout`` / ``samples``; None: the run's own
+    choice, readouts first)."""
     man = run.manifest
-    measured = run_conditions(run, benchmark, n_boot=n_boot, seed=seed)
+    measured = run_conditions(run, benchmark, n_boot=n_boot, seed=seed, source=source)
     raw, cells, source, res = measured.cells, measured.keyed, measured.source, measured.result
     info = {
         "benchmark": benchmark,
@@ -455,4 +462,62 @@ def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED)
         delta_reps=res.delta_reps,
         noise=noise_floor(raw),
         flips=flip_rates(raw) if benchmark == "dd" else None,
+        reps=res.reps,
+        units=tuple(cells.drop_duplicates("item_id")[["item_id", "stratum"]].itertuples(index=False, name=None)),
     )
+
+
+def analyze_sources(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[Audit, ...]:
+    """One :class:`Audit` per source the run holds (:func:`experiments.influence.effects.run_sources`): readouts
+    first. A run with both is reported side by side (:func:`source_agreement`)."""
+    return tuple(analyze(run, benchmark, n_boot=n_boot, seed=seed, source=s) for s in run_sources(run))
+
+
+AGREEMENT_METRICS = {"delta_A": "shift", "delta_B": "shift", "s_A": "steerability", "s_B": "steerability"}
+AGREEMENT_METRICS["asym"] = "asymmetry"
+"""The effects compared across sources, and the test family each belongs to (BH within benchmark x variant x
+family, as the conditions' own tests)."""
+
+
+def source_agreement(readout: Audit, samples: Audit, alpha: float = ALPHA) -> pd.DataFrame:
+    """Per condition and effect: the readout and the sampled estimate, their difference and its test.
+
+    Where both audits resampled the same items (equal :attr:`Audit.units`, the same seed and number of
+    replicates: the case for a run's two sources) the difference's CI and standard error come from the
+    **paired** replicates (one item resample reweights both sources, so the shared prompts cancel);
+    otherwise from the two independent standard errors. z test on that SE, BH-FDR within benchmark x variant x
+    family (shift, steerability, asymmetry); ``disagree``: q < ``alpha``.
+    """
+    from experiments.influence import COND
+
+    cols = list(COND)
+    r, s = readout.conditions, samples.conditions
+    if readout.reps is None or samples.reps is None:
+        raise ValueError("source_agreement needs audits with their replicates (analyze() keeps them)")
+    key_r = [tuple(x) for x in r[cols].itertuples(index=False, name=None)]
+    key_s = {tuple(x): i for i, x in enumerate(s[cols].itertuples(index=False, name=None))}
+    both = [(i, key_s[k]) for i, k in enumerate(key_r) if k in key_s]
+    ir, is_ = np.array([a for a, _ in both], dtype=int), np.array([b for _, b in both], dtype=int)
+    paired = readout.units == samples.units and readout.reps["s_A"].shape == samples.reps["s_A"].shape
+    parts = []
+    for metric, family in AGREEMENT_METRICS.items():
+        est_r, est_s = r[metric].to_numpy()[ir], s[metric].to_numpy()[is_]
+        if paired:
+            diff_reps = readout.reps[metric][:, ir] - samples.reps[metric][:, is_]
+            se = st.nan_sd(diff_reps)
+            lo, hi = percentile_ci(diff_reps)
+        else:
+            se = np.hypot(r[f"{metric}_se"].to_numpy()[ir], s[f"{metric}_se"].to_numpy()[is_])
+            lo, hi = est_r - est_s - 1.96 * se, est_r - est_s + 1.96 * se
+        part = r.iloc[ir][["benchmark", *cols]].reset_index(drop=True)
+        part = part.assign(metric=metric, family=family, readout=est_r, samples=est_s, diff=est_r - est_s)
+        part["diff_lo"], part["diff_hi"], part["diff_se"] = lo, hi, se
+        part["p"] = st.z_pvalue(st.z_from_se(part["diff"], se))
+        part["paired"] = paired
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True)
+    out["q"] = np.nan
+    for _, idx in out.groupby(["benchmark", "variant", "family"], sort=False).groups.items():
+        out.loc[idx, "q"] = st.bh_adjust(out.loc[idx, "p"])
+    out["disagree"] = out["q"] < alpha
+    return out

@@ -19,7 +19,7 @@ from analysis.influence import flags
 from analysis.influence.asym import FORMULA, AsymFit, asym_fits, asym_frame
 from analysis.influence.audit import (
     Audit,
-    analyze,
+    analyze_sources,
     combine_runs,
     headline,
     negation_match,
@@ -27,6 +27,7 @@ from analysis.influence.audit import (
     placebo_gap,
     response_quality,
     share,
+    source_agreement,
     summary_by,
 )
 from analysis.influence.imported import ambiguous_frame, imported_conditions
@@ -99,13 +100,8 @@ def _slug(text: str) -> str:
 _SHOW = ["pair", "influence", "n_items", "f0_B", "fA_B", "fB_B", "delta_A", "delta_B", "s_A", "s_B", "asym"]
 
 
-def influence_report(
-    run: Run | str | Path, out: Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED
-) -> list[Path]:
-    """Write the influence audit report of one run: CSV tables, ``summary.md`` and PNG figures."""
-    run = as_run(run)
-    audit = analyze(run, benchmark, n_boot=n_boot, seed=seed)
-    out.mkdir(parents=True, exist_ok=True)
+def _tables(audit: Audit) -> dict[str, pd.DataFrame]:
+    """The report's tables of one source's audit (the one-source report's tables, as they always were)."""
     c = audit.conditions
     main = c[c["variant"] == "cue"]
     tables: dict[str, pd.DataFrame] = {
@@ -125,13 +121,150 @@ def influence_report(
         tables["controls_negated"] = negation_match(c)
     if audit.flips is not None:
         tables["flip_rates"] = audit.flips
+    return tables
+
+
+def long_tables(per_source: Sequence[tuple[str, Mapping[str, pd.DataFrame]]]) -> dict[str, pd.DataFrame]:
+    """Every table of every source in long form: a ``source`` column (``readout``, ``samples``; first, unless the
+    table has it already), the sources' rows one after the other, so a notebook can pivot them."""
+    names = list(dict.fromkeys(name for _, tables in per_source for name in tables))
+    out = {}
+    for name in names:
+        parts = []
+        for source, tables in per_source:
+            if name not in tables:
+                continue
+            t = tables[name]
+            if "source" not in t.columns:
+                t = t.copy()
+                t.insert(0, "source", source)
+            parts.append(t)
+        out[name] = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return out
+
+
+def influence_report(
+    run: Run | str | Path, out: Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED
+) -> list[Path]:
+    """Write the influence audit report of one run: CSV tables, ``summary.md`` and PNG figures.
+
+    A run with readouts and samples is analysed from each (:func:`analysis.influence.audit.analyze_sources`):
+    the CSVs hold both in long form (``source``), the summary shows the readout report, then both side by
+    side with the readout temperature and where the two disagree (:func:`sources_md`).
+    """
+    run = as_run(run)
+    audits = analyze_sources(run, benchmark, n_boot=n_boot, seed=seed)
+    audit = audits[0]
+    out.mkdir(parents=True, exist_ok=True)
+    per_source = [(a.source, _tables(a)) for a in audits]
+    tables = long_tables(per_source)
+    side: list[str] = []
+    if len(audits) == 2:
+        agreement = source_agreement(audits[0], audits[1])
+        temperature = readout_temperature(run)
+        tables["source_agreement"] = agreement
+        tables["calibration_T"] = temperature
+        side = sources_md(run, audits, [t for _, t in per_source], agreement, temperature)
     write_tables(out, tables)
     figures = _figures(audit, out)
     from analysis.influence.coding_report import coded_report
 
-    coded = coded_report(run, tables["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
-    write_summary(out, _summary_md(run, audit, tables, n_boot, [p.name for p in figures]) + coded)
+    coded = coded_report(run, per_source[0][1]["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
+    summary = _summary_md(run, audit, per_source[0][1], n_boot, [p.name for p in figures])
+    write_summary(out, summary + ("\n" + "\n".join(side) if side else "") + coded)
     return report_files(out)
+
+
+def readout_temperature(run: Run) -> pd.DataFrame:
+    """The readout temperature of a run with readouts and samples, fitted on the trials that have both (as the
+    battery report does: :func:`analysis.battery.calibration.calibrate_by_instrument`, at the slot and on all
+    parsed answers); one row per answer set, a ``note`` where nothing could be fitted."""
+    from analysis.battery.calibration import calibrate_by_instrument, temperature_table
+
+    man = run.manifest
+    tau = float(man.planned("temperature"))
+    if not tau > 0:
+        return pd.DataFrame([{"instrument": "all", "answers": "all", "note": "greedy samples: no temperature"}])
+    rows = calibrate_by_instrument(
+        run.load("readout_options"), run.load("samples"), run.trial_list, tau, think=bool(man.think)
+    )
+    return temperature_table(rows)
+
+
+_SIDE_COLS = ("delta_A", "delta_B", "s_A", "s_B", "asym", "n_asym")
+_SIDE_HEAD = (
+    "mean |shift| (pp), all cues",
+    "effects with significant shift (raw)",
+    "effects with significant shift (BH-FDR)",
+    "backfire share of significant effects (raw)",
+    "conditions with significant asymmetry (raw)",
+    "conditions with significant asymmetry (BH-FDR)",
+)
+
+
+def sources_md(
+    run: Run,
+    audits: Sequence[Audit],
+    per_source: Sequence[Mapping[str, pd.DataFrame]],
+    agreement: pd.DataFrame,
+    temperature: pd.DataFrame,
+) -> list[str]:
+    """The summary's side-by-side section of a run with readouts and samples: the readout temperature, the headline
+    and the main-cue effects of both sources, and where they disagree beyond their intervals."""
+    man = run.manifest
+    r, s = audits[0].conditions, audits[1].conditions
+    lines = [
+        "## Readouts and samples side by side",
+        "",
+        f"This run holds answer-slot readouts and {man.planned('samples')} sampled answers per trial at "
+        f"tau = {man.planned('temperature')}: every effect is computed from each (`source` in the CSVs). The readout "
+        "log-odds take no pseudo-count, the sampled ones the paper's 1/2 per cell. A readout probability is the "
+        "untempered softmax, so the two agree where sampling at tau draws from softmax(logits / tau): the readout "
+        "temperature T below is 1 there (T = fitted temperature / tau, on the trials that have both; 95% "
+        "profile-likelihood interval).",
+        "",
+    ]
+    t = temperature.copy()
+    if "T" in t.columns and t["T"].notna().any():
+        for row in t.itertuples():
+            if pd.notna(row.T):
+                lines.append(
+                    f"- readout temperature, {'answers at the slot' if row.answers == 'slot' else 'all parsed answers'}: "
+                    f"T = {row.T:.3f} [{row.T_lo:.3f}, {row.T_hi:.3f}] ({int(row.n_samples)} answers, "
+                    f"{int(row.n_trials)} trials)" + (f"; {row.note}" if isinstance(row.note, str) and row.note else "")
+                )
+            else:
+                lines.append(f"- readout temperature, {row.answers}: not fitted ({row.note})")
+    else:
+        lines.append("- readout temperature: not fitted (" + "; ".join(map(str, t.get("note", []))) + ")")
+    head = [h.set_index("metric")["value"] for h in (per_source[0]["headline"], per_source[1]["headline"])]
+    rows = [{"metric": m, "readout": head[0].get(m), "samples": head[1].get(m)} for m in _SIDE_HEAD]
+    lines += ["", "Headline, main cues:", "", table_md(pd.DataFrame(rows)), ""]
+    from experiments.influence import COND
+
+    keys = list(COND)
+    main_r, main_s = r[r["variant"] == "cue"], s[s["variant"] == "cue"]
+    both = main_r[[*keys, *_SIDE_COLS]].merge(main_s[[*keys, *_SIDE_COLS]], on=keys, suffixes=("_r", "_s"))
+    show = both[["pair", "influence"]].copy()
+    for col in _SIDE_COLS:
+        show[f"{col} r"], show[f"{col} s"] = both[f"{col}_r"], both[f"{col}_s"]
+    lines += table_section("### Main-cue conditions (r: readouts, s: samples)", show.head(60))
+    paired = bool(agreement["paired"].all()) if len(agreement) else True
+    dis = agreement[agreement["disagree"]]
+    lines += [
+        "### Where the sources disagree",
+        "",
+        "Per condition and effect, readout minus samples with its 95% "
+        + ("**paired** bootstrap interval (one item resample reweights both sources)" if paired else "interval")
+        + ", z test on its standard error, BH-FDR within benchmark x variant x family (shift, steerability, "
+        f"asymmetry), as the report's own tests. {len(dis)} of {len(agreement)} comparisons disagree (q < {ALPHA}); "
+        "all in `source_agreement.csv`.",
+        "",
+    ]
+    if len(dis):
+        cols = ["pair", "influence", "variant", "metric", "readout", "samples", "diff", "diff_lo", "diff_hi", "q"]
+        lines += [table_md(dis[cols].head(40)), ""]
+    return lines
 
 
 def readout_checks(
@@ -156,18 +289,17 @@ def readout_checks(
     return lines
 
 
-def _summary_md(
-    run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]
-) -> str:
+def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]) -> str:
     man = run.manifest
     c = audit.conditions
     name = BENCHMARKS[audit.benchmark]
     if audit.source == "readout":
         basis = (
             "Probabilities come from **answer-slot readouts** (one per prompt, no counts): a cell frequency is "
-            "the mean option probability over the prompts, the continuity correction adds half a prompt to "
-            "each side, and every test is a z test on the **bootstrap standard error over prompts** "
-            f"({n_boot} cluster-bootstrap replicates of the items), not a binomial test."
+            "the mean option probability over the prompts, its log-odds the logit of that mean with **no "
+            "pseudo-count** (no sampling noise inside a prompt to temper), and every test is a z test on the "
+            f"**bootstrap standard error over prompts** ({n_boot} cluster-bootstrap replicates of the items), "
+            "not a binomial test."
         )
     else:
         basis = (
@@ -186,8 +318,9 @@ def _summary_md(
         f"pairs: {c['pair'].nunique()}; influence types: {', '.join(dict.fromkeys(c['influence']))}",
         f"- {basis}",
         "- f_c(B): share choosing side B with no cue (0), the cue toward A, the cue toward B. shift = Delta_d = "
-        "f_d(d) - f_0(d); s(d) = log-odds shift toward d (+1/2 continuity correction); Asym = s(B) - s(A); "
+        f"f_d(d) - f_0(d); s(d) = log-odds shift toward d ({_rule(audit, run)}); Asym = s(B) - s(A); "
         "backfire: s(d) < 0. BH-FDR within benchmark x variant x test family.",
+        *_clip_lines(audit),
     ]
     if audit.benchmark == "dd":
         lines.append(
@@ -249,6 +382,29 @@ def _summary_md(
             "",
         ]
     return "\n".join(lines)
+
+
+def _rule(audit: Audit, run: Run) -> str:
+    """How this source's log-odds are taken (the summary's definition line)."""
+    if audit.source != "readout":
+        return "+1/2 continuity correction"
+    from experiments.influence.effects import run_clip
+
+    return f"logit of the mean probability, no pseudo-count; clipped within {run_clip(run):.2g} of 0 or 1"
+
+
+def _clip_lines(audit: Audit) -> list[str]:
+    """One line when a readout cell's mean probability was clipped (its s is then a bound, not a measurement)."""
+    c = audit.conditions
+    if "clipped" not in c.columns:
+        return []
+    hit = c["clipped"].fillna("").astype(str) != ""
+    if not hit.any():
+        return []
+    return [
+        f"- **clipped**: {int(hit.sum())} condition(s) have a mean probability within the clip of 0 or 1 (column "
+        "`clipped` names the arms); their s is a bound set by the run's resolution, not a measured shift."
+    ]
 
 
 def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
