@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,9 @@ from analysis.common.bootstrap import check_bootstrap
 from analysis.common.records import Record
 from probe.parse import parse_answer
 from probe.types import Trial
+
+if TYPE_CHECKING:
+    from probe.runs import Run
 
 _LOG_T_RANGE = (math.log(1e-3), math.log(1e3))
 
@@ -476,6 +480,37 @@ def calibrate_by_instrument(
             n_trials = int(chosen.loc[chosen["status"] == "ok", "trial_id"].nunique())
             rows.append(TemperatureRow(name, answers, cal, n_trials=n_trials))
     return tuple(rows)
+
+
+def run_temperature(run: Run) -> pd.DataFrame:
+    """The readout temperature table of a run with readouts and samples, fitted on the trials that have both
+    (:func:`calibrate_by_instrument`, at the slot and on all parsed answers): the influence and cue reports' line
+    beside their side-by-side sources. A row with only a ``note`` where the samples were greedy."""
+    man = run.manifest
+    tau = float(man.planned("temperature"))
+    if not tau > 0:
+        return pd.DataFrame([{"instrument": "all", "answers": "all", "note": "greedy samples: no temperature to fit"}])
+    rows = calibrate_by_instrument(
+        run.load("readout_options"), run.load("samples"), run.trial_list, tau, think=bool(man.think)
+    )
+    return temperature_table(rows)
+
+
+def temperature_lines(table: pd.DataFrame) -> list[str]:
+    """One Markdown bullet per answer set of :func:`run_temperature`'s table."""
+    lines = []
+    for row in table.to_dict("records"):
+        what = "answers at the slot" if row.get("answers") == "slot" else "all parsed answers"
+        note = row.get("note")
+        note = note if isinstance(note, str) and note else ""
+        if pd.notna(row.get("T", math.nan)):
+            lines.append(
+                f"- readout temperature, {what}: T = {row['T']:.3f} [{row['T_lo']:.3f}, {row['T_hi']:.3f}] "
+                f"({int(row['n_samples'])} answers, {int(row['n_trials'])} trials)" + (f"; {note}" if note else "")
+            )
+        else:
+            lines.append(f"- readout temperature, {what}: not fitted ({note})")
+    return lines
 
 
 def temperature_table(rows: Sequence[TemperatureRow]) -> pd.DataFrame:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from analysis.battery.calibration import run_temperature, temperature_lines
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import report_files, write_summary
 from analysis.cue.metrics import (
@@ -419,6 +420,111 @@ def _breakdown_flag(changes: pd.DataFrame, head: str, cons: str) -> list[str]:
     ]
 
 
+def _other_source(run: Run, source: str) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(options, per_trial) of the source the report's tables did not use, where the run has both; else None."""
+    if source == "readout" and not run.load("samples").empty:
+        return run.sample_counts()
+    if source == "samples" and not run.load("readout_options").empty:
+        return run.readout_frames()
+    return None
+
+
+AGREE_COLS = {"bias": ("favor", "against", "net"), "gap": ("gap",)}
+"""The cue's effects compared across sources: In-favor, Against, Net per arm and group, the Gap per arm and group."""
+
+
+def cue_agreement(
+    first: tuple[pd.DataFrame, pd.DataFrame], second: tuple[pd.DataFrame, pd.DataFrame], sources: tuple[str, str]
+) -> pd.DataFrame:
+    """Per (arm, consequences, attr, group) and effect (favor, against, net, gap; greedy decisions, eligible
+    denominators): each source's value, the difference ``first - second`` with the SE ``hypot(sd_1, sd_2)`` of the
+    two dilemma bootstraps (conservative: both sources answer the same dilemmas, so their errors correlate
+    positively), a z test, and BH-FDR within each effect (the influence report's correction; the cue report had
+    none), ``disagree``: q < 0.05."""
+    from experiments.influence import stats as st
+
+    parts = []
+    for table, cols in AGREE_COLS.items():
+        i = 0 if table == "bias" else 1
+        m = first[i].merge(second[i], on=CELL, suffixes=("_1", "_2"))
+        for col in cols:
+            d = m[CELL].copy()
+            d["effect"] = col
+            d[sources[0]], d[sources[1]] = m[f"{col}_1"], m[f"{col}_2"]
+            d["diff"] = m[f"{col}_1"] - m[f"{col}_2"]
+            d["diff_se"] = np.hypot(m[f"sd_{col}_1"], m[f"sd_{col}_2"])
+            d["p"] = st.z_pvalue(st.z_from_se(d["diff"], d["diff_se"]))
+            d["q"] = st.bh_adjust(d["p"])
+            parts.append(d)
+    out = pd.concat(parts, ignore_index=True)
+    out["disagree"] = out["q"] < 0.05
+    return out
+
+
+def _sources_section(
+    first: tuple[pd.DataFrame, pd.DataFrame],
+    second: tuple[pd.DataFrame, pd.DataFrame],
+    sources: tuple[str, str],
+    agreement: pd.DataFrame,
+    temperature: pd.DataFrame,
+    run: Run,
+) -> list[str]:
+    """The summary's side-by-side section: the readout temperature, the macro rates of both sources, disagreements."""
+    man = run.manifest
+    rows = []
+    for r in first[0][first[0]["group"] == MACRO[1]].itertuples():
+        o = second[0][
+            (second[0]["arm"] == r.arm)
+            & (second[0]["consequences"] == r.consequences)
+            & (second[0]["group"] == MACRO[1])
+        ]
+        g1, g2 = (_macro_value(x[1], r.arm, r.consequences, "gap") for x in (first, second))
+        ov = o.iloc[0] if len(o) else None
+        rows.append(
+            [
+                r.arm,
+                r.consequences,
+                *(f"{_pp(a)} / {_pp(b)}" for a, b in (
+                    (r.favor, ov["favor"] if ov is not None else np.nan),
+                    (r.against, ov["against"] if ov is not None else np.nan),
+                    (r.net, ov["net"] if ov is not None else np.nan),
+                    (g1, g2),
+                )),
+            ]
+        )  # fmt: skip
+    dis = agreement[agreement["disagree"]]
+    lines = [
+        f"## Readouts and samples side by side ({sources[0]} / {sources[1]})",
+        "",
+        f"This run holds answer-slot readouts and {man.planned('samples')} sampled answers per trial at "
+        f"tau = {man.planned('temperature')}; every rate is computed from each (`source` in `cue_bias.csv` and "
+        "`cue_gap.csv`). Greedy decisions (a sampled trial's most frequent answer), eligible denominators. The "
+        "readout temperature (T = fitted temperature / tau, on the trials that have both; 1 where sampling at tau "
+        "draws from softmax(logits / tau)):",
+        "",
+        *temperature_lines(temperature),
+        "",
+        "Macro over groups, pp (" + " / ".join(sources) + "):",
+        "",
+        *_table(["arm", "consequences", "Favor", "Against", "Net", "Gap"], rows),
+        "",
+        "### Where the sources disagree",
+        "",
+        f"Per arm, group and effect (Favor, Against, Net, Gap): {sources[0]} minus {sources[1]}, z test on the two "
+        "dilemma-bootstrap SDs combined (conservative), BH-FDR within each effect. "
+        f"{len(dis)} of {len(agreement)} comparisons disagree (q < 0.05); all in `cue_source_agreement.csv`.",
+        "",
+    ]
+    if len(dis):
+        rows2 = [
+            [r.arm, r.consequences, r.group, r.effect, _pp(getattr(r, sources[0])), _pp(getattr(r, sources[1])),
+             _pp(r.diff, r.diff_se), f"{r.q:.3g}"]
+            for r in dis.head(40).itertuples()
+        ]  # fmt: skip
+        lines += [*_table(["arm", "consequences", "group", "effect", *sources, "diff ± SE", "q"], rows2), ""]
+    return lines
+
+
 def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
     """Write the cue-visibility report of a run: CSV tables, ``summary.md``, ``puzzles.jsonl`` and the figure."""
     from analysis.cue import flags
@@ -454,6 +560,7 @@ def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> lis
             out / "cue_solve_chance.csv", pd.concat(chances, ignore_index=True).to_csv(index=False, float_format="%.6f")
         )
 
+    side: list[str] = []
     answered = per_trial["coverage"] > 0  # a sampled trial with no parsed answer is an abstention
     neutral_ok = (per_trial["condition"] == "neutral") & answered
     whatif_ok = (per_trial["probe"] == "what_if") & answered
@@ -473,6 +580,25 @@ def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> lis
 
         bias = pd.concat([tag(b, k) for k, (b, _) in results.items()], ignore_index=True)
         gap = pd.concat([tag(g, k) for k, (_, g) in results.items()], ignore_index=True)
+        bias.insert(0, "source", source)
+        gap.insert(0, "source", source)
+        other = _other_source(run, source)
+        if other is not None:  # a run with readouts and samples: the same readings from the other source
+            o_opts, o_per = other
+            o_res = {
+                k: decision_bias(o_opts, o_per, decision=d, denominator=den, n_boot=n_boot, seed=seed)
+                for k, (d, den) in VARIANTS.items()
+            }
+            o_src = "samples" if source == "readout" else "readout"
+            bias = pd.concat(
+                [bias, *(tag(b, k).assign(source=o_src) for k, (b, _) in o_res.items())], ignore_index=True
+            )
+            gap = pd.concat([gap, *(tag(g, k).assign(source=o_src) for k, (_, g) in o_res.items())], ignore_index=True)
+            agreement = cue_agreement(results[HEADLINE], o_res[HEADLINE], (source, o_src))
+            atomic_write_text(out / "cue_source_agreement.csv", agreement.to_csv(index=False, float_format="%.6f"))
+            temperature = run_temperature(run)
+            atomic_write_text(out / "calibration_T.csv", temperature.to_csv(index=False, float_format="%.6f"))
+            side = _sources_section(results[HEADLINE], o_res[HEADLINE], (source, o_src), agreement, temperature, run)
         atomic_write_text(out / "cue_bias.csv", bias.to_csv(index=False, float_format="%.6f"))
         atomic_write_text(out / "cue_gap.csv", gap.to_csv(index=False, float_format="%.6f"))
         main_bias, main_gap = results[HEADLINE]
@@ -534,6 +660,7 @@ def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> lis
     else:
         lines += ["Decision bias needs answered Neutral and what-if trials; this run has none of one of them.", ""]
 
+    lines += side
     if (per_trial["probe"] == "could_be").any():
         sb = status_bias(options, per_trial, n_boot=n_boot, seed=seed)
         if not sb.empty:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.battery.calibration import run_temperature, temperature_lines
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import report_files, write_summary, write_tables
 from analysis.common.tables import md_table
@@ -161,7 +162,7 @@ def influence_report(
     side: list[str] = []
     if len(audits) == 2:
         agreement = source_agreement(audits[0], audits[1])
-        temperature = readout_temperature(run)
+        temperature = run_temperature(run)
         tables["source_agreement"] = agreement
         tables["calibration_T"] = temperature
         side = sources_md(run, audits, [t for _, t in per_source], agreement, temperature)
@@ -173,22 +174,6 @@ def influence_report(
     summary = _summary_md(run, audit, per_source[0][1], n_boot, [p.name for p in figures])
     write_summary(out, summary + ("\n" + "\n".join(side) if side else "") + coded)
     return report_files(out)
-
-
-def readout_temperature(run: Run) -> pd.DataFrame:
-    """The readout temperature of a run with readouts and samples, fitted on the trials that have both (as the
-    battery report does: :func:`analysis.battery.calibration.calibrate_by_instrument`, at the slot and on all
-    parsed answers); one row per answer set, a ``note`` where nothing could be fitted."""
-    from analysis.battery.calibration import calibrate_by_instrument, temperature_table
-
-    man = run.manifest
-    tau = float(man.planned("temperature"))
-    if not tau > 0:
-        return pd.DataFrame([{"instrument": "all", "answers": "all", "note": "greedy samples: no temperature"}])
-    rows = calibrate_by_instrument(
-        run.load("readout_options"), run.load("samples"), run.trial_list, tau, think=bool(man.think)
-    )
-    return temperature_table(rows)
 
 
 _SIDE_COLS = ("delta_A", "delta_B", "s_A", "s_B", "asym", "n_asym")
@@ -224,19 +209,7 @@ def sources_md(
         "profile-likelihood interval).",
         "",
     ]
-    t = temperature.copy()
-    if "T" in t.columns and t["T"].notna().any():
-        for row in t.itertuples():
-            if pd.notna(row.T):
-                lines.append(
-                    f"- readout temperature, {'answers at the slot' if row.answers == 'slot' else 'all parsed answers'}: "
-                    f"T = {row.T:.3f} [{row.T_lo:.3f}, {row.T_hi:.3f}] ({int(row.n_samples)} answers, "
-                    f"{int(row.n_trials)} trials)" + (f"; {row.note}" if isinstance(row.note, str) and row.note else "")
-                )
-            else:
-                lines.append(f"- readout temperature, {row.answers}: not fitted ({row.note})")
-    else:
-        lines.append("- readout temperature: not fitted (" + "; ".join(map(str, t.get("note", []))) + ")")
+    lines += temperature_lines(temperature)
     head = [h.set_index("metric")["value"] for h in (per_source[0]["headline"], per_source[1]["headline"])]
     rows = [{"metric": m, "readout": head[0].get(m), "samples": head[1].get(m)} for m in _SIDE_HEAD]
     lines += ["", "Headline, main cues:", "", table_md(pd.DataFrame(rows)), ""]
