@@ -51,6 +51,7 @@ from engines.base import Draws, EngineSettings, ProgressFn, check_reasoning, req
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
 from engines.local import DrawRow, LocalEngine, Prepared, ThinkRequest, folder_info, slot_readout
 from engines.placement import TorchCuda, check_device_arg, check_offload, nvidia_driver, place
+from engines.refill import ReasoningStats, Schedule, stacked, unstackable
 from engines.render import checked_option_ids, encode_option, option_texts, rendered_system_prompt, stop_ids
 from engines.sampling import (
     GROUPED_ATTENTION,
@@ -149,6 +150,25 @@ class HFSettings(EngineSettings):
     """Draws of one prompt keep its keys once and attend to them together (speed only: the same attention up to
     float rounding; tree and shared paths, n > 1, sdpa or eager attention). False: one cache row per draw."""
 
+    reasoning_refill: bool = field(
+        default=True,
+        metadata=flag(
+            name="hf-no-refill",
+            negate=True,
+            help="reason in fixed length buckets, each decoded until its longest trace ends, instead of giving a "
+            "finished row to the next trial (docs/speed.md, 'Think mode')",
+        ),
+    )
+    """Think mode: a row whose trace ended is given to the next waiting trial (:mod:`engines.refill`), so
+    reasoning costs about total tokens / rows + the longest trace in steps. False: fixed length buckets, each to
+    its longest trace. Speed only in float32; outside it the schedule enters the run key (docs/gpu.md)."""
+    reasoning_rows: int = field(default=0, metadata=flag(name="hf-reasoning-rows"))
+    """Think mode: most traces reasoned together; 0 (auto): ``batch_size`` on a CPU, on a GPU as many as half its
+    free memory holds KV cache for.
+
+    A bfloat16 think-mode run's tokens depend on which traces share a step, so set it to make such a run
+    reproducible across machines with other free memory."""
+
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -169,6 +189,8 @@ class HFSettings(EngineSettings):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_other < 0:
             raise ValueError(f"top_other must be >= 0, got {self.top_other}")
+        if self.reasoning_rows < 0:
+            raise ValueError(f"reasoning_rows must be >= 0 (0: auto), got {self.reasoning_rows}")
         check_device_arg(self.device)
         check_reasoning(self)
         if self.head_dtype not in HEAD_DTYPES:
@@ -192,6 +214,8 @@ OWN_FLAGS = (
     "sample_rows",
     "sample_cache_tokens",
     "group_draws",
+    "reasoning_refill",
+    "reasoning_rows",
     "head_dtype",
     "offload",
 )
@@ -446,17 +470,37 @@ def token_rows(
     return cut_runs(range(len(lengths)), cut)
 
 
+@dataclass(frozen=True)
+class Weights:
+    """What loading decided, once per model: the weights and tokenizer, where they came from and where they live.
+
+    Every engine derived from a loaded one (:meth:`HFEngine.variant`) shares this record and derives the rest from
+    its own settings (:meth:`HFEngine._setup`), so nothing loading decided is copied by hand or lost.
+    """
+
+    model: Any
+    tokenizer: Any
+    path: str | None = None
+    """The model folder it was loaded from (None: a model handed in)."""
+    placement: str = "given"
+    """How it was placed (:func:`engines.placement.place`); given: placed by the caller that handed it in."""
+
+
 class HFEngine(LocalEngine):
     """Answer-slot readouts and samples from a Transformers causal LM."""
 
     name = "hf"
     settings: HFSettings
 
-    def __init__(self, settings: HFSettings, *, model: Any = None, tokenizer: Any = None) -> None:
+    def __init__(
+        self, settings: HFSettings, *, model: Any = None, tokenizer: Any = None, weights: Weights | None = None
+    ) -> None:
         self.settings = settings
-        self._model = model
-        self._tok = tokenizer
-        self._path: str | None = None
+        if weights is None and model is not None and tokenizer is not None:
+            weights = Weights(model, tokenizer)  # a model handed in (tests, the bench) was placed by its caller
+        self._weights = weights
+        self._model: Any = None  # set with the rest of what the weights decide, by load() (:meth:`_setup`)
+        self._tok: Any = None
         self._cache_kw = "past_key_values"
         self._renders: dict[tuple[Any, ...], tuple[int, ...]] = {}
         self._encodings: dict[str, tuple[int, ...] | str] = {}
@@ -464,21 +508,26 @@ class HFEngine(LocalEngine):
         self._resolved_path: str | None = None
         self._expect: set[tuple[int, ...]] = set()  # prompts the next sample() will draw from (sample_next)
         self._kept: dict[tuple[int, ...], tuple[Any, list[int], Any]] = {}  # prompt -> (tree cache, path, log-probs)
-        self._placement = "given"  # a model handed in (tests, the bench) was placed by its caller
         self._head = "model"  # the dtype the final projection computes in (:meth:`_float32_head`)
         self._split: bool | None = None  # the weights live on more than one device (:meth:`_hidden_device`)
+        self._reasoning = ReasoningStats()
 
     # ---------------------------------------------------------------- loading
     def load(self) -> HFEngine:
-        """Load tokenizer and model (idempotent)."""
-        if self._model is not None and self._tok is not None:
-            self._setup()
-            return self
+        """Load tokenizer and model (idempotent), then derive what this engine's settings make of them
+        (:meth:`_setup`); an engine built on loaded :class:`Weights` (:meth:`variant`) only derives."""
+        if self._weights is None:
+            self._weights = self._load_weights()
+        if self._model is None:
+            self._setup(self._weights)
+        return self
+
+    def _load_weights(self) -> Weights:
+        """Tokenizer and model from ``settings.model``, placed and in the settings' dtype."""
         torch = require("torch", "hf")
         transformers = require("transformers", "hf")
 
         ref = resolve_model(self.settings.model)
-        self._path = ref.path
         s = self.settings
         cuda = TorchCuda.of(torch)
         # nvidia-smi is asked only where torch sees no GPU: to tell "no GPU here" from "a GPU torch cannot use"
@@ -489,8 +538,8 @@ class HFEngine(LocalEngine):
         kw: dict[str, Any] = {"revision": s.revision, "trust_remote_code": s.trust_remote_code}
         transformers.logging.disable_progress_bar()  # probe shows its own progress; keep logs clean
         try:
-            self._tok = transformers.AutoTokenizer.from_pretrained(ref.path, **kw)
-            self._model = transformers.AutoModelForCausalLM.from_pretrained(
+            tok = transformers.AutoTokenizer.from_pretrained(ref.path, **kw)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
                 ref.path, dtype=dtype, device_map=where.device_map, **kw
             )
         except (OSError, ValueError) as e:
@@ -500,16 +549,18 @@ class HFEngine(LocalEngine):
                 "that is in the local cache or downloadable from here."
             ) from e
         if where.cuda:
-            sizes = {n: p.numel() * p.element_size() for n, p in self._model.named_parameters()}
-            check_offload(getattr(self._model, "hf_device_map", None), sizes, allowed=s.offload)
-        self._placement = where.describe()
-        self._model.eval()
-        self._setup()
-        return self
+            sizes = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+            check_offload(getattr(model, "hf_device_map", None), sizes, allowed=s.offload)
+        model.eval()
+        return Weights(model, tok, ref.path, where.describe())
 
-    def _setup(self) -> None:
+    def _setup(self, weights: Weights) -> None:
+        """Everything an engine derives from loaded weights and its own settings, in one place, so an engine made
+        by :meth:`variant` (or :meth:`reading_alone`, :meth:`without_reasoning`) computes as a freshly loaded one
+        with its settings would: the cache keyword, the pad token, the chat template check, the head's dtype."""
         import inspect
 
+        self._model, self._tok = weights.model, weights.tokenizer
         params = inspect.signature(self._model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         tok = self._tok
@@ -573,7 +624,8 @@ class HFEngine(LocalEngine):
     def describe(self) -> dict[str, Any]:
         """Model, revision, dtype and settings for the manifest."""
         m = self.model
-        path = str(self._path or getattr(m, "name_or_path", ""))
+        assert self._weights is not None
+        path = str(self._weights.path or getattr(m, "name_or_path", ""))
         info: dict[str, Any] = {
             "engine": self.name,
             "settings": asdict(self.settings),
@@ -582,7 +634,7 @@ class HFEngine(LocalEngine):
             "dtype": str(next(m.parameters()).dtype).replace("torch.", ""),
             "head_dtype": self._head,
             "device": str(self.device),
-            "placement": self._placement,
+            "placement": self._weights.placement,
             "devices": sorted({str(p.device) for p in m.parameters()}),
             "commit_hash": getattr(m.config, "_commit_hash", None),
             "n_parameters": sum(p.numel() for p in m.parameters()),
@@ -592,8 +644,10 @@ class HFEngine(LocalEngine):
         return info
 
     def variant(self, **settings: Any) -> HFEngine:
-        """An engine on the same loaded weights with other settings (no second load)."""
-        return HFEngine(replace(self.settings, **settings), model=self.model, tokenizer=self.tokenizer)
+        """An engine on the same loaded weights with other settings (no second load): what loading decided (the
+        weights, their placement) is shared, and what the settings decide (the head's dtype among them) is derived
+        again by the one :meth:`_setup`, so a variant reads what a fresh engine with its settings reads."""
+        return HFEngine(replace(self.settings, **settings), weights=self.load()._weights).load()
 
     def reading_alone(self) -> HFEngine:
         """The reference reader of the numeric floor (:mod:`probe.app.floor`): one trial per forward, plain path."""
@@ -603,9 +657,22 @@ class HFEngine(LocalEngine):
         """The same engine outside think mode (the floor of a think-mode run is measured on its bare slots)."""
         return self.variant(think=False)
 
+    def run_stats(self) -> dict[str, Any]:
+        """The reasoning this engine did so far (think mode; :class:`engines.refill.ReasoningStats`), for the
+        manifest's ``engine_stats``; empty where it reasoned nothing."""
+        if not self._reasoning.traces:
+            return {}
+        return {"reasoning": self._reasoning.record()}
+
     def numerics(self) -> dict[str, Any]:
         s = self.settings
+        reasoning = (
+            {"reasoning_schedule": "refill" if self._refills() else "buckets", "reasoning_rows": s.reasoning_rows}
+            if s.think
+            else {}
+        )
         return {
+            **reasoning,
             "head_dtype": self._head,
             "readout_path": self.readout_path(),
             "batch_size": s.batch_size,
@@ -775,9 +842,9 @@ class HFEngine(LocalEngine):
     def readout(self, trials: Sequence[Trial], progress: ProgressFn | None = None) -> list[Readout]:
         """The answer-slot distribution of each trial, in input order.
 
-        In think mode the reasoning is generated one length bucket at a time
-        (so progress is reported as it goes and memory stays bounded), then
-        the bucket's slots are read.
+        In think mode the reasoning of every trial is generated together
+        (refilled: :meth:`_reasoned`), and the slots are read ``batch_size``
+        trials at a time as their traces end, so progress is reported as it goes.
         """
         if not trials:
             return []
@@ -790,21 +857,34 @@ class HFEngine(LocalEngine):
         if path != "tree":
             self._expect = set()
         read = {"tree": self._readout_tree, "branch": self._readout_branch, "plain": self._readout_plain}[path]
-        if s.think:
-            groups = length_batches([len(self.render(t)) for t in trials], s.batch_size, s.max_batch_tokens)
-        else:
-            groups = [list(range(len(trials)))]
         results: list[Readout | None] = [None] * len(trials)
+
+        def read_slots(group: Sequence[int], prepared: Sequence[Prepared]) -> None:
+            for batch in self._batches([trials[i] for i in group], prepared, path):
+                rows = [group[j] for j in batch]
+                outs = read([trials[i] for i in rows], [prepared[j] for j in batch])
+                for i, r in zip(rows, outs, strict=True):
+                    results[i] = r
+                if progress:
+                    progress(len(batch))
+
         with torch.inference_mode():
-            for group in groups:
-                prepared = self.prepare([trials[i] for i in group])
-                for batch in self._batches([trials[i] for i in group], prepared, path):
-                    rows = [group[j] for j in batch]
-                    outs = read([trials[i] for i in rows], [prepared[j] for j in batch])
-                    for i, r in zip(rows, outs, strict=True):
-                        results[i] = r
-                    if progress:
-                        progress(len(batch))
+            if not s.think:
+                read_slots(range(len(trials)), self.prepare(trials))
+            else:  # slots are read batch_size traces at a time, as traces end
+                ready: list[tuple[int, list[int]]] = []
+                for i, gen in self._reasoned(self.think_request(trials)):
+                    ready.append((i, gen))
+                    if len(ready) >= s.batch_size:
+                        read_slots(
+                            [i for i, _ in ready],
+                            self.with_reasoning([trials[i] for i, _ in ready], [g for _, g in ready]),
+                        )
+                        ready = []
+                if ready:
+                    read_slots(
+                        [i for i, _ in ready], self.with_reasoning([trials[i] for i, _ in ready], [g for _, g in ready])
+                    )
         return [r for r in results if r is not None]
 
     def _batches(self, trials: Sequence[Trial], prepared: Sequence[Prepared], path: str) -> list[list[int]]:
@@ -975,39 +1055,146 @@ class HFEngine(LocalEngine):
 
     # -------------------------------------------------------------- sampling
     def _reason(self, request: ThinkRequest) -> list[list[int]]:
-        """The reasoning of think mode: whole length buckets decoded with a KV cache, greedily or (with
-        ``think_temperature`` > 0) sampled with top-p / top-k, each trial from its own seeded generator.
+        """The reasoning of think mode, each trial's trace in request order (:meth:`_reasoned`)."""
+        out: list[list[int]] = [[] for _ in request.prompts]
+        for i, gen in self._reasoned(request):
+            out[i] = gen
+        return out
 
-        Every row of a bucket stays in it to the end, so a row's logits never
-        depend on when its neighbours stopped.
+    def _reasoned(self, request: ThinkRequest) -> Iterator[tuple[int, list[int]]]:
+        """``(trial, trace)`` for each trial of ``request`` as its trace ends: greedy, or (``think_temperature`` >
+        0) sampled with top-p / top-k, each trial from its own seeded generator.
+
+        Refilled (:mod:`engines.refill`) where the model's cache can be stacked, else in fixed length buckets;
+        the run's tally goes to :meth:`run_stats`.
+        """
+        torch = require("torch", "hf")
+        if not request.prompts:
+            return
+        longest = max(len(p) for p in request.prompts)
+        rows = self.settings.reasoning_rows or self._reasoning_rows(longest + request.budget)
+        stats = ReasoningStats(rows=rows, schedule="refill" if self._refills() else "buckets")
+        decode = self._reason_refill if stats.schedule == "refill" else self._reason_buckets
+        try:
+            with torch.inference_mode():
+                for i, gen in decode(request, rows, stats):
+                    stats.traces += 1
+                    stats.tokens += len(gen)
+                    stats.longest = max(stats.longest, len(gen))
+                    yield i, gen
+        finally:
+            self._reasoning.add(stats)
+
+    def _refills(self) -> bool:
+        """Whether think mode refills finished rows: asked for (``reasoning_refill``) and the model's cache made of
+        plain attention layers (:func:`engines.refill.unstackable`; a Mamba hybrid reasons in buckets)."""
+        if not self.settings.reasoning_refill:
+            return False
+        transformers = require("transformers", "hf")
+        return unstackable(transformers.DynamicCache(config=self.model.config)) is None
+
+    def _sampler(self, request: ThinkRequest, trials: Sequence[int]) -> RowSampler:
+        s = self.settings
+        seeds = [request.seeds[i] for i in trials]
+        return RowSampler(seeds, s.think_temperature, top_p=s.think_top_p, top_k=s.think_top_k)
+
+    def _reason_buckets(
+        self, request: ThinkRequest, rows: int, stats: ReasoningStats
+    ) -> Iterator[tuple[int, list[int]]]:
+        """Whole length buckets of ``rows`` traces, each decoded until its longest trace ends; every row of a
+        bucket stays in it to the end, so a row's logits never depend on when its neighbours stopped."""
+        torch = require("torch", "hf")
+        s = self.settings
+        prompts, max_new, stops = request.prompts, request.budget, request.ends
+        longest = max(len(p) for p in prompts)
+        limit = s.max_batch_tokens if rows <= s.batch_size else max(s.max_batch_tokens, rows * longest)
+        for batch in length_batches([len(p) for p in prompts], rows, limit):
+            out: list[list[int]] = [[] for _ in batch]
+            ids, mask = self._pad_left([prompts[i] for i in batch])
+            lp, cache = self._forward(ids, mask, None)
+            stats.prefills += 1
+            done = [False] * len(batch)
+            sampler = self._sampler(request, batch)
+            for step in range(max_new):
+                nxt = sampler.draw(lp)
+                toks = nxt.tolist()
+                for r in range(len(batch)):
+                    if not done[r]:
+                        out[r].append(toks[r])
+                        done[r] = toks[r] in stops
+                if all(done) or step == max_new - 1:
+                    break
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                lp, cache = self._forward(nxt[:, None], mask, cache)
+                stats.steps += 1
+                stats.step_rows += len(batch)
+                stats.finished_step_rows += sum(done)
+            yield from zip(batch, out, strict=True)
+
+    def _reason_refill(
+        self, request: ThinkRequest, rows: int, stats: ReasoningStats
+    ) -> Iterator[tuple[int, list[int]]]:
+        """Up to ``rows`` traces at once, a finished row given to the next waiting trial (:mod:`engines.refill`).
+
+        Trials are admitted in request order; an admitted group is prefilled on its own (in runs of at most
+        ``max_batch_tokens`` padded tokens), its first tokens drawn from that prefill, and its cache stacked under
+        the rows that go on (:func:`engines.refill.stacked`).
         """
         torch = require("torch", "hf")
         s = self.settings
-        prompts, seeds, max_new, stops = request.prompts, request.seeds, request.budget, request.ends
-        out: list[list[int]] = [[] for _ in prompts]
-        longest = max((len(p) for p in prompts), default=0)
-        rows = self._reasoning_rows(longest + max_new)
-        limit = s.max_batch_tokens if rows <= s.batch_size else max(s.max_batch_tokens, rows * longest)
-        with torch.inference_mode():
-            for batch in length_batches([len(p) for p in prompts], rows, limit):
-                ids, mask = self._pad_left([prompts[i] for i in batch])
-                lp, cache = self._forward(ids, mask, None)
-                done = [False] * len(batch)
-                sampler = RowSampler(
-                    [seeds[i] for i in batch], s.think_temperature, top_p=s.think_top_p, top_k=s.think_top_k
-                )
-                for step in range(max_new):
-                    nxt = sampler.draw(lp)
-                    toks = nxt.tolist()
-                    for r, i in enumerate(batch):
-                        if not done[r]:
-                            out[i].append(toks[r])
-                            done[r] = toks[r] in stops
-                    if all(done) or step == max_new - 1:
-                        break
-                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                    lp, cache = self._forward(nxt[:, None], mask, cache)
-        return out
+        prompts, budget, ends = request.prompts, request.budget, request.ends
+        plan = Schedule(range(len(prompts)), rows)
+        gens: dict[int, list[int]] = {}
+        cache: Any = None
+        mask: Any = None
+        nxt: Any = None
+        sampler = self._sampler(request, [])
+
+        def fits(run: list[int], i: int) -> int:
+            """Cut a prefill run before ``i`` where its padded tokens would pass ``max_batch_tokens``."""
+            width = max(len(prompts[j]) for j in (*run, i))
+            return len(run) if (len(run) + 1) * width > s.max_batch_tokens else 0
+
+        def took(trial: int, token: int) -> bool:
+            """Append ``token`` to the trial's trace; whether the trace ended."""
+            gens[trial].append(token)
+            return token in ends or len(gens[trial]) >= budget
+
+        while plan.live or plan.waiting:
+            if plan.compacts():
+                keep, admit = plan.compact()
+                parts: list[tuple[Any, Any, Any]] = [(cache, mask, keep)] if keep else []
+                firsts = [nxt[torch.tensor(keep, device=nxt.device)]] if keep else []
+                sampler.keep(keep)
+                for run in cut_runs(admit, fits):
+                    ids, m = self._pad_left([prompts[i] for i in run])
+                    lp, c = self._forward(ids, m, None)
+                    stats.prefills += 1
+                    new = self._sampler(request, run)
+                    first = new.draw(lp)
+                    sampler.extend(new)
+                    parts.append((c, m, None))
+                    firsts.append(first)
+                    for i, t in zip(run, first.tolist(), strict=True):
+                        gens[i] = []
+                        if took(i, t):
+                            plan.end(i)
+                            yield i, gens.pop(i)
+                cache, mask = stacked(parts, budget, self.model.config)
+                nxt = torch.cat(firsts)
+                if not plan.live:
+                    continue
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            lp, cache = self._forward(nxt[:, None], mask, cache)
+            stats.steps += 1
+            stats.step_rows += len(plan.slots)
+            stats.finished_step_rows += len(plan.finished)
+            stats.rows = max(stats.rows, len(plan.slots))
+            nxt = sampler.draw(lp)
+            for i, t in zip(plan.slots, nxt.tolist(), strict=True):
+                if i not in plan.finished and took(i, t):
+                    plan.end(i)
+                    yield i, gens.pop(i)
 
     def _reasoning_rows(self, tokens: int) -> int:
         """How many traces to reason at once: ``batch_size`` on a CPU; on a GPU as many as half its free memory

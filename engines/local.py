@@ -112,18 +112,35 @@ class RendersLocally:
 
     def prepare(self, trials: Sequence[Trial]) -> list[Prepared]:
         """Render trials; in think mode, generate the reasoning (:meth:`_reason`, each trial seeded by
-        :func:`engines.base.reasoning_seed`) and append it, closed, as ids (:func:`with_reasoning`)."""
+        :func:`engines.base.reasoning_seed`) and append it, closed, as ids (:meth:`with_reasoning`)."""
+        if not self.settings.think:
+            return [Prepared(self.render(t), self.option_ids(t)) for t in trials]
+        return self.with_reasoning(trials, self._reason(self.think_request(trials)))
+
+    def think_request(self, trials: Sequence[Trial]) -> ThinkRequest:
+        """What reasoning these trials asks for: their prompts up to where reasoning starts, their seeds, the
+        budget and the ids a trace ends at."""
         s = self.settings
-        opts = [self.option_ids(t) for t in trials]
-        base = [self.render(t) for t in trials]
-        if not s.think:
-            return [Prepared(ids, o) for ids, o in zip(base, opts, strict=True)]
+        return ThinkRequest(
+            tuple(self.render(t) for t in trials),
+            tuple(reasoning_seed(s.seed, t.trial_id) for t in trials),
+            s.think_budget,
+            think_end_id(self.tokenizer, s.model),
+            frozenset(self._stop_ids()),
+        )
+
+    def with_reasoning(self, trials: Sequence[Trial], gens: Sequence[Sequence[int]]) -> list[Prepared]:
+        """Each think-mode trial with its generated reasoning ``gens`` closed and appended
+        (:func:`engines.render.close_reasoning`), ready for the slot."""
+        s = self.settings
         tok = self.tokenizer
         end_id = think_end_id(tok, s.model)
         stops = self._stop_ids()
-        seeds = tuple(reasoning_seed(s.seed, t.trial_id) for t in trials)
-        gens = self._reason(ThinkRequest(tuple(base), seeds, s.think_budget, end_id, frozenset(stops)))
-        return with_reasoning(tok, trials, base, opts, gens, end_id=end_id, stops=stops, budget=s.think_budget)
+        out = []
+        for t, gen in zip(trials, gens, strict=True):
+            r = close_reasoning(tok, t, self.render(t), gen, end_id=end_id, stops=stops, budget=s.think_budget)
+            out.append(Prepared(r.ids, self.option_ids(t), r.reasoning, r.reasoning_tokens, r.hit_budget))
+        return out
 
     def _reason(self, request: ThinkRequest) -> list[list[int]]:
         """The reasoning generated after each prompt of ``request``, up to its budget, ending at (and keeping) one
@@ -214,26 +231,6 @@ class LocalEngine(RendersLocally, Engine):
                 f"model {self.settings.model!r} has no chat template; probe renders every trial as a chat. "
                 "Use an instruction-tuned model (or add a chat_template to its tokenizer_config.json)."
             )
-
-
-def with_reasoning(
-    tok: Any,
-    trials: Sequence[Trial],
-    base: Sequence[tuple[int, ...]],
-    opts: Sequence[tuple[tuple[int, ...], ...]],
-    gens: Sequence[Sequence[int]],
-    *,
-    end_id: int,
-    stops: set[int],
-    budget: int,
-) -> list[Prepared]:
-    """Each think-mode prompt ``base`` with its greedy reasoning ``gens`` closed and appended
-    (:func:`engines.render.close_reasoning`), ready for the slot."""
-    out = []
-    for t, ids, o, gen in zip(trials, base, opts, gens, strict=True):
-        r = close_reasoning(tok, t, ids, gen, end_id=end_id, stops=stops, budget=budget)
-        out.append(Prepared(r.ids, o, r.reasoning, r.reasoning_tokens, r.hit_budget))
-    return out
 
 
 def slot_readout(

@@ -265,6 +265,11 @@ class RowSampler:
         if self._gens:
             self._gens = [self._gens[r] for r in rows]
 
+    def extend(self, other: RowSampler) -> None:
+        """Add ``other``'s rows after these (a refill admitting trials: :mod:`engines.refill`); each row keeps its
+        own generator, so what a row draws does not depend on which rows it shares a step with."""
+        self._gens = self._gens + other._gens
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Grouped attention: the draws of one prompt read its cached keys once per step.

@@ -386,7 +386,11 @@ def test_closing_the_reasoning_is_the_transformers_engines(tok, monkeypatch):
     from engines.render import close_reasoning, stop_ids
 
     end = tok.convert_tokens_to_ids("</think>")
-    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 5]))
+    model = SimpleNamespace(  # what the engine's set-up asks of a model handed in: its forward and its head
+        generation_config=SimpleNamespace(eos_token_id=[2, 5]),
+        forward=lambda input_ids=None, past_key_values=None: None,
+        get_output_embeddings=lambda: None,
+    )
     hf = HFEngine(HFSettings(model="tiny", think=True, think_budget=6), model=model, tokenizer=tok)
     trial = make_trial(YESNO, ["Yes", "No"], prefix="Answer:")
     base = hf.render(trial)

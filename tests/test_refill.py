@@ -1,0 +1,145 @@
+"""Refilled think-mode reasoning (engines/refill.py): the schedule by hand, the stacked cache against a row decoded
+alone, and whole traces against the bucket schedule on the tiny models."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engines.refill import ReasoningStats, Schedule
+from tests.conftest import make_trial
+
+YES_NO = ("Yes", "No")
+
+
+def _trial(text: str, k: int):
+    return make_trial(text, YES_NO, trial_id=f"t{k}")  # the trial id seeds its reasoning
+
+
+def test_schedule_admits_in_order_and_refills_once_an_eighth_is_free() -> None:
+    plan = Schedule(range(20), rows=16)
+    assert plan.compacts()  # an empty cache admits at once
+    keep, admit = plan.compact()
+    assert (keep, admit) == ([], list(range(16)))
+    assert list(plan.waiting) == [16, 17, 18, 19]
+    plan.end(3)
+    assert not plan.compacts()  # 1 free row of 16: under an eighth (2), and 4 wait
+    plan.end(7)
+    assert plan.compacts()
+    keep, admit = plan.compact()
+    assert keep == [r for r in range(16) if r not in (3, 7)]
+    assert admit == [16, 17]
+    assert plan.slots == [i for i in range(16) if i not in (3, 7)] + [16, 17]
+    for i in (0, 1, 2, 4):  # 4 free, 2 waiting: every waiting trial fits
+        plan.end(i)
+    assert plan.compacts()
+    keep, admit = plan.compact()
+    assert admit == [18, 19] and len(plan.slots) == 14 and not plan.waiting
+    plan.end(5)  # none waiting: drop finished rows once they are an eighth of the cache (2 of 14)
+    assert not plan.compacts()
+    plan.end(6)
+    assert plan.compacts()
+    keep, admit = plan.compact()
+    assert admit == [] and len(plan.slots) == 12 and plan.live == 12
+
+
+def test_schedule_refuses_no_rows() -> None:
+    with pytest.raises(ValueError, match="rows must be >= 1, got 0"):
+        Schedule(range(3), rows=0)
+
+
+def test_stats_record_the_share_of_finished_rows_and_the_ideal() -> None:
+    s = ReasoningStats(traces=3, tokens=30, steps=24, rows=2, step_rows=40, finished_step_rows=10, longest=20)
+    r = s.record()
+    assert r["finished_share"] == 0.25
+    assert r["steps_over_ideal"] == round(24 / (30 / 2 + 20), 4)
+    total = ReasoningStats(schedule="refill")
+    total.add(s)
+    total.add(s)
+    assert total.record()["tokens"] == 60 and total.record()["rows"] == 2 and total.record()["schedule"] == "refill"
+
+
+def _engine(model: str, **settings):
+    from engines.hf import HFEngine, HFSettings
+
+    return HFEngine(HFSettings(model=model, device="cpu", dtype="float32", think=True, **settings)).load()
+
+
+def test_a_stacked_row_decodes_as_it_does_alone() -> None:
+    """Rows of two prefills of different widths, stacked and trimmed, give each row the log-probs it gets alone."""
+    from engines.refill import stacked
+
+    e = _engine("tiny", batch_size=4)
+    prompts = [e.render(_trial(f"Question {k}: is it right to lie?" + " why" * (3 * k), k)) for k in range(4)]
+    with torch.inference_mode():
+        ids_a, mask_a = e._pad_left(prompts[:2])
+        _, cache_a = e._forward(ids_a, mask_a, None)
+        ids_b, mask_b = e._pad_left(prompts[2:])
+        _, cache_b = e._forward(ids_b, mask_b, None)
+        cache, mask = stacked([(cache_a, mask_a, [1]), (cache_b, mask_b, None)], 4, e.model.config)
+        assert mask.shape[0] == 3 and bool(mask[:, 0].any())  # the unused left columns were cut
+        step = torch.tensor([[5], [6], [7]])
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        lp, _ = e._forward(step, mask, cache)
+        for row, (prompt, tok) in enumerate(zip([prompts[1], prompts[2], prompts[3]], [5, 6, 7], strict=True)):
+            ids, m = e._pad_left([prompt])
+            _, c = e._forward(ids, m, None)
+            alone, _ = e._forward(torch.tensor([[tok]]), torch.cat([m, torch.ones_like(m[:, :1])], 1), c)
+            assert float((lp[row] - alone[0]).abs().max()) < 1e-5
+
+
+def _mixed_request(e, n: int):
+    """Think requests on tiny whose traces end at any of four fairly likely tokens, sampled at temperature 1.5:
+    traces of very different lengths (about geometric; 3 to 116 tokens at a budget of 120), seeded per trial."""
+    trials = [_trial(f"Dilemma {k}: should you tell the truth? " + "Think. " * (k % 5), k) for k in range(n)]
+    request = e.think_request(trials)
+    with torch.inference_mode():
+        ids, mask = e._pad_left(request.prompts[:4])
+        lp, _ = e._forward(ids, mask, None)
+    common = lp.mean(0).topk(8).indices.tolist()[4:]  # the 5th-8th likeliest tokens: a trace ends at any step, rarely
+    return replace(request, end_id=common[0], stops=frozenset(common[1:]))
+
+
+def test_refill_gives_every_trace_its_tokens_in_fewer_steps() -> None:
+    """float32: refilled and bucketed reasoning draw the same tokens per trial (each row has its own seeded
+    generator and a padded column adds exactly zero), and refill takes at most 1.3 x (tokens / rows + longest)
+    steps. Deterministic: fixed prompts and seeds."""
+    rows = 4
+    bucketed = _engine("tiny", batch_size=rows, think_budget=120, think_temperature=1.5, reasoning_refill=False)
+    refilled = bucketed.variant(reasoning_refill=True)
+    request = _mixed_request(bucketed, 16)
+    a = bucketed._reason(request)
+    b = refilled._reason(request)
+    lengths = sorted(len(g) for g in a)
+    assert lengths[-1] >= 8 * lengths[len(lengths) // 2]  # very different lengths (seeded: 3 to 116 tokens here)
+    assert a == b
+    stats = refilled.run_stats()["reasoning"]
+    assert stats["schedule"] == "refill" and stats["traces"] == 16 and stats["tokens"] == sum(lengths)
+    ideal = sum(lengths) / rows + lengths[-1]
+    assert stats["steps"] <= 1.3 * ideal
+    assert bucketed.run_stats()["reasoning"]["steps"] > stats["steps"]  # buckets wait for their longest trace
+
+
+def test_refilled_think_readouts_equal_bucketed_ones() -> None:
+    bucketed = _engine("tiny", batch_size=3, think_budget=24, reasoning_refill=False)
+    refilled = bucketed.variant(reasoning_refill=True)
+    trials = [_trial(f"Is it right to lie, case {k}? Answer with Yes or No.", k) for k in range(7)]
+    a, b = bucketed.readout(trials), refilled.readout(trials)
+    assert [r.trial_id for r in b] == [t.trial_id for t in trials]  # input order, though slots are read as traces end
+    for x, y in zip(a, b, strict=True):
+        assert x.reasoning == y.reasoning and x.reasoning_tokens == y.reasoning_tokens
+        assert max(abs(s.logprob - t.logprob) for s, t in zip(x.scores, y.scores, strict=True)) < 1e-5
+
+
+def test_a_hybrid_reasons_in_buckets_and_the_schedule_enters_bfloat16_numerics() -> None:
+    hybrid = _engine("tiny-hybrid", think_budget=6)
+    assert hybrid._refills() is False
+    hybrid.readout([_trial("Is it right to lie? Answer with Yes or No.", 0)])
+    assert hybrid.run_stats()["reasoning"]["schedule"] == "buckets"
+    assert hybrid.numerics()["reasoning_schedule"] == "buckets"
+    tiny = _engine("tiny", think_budget=6)
+    assert tiny.numerics()["reasoning_schedule"] == "refill" and tiny.numerics()["reasoning_rows"] == 0
+    assert "reasoning_schedule" not in tiny.variant(think=False).numerics()  # outside think mode: no key change
+    assert tiny.variant(think=False).run_stats() == {}
