@@ -31,7 +31,6 @@ import dataclasses
 import json
 import math
 import os
-import random
 import sys
 import threading
 import time
@@ -47,7 +46,6 @@ from engines.api_batch import BatchClient, run_batches
 from engines.api_journal import (
     BATCHES,
     JOURNAL,
-    LOCK,
     STATS,
     AppendLog,
     CallRecord,
@@ -56,7 +54,7 @@ from engines.api_journal import (
     quarantine_message,
     quarantined_count,
 )
-from engines.api_limits import AdaptiveLimiter, RetryPolicy, shared_limiter
+from engines.api_limits import RetryPolicy
 from engines.api_pricing import Price, PriceTable, Usage, estimate_prompt_tokens
 from engines.api_providers import (
     HOST_KEY_ENV,
@@ -70,7 +68,8 @@ from engines.api_providers import (
     openai_body,
     parse_reply,
 )
-from engines.base import Draws, Engine, EngineSettings, ProgressFn, draw_seed, require
+from engines.api_transport import ClientFactory, Transport, TransportGaveUp
+from engines.base import Draws, Engine, EngineSettings, ProgressFn, draw_seed
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
 from probe.errors import ProbeError
 from probe.files import atomic_write_text
@@ -89,10 +88,6 @@ class BudgetExhausted(ProbeError, ValueError):
     A ``ValueError`` so that the command line reports it as one line with
     exit status 2, like every other "change the arguments" condition.
     """
-
-
-class TransportGaveUp(ProbeError, RuntimeError):
-    """A call kept failing in transport after every retry; the run stopped (re-run to resume)."""
 
 
 # ------------------------------------------------------------------ specs
@@ -337,6 +332,46 @@ class _Progress:
 
 
 # ----------------------------------------------------------------- engine
+@dataclass(frozen=True)
+class Draw:
+    """How one draw is asked of an endpoint: the request ``body`` of (settings, trial, draw, temperature), and
+    ``ask``, which sends one body and returns the typed reply (a transport failure raises, to be retried).
+
+    The API engine's own is Chat Completions (or Anthropic's Messages API) through :meth:`Transport.chat`;
+    :class:`engines.server.ServerEngine` passes its ``/v1/completions`` draws on the readout's token ids."""
+
+    body: Callable[[ApiSettings, Trial, int, float], dict[str, Any]]
+    ask: Callable[[Mapping[str, Any]], Reply]
+
+
+def chat_body(s: ApiSettings, trial: Trial, draw: int, temperature: float) -> dict[str, Any]:
+    """The JSON body of the Chat Completions (or Messages) call for (trial, draw) at ``temperature``."""
+    if s.provider == "anthropic":
+        return anthropic_body(
+            model=s.model,
+            messages=trial.messages,
+            system=s.system_prompt,
+            max_tokens=s.max_tokens,
+            temperature=temperature,
+            reasoning_effort=s.reasoning_effort,
+            think=s.think,
+            thinking_budget=s.thinking_budget,
+            extra=s.extra_body,
+        )
+    return openai_body(
+        provider=s.provider,
+        model=s.model,
+        messages=trial.messages,
+        system=s.system_prompt,
+        max_tokens=s.max_tokens,
+        temperature=temperature,
+        seed=call_seed(s.seed, trial.trial_id, draw),
+        reasoning_effort=s.reasoning_effort,
+        think=s.think,
+        extra=s.extra_body,
+    )
+
+
 class ApiEngine(Engine):
     """Sampling through a provider's API; see the module docstring."""
 
@@ -357,25 +392,26 @@ class ApiEngine(Engine):
         self,
         settings: ApiSettings,
         *,
-        client_factory: Callable[[ApiSettings, str | None], Any] | None = None,
+        client_factory: ClientFactory | None = None,
         log: Callable[[str], None] | None = None,
         retry_policy: RetryPolicy | None = None,
+        transport: Transport | None = None,
+        draw: Draw | None = None,
+        more_stats: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
+        """``transport``: the one to call through (the server engine shares its own), else one made from
+        ``client_factory`` and ``retry_policy``; ``draw``: how a draw is asked (default: Chat Completions);
+        ``more_stats``: what the engine that holds this one adds to :meth:`run_stats` (the server's readouts)."""
         self.settings = settings
-        self._client_factory = client_factory
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.retry_policy = retry_policy or RetryPolicy(max_retries=settings.max_retries)
-        self._client: Any = None
+        self.transport = transport or Transport(settings, client_factory=client_factory, retry_policy=retry_policy)
+        self.draw = draw or Draw(chat_body, self.transport.chat)
+        self._more_stats = more_stats
         self._prices: PriceTable | None = None
         self._price: Price | None = None
-        self._limiter: AdaptiveLimiter | None = None
         self._journal = Journal(None)
         self._batch_log: AppendLog | None = None
         self._store_root: Path | None = None
-        self._lock_file: Any = None
-        self._rng = random.Random(settings.seed)
-        self._rng_lock = threading.Lock()
-        self._unrecovered: Counter[str] = Counter()
         self._prior_unrecovered: Counter[str] = Counter()
         self.session = os.urandom(6).hex()
 
@@ -391,34 +427,10 @@ class ApiEngine(Engine):
                 f"--max-cost needs a price for {s.provider}:{s.model}, and {self._prices.source} has none; "
                 "add an entry (USD per million tokens) or pass --prices FILE"
             )
-        if self._limiter is None:
-            self._limiter = shared_limiter(f"{s.provider}@{s.base_url or ''}", s.model, s.concurrency)
-        if self._client is None and not s.dry_run:
-            self._client = self._make_client()
+        self.transport.open_limit()
+        if not s.dry_run:
+            self.transport.open_client()
         return self
-
-    def _api_key(self) -> str:
-        var, required = self.settings.key_env()
-        key = os.environ.get(var or "", "")
-        if key:
-            return key
-        if required:
-            raise ValueError(
-                f"no API key: set the environment variable {var} for {self.settings.provider}:{self.settings.model}"
-                + (" (or name another one with --api-key-env)" if self.settings.provider == "openai-compatible" else "")
-            )
-        return "EMPTY"  # a local server ignores it; the client insists on a string
-
-    def _make_client(self) -> Any:
-        s = self.settings
-        key = self._api_key()
-        if self._client_factory is not None:
-            return self._client_factory(s, key)
-        if s.provider == "anthropic":
-            anthropic = require("anthropic", "api")
-            return anthropic.Anthropic(api_key=key, base_url=s.base_url, max_retries=0, timeout=s.timeout)
-        openai = require("openai", "api")
-        return openai.OpenAI(api_key=key, base_url=s.base_url, max_retries=0, timeout=s.timeout)
 
     def attach(self, store: Any) -> None:
         """Journal into ``store``'s results folder; in a dry run, print the estimate and exit.
@@ -426,14 +438,12 @@ class ApiEngine(Engine):
         The runner calls this after opening the run folder and before the
         first chunk.
         """
-        from filelock import FileLock
-
         root = Path(store.root)
         results = root / "results"
         results.mkdir(parents=True, exist_ok=True)
         if self._store_root != root:
             self.close()  # a previous run folder's files, if this engine served one
-            self._lock_file = FileLock(str(results / LOCK))
+            self.transport.attach(root)
             self._journal = Journal(results / JOURNAL)
             if (results / BATCHES).exists() or self.settings.batch:
                 self._batch_log = AppendLog(results / BATCHES)
@@ -456,23 +466,6 @@ class ApiEngine(Engine):
         if self._batch_log is not None:
             self._batch_log.close()
             self._batch_log = None
-
-    def _hold_run(self) -> Any:
-        """The run folder's lock for the length of one ``sample()``: a second process on the same run
-        would pay twice for the same draws, so it is refused."""
-        import contextlib
-
-        from filelock import Timeout
-
-        if self._lock_file is None:
-            return contextlib.nullcontext()
-        try:
-            return self._lock_file.acquire(timeout=0)  # released when the with-block ends
-        except Timeout:
-            raise ValueError(
-                f"another probe process is running {self._store_root} (lock {self._lock_file.lock_file}); "
-                "wait for it to finish or stop it"
-            ) from None
 
     # --------------------------------------------------------- manifest
     def identity(self) -> dict[str, Any]:
@@ -519,49 +512,9 @@ class ApiEngine(Engine):
 
     # ---------------------------------------------------------- requests
     def request_body(self, trial: Trial, draw: int, temperature: float) -> dict[str, Any]:
-        """The JSON body of the call for (trial, draw) at ``temperature``."""
-        s = self.settings
-        if s.provider == "anthropic":
-            return anthropic_body(
-                model=s.model,
-                messages=trial.messages,
-                system=s.system_prompt,
-                max_tokens=s.max_tokens,
-                temperature=temperature,
-                reasoning_effort=s.reasoning_effort,
-                think=s.think,
-                thinking_budget=s.thinking_budget,
-                extra=s.extra_body,
-            )
-        return openai_body(
-            provider=s.provider,
-            model=s.model,
-            messages=trial.messages,
-            system=s.system_prompt,
-            max_tokens=s.max_tokens,
-            temperature=temperature,
-            seed=call_seed(s.seed, trial.trial_id, draw),
-            reasoning_effort=s.reasoning_effort,
-            think=s.think,
-            extra=s.extra_body,
-        )
-
-    def _send(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """One call with the official client; the response as a plain dict."""
-        rest = {k: v for k, v in body.items() if k not in ("model", "messages", "max_tokens")}
-        if self.settings.provider == "anthropic":
-            resp = self._client.messages.create(
-                model=body["model"], messages=body["messages"], max_tokens=body["max_tokens"], extra_body=rest
-            )
-        else:
-            if "max_tokens" in body:
-                rest["max_tokens"] = body["max_tokens"]
-            resp = self._client.chat.completions.create(model=body["model"], messages=body["messages"], extra_body=rest)
-        if hasattr(resp, "model_dump"):
-            return dict(resp.model_dump(mode="json"))
-        if isinstance(resp, Mapping):
-            return dict(resp)
-        raise TransportError("malformed", f"the server did not return JSON: {str(resp)[:120]!r}")
+        """The JSON body of the call for (trial, draw) at ``temperature`` (:attr:`draw`'s, under the settings of
+        this call)."""
+        return self.draw.body(self.settings, trial, draw, temperature)
 
     def record(
         self,
@@ -685,7 +638,7 @@ class ApiEngine(Engine):
                 return self._sample(trials, replace(draws, max_new_tokens=None), progress)
             finally:
                 self.settings = saved
-        if self._client is None:
+        if self.transport.client is None:
             self.load()
         temperature = float(draws.temperature)
         pairs = [(t, d) for t in trials for d in range(n)]
@@ -696,7 +649,7 @@ class ApiEngine(Engine):
             progress(prog.resumed)
         try:
             if todo:
-                with self._hold_run():
+                with self.transport.hold_run():
                     self._call(todo, temperature, prog)
         finally:
             self._write_stats()
@@ -735,32 +688,10 @@ class ApiEngine(Engine):
             truncated=rec.finish in ("length", "max_tokens"),  # OpenAI's and Anthropic's word for the token cap
         )
 
-    def _sleep(self, seconds: float, stop: threading.Event) -> None:
-        stop.wait(seconds)
-
-    def _guard(self, call: Callable[[], Any], stop: threading.Event | None = None) -> Any:
-        """Run one control call (batch create / poll) with transport retries; rejections stop the run."""
-        stop = stop or threading.Event()
-        var, _ = self.settings.key_env()
-        for attempt in range(self.retry_policy.max_retries + 1):
-            try:
-                return call()
-            except Exception as e:
-                err = classify(e, var)
-                if isinstance(err, TransportError) and attempt < self.retry_policy.max_retries:
-                    with self._rng_lock:
-                        wait = self.retry_policy.delay(attempt, err.retry_after, self._rng)
-                    self._sleep(wait, stop)
-                    continue
-                if isinstance(err, TransportError):
-                    self._unrecovered[err.kind] += 1
-                    raise TransportGaveUp(f"{err} (after {attempt + 1} attempts); re-run to resume") from e
-                raise err from e
-        raise AssertionError("unreachable")  # pragma: no cover
-
     def _run_online(self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
-        assert self._limiter is not None
-        limiter = self._limiter
+        transport = self.transport
+        assert transport.limiter is not None
+        limiter, policy = transport.limiter, transport.retry_policy
         stop = threading.Event()
         problems: list[BaseException] = []
         budget_lock = threading.Lock()
@@ -774,7 +705,7 @@ class ApiEngine(Engine):
             body = self.request_body(trial, draw, temperature)
             retries: Counter[str] = Counter()
             hold = self._reserve_for(trial) if max_cost is not None else 0.0
-            for attempt in range(self.retry_policy.max_retries + 1):
+            for attempt in range(policy.max_retries + 1):
                 if stop.is_set():
                     return
                 with budget_lock:
@@ -796,7 +727,7 @@ class ApiEngine(Engine):
                 t0 = time.monotonic()
                 outcome = "failed"
                 try:
-                    reply = parse_reply(self.settings.provider, self._send(body))
+                    reply = self.draw.ask(body)
                     outcome = "ok"
                 except Exception as e:
                     err: Exception
@@ -812,9 +743,9 @@ class ApiEngine(Engine):
                         retries[err.kind] += 1
                         prog.failed(err.kind)
                         if err.retry_after is not None:
-                            limiter.pause(min(err.retry_after, self.retry_policy.max_retry_after))
-                        if attempt == self.retry_policy.max_retries:
-                            self._unrecovered[err.kind] += 1
+                            limiter.pause(min(err.retry_after, policy.max_retry_after))
+                        if attempt == policy.max_retries:
+                            transport.unrecovered[err.kind] += 1
                             problems.append(
                                 TransportGaveUp(
                                     f"trial {trial.trial_id} draw {draw}: {err} after {attempt + 1} attempts; "
@@ -823,9 +754,7 @@ class ApiEngine(Engine):
                             )
                             stop.set()
                             return
-                        with self._rng_lock:
-                            wait = self.retry_policy.delay(attempt, err.retry_after, self._rng)
-                        self._sleep(wait, stop)
+                        transport.sleep(transport.delay(attempt, err.retry_after), stop)
                         continue
                     else:
                         problems.append(err)
@@ -882,7 +811,9 @@ class ApiEngine(Engine):
         by_key = {(t.trial_id, d, temperature): t for t, d in todo}
         pending = [(key, self.request_body(t, key[1], temperature)) for key, t in by_key.items()]
         stop = threading.Event()
-        bc = BatchClient(self.settings.provider, self._client, guard=lambda call: self._guard(call, stop))
+        bc = BatchClient(
+            self.settings.provider, self.transport.client, guard=lambda call: self.transport.guard(call, stop)
+        )
 
         def on_success(key: Key, body: dict[str, Any], batch_id: str) -> None:
             trial = by_key.get(key)
@@ -937,7 +868,7 @@ class ApiEngine(Engine):
             "usage": usage.to_dict(),
             "cost_usd": None if any(c is None for c in costs) else round(sum(c or 0.0 for c in costs), 6),
             "retries": dict(sorted(retries.items())),
-            "unrecovered": dict(sorted((self._prior_unrecovered + self._unrecovered).items())),
+            "unrecovered": dict(sorted((self._prior_unrecovered + self.transport.unrecovered).items())),
             "duplicates": self._journal.duplicates,
             "corrupt_journal_lines": self._journal.corrupt_lines,
             "quarantined_journal_lines": quarantined_count(self._journal.path),
@@ -945,10 +876,11 @@ class ApiEngine(Engine):
             "session": self.session,
             "concurrency": {
                 "cap": self.settings.concurrency,
-                "limit_now": int(self._limiter.limit) if self._limiter else None,
-                "cuts": self._limiter.n_cuts if self._limiter else 0,
+                "limit_now": int(limiter.limit) if (limiter := self.transport.limiter) else None,
+                "cuts": limiter.n_cuts if limiter else 0,
             },
             "price": self._price.key if self._price else None,
+            **(self._more_stats() if self._more_stats else {}),
         }
 
     def _write_stats(self) -> None:

@@ -28,14 +28,17 @@ Why it is shaped like this:
   two ways. A server that returns constant, zero, sentinel or missing log probabilities (llama.cpp echoes 0.0;
   some providers -9999) is refused with one line naming what it returned. What was found (the modes, the mode
   used, the server's ``/version``, the URL without credentials) goes into the manifest.
-* **The API engine's machinery.** Transport retries, the adaptive concurrency limit and progress are
-  :mod:`engines.api`'s; each readout request's reply is appended, fsync-ed, to ``results/server-journal.jsonl``
-  (:class:`engines.api_journal.AppendLog`) keyed by the hash of its whole request body, so a killed run resumes
-  without sending an answered request again.
-* **Sampling through the same prompt.** ``sample()`` is the API engine's (journal, retries, parsing), but each
-  draw is a ``/v1/completions`` request on the same rendered token ids with raw sampling (no top-k, top-p,
-  min-p or penalties) and the draw's seed, so readout and sampled behaviour come from one prompt and one
-  endpoint, and the readout temperature calibration of local runs applies.
+* **The API engine's transport, held, not inherited.** The engine holds a :class:`engines.api_transport.Transport`
+  (the client, the adaptive concurrency limit, transport retries, the run folder's lock); each readout request is
+  a typed :class:`Request` whose ``/v1/completions`` reply is read into a typed :class:`ServerReply`, appended,
+  fsync-ed, to ``results/server-journal.jsonl`` (:class:`engines.api_journal.AppendLog`) keyed by the hash of its
+  whole request body, so a killed run resumes without sending an answered request again.
+* **Sampling through the same prompt.** ``sample()`` is an :class:`engines.api.ApiEngine` the server engine holds
+  on the same transport (its journal, budget, progress and parsing), asking each draw through this module
+  (:meth:`ServerEngine._ask_draw`): a ``/v1/completions`` request on the same rendered token ids with raw sampling
+  (no top-k, top-p, min-p or penalties) and the draw's seed, its completion read as the draw's reply (the text
+  decoded from the generated ids), so readout and sampled behaviour come from one prompt and one endpoint, and
+  the readout temperature calibration of local runs applies.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import concurrent.futures as cf
 import hashlib
 import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -53,11 +57,23 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from engines.api import ApiEngine, ApiSettings, TransportGaveUp, parse_model_spec
+from engines.api import ApiEngine, ApiSettings, Draw, parse_model_spec
 from engines.api import from_args as api_from_args
 from engines.api_journal import AppendLog
-from engines.api_providers import TransportError
-from engines.base import RAW_SAMPLING, Draws, EngineSettings, ProgressFn, draw_seed, reasoning_record, require
+from engines.api_limits import RetryPolicy
+from engines.api_pricing import Usage
+from engines.api_providers import Reply, TransportError
+from engines.api_transport import ClientFactory, Transport, TransportGaveUp
+from engines.base import (
+    RAW_SAMPLING,
+    Draws,
+    Engine,
+    EngineSettings,
+    ProgressFn,
+    draw_seed,
+    reasoning_record,
+    require,
+)
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
 from engines.local import (
     Prepared,
@@ -484,10 +500,12 @@ def bounded_readout(
 
 
 # ------------------------------------------------------------------ engine
-class ServerEngine(RendersLocally, ApiEngine):
+class ServerEngine(RendersLocally, Engine):
     """Answer-slot readouts and samples through an OpenAI-compatible server; see the module docstring.
 
-    ``tokenizer`` and ``client_factory`` can be injected (tests).
+    It holds its :class:`~engines.api_transport.Transport` and, for sampling, an :class:`~engines.api.ApiEngine`
+    on that transport (:attr:`sampler`) whose draws it asks itself. ``tokenizer`` and ``client_factory`` can be
+    injected (tests).
     """
 
     name = "server"
@@ -495,8 +513,26 @@ class ServerEngine(RendersLocally, ApiEngine):
     value_settings = (*ApiEngine.value_settings, "top_other", "think_budget")
     """The API engine's value settings, and how many non-option tokens a readout reports and how long it reasons."""
 
-    def __init__(self, settings: ServerSettings, *, tokenizer: Any = None, **kw: Any) -> None:
-        super().__init__(settings, **kw)
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        tokenizer: Any = None,
+        client_factory: ClientFactory | None = None,
+        log: Any = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        self.settings = settings
+        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.transport = Transport(settings, client_factory=client_factory, retry_policy=retry_policy)
+        self.sampler = ApiEngine(
+            settings,
+            log=self._log,
+            transport=self.transport,
+            draw=Draw(self._draw_body, self._ask_draw),
+            more_stats=lambda: {"readout": self._readout_record()},
+        )
+        """The draws (journal, budget, progress, parsing): an API engine on this engine's transport."""
         self._tok = tokenizer
         self._tok_path: str | None = None
         self._generation_eos: Any = None
@@ -520,9 +556,8 @@ class ServerEngine(RendersLocally, ApiEngine):
     # ---------------------------------------------------------------- loading
     def load(self) -> ServerEngine:
         """Open the client, load the local tokenizer, run the canary once (idempotent)."""
-        super().load()
-        if self._client is None:  # a dry run sends no draw, but the readout's identity needs the canary's mode
-            self._client = self._make_client()
+        self.sampler.load()
+        self.transport.open_client()  # a dry run sends no draw, but the readout's identity needs the canary's mode
         if self._tok is None:
             self._load_tokenizer()
         if self.capabilities is None:
@@ -642,7 +677,7 @@ class ServerEngine(RendersLocally, ApiEngine):
         from engines.api_providers import ApiRequestError
 
         try:
-            raw = self._with_retries(lambda: self._post(body))
+            raw = self.transport.guard(lambda: self.transport.completion(body))
         except ApiRequestError as e:
             reasons[mode] = str(e).split(";")[0]
             return None
@@ -676,25 +711,10 @@ class ServerEngine(RendersLocally, ApiEngine):
         except Exception:  # best effort: not every server has it
             return None
 
-    # -------------------------------------------------------------- transport
-    def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """One ``/v1/completions`` call with the official client; the response as a plain dict."""
-        rest = {k: v for k, v in body.items() if k not in ("model", "prompt")}
-        resp = self._client.completions.create(model=body["model"], prompt=body["prompt"], extra_body=rest)
-        if hasattr(resp, "model_dump"):
-            return dict(resp.model_dump(mode="json"))
-        if isinstance(resp, Mapping):
-            return dict(resp)
-        raise TransportError("malformed", f"the server did not return JSON: {str(resp)[:120]!r}")
-
-    def _with_retries(self, call: Any, stop: threading.Event | None = None) -> Any:
-        """``call()`` with the API engine's transport retries; a rejected request raises its ApiRequestError."""
-        return self._guard(call, stop)
-
     # ------------------------------------------------------------- the journal
     def attach(self, store: Any) -> None:
-        """The API engine's journal and lock, and the readout journal ``results/server-journal.jsonl``."""
-        super().attach(store)
+        """The sampler's journal and the run lock, and the readout journal ``results/server-journal.jsonl``."""
+        self.sampler.attach(store)
         path = Path(store.root) / "results" / JOURNAL
         if self._readout_log is None or self._readout_log.path != path:
             if self._readout_log is not None:
@@ -705,7 +725,7 @@ class ServerEngine(RendersLocally, ApiEngine):
                 self._log(f"api: quarantined {len(self._readout_log.quarantined)} damaged line(s) of {path}")
 
     def close(self) -> None:
-        super().close()
+        self.sampler.close()
         if self._readout_log is not None:
             self._readout_log.close()
             self._readout_log = None
@@ -720,13 +740,13 @@ class ServerEngine(RendersLocally, ApiEngine):
                 todo[k] = q
         self.readout_stats["resumed"] += len({k for k in keys if k in self._replies})
         if todo:
-            with self._hold_run():
+            with self.transport.hold_run():
                 self._send_all(todo)
         return [self._replies[k] for k in keys]
 
     def _send_all(self, todo: Mapping[str, Request]) -> None:
-        assert self._limiter is not None
-        limiter = self._limiter
+        assert self.transport.limiter is not None
+        limiter = self.transport.limiter
         stop = threading.Event()
         problems: list[BaseException] = []
         lock = threading.Lock()
@@ -740,7 +760,7 @@ class ServerEngine(RendersLocally, ApiEngine):
                     raise TransportGaveUp("stopped")
                 outcome = "failed"
                 try:
-                    raw = self._post(q.body)
+                    raw = self.transport.completion(q.body)
                     outcome = "ok"
                 finally:
                     limiter.release(outcome)
@@ -749,7 +769,7 @@ class ServerEngine(RendersLocally, ApiEngine):
                 return reply
 
             try:
-                reply = self._with_retries(call, stop)
+                reply = self.transport.guard(call, stop)
                 check_prompt_count(q.sent, reply, f"a readout request ({q.sent} ids)")
             except BaseException as e:  # the first problem stops the others; journaled replies are kept
                 with lock:
@@ -758,7 +778,7 @@ class ServerEngine(RendersLocally, ApiEngine):
                 return
             with lock:
                 if self._readout_log is not None:
-                    self._readout_log.append({"key": key, "reply": reply.to_record(), "session": self.session})
+                    self._readout_log.append({"key": key, "reply": reply.to_record(), "session": self.sampler.session})
                 self._replies[key] = reply
                 self.readout_stats["requests"] += 1
                 self.readout_stats["prompt_tokens"] += q.sent
@@ -776,10 +796,13 @@ class ServerEngine(RendersLocally, ApiEngine):
 
     # ---------------------------------------------------------------- manifest
     def identity(self) -> dict[str, Any]:
-        """The API engine's identity, the readout's settings and mode, and the local tokenizer's fingerprint."""
+        """The API engine's identity under this engine's name and value settings, the readout's mode, the reasoning
+        settings, and the local tokenizer's fingerprint."""
         s = self.settings
         return {
-            **super().identity(),
+            "engine": self.name,
+            **{k: getattr(s, k) for k in self.value_settings},
+            "extra_body": dict(s.extra_body),
             "readout_mode": self.mode,
             **reasoning_record(s),
             "tokenizer": (folder_info(self._tok_path) or {}).get("fingerprint") or s.tokenizer or s.model,
@@ -787,7 +810,7 @@ class ServerEngine(RendersLocally, ApiEngine):
 
     def describe(self) -> dict[str, Any]:
         """The API engine's record (the URL without credentials), what the canary found, the tokenizer used."""
-        d = super().describe()
+        d = self.sampler.describe()
         s = self.settings
         d["engine"] = self.name
         d["settings"] = {**d["settings"], "base_url": public_url(s.base_url)}
@@ -803,15 +826,17 @@ class ServerEngine(RendersLocally, ApiEngine):
         return d
 
     def run_stats(self) -> dict[str, Any]:
-        """The API engine's totals, and the readout requests' (sent, resumed from the journal, throughput)."""
-        out = super().run_stats()
+        """The sampler's totals, and the readout requests' under ``readout`` (:meth:`_readout_record`)."""
+        return self.sampler.run_stats()
+
+    def _readout_record(self) -> dict[str, Any]:
+        """The readout requests' totals: sent, resumed from the journal, throughput, the mode."""
         r: dict[str, Any] = dict(self.readout_stats)
         r["requests_per_s"] = round(r["requests"] / r["seconds"], 3) if r["seconds"] else None
         r["trials_per_s"] = round(r["trials"] / r["seconds"], 3) if r["seconds"] else None
         r["seconds"] = round(r["seconds"], 3)
         r["mode"] = self.mode
-        out["readout"] = r
-        return out
+        return r
 
     # ---------------------------------------------------------------- readouts
     def _reason(self, request: ThinkRequest) -> list[list[int]]:
@@ -894,10 +919,10 @@ class ServerEngine(RendersLocally, ApiEngine):
         return readout
 
     # ---------------------------------------------------------------- sampling
-    def request_body(self, trial: Trial, draw: int, temperature: float) -> dict[str, Any]:
+    def _draw_body(self, s: ApiSettings, trial: Trial, draw: int, temperature: float) -> dict[str, Any]:
         """A ``/v1/completions`` draw on the readout's own token ids: raw sampling at ``temperature`` (no top-k,
-        top-p, min-p or penalties), the draw's seed, stopping at the model's end-of-turn ids."""
-        s = self.settings
+        top-p, min-p or penalties), the draw's seed, stopping at the model's end-of-turn ids; ``s``: the settings
+        of this sampling call (its reply cap)."""
         ids = self.render(trial)
         return {
             "model": s.model,
@@ -912,12 +937,10 @@ class ServerEngine(RendersLocally, ApiEngine):
             **dict(s.extra_body),
         }
 
-    def _send(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """One draw: the completion, checked for its prompt count, as the Chat Completions shape the API engine
-        parses (the text decoded here from the generated ids, stop tokens dropped, as the local engines do)."""
-        if "prompt" not in body:  # pragma: no cover - every body of this engine has one
-            return super()._send(body)
-        raw = self._post(body)
+    def _ask_draw(self, body: Mapping[str, Any]) -> Reply:
+        """One draw: the completion, checked for its prompt count, as the draw's reply (the text decoded here from
+        the generated ids, stop tokens dropped, as the local engines do)."""
+        raw = self.transport.completion(body)
         reply = parse_completion(raw)
         check_prompt_count(len(body["prompt"]), reply, "a sampling request")
         stops = self._stop_ids()
@@ -925,16 +948,29 @@ class ServerEngine(RendersLocally, ApiEngine):
         if reply.generated:
             text = self.tokenizer.decode([t for t in reply.generated if t not in stops], skip_special_tokens=False)
         usage = raw.get("usage") or {}
-        return {
-            "id": raw.get("id", ""),
-            "model": raw.get("model", ""),
-            "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": reply.finish}],
-            "usage": {
-                "prompt_tokens": usage.get("prompt_tokens", 0),
-                "completion_tokens": usage.get("completion_tokens", 0),
-            },
-        }
+        return Reply(
+            text=str(text or ""),
+            finish=reply.finish,
+            refused=reply.finish == "content_filter",
+            usage=Usage(
+                input_tokens=_count(usage.get("prompt_tokens")), output_tokens=_count(usage.get("completion_tokens"))
+            ),
+            response_id=str(raw.get("id") or ""),
+            served_model=str(raw.get("model") or ""),
+        )
 
     def _sample(self, trials: Sequence[Trial], draws: Draws, progress: ProgressFn | None) -> list[Sample]:
         self.load()
-        return super()._sample(trials, draws, progress)
+        return self.sampler.sample(
+            trials,
+            draws.n,
+            draws.temperature,
+            progress,
+            max_new_tokens=draws.max_new_tokens,
+            stop_at_answer=draws.stop_at_answer,
+        )
+
+
+def _count(v: Any) -> int:
+    """A token count of a reply's usage (0 where absent or not a number)."""
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0

@@ -138,7 +138,7 @@ def test_openai_batch_created_but_id_never_logged_is_found_by_its_key(fake: Fake
         + "\n"
         for c, k in items.items()
     )
-    client = eng._client
+    client = eng.transport.client
     f = client.files.create(file=("x.jsonl", lines.encode()), purpose="batch")
     client.batches.create(
         input_file_id=f.id,

@@ -70,24 +70,20 @@ def test_settings_validate_and_name_the_flag() -> None:
 
 
 def test_key_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engines.api import ApiEngine
+    from engines.api_transport import Transport
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     with pytest.raises(ValueError, match="set the environment variable OPENAI_API_KEY"):
-        ApiEngine(ApiSettings("openai", model="gpt-5.5"))._api_key()
+        Transport(ApiSettings("openai", model="gpt-5.5")).api_key()
     with pytest.raises(ValueError, match="OPENROUTER_API_KEY"):
-        ApiEngine(ApiSettings("openai-compatible", model="m", base_url="https://openrouter.ai/api/v1"))._api_key()
+        Transport(ApiSettings("openai-compatible", model="m", base_url="https://openrouter.ai/api/v1")).api_key()
     with pytest.raises(ValueError, match="MY_KEY"):
-        ApiEngine(
-            ApiSettings("openai-compatible", model="m", base_url="http://x:1/v1", api_key_env="MY_KEY")
-        )._api_key()
+        Transport(ApiSettings("openai-compatible", model="m", base_url="http://x:1/v1", api_key_env="MY_KEY")).api_key()
     # a self-hosted server needs none
-    assert (
-        ApiEngine(ApiSettings("openai-compatible", model="m", base_url="http://127.0.0.1:1/v1"))._api_key() == "EMPTY"
-    )
+    assert Transport(ApiSettings("openai-compatible", model="m", base_url="http://127.0.0.1:1/v1")).api_key() == "EMPTY"
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-    assert ApiEngine(ApiSettings("anthropic", model="c"))._api_key() == "sk-test"
+    assert Transport(ApiSettings("anthropic", model="c")).api_key() == "sk-test"
 
 
 def test_call_seeds_differ_per_draw_and_repeat_per_call() -> None:
