@@ -251,7 +251,8 @@ def _planted_rates(trials: Sequence[Trial], plant: CuePlant, seed: int) -> pd.Da
 def _cue_coverage(samples: int, seeds: Sequence[int]) -> tuple[float, int]:
     """Share of (seed, arm, group, rate) whose estimate +- 1.96 bootstrap SD holds the planted expectation."""
     from analysis.cue.metrics import decision_bias
-    from experiments.cue import CueSpec, expand as cue_expand
+    from experiments.cue import CueSpec
+    from experiments.cue import expand as cue_expand
 
     trials = cue_expand(CueSpec())
     hits = total = 0
@@ -274,11 +275,12 @@ def test_cue_readout_rates_follow_the_plant() -> None:
     # one seed: the greedy readout events are the planted Bernoulli draws, so each group's rate is near its
     # planted expectation (the default design: 12 dilemmas; bound 0.35 = about 3 SDs of a rate over ~10 answers)
     from analysis.cue.metrics import decision_bias
-    from experiments.cue import CueSpec, expand as cue_expand
+    from experiments.cue import CueSpec
+    from experiments.cue import expand as cue_expand
 
     trials = cue_expand(CueSpec())
     eng = SimEngine(SimParams(seed=0))
-    bias, gap = decision_bias(*_cue_frames(trials, eng), n_boot=50, seed=0)
+    bias, _ = decision_bias(*_cue_frames(trials, eng), n_boot=50, seed=0)
     m = bias[bias["group"] != "macro"].merge(_planted_rates(trials, eng.params.cue, 0), on=CELL_KEYS)
     assert len(m) > 20
     assert (m["favor"] - m["favor_true"]).abs().max() < 0.35
