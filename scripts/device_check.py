@@ -14,16 +14,19 @@ tests/test_device_check.py). Steps:
    GPU) through every readout and sampling path, against the model in one place.
 4. **moe**: a randomly initialised Qwen3-MoE at the real widths (hidden 2048, 32/4 heads of 128, 128 experts top-8
    of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (the tiny model's widths
-   on the CPU): readouts/s per path, decode steps/s at several batch sizes, draws/s, peak memory, each extrapolated to 48
-   layers, and the drift of the bfloat16 head against the float32 head.
+   and 4 layers on the CPU), every figure warm and repeated (:mod:`scripts.device_moe`): readouts against an
+   lm-eval-style scorer and draws against ``generate()`` on the same model object (agreement checked first),
+   decode steps against the weight-read floor and prefill against the compute limit (both measured in the same
+   run), refilled reasoning against its ideal step count and the bucket schedule, peak memory, the drift of the
+   bfloat16 head against the float32 head, and issue 44's targets with pass/fail.
 5. **summary**: what was verified and, plainly, what was not.
 
 Every figure goes to ``OUT/device_check.json``. Size of the GPU mode, by construction: step 1 reads 39 trials x
 (3 paths x 3 numerics + 1 CPU reference) on two 2-layer models; step 2 draws 4 x 6 replies of 8 tokens per path;
-step 4 builds a 4-layer model (4 x 128 experts x 3 x 2048 x 768 bfloat16 weights, 4.8 GB, plus 1.2 GB of embedding and
-head) and
-times 16 + 16 readouts, 3 x 8 decode steps and 32 draws of 16 tokens. The estimate on an H200: under 4 minutes,
-most of it loading CUDA and building the tiny models (under 2 minutes on 2 CPU cores, less on the device's 16).
+step 4 builds an 8-layer model (8 x 128 experts x 3 x 2048 x 768 bfloat16 weights, 9.7 GB, plus 1.2 GB of embedding
+and head) and times, each after a warm-up and 3 times, 78 forced-binary and 8 graded readouts per path and peer,
+9 decode steps at 3 batch sizes, 128 draws of 16 tokens per peer, and 64 traces of reasoning (budget 384) per
+schedule. The estimate on an H200: under 5 minutes, most of it loading CUDA and building the tiny models.
 
 Usage (repository root): ``python -m scripts.device_check [--cpu] [--out DIR] [--steps parity,sampling,split,moe]
 [--models tiny,tiny-hybrid]``
@@ -36,13 +39,15 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 FLOAT32_BOUND = 1e-5
 """Most |logprob_device - logprob_cpu| in float32 on the 2-layer tiny models (CPU vs CPU paths: under 2e-6)."""
-MOE_LAYERS = 4
-"""Layers of the random Qwen3-MoE of step 4 (the real model has 48; figures are extrapolated by 48 / 4)."""
+MOE_LAYERS = 8
+"""Layers of the random Qwen3-MoE of step 4 on a GPU (the real model has 48; figures are extrapolated by 48 / 8);
+4 on a CPU."""
 STEPS = ("parity", "sampling", "split", "moe")
 
 PROMPTS = (
@@ -79,6 +84,37 @@ def parity_trials() -> list[Any]:
     return out
 
 
+ASKS = (
+    "Answer with Yes or No.",
+    "Reply Yes or No.",
+    "Say Yes or No.",
+    "Answer Yes or No only.",
+    "Is the answer Yes or No?",
+    "Yes or No?",
+)
+"""Six ways to ask for a forced binary: step 4's 78 forced-binary trials are the thirteen dilemmas x these (each
+story shared by six prompts, as in a battery)."""
+
+
+def binary_trials() -> list[Any]:
+    """Step 4's forced-binary trials: every prompt asked each way of :data:`ASKS` (78 distinct prompts)."""
+    from probe.types import Message, Trial
+
+    return [
+        Trial(
+            f"bin-{k}-{j}",
+            "device_check",
+            f"item{k}",
+            {},
+            (Message("user", f"{text} {ask}"),),
+            ("Yes", "No"),
+            ("Yes", "No"),
+        )
+        for k, text in enumerate(PROMPTS)
+        for j, ask in enumerate(ASKS)
+    ]
+
+
 def logprobs(readouts: Sequence[Any]) -> list[list[float]]:
     return [[s.logprob for s in r.scores] for r in readouts]
 
@@ -109,9 +145,14 @@ def step_parity(models: Sequence[str], device: str, emit: Callable[[dict[str, An
     problems = []
     for model in models:
         ref = engine(model, "cpu", "float32", readout_path="plain").readout(trials)
+        by_head: dict[str, list[Any]] = {}
         for dtype, heads in (("float32", ("float32",)), ("bfloat16", ("float32", "model"))):
             for head in heads:
                 e = engine(model, device, dtype, head_dtype=head)
+                if e.numerics()["head_dtype"] != head:
+                    problems.append(
+                        f"parity {model} {dtype}: asked for a {head} head, the engine computes {e.numerics()['head_dtype']}"
+                    )
                 got: dict[str, list[Any]] = {}
                 for path in paths_of(e):
                     t0 = time.perf_counter()
@@ -139,6 +180,14 @@ def step_parity(models: Sequence[str], device: str, emit: Callable[[dict[str, An
                         d = difference(got[a], got[b])
                         worst = {k: max(worst[k], d[k]) for k in worst}
                 emit({"check": "paths", "model": model, "device": device, "dtype": dtype, "head": head, **worst})
+                if dtype == "bfloat16":
+                    by_head[head] = got["plain"]
+        heads = difference(by_head["float32"], by_head["model"])
+        emit({"check": "heads", "model": model, "device": device, "dtype": "bfloat16", "path": "plain", **heads})
+        if heads["max_logprob_diff"] == 0:  # a bfloat16 head rounds every logit: reading the same means one head
+            problems.append(
+                f"parity {model} bfloat16: the float32 and model heads read the same (is the head derived?)"
+            )
     return problems
 
 
@@ -261,16 +310,23 @@ def moe_config(cpu: bool) -> Any:
         from probe.tiny import QWEN_MOE_CONFIG
 
         widths = {k: QWEN_MOE_CONFIG[k] for k in REAL_WIDTHS if k != "vocab_size"} | {"vocab_size": 4096}
-    return transformers.Qwen3MoeConfig(num_hidden_layers=MOE_LAYERS, max_position_embeddings=4096, **widths)
+    return transformers.Qwen3MoeConfig(
+        num_hidden_layers=4 if cpu else MOE_LAYERS, max_position_embeddings=4096, **widths
+    )
 
 
 def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> list[str]:
-    """Step 4: a random Qwen3-MoE at the real widths (tiny ones on a CPU): throughput, memory, head drift."""
+    """Step 4: a random Qwen3-MoE at the real widths (tiny ones on a CPU), every figure warm and repeated
+    (:mod:`scripts.device_moe`): readouts and draws against peers on the same model object, decode steps and
+    prefill against floors measured in the same run, refilled reasoning against its ideal step count, the head's
+    drift, peak memory; the targets with pass/fail. Returns the problems (a peer that disagrees with probe)."""
     import torch
     import transformers
 
     from engines.hf import HFEngine, HFSettings
     from probe.models import resolve_model
+    from scripts import device_moe as dm
+    from scripts.bench.flops import linear_flops_per_token
 
     torch.manual_seed(0)
     config = moe_config(cpu)
@@ -281,34 +337,82 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
     with dev:
         model = transformers.Qwen3MoeForCausalLM(config).to(dtype).eval()
     tok = transformers.AutoTokenizer.from_pretrained(resolve_model("tiny").path)  # its ids fit any vocabulary
-    scale = 48 / MOE_LAYERS
+    layers = config.num_hidden_layers
+    scale = 48 / layers
     base = HFEngine(
         HFSettings(model="qwen3-moe-random", dtype=str(dtype).replace("torch.", ""), head_dtype="model"),
         model=model,
         tokenizer=tok,
-    )
-    trials = parity_trials()[:16]
+    ).load()
     sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
-    readouts = {}
-    for path in ("tree", "plain"):
-        e = base.variant(readout_path=path)
-        e.readout(trials[:2])  # warm-up
-        sync()
-        t0 = time.perf_counter()
-        readouts[path] = e.readout(trials)
-        sync()
-        dt = time.perf_counter() - t0
+    problems: list[str] = []
+    flops_rate = dm.matmul_rate(dev, dtype, sync)
+    bandwidth = dm.copy_bandwidth(dev, sync)
+    emit(
+        {
+            "check": "moe",
+            "what": "machine",
+            "matmul_flop_per_s": flops_rate,
+            "copy_bytes_per_s": bandwidth,
+            "layers": layers,
+        }
+    )
+    per_token = linear_flops_per_token(config)
+    fed = [0]
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kw: fed.__setitem__(0, fed[0] + kw["input_ids"].numel()), with_kwargs=True
+    )
+
+    # readouts: forced binary (the peer's agreement first) and graded 0-100, against the lm-eval-style scorer
+    binary = binary_trials()
+    graded = [t for t in parity_trials() if t.trial_id.startswith("s100")][: 4 if cpu else 8]
+    scorer = dm.LmEvalStyleScorer(base.variant(readout_path="plain"))
+    agree_bound = 1e-4 if cpu else 0.25
+    ours = logprobs(base.variant(readout_path="plain").readout(binary[:13]))
+    theirs = scorer.run(binary[:13])
+    gap = max(abs(a - b) for x, y in zip(ours, theirs, strict=True) for a, b in zip(x, y, strict=True))
+    emit({"check": "moe", "what": "scorer agreement (forced binary)", "max_logprob_diff": gap, "bound": agree_bound})
+    if gap > agree_bound:
+        problems.append(f"moe: the lm-eval-style scorer disagrees with probe by {gap:.3g} nats (bound {agree_bound})")
+    ratios: dict[str, float] = {}
+    for name, trials in (("forced binary", binary), ("graded 0-100", graded)):
+        figures: dict[str, float] = {}
+        for path in ("tree", "plain"):
+            e = base.variant(readout_path=path)
+            fed[0] = 0
+            _, t = dm.timed(lambda e=e, trials=trials: e.readout(trials), sync)
+            tokens = fed[0] // (dm.REPEATS + 1)
+            floor_s = per_token * tokens / flops_rate
+            figures[path] = len(trials) / t["median_s"]
+            emit(
+                {
+                    "check": "moe",
+                    "what": f"readout {name} {path}",
+                    "trials": len(trials),
+                    **t,
+                    **dm.rate(len(trials), t),
+                    "per_s_48_layers": len(trials) / (t["median_s"] * scale),
+                    "tokens_fed": tokens,
+                    "compute_floor_s": floor_s,
+                    "share_of_compute_limit": floor_s / t["median_s"],
+                }
+            )
+        _, t = dm.timed(lambda trials=trials: scorer.run(trials), sync)
         emit(
             {
                 "check": "moe",
-                "what": f"readout {path}",
+                "what": f"lm-eval-style scorer {name}",
                 "trials": len(trials),
-                "per_s": len(trials) / dt,
-                "per_s_48_layers": len(trials) / (dt * scale),
+                **t,
+                **dm.rate(len(trials), t),
             }
         )
+        ratios[name] = max(figures.values()) / (len(trials) / t["median_s"])
+        emit({"check": "moe", "what": f"readouts vs scorer {name}", "ratio": ratios[name]})
+    hook.remove()
+
     head32 = base.variant(head_dtype="float32", readout_path="plain")
-    drift = difference(head32.readout(trials), readouts["plain"])
+    drift = difference(head32.readout(binary[:13]), base.variant(readout_path="plain").readout(binary[:13]))
     emit(
         {
             "check": "moe",
@@ -316,43 +420,77 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
             **drift,
         }
     )
-    prompt = base.render(trials[0])
+
+    # decode steps, warm, against the weight-read floor at the step's batch and context
+    prompt = base.render(binary[0])
+    element = torch.finfo(dtype).bits // 8
+    decode: dict[int, float] = {}
     for rows in (1, 16, 64) if cpu else (16, 128, 512):
         ids, mask = base._pad_left([prompt] * rows)
         with torch.inference_mode():
             lp, cache = base._forward(ids, mask, None)
-            nxt = lp.argmax(-1)
-            sync()
-            t0 = time.perf_counter()
-            steps = 8
-            for _ in range(steps):
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                lp, cache = base._forward(nxt[:, None].to(ids.device), mask, cache)
-                nxt = lp.argmax(-1)
-            sync()
-            dt = time.perf_counter() - t0
+            nxt = lp.argmax(-1)[:, None]
+            state = {"mask": mask, "cache": cache}
+
+            def step(state: dict[str, Any] = state, nxt: Any = nxt) -> None:
+                state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
+                _, state["cache"] = base._forward(nxt, state["mask"], state["cache"])
+
+            _, t = dm.timed(step, sync, repeats=8)
+        parts = dm.decode_bytes(config, rows, state["mask"].shape[1], element)
+        floor_s = sum(parts.values()) / bandwidth
+        decode[rows] = t["median_s"] / floor_s
         emit(
             {
                 "check": "moe",
-                "what": f"decode batch {rows}",
-                "steps_per_s": steps / dt,
-                "tokens_per_s_48_layers": rows * steps / (dt * scale),
+                "what": f"decode step batch {rows}",
+                **t,
+                "ms": 1e3 * t["median_s"],
+                "ms_48_layers": 1e3 * t["median_s"] * scale,
+                "tokens_per_s": rows / t["median_s"],
+                "bytes_read_floor": parts,
+                "weight_read_floor_ms": 1e3 * floor_s,
+                "over_floor": decode[rows],
             }
         )
-        del cache
-    t0 = time.perf_counter()
-    draws = base.variant(max_new_tokens=16).sample(trials[:8], 4, 1.0)
-    sync()
-    dt = time.perf_counter() - t0
+        del cache, state
+
+    # draws against generate(): the same prompts, n per prompt, 16 new tokens
+    draw_trials, n, new = binary[:8], 16 if not cpu else 4, 16
+    sampler = base.variant(max_new_tokens=new)
+    _, t = dm.timed(lambda: sampler.sample(draw_trials, n, 1.0), sync)
+    ours_rate = len(draw_trials) * n / t["median_s"]
+    emit({"check": "moe", "what": "draws", "draws": len(draw_trials) * n, **t, **dm.rate(len(draw_trials) * n, t)})
+    tokens, t = dm.timed(lambda: dm.generate_draws(base, draw_trials, n, new), sync)
+    theirs_rate = len(draw_trials) * n / t["median_s"]
     emit(
         {
             "check": "moe",
-            "what": "draws",
-            "draws": len(draws),
-            "per_s": len(draws) / dt,
-            "per_s_48_layers": len(draws) / (dt * scale),
+            "what": "generate() draws",
+            "draws": len(draw_trials) * n,
+            "tokens": tokens,
+            **t,
+            **dm.rate(len(draw_trials) * n, t),
         }
     )
+    emit({"check": "moe", "what": "draws vs generate()", "ratio": ours_rate / theirs_rate})
+
+    # refilled reasoning: one trace to the budget, the rest short, against the ideal step count and buckets
+    rows, budget, short = (4, 48, 6) if cpu else (16, 384, 24)
+    think_trials = [replace(t, trial_id=f"{t.trial_id}-{k}") for k, t in enumerate(binary[: rows * 4])]
+    thinker = base.variant(think=True, reasoning_rows=rows)
+    request = dm.mixed_request(thinker, think_trials, budget, short)
+    reasoned = {}
+    for schedule in ("refill", "buckets"):
+        thinker.variant(reasoning_refill=schedule == "refill")._reason(request)  # warm-up at the timed shapes
+        e = thinker.variant(reasoning_refill=schedule == "refill")  # a fresh tally for the timed call
+        sync()
+        t0 = time.perf_counter()
+        e._reason(request)
+        sync()
+        stats = e.run_stats()["reasoning"]
+        reasoned[schedule] = stats["steps_over_ideal"]
+        emit({"check": "moe", "what": f"reasoning {schedule}", "seconds": time.perf_counter() - t0, **stats})
     if not cpu:
         peak = torch.cuda.max_memory_allocated(dev) / 2**30
         emit(
@@ -365,7 +503,46 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
                 / 2**30,
             }
         )
-    return []
+    big, small = max(decode), min(k for k in decode if k > 1)
+    for row in (
+        dm.target(
+            f"decode_{big}",
+            decode[big],
+            dm.TARGETS["decode_512"],
+            below=True,
+            cpu=cpu,
+            what=f"decode step at batch {big} / weight-read floor",
+        ),
+        dm.target(
+            f"decode_{small}",
+            decode[small],
+            dm.TARGETS["decode_16"],
+            below=True,
+            cpu=cpu,
+            what=f"decode step at batch {small} / weight-read floor",
+        ),
+        dm.target(
+            "reasoning",
+            reasoned["refill"],
+            dm.TARGETS["reasoning"],
+            below=True,
+            cpu=cpu,
+            what="refilled reasoning steps / (tokens / rows + longest)",
+        ),
+        dm.target(
+            "readouts",
+            ratios["forced binary"],
+            dm.TARGETS["readouts"],
+            below=False,
+            cpu=cpu,
+            what="forced-binary readouts / lm-eval-style scorer",
+        ),
+        dm.target(
+            "draws", ours_rate / theirs_rate, dm.TARGETS["draws"], below=False, cpu=cpu, what="draws / generate()"
+        ),
+    ):
+        emit(row)
+    return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -426,6 +603,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "device_check.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str) + "\n")
     print(f"device_check: verified {', '.join(verified) or 'nothing'}; not verified: {'; '.join(skipped)}")
+    for r in (r for r in rows if r["check"] == "target"):
+        verdict = (
+            ("PASS" if r["passed"] else "FAIL")
+            if r["counts"]
+            else ("pass" if r["passed"] else "fail") + " (CPU: for the record)"
+        )
+        print(f"device_check: target {r['target']}: {r['what']} = {r['value']:.3g} (bound {r['bound']}): {verdict}")
     print(f"device_check: {len(problems)} problem(s)" + (": " + "; ".join(problems) if problems else ""))
     return 1 if problems else 0
 

@@ -148,8 +148,33 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     assert summary["problems"] == []
     assert [v.split()[0] for v in summary["verified"]] == ["parity", "sampling", "moe"]
     assert any(s.startswith("split: needs a GPU") for s in summary["not_verified"])
-    checks = {r["check"] for r in report["rows"]}
-    assert {"parity", "paths", "sampling", "think", "moe"} <= checks
+    rows = report["rows"]
+    checks = {r["check"] for r in rows}
+    assert {"parity", "paths", "heads", "sampling", "think", "moe", "target"} <= checks
+    # the two heads of a bfloat16 engine read differently: a variant derives its head (issue 44)
+    heads = {
+        (r["model"], r["head"]): r["max_logprob_diff"]
+        for r in rows
+        if r["check"] == "parity" and r["dtype"] == "bfloat16" and r["path"] == "plain"
+    }
+    assert heads[("tiny", "float32")] != heads[("tiny", "model")]
+    # step 4: every timing warm, repeated, as a median with its spread; peers' ratios and the floors beside them
+    moe = {r["what"]: r for r in rows if r["check"] == "moe"}
+    for what in (
+        "readout forced binary tree",
+        "lm-eval-style scorer forced binary",
+        "decode step batch 16",
+        "draws",
+        "generate() draws",
+    ):
+        assert moe[what]["repeats"] >= 3 and moe[what]["min_s"] <= moe[what]["median_s"] <= moe[what]["max_s"], what
+    assert moe["scorer agreement (forced binary)"]["max_logprob_diff"] < 1e-4
+    assert moe["readouts vs scorer forced binary"]["ratio"] > 0 and moe["draws vs generate()"]["ratio"] > 0
+    assert moe["readout forced binary tree"]["compute_floor_s"] > 0
+    assert moe["decode step batch 16"]["weight_read_floor_ms"] > 0
+    assert moe["reasoning refill"]["steps"] < moe["reasoning buckets"]["steps"]
+    targets = {r["target"] for r in rows if r["check"] == "target"}
+    assert {"reasoning", "readouts", "draws", "decode_16", "decode_64"} == targets
 
 
 # ------------------------------------------------------------------ sampled reasoning (--think-sampling)
