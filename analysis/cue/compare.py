@@ -29,6 +29,12 @@
    (statsmodels; slope, 95% CI, R^2, n) and, with two or more attributes and
    enough models, the joint fit. A panel of a few models is badly
    underpowered; the report says so.
+
+**Sources.** Each run is read from its own source (readouts where it has them,
+:meth:`probe.runs.Run.choice_probs`). When every run holds both readouts and
+samples, :func:`compare_cue_sources` computes the whole comparison from each
+(:func:`compare_cue_frames` with ``source``) and the report shows both; a panel
+where any run has one source is compared as before.
 """
 
 from __future__ import annotations
@@ -61,10 +67,27 @@ class CueRun:
     solve: pd.DataFrame | None
 
 
-def run_frames(run: PanelRun) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(options, per_trial) of a cue run, as every cue analysis reads them."""
-    options, per_trial, _ = run.run().choice_probs()
-    return options, per_trial
+SOURCES = ("readout", "samples")
+"""The two sources of a run's answers, in the order the report shows them."""
+
+
+def run_frames(run: PanelRun, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(options, per_trial) of a cue run, as every cue analysis reads them; ``source``: ``readout`` or ``samples``,
+    None: the run's own (readouts where it has them)."""
+    r = run.run()
+    if source is None:
+        options, per_trial, _ = r.choice_probs()
+        return options, per_trial
+    if source == "readout":
+        return r.readout_frames()
+    if source == "samples":
+        return r.sample_counts()
+    raise ValueError(f"source must be one of {list(SOURCES)} or None, got {source!r}")
+
+
+def both_sources(panel: Panel) -> bool:
+    """Whether every run of ``panel`` holds readouts and samples."""
+    return all(not r.run().load("readout_options").empty and not r.run().load("samples").empty for r in panel.runs)
 
 
 def run_tables(
@@ -363,6 +386,8 @@ class CueComparison:
     decision: str = "greedy"
     capability: str = "macro"
     capability_arms: tuple[str, ...] = ()
+    source: str | None = None
+    """The source every run was read from (``readout``, ``samples``); None: each run's own."""
 
     def csv_tables(self) -> dict[str, pd.DataFrame | None]:
         """The comparison's tables by CSV name (``cue_<name>.csv``; None: not computed, no file)."""
@@ -378,6 +403,18 @@ class CueComparison:
         }
 
 
+def compare_cue_sources(
+    panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy", capability: str = "macro"
+) -> list[CueComparison]:
+    """The comparison from each source (readout, samples) when every run has both (:func:`both_sources`); else the
+    one comparison of each run's own source, as :func:`compare_cue_frames` gives it."""
+    sources: tuple[str | None, ...] = SOURCES if both_sources(panel) else (None,)
+    return [
+        compare_cue_frames(panel, n_boot=n_boot, seed=seed, decision=decision, capability=capability, source=s)
+        for s in sources
+    ]
+
+
 def compare_cue_frames(
     panel: Panel,
     *,
@@ -385,9 +422,11 @@ def compare_cue_frames(
     seed: int = SEED,
     decision: Decision = "greedy",
     capability: str = "macro",
+    source: str | None = None,
 ) -> CueComparison:
-    """The whole cue comparison of a panel, as frames (no files); ``decision`` of every table (default greedy)."""
-    frames = {r.name: run_frames(r) for r in panel.runs}
+    """The whole cue comparison of a panel, as frames (no files); ``decision`` of every table (default greedy);
+    ``source``: read every run from that source (each must hold it), None: each from its own."""
+    frames = {r.name: run_frames(r, source) for r in panel.runs}
     items, dropped = shared_items(panel, {n: list(dict.fromkeys(pt["item_id"])) for n, (_, pt) in frames.items()})
     if not items:
         raise PanelError(f"the runs {panel.names()} share no dilemma; compare runs of the same items")
@@ -422,6 +461,7 @@ def compare_cue_frames(
         decision=decision,
         capability=capability,
         capability_arms=_capability_arms(runs, arm, cons, capability) if solve is not None else (),
+        source=source,
     )
 
 

@@ -1,7 +1,11 @@
 """The cue-visibility panel report: ``probe compare`` on cue runs writes CSV tables, ``summary.md`` and figures.
 
 The quantities come from :func:`analysis.cue.compare.compare_cue_frames`
-(its module docstring defines them); this module only writes them.
+(its module docstring defines them); this module only writes them. When every
+run holds readouts and samples (:func:`analysis.cue.compare.compare_cue_sources`
+gives two comparisons), every CSV holds both in long form (a ``source`` column),
+each figure is drawn per source (``*_readout.png``, ``*_samples.png``) and the
+summary has a part per source.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from analysis.cue.compare import (
     SEED,
     CueComparison,
     average_row,
-    compare_cue_frames,
+    compare_cue_sources,
 )
 from analysis.cue.metrics import Decision
 from probe.panel import Panel
@@ -33,17 +37,33 @@ from probe.panel import Panel
 def compare_cue(
     panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy"
 ) -> list[Path]:
-    """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
-    res = compare_cue_frames(panel, n_boot=n_boot, seed=seed, decision=decision)
+    """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures (of each source
+    where every run has both)."""
+    from analysis.influence.compare_report import source_tables
+
+    parts = compare_cue_sources(panel, n_boot=n_boot, seed=seed, decision=decision)
+    if len(parts) == 1:
+        res = parts[0]
+        return write_panel_report(
+            out, res.csv_tables(), res.dropped, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
+        )
+    tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped) for p in parts])
     return write_panel_report(
-        out, res.csv_tables(), res.dropped, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
+        out, tables, dropped, partial(_source_figures, parts), partial(_sources_summary_md, panel, parts, n_boot)
     )
 
 
+def _source_figures(parts: Sequence[CueComparison]) -> Iterator[tuple[str, Any]]:
+    """Every figure of each source's comparison, named ``*_<source>.png`` and titled with the source."""
+    for p in parts:
+        yield from _figures(p, tag=str(p.source))
+
+
 # ---------------------------------------------------------------------------- figures
-def _figures(res: CueComparison) -> Iterator[tuple[str, Any]]:
-    """Draw the comparison\'s figures, each with its file name."""
+def _figures(res: CueComparison, tag: str = "") -> Iterator[tuple[str, Any]]:
+    """Draw the comparison\'s figures, each with its file name; ``tag`` (a source) suffixes the names and titles."""
     plt = pyplot()
+    sfx, pre = (f"_{tag}", f"{tag}: ") if tag else ("", "")
     m = res.models
     fig, ax = plt.subplots(figsize=(5, 0.3 * len(m) + 3))
     for r in m.itertuples():
@@ -54,9 +74,11 @@ def _figures(res: CueComparison) -> Iterator[tuple[str, Any]]:
     ax.set_xticks([0, 1], ["Direct", res.arm])
     ax.set_xlim(-0.6, 1.6)
     ax.set_ylabel("macro net bias (pp)")
-    ax.set_title(f"net bias per model ({res.consequences} consequences); crossing lines = rank changes", fontsize=8)
+    ax.set_title(
+        f"{pre}net bias per model ({res.consequences} consequences); crossing lines = rank changes", fontsize=8
+    )
     fig.tight_layout()
-    yield "fig_cue_rankings.png", fig
+    yield f"fig_cue_rankings{sfx}.png", fig
     if res.attributes is not None and res.ols is not None:
         cols = [c for c in res.attributes.columns if c != "name"]
         data = m[["name", "gap"]].merge(res.attributes, on="name", how="left")
@@ -69,11 +91,11 @@ def _figures(res: CueComparison) -> Iterator[tuple[str, Any]]:
             if len(fit) and np.isfinite(fit["slope"].iloc[0]):
                 xs = np.linspace(float(data[col].min()), float(data[col].max()), 10)
                 ax.plot(xs, 100 * (fit["intercept"].iloc[0] + fit["slope"].iloc[0] * xs), color="black", lw=1)
-                ax.set_title(f"R² = {fit['r2'].iloc[0]:.2f}, n = {int(fit['n'].iloc[0])}", fontsize=8)
+                ax.set_title(f"{pre}R² = {fit['r2'].iloc[0]:.2f}, n = {int(fit['n'].iloc[0])}", fontsize=8)
             ax.set_xlabel(col)
             ax.set_ylabel("Gap (pp)")
         fig.tight_layout()
-        yield "fig_cue_gap_vs_attributes.png", fig
+        yield f"fig_cue_gap_vs_attributes{sfx}.png", fig
 
 
 # ---------------------------------------------------------------------------- summary
@@ -85,11 +107,43 @@ def _pp_frame(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
 
 
 def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence[str]) -> str:
-    from analysis.common.report import dropped_md, panel_md
+    from analysis.common.report import panel_md
+
+    lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]
+    lines += _summary_body(res, n_boot)
+    if figures:
+        lines += [f"![{f}]({f})" for f in figures] + [""]
+    return "\n".join(lines)
+
+
+def _sources_summary_md(panel: Panel, parts: Sequence[CueComparison], n_boot: int, figures: Sequence[str]) -> str:
+    """The summary of a panel whose runs all hold readouts and samples: one part per source, each the one-source
+    summary one heading level down."""
+    from analysis.common.report import panel_md
+
+    lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]
+    lines += [
+        "Every run holds answer-slot readouts and sampled answers, so the comparison is computed from each source ("
+        + " and ".join(str(p.source) for p in parts)
+        + "; a sampled trial's greedy decision is its most frequent answer): every CSV holds both in long form "
+        "(`source` column), every figure is drawn per source (`*_<source>.png`).",
+        "",
+    ]
+    for p in parts:
+        lines += [f"## Source: {p.source}", ""]
+        lines += [("#" + ln if ln.startswith("#") else ln) for ln in _summary_body(p, n_boot)]
+        mine = [f for f in figures if f.endswith(f"_{p.source}.png")]
+        if mine:
+            lines += [f"![{f}]({f})" for f in mine] + [""]
+    return "\n".join(lines)
+
+
+def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
+    """The summary after its header (the panel) and before its figures."""
+    from analysis.common.report import dropped_md
 
     pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
-    lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]
-    lines += [*dropped_md(res.dropped, len(res.items), "dilemmas"), ""]
+    lines = [*dropped_md(res.dropped, len(res.items), "dilemmas"), ""]
     lines += [
         f"Headline arm: **{res.arm}** against Direct, {res.consequences} consequences. Net bias = Favor - Against "
         + (
@@ -173,6 +227,4 @@ def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence
     lines += [f"- {n}" for n in res.notes]
     if res.notes:
         lines.append("")
-    if figures:
-        lines += [f"![{f}]({f})" for f in figures] + [""]
-    return "\n".join(lines)
+    return lines

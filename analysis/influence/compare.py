@@ -32,6 +32,13 @@ writes them):
 
 Imported runs (``probe import``) join a panel with their condition tables as
 they are: no item matching and no reasoning change for them.
+
+**Sources.** Each run is read from its own source (readouts where it has them,
+:meth:`probe.runs.Run.choice_probs`). When every run of the panel holds both
+readouts and samples, :func:`compare_sources` computes the whole comparison
+from each source (:func:`compare_frames` with ``source``), and the report shows
+both (long-form tables with a ``source`` column, figures per source); a panel
+where any run has one source is compared as before.
 """
 
 from __future__ import annotations
@@ -96,11 +103,13 @@ class Matched:
         return [r.name for r in self.runs].index(name)
 
 
-def run_cells(run: PanelRun) -> tuple[pd.DataFrame, str]:
-    """A run's analysis cells (value-level for DailyDilemmas) and their source (``readout`` or ``samples``)."""
+def run_cells(run: PanelRun, source: str | None = None) -> tuple[pd.DataFrame, str]:
+    """A run's analysis cells (value-level for DailyDilemmas) and their source (``readout`` or ``samples``).
+
+    ``source``: read that source; None: the run's own (readouts where it has them)."""
     from experiments.influence.effects import trial_cells, value_level
 
-    raw, source = trial_cells(run.run())
+    raw, source = trial_cells(run.run(), source)
     return (value_level(raw) if benchmark_of(run.experiment) == "dd" else raw), source
 
 
@@ -185,14 +194,14 @@ def _clip(run: PanelRun) -> float:
     return run_clip(run.run())
 
 
-def match_panel(panel: Panel) -> list[Matched]:
-    """One :class:`Matched` per benchmark of the panel, in panel order."""
+def match_panel(panel: Panel, source: str | None = None) -> list[Matched]:
+    """One :class:`Matched` per benchmark of the panel, in panel order; ``source`` as :func:`run_cells`."""
     by_bench: dict[str, list[PanelRun]] = {}
     for r in panel.runs:
         by_bench.setdefault(benchmark_of(r.experiment), []).append(r)
     out = []
     for bench, runs in by_bench.items():
-        loaded = [run_cells(r) for r in runs]
+        loaded = [run_cells(r, source) for r in runs]
         out.append(match_runs(bench, runs, [c for c, _ in loaded], [s for _, s in loaded]))
     return out
 
@@ -375,6 +384,8 @@ class InfluenceComparison:
     """Names of the imported runs (condition-level data: no item matching, no item bootstrap)."""
     asym_model: str = "crossed"
     """The headline random-effect structure of the |Asym| fits."""
+    source: str | None = None
+    """The source every run was read from (``readout``, ``samples``); None: each run's own."""
 
     def csv_tables(self) -> dict[str, pd.DataFrame]:
         """The comparison's tables by CSV name."""
@@ -401,10 +412,37 @@ def _split_imported(panel: Panel) -> tuple[Panel | None, list[PanelRun]]:
     return (Panel(native) if native else None), imported
 
 
-def compare_frames(
+def both_sources(panel: Panel) -> bool:
+    """Whether every run of ``panel`` holds readouts and samples (an imported run holds counts only)."""
+    from experiments.influence.effects import SOURCES, run_sources
+
+    return all(r.experiment != IMPORTED and run_sources(r.run()) == SOURCES for r in panel.runs)
+
+
+def compare_sources(
     panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
+) -> list[InfluenceComparison]:
+    """The comparison from each source (readout, samples) when every run has both (:func:`both_sources`); else
+    the one comparison of each run's own source, as :func:`compare_frames` gives it."""
+    from experiments.influence.effects import SOURCES
+
+    if not both_sources(panel):
+        return [compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)]
+    return [compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model, source=s) for s in SOURCES]
+
+
+def compare_frames(
+    panel: Panel,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = SEED,
+    asym_model: str = "crossed",
+    source: str | None = None,
 ) -> InfluenceComparison:
     """The whole comparison of an influence panel, as frames (no files).
+
+    ``source``: read every run from that source (``readout`` or ``samples``; each run must hold it); None: each
+    run from its own (:meth:`probe.runs.Run.choice_probs`).
 
     Imported runs (``probe import``) bring their condition tables as they are:
     they have no items, so they are not matched on items and take no part in
@@ -418,7 +456,11 @@ def compare_frames(
     if asym_model not in STRUCTURES:
         raise PanelError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {asym_model!r}")
     native, imported = _split_imported(panel)
-    matched = match_panel(native) if native is not None else []
+    if source is not None and imported:
+        raise PanelError(
+            f"imported runs {[r.name for r in imported]} hold counts only; compare them by their own source"
+        )
+    matched = match_panel(native, source) if native is not None else []
     tables_in = [condition_tables(m, n_boot=n_boot, seed=seed) for m in matched]
     tables_in += [imported_conditions(r.run(), label=r.name) for r in imported]
     cond = inf.combine_runs(tables_in)
@@ -444,4 +486,5 @@ def compare_frames(
         fits=tuple(asym_fits(cond, order)),
         imported=tuple(r.name for r in imported),
         asym_model=asym_model,
+        source=source,
     )

@@ -1,42 +1,74 @@
 """The influence panel report: ``probe compare`` on influence runs writes CSV tables, ``summary.md`` and figures.
 
 The quantities come from :func:`analysis.influence.compare.compare_frames`
-(its module docstring defines them); this module only writes them.
+(its module docstring defines them); this module only writes them. When every
+run holds readouts and samples (:func:`analysis.influence.compare.compare_sources`
+gives two comparisons), every CSV holds both in long form (a ``source`` column,
+:func:`analysis.influence.report.long_tables`), each figure is drawn per source
+(``*_readout.png``, ``*_samples.png``) and the summary has a part per source.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analysis.common.figures import pyplot
 from analysis.common.report import write_panel_report
 from analysis.common.tables import md_table
-from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_frames
+from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_sources
 from analysis.influence.flags import PRACTICAL_SHIFT
-from analysis.influence.report import asym_md
+from analysis.influence.report import asym_md, long_tables
 from probe.panel import Panel
 
 
 def compare_influence(
     panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
 ) -> list[Path]:
-    """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures."""
-    res = compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
+    """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures (of each source
+    where every run has both)."""
+    parts = compare_sources(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
+    if len(parts) == 1:
+        res = parts[0]
+        return write_panel_report(
+            out, res.csv_tables(), res.dropped_items, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
+        )
+    tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped_items) for p in parts])
     return write_panel_report(
-        out, res.csv_tables(), res.dropped_items, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
+        out, tables, dropped, partial(_source_figures, parts), partial(_sources_summary_md, panel, parts, n_boot)
     )
 
 
+def source_tables(
+    parts: Sequence[tuple[str, Mapping[str, pd.DataFrame | None], pd.DataFrame]],
+) -> tuple[dict[str, pd.DataFrame | None], pd.DataFrame]:
+    """(tables, dropped items) of the comparisons of each source in long form: a ``source`` column (first, unless
+    a table has it already), as the one-run report writes a run with both sources. A table one source did not
+    compute (None) stays unwritten only if no source computed it."""
+    per = [(src, {k: v for k, v in tables.items() if v is not None}) for src, tables, _ in parts]
+    names = list(dict.fromkeys(k for _, tables, _ in parts for k in tables))
+    long = long_tables(per)
+    dropped = long_tables([(src, {"dropped": d}) for src, _, d in parts])["dropped"]
+    return {k: long.get(k) for k in names}, dropped
+
+
 # ---------------------------------------------------------------------------- figures
-def _figures(res: InfluenceComparison) -> Iterator[tuple[str, Any]]:
-    """Draw the comparison\'s figures, each with its file name."""
+def _source_figures(parts: Sequence[InfluenceComparison]) -> Iterator[tuple[str, Any]]:
+    """Every figure of each source's comparison, named ``*_<source>.png`` and titled with the source."""
+    for p in parts:
+        yield from _figures(p, tag=str(p.source))
+
+
+def _figures(res: InfluenceComparison, tag: str = "") -> Iterator[tuple[str, Any]]:
+    """Draw the comparison\'s figures, each with its file name; ``tag`` (a source) suffixes the names and titles."""
     plt = pyplot()
+    sfx, pre = (f"_{tag}", f"{tag}: ") if tag else ("", "")
     main = res.conditions[res.conditions["variant"] == "cue"]
     for bench, g in main.groupby("benchmark", sort=False):
         runs = list(dict.fromkeys(g["run"]))
@@ -56,9 +88,9 @@ def _figures(res: InfluenceComparison) -> Iterator[tuple[str, Any]]:
             ax.axis("off")
         axes[0, 0].set_ylabel("mean steerability (log-odds)")
         axes[0, 0].legend(fontsize=7)
-        fig.suptitle(f"{bench}: steerability per run (mean over conditions)", fontsize=9)
+        fig.suptitle(f"{pre}{bench}: steerability per run (mean over conditions)", fontsize=9)
         fig.tight_layout()
-        yield f"fig_steerability_by_model_{bench}.png", fig
+        yield f"fig_steerability_by_model_{bench}{sfx}.png", fig
     if not res.change.empty:
         ch = res.change[res.change["direction"] != "both"]
         for bench, g in ch.groupby("benchmark", sort=False):
@@ -80,9 +112,9 @@ def _figures(res: InfluenceComparison) -> Iterator[tuple[str, Any]]:
                 ax.set_yticks(y, [f"{r.influence} → {r.direction}" for r in sub.itertuples()], fontsize=7)
                 ax.set_title(model, fontsize=8)
                 ax.set_xlabel("s(on) - s(off), 95% CI", fontsize=8)
-            fig.suptitle(f"{bench}: reasoning on minus off", fontsize=9)
+            fig.suptitle(f"{pre}{bench}: reasoning on minus off", fontsize=9)
             fig.tight_layout()
-            yield f"fig_reasoning_change_{bench}.png", fig
+            yield f"fig_reasoning_change_{bench}{sfx}.png", fig
     data = res.asym_data
     if len(data):
         scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
@@ -95,12 +127,12 @@ def _figures(res: InfluenceComparison) -> Iterator[tuple[str, Any]]:
                 xs = np.linspace(0, max(0.5, float(sub["baseline_bias"].max())), 20)
                 ax.plot(xs, fit.intercept + fit.beta * xs, color="black", lw=1)
             r2 = f", marginal R² {fit.variances.r2_marginal:.2f}" if math.isfinite(fit.variances.r2_marginal) else ""
-            ax.set_title(f"{fit.scope}: β = {fit.beta:.2f}{r2}", fontsize=8)
+            ax.set_title(f"{pre}{fit.scope}: β = {fit.beta:.2f}{r2}", fontsize=8)
             ax.set_xlabel("|baseline bias| = |f0(B) - 0.5|")
             ax.set_ylabel("|Asym| (log-odds)")
             ax.legend(fontsize=6)
         fig.tight_layout()
-        yield "fig_asym_vs_bias.png", fig
+        yield f"fig_asym_vs_bias{sfx}.png", fig
 
 
 # ---------------------------------------------------------------------------- summary
@@ -110,11 +142,44 @@ _BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "pr
 
 
 def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Sequence[str]) -> str:
-    from analysis.common.report import dropped_md, panel_md
+    from analysis.common.report import panel_md
+
+    lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
+    lines += _summary_body(res, n_boot)
+    if figures:
+        lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]
+    return "\n".join(lines)
+
+
+def _sources_summary_md(panel: Panel, parts: Sequence[InfluenceComparison], n_boot: int, figures: Sequence[str]) -> str:
+    """The summary of a panel whose runs all hold readouts and samples: one part per source, each the one-source
+    summary one heading level down."""
+    from analysis.common.report import panel_md
+
+    names = [str(p.source) for p in parts]
+    lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
+    lines += [
+        f"Every run holds answer-slot readouts and sampled answers, so the comparison is computed from each source "
+        f"({' and '.join(names)}; readout s is the log-odds of the mean probabilities, sampled s the paper's +1/2 "
+        "rule, docs/influence.md): every CSV holds both in long form (`source` column), every figure is drawn per "
+        "source (`*_<source>.png`).",
+        "",
+    ]
+    for p in parts:
+        lines += [f"## Source: {p.source}", ""]
+        lines += [("#" + ln if ln.startswith("#") else ln) for ln in _summary_body(p, n_boot)]
+        mine = [f for f in figures if f.endswith(f"_{p.source}.png")]
+        if mine:
+            lines += ["Figures: " + ", ".join(f"`{f}`" for f in mine), ""]
+    return "\n".join(lines)
+
+
+def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
+    """The summary from its matching section on (the header and the figure list are the caller's)."""
+    from analysis.common.report import dropped_md
 
     t = res.tables
-    lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
-    lines += ["## Matching", ""]
+    lines = ["## Matching", ""]
     if res.imported:
         lines += [
             f"Imported runs ({', '.join(res.imported)}) hold condition-level counts: they are not matched on items, "
@@ -203,6 +268,4 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
         "",
         *asym_md(res.fits, res.asym_model),
     ]
-    if figures:
-        lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]
-    return "\n".join(lines)
+    return lines
