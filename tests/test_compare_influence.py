@@ -20,10 +20,11 @@ from analysis.influence import asym
 from analysis.influence import compare as ci
 from analysis.influence.compare_report import compare_influence
 from experiments.influence import stats as st
-from experiments.influence.build import AuditSpec
+from experiments.influence.build import COND, AuditSpec
+from experiments.influence.effects import Contributions, n_clusters
 from experiments.influence.triage import TriageSpec
 from probe.app.runner import Plan, run
-from probe.bootstrap import percentile_ci
+from probe.bootstrap import expanded_percentile_ci, percentile_ci
 from probe.panel import panel_from_runs
 from tests.planted import TRIAGE_BASE, TRIAGE_INFLUENCES, TRIAGE_SHIFTS, PlantedInfluence
 from tests.report_files import assert_wrote
@@ -127,8 +128,12 @@ def test_paired_replicates_are_the_one_run_bootstrap(planted: tuple[list[Path], 
     m = res.matched[0]
     for r, panel_run in enumerate(m.runs):
         reps = ci.replicates(m, r, n_boot=N_BOOT)
-        lo, hi = percentile_ci(reps["s_A"])
         t = res.conditions[res.conditions["run"] == panel_run.name]
+        lo, hi = percentile_ci(reps["delta_A"])
+        np.testing.assert_allclose(t["delta_A_lo"], lo)
+        np.testing.assert_allclose(t["delta_A_hi"], hi)
+        ct = Contributions(m.conditions[list(COND)], m.items, m.strata, m.n[r], m.k[r])
+        lo, hi = expanded_percentile_ci(reps["s_A"], n_clusters(ct))  # s: the small-sample interval
         np.testing.assert_allclose(t["s_A_lo"], lo)
         np.testing.assert_allclose(t["s_A_hi"], hi)
 

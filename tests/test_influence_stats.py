@@ -11,7 +11,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint, proportions_ztest
 
 from experiments.influence import stats as st
-from probe.bootstrap import cluster_weights, percentile_ci
+from probe.bootstrap import cluster_weights, expanded_alpha, expanded_percentile_ci, percentile_ci
 
 # A hand-worked condition: 60 answers per arm; B chosen 30 times with no cue,
 # 15 times under the cue toward A (so A 45 times), 40 times under the cue toward B.
@@ -174,3 +174,36 @@ def test_percentile_ci_and_z_from_se() -> None:
     assert lo[0] == pytest.approx(25.0) and hi[0] == pytest.approx(975.0)
     assert np.isnan(lo[1]) and np.isnan(hi[1])
     np.testing.assert_array_equal(st.z_from_se([0.0, 1.0, 2.0], [0.0, 0.0, 1.0]), [0.0, np.inf, 2.0])
+
+
+def test_expanded_alpha_by_hand_and_by_scipy() -> None:
+    # by hand, n = 9: t_8 quantile 2.306004 (tables), times sqrt(9/8) = 1.0606602 gives 2.445884, and
+    # 2 Phi(-2.445884) = 2 x 0.0072248 = 0.0144496
+    assert float(expanded_alpha(9)) == pytest.approx(0.0144496, abs=2e-7)
+    n = np.array([2.0, 5.0, 30.0, 1e6])
+    want = 2 * stats.norm.cdf(np.sqrt(n / (n - 1)) * stats.t.ppf(0.025, n - 1))
+    np.testing.assert_allclose(expanded_alpha(n), want, rtol=1e-12)
+    assert float(expanded_alpha(1e6)) == pytest.approx(0.05, abs=1e-5)  # the plain interval for many clusters
+    assert np.isnan(expanded_alpha([1.0, 0.0])).all()
+    with pytest.raises(ValueError, match="alpha must lie in"):
+        expanded_alpha(9, 1.5)
+
+
+def test_expanded_percentile_ci_reads_the_replicates_at_the_expanded_level() -> None:
+    reps = np.column_stack([np.arange(1001, dtype=float), np.arange(1001, dtype=float), np.full(1001, np.nan)])
+    lo, hi = expanded_percentile_ci(reps, [9, 1e9, 9])
+    a = float(expanded_alpha(9))
+    assert lo[0] == pytest.approx(1000 * a / 2) and hi[0] == pytest.approx(1000 * (1 - a / 2))  # 7.22, 992.78
+    plain = percentile_ci(reps[:, 1])
+    assert lo[1] == pytest.approx(float(plain[0]), abs=0.01) and hi[1] == pytest.approx(float(plain[1]), abs=0.01)
+    assert np.isnan(lo[2]) and np.isnan(hi[2])
+    # the bootstrap of a mean of 9 values: the expanded interval is about as wide as Student's t interval
+    # (deterministic seeds; at 20000 replicates the width's sampling error is about 1%)
+    x = np.random.default_rng(3).normal(size=9)
+    w = cluster_weights(["all"] * 9, 20000, np.random.default_rng(4))
+    boot = w @ x / 9
+    elo, ehi = expanded_percentile_ci(boot, 9)
+    t_width = 2 * stats.t.ppf(0.975, 8) * x.std(ddof=1) / 3
+    plo, phi = percentile_ci(boot)
+    assert float(ehi - elo) == pytest.approx(t_width, rel=0.06)
+    assert float(phi - plo) < 0.85 * t_width  # the plain interval is short
