@@ -365,7 +365,7 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
 
     # readouts: forced binary (the peer's agreement first) and graded 0-100, against the lm-eval-style scorer
     binary = binary_trials()
-    graded = [t for t in parity_trials() if t.trial_id.startswith("s100")][: 4 if cpu else 8]
+    graded = [t for t in parity_trials() if t.trial_id.startswith("s100")][: 1 if cpu else 8]
     scorer = dm.LmEvalStyleScorer(base.variant(readout_path="plain"))
     agree_bound = 1e-4 if cpu else 0.25
     ours = logprobs(base.variant(readout_path="plain").readout(binary[:13]))
