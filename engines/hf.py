@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -872,19 +873,11 @@ class HFEngine(LocalEngine):
             if not s.think:
                 read_slots(range(len(trials)), self.prepare(trials))
             else:  # slots are read batch_size traces at a time, as traces end
-                ready: list[tuple[int, list[int]]] = []
-                for i, gen in self._reasoned(self.think_request(trials)):
-                    ready.append((i, gen))
-                    if len(ready) >= s.batch_size:
-                        read_slots(
-                            [i for i, _ in ready],
-                            self.with_reasoning([trials[i] for i, _ in ready], [g for _, g in ready]),
-                        )
-                        ready = []
-                if ready:
-                    read_slots(
-                        [i for i, _ in ready], self.with_reasoning([trials[i] for i, _ in ready], [g for _, g in ready])
-                    )
+                request = self.think_request(trials)
+                reasoned = self._reasoned(request)
+                while ready := list(itertools.islice(reasoned, s.batch_size)):
+                    group = [i for i, _ in ready]
+                    read_slots(group, self.with_reasoning(request, [trials[i] for i in group], [g for _, g in ready]))
         return [r for r in results if r is not None]
 
     def _batches(self, trials: Sequence[Trial], prepared: Sequence[Prepared], path: str) -> list[list[int]]:
@@ -1090,8 +1083,7 @@ class HFEngine(LocalEngine):
         plain attention layers (:func:`engines.refill.unstackable`; a Mamba hybrid reasons in buckets)."""
         if not self.settings.reasoning_refill:
             return False
-        transformers = require("transformers", "hf")
-        return unstackable(transformers.DynamicCache(config=self.model.config)) is None
+        return unstackable(self.model.config) is None
 
     def _sampler(self, request: ThinkRequest, trials: Sequence[int]) -> RowSampler:
         s = self.settings
@@ -1189,7 +1181,6 @@ class HFEngine(LocalEngine):
             stats.steps += 1
             stats.step_rows += len(plan.slots)
             stats.finished_step_rows += len(plan.finished)
-            stats.rows = max(stats.rows, len(plan.slots))
             nxt = sampler.draw(lp)
             for i, t in zip(plan.slots, nxt.tolist(), strict=True):
                 if i not in plan.finished and took(i, t):

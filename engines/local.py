@@ -115,7 +115,8 @@ class RendersLocally:
         :func:`engines.base.reasoning_seed`) and append it, closed, as ids (:meth:`with_reasoning`)."""
         if not self.settings.think:
             return [Prepared(self.render(t), self.option_ids(t)) for t in trials]
-        return self.with_reasoning(trials, self._reason(self.think_request(trials)))
+        request = self.think_request(trials)
+        return self.with_reasoning(request, trials, self._reason(request))
 
     def think_request(self, trials: Sequence[Trial]) -> ThinkRequest:
         """What reasoning these trials asks for: their prompts up to where reasoning starts, their seeds, the
@@ -129,16 +130,22 @@ class RendersLocally:
             frozenset(self._stop_ids()),
         )
 
-    def with_reasoning(self, trials: Sequence[Trial], gens: Sequence[Sequence[int]]) -> list[Prepared]:
-        """Each think-mode trial with its generated reasoning ``gens`` closed and appended
-        (:func:`engines.render.close_reasoning`), ready for the slot."""
-        s = self.settings
-        tok = self.tokenizer
-        end_id = think_end_id(tok, s.model)
-        stops = self._stop_ids()
+    def with_reasoning(
+        self, request: ThinkRequest, trials: Sequence[Trial], gens: Sequence[Sequence[int]]
+    ) -> list[Prepared]:
+        """Each think-mode trial with the reasoning ``gens`` it generated for ``request`` closed and appended
+        (:func:`engines.render.close_reasoning`, at the request's ends and budget), ready for the slot."""
         out = []
         for t, gen in zip(trials, gens, strict=True):
-            r = close_reasoning(tok, t, self.render(t), gen, end_id=end_id, stops=stops, budget=s.think_budget)
+            r = close_reasoning(
+                self.tokenizer,
+                t,
+                self.render(t),
+                gen,
+                end_id=request.end_id,
+                stops=set(request.stops),
+                budget=request.budget,
+            )
             out.append(Prepared(r.ids, self.option_ids(t), r.reasoning, r.reasoning_tokens, r.hit_budget))
         return out
 

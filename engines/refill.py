@@ -42,7 +42,7 @@ class ReasoningStats:
     prefills: int = 0
     """Prefill forwards (each admits one or more traces)."""
     rows: int = 0
-    """Most rows decoded together."""
+    """Rows decoded together at most (the capacity the schedule fills)."""
     step_rows: int = 0
     """Rows summed over steps: the work the steps did."""
     finished_step_rows: int = 0
@@ -180,14 +180,12 @@ def stacked(parts: Sequence[tuple[Any, Any, Any]], reserve: int, config: Any) ->
     return out, mask
 
 
-def unstackable(cache: Any) -> str | None:
-    """Why the rows of ``cache`` cannot be stacked by :func:`stacked` (None where they can): every layer must be
-    plain full attention (a recurrent state or a sliding window keeps no per-column keys to pad)."""
-    cache_utils = require("transformers.cache_utils", "hf")
-    from engines.sampling import reserved_layer_class
+def unstackable(config: Any) -> str | None:
+    """Why the cache of a model with ``config`` cannot be stacked by :func:`stacked` (None where it can): every
+    layer must be plain full attention (a recurrent state or a sliding window keeps no per-column keys to pad)."""
+    transformers = require("transformers", "hf")
 
-    kinds = {type(layer) for layer in cache.layers}
-    others = kinds - {cache_utils.DynamicLayer, reserved_layer_class()}
-    if others:
-        return f"it has cache layers that are not full attention ({', '.join(sorted(k.__name__ for k in others))})"
+    kinds = {type(layer).__name__ for layer in transformers.DynamicCache(config=config).layers}
+    if kinds != {"DynamicLayer"}:
+        return f"it has cache layers that are not full attention ({', '.join(sorted(kinds - {'DynamicLayer'}))})"
     return None

@@ -8,7 +8,7 @@ to agree with probe before it is timed:
 
 * an lm-evaluation-harness-style scorer (:class:`LmEvalStyleScorer`): one sequence per (prompt, option), batches
   of 64, right-padded, a full-vocabulary log-softmax at every position, the option's token log-probs summed;
-* ``model.generate(do_sample=True, num_return_sequences=n)`` (:func:`generate_draws`).
+* ``model.generate(do_sample=True, num_return_sequences=n)``, the bench's peer (:func:`generate_draws`).
 
 The floors beside each figure:
 
@@ -144,28 +144,11 @@ class LmEvalStyleScorer:
 
 
 def generate_draws(engine: Any, trials: Sequence[Any], n: int, max_new: int, seed: int = 0) -> int:
-    """``model.generate(do_sample=True, num_return_sequences=n)`` on the left-padded prompts of ``trials`` (probe's
-    render), raw sampling at temperature 1 (no top-k, top-p); returns the tokens generated."""
-    import torch
+    """The bench's ``generate()`` peer (:class:`scripts.bench.sampling.GenerateSampler`: ``do_sample=True,
+    num_return_sequences=n``, raw sampling at temperature 1) on ``trials`` in one batch; the tokens it generated."""
+    from scripts.bench.sampling import GenerateSampler
 
-    torch.manual_seed(seed)
-    e = engine
-    ids, mask = e._pad_left([e.render(t) for t in trials])
-    stops = sorted(e._stop_ids())
-    with torch.inference_mode():
-        gen = e.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            num_return_sequences=n,
-            max_new_tokens=max_new,
-            top_k=0,
-            top_p=1.0,
-            temperature=1.0,
-            eos_token_id=stops,
-            pad_token_id=e.tokenizer.pad_token_id,
-        )
-    return int((gen[:, ids.shape[1] :] != e.tokenizer.pad_token_id).sum())
+    return sum(count for _, count, _ in GenerateSampler(engine, len(trials), seed).run(trials, n, max_new))
 
 
 def target(name: str, value: float, bound: float, *, below: bool, cpu: bool, what: str) -> dict[str, Any]:

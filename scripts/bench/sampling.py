@@ -137,10 +137,8 @@ class GenerateSampler:
         out: list[tuple[int, int, str]] = []
         for lo in range(0, len(trials), self.batch_size):
             batch = trials[lo : lo + self.batch_size]
-            prompts = [list(self.engine.render(t)) for t in batch]
-            width = max(len(p) for p in prompts)
-            ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            ids, mask = self.engine._pad_left([self.engine.render(t) for t in batch])  # on the model's device
+            width = ids.shape[1]
             gen = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
