@@ -372,6 +372,16 @@ def chat_body(s: ApiSettings, trial: Trial, draw: int, temperature: float) -> di
     )
 
 
+def request_identity(name: str, settings: ApiSettings, value_settings: Sequence[str]) -> dict[str, Any]:
+    """The identity of an engine that asks a server (:class:`ApiEngine`, :class:`engines.server.ServerEngine`): its
+    name, its ``value_settings`` and the extra request body."""
+    return {
+        "engine": name,
+        **{k: getattr(settings, k) for k in value_settings},
+        "extra_body": dict(settings.extra_body),
+    }
+
+
 class ApiEngine(Engine):
     """Sampling through a provider's API; see the module docstring."""
 
@@ -475,12 +485,7 @@ class ApiEngine(Engine):
         serves the same model, and the run may resume against it); so are
         speed and spending settings and the batch switch.
         """
-        s = self.settings
-        return {
-            "engine": self.name,
-            **{k: getattr(s, k) for k in self.value_settings},
-            "extra_body": dict(s.extra_body),
-        }
+        return request_identity(self.name, self.settings, self.value_settings)
 
     def describe(self) -> dict[str, Any]:
         """Settings, endpoint, key variable (never the key), price entry, SDK versions."""

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from engines.api import ApiEngine, ApiSettings, Draw, parse_model_spec
+from engines.api import ApiEngine, ApiSettings, Draw, parse_model_spec, request_identity
 from engines.api import from_args as api_from_args
 from engines.api_journal import AppendLog
 from engines.api_limits import RetryPolicy
@@ -800,9 +800,7 @@ class ServerEngine(RendersLocally, Engine):
         settings, and the local tokenizer's fingerprint."""
         s = self.settings
         return {
-            "engine": self.name,
-            **{k: getattr(s, k) for k in self.value_settings},
-            "extra_body": dict(s.extra_body),
+            **request_identity(self.name, s, self.value_settings),
             "readout_mode": self.mode,
             **reasoning_record(s),
             "tokenizer": (folder_info(self._tok_path) or {}).get("fingerprint") or s.tokenizer or s.model,
