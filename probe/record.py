@@ -390,25 +390,9 @@ class Manifest(Mapping[str, Any]):
         except (TypeError, ValueError, KeyError) as e:
             raise StoreError(f"the run's spec does not read as {kind.__name__}: {e}") from None
 
-    @property
-    def temperature(self) -> float:
-        """The sampling temperature of the plan (:class:`Plan`'s default where the run records no plan).
-
-        For ``analysis/``'s readers until they read :attr:`plan` (issue 46, left to the owner of analysis/)."""
-        return (self.plan or Plan()).temperature
-
     def identified(self, name: str, default: Any = None) -> Any:
         """One field of the identity (model, think, system_prompt, ...)."""
         return self.identity.get(name, default)
-
-    def planned(self, name: str, default: Any = None) -> Any:
-        """One field of the plan by name; for ``analysis/``'s readers until they read :attr:`plan` (issue 46)."""
-        return default if self.plan is None else getattr(self.plan, name, default)
-
-    def specified(self, name: str, default: Any = None) -> Any:
-        """One field of the stored spec by name; for ``analysis/``'s readers until they read :meth:`spec_as`
-        (issue 46)."""
-        return self.spec.get(name, default)
 
     # ------------------------------------------------------------ the stored JSON, read-only
     def __getitem__(self, key: str) -> Any:

@@ -226,7 +226,8 @@ def test_a_second_process_on_the_same_run_is_refused(tmp_path: Path) -> None:
 
 def test_runner_samples_only_and_records_stats(tmp_path: Path) -> None:
     from experiments.yesno import YesNoSpec
-    from probe.app.runner import Plan, run
+    from probe.app.runner import run
+    from probe.record import Plan
 
     client = FakeClient(lambda i, body: reply("Yes" if i % 3 else "No"))
     eng = engine(client)

@@ -102,7 +102,8 @@ def test_faults_every_draw_exactly_once_nothing_double_billed(server: Server, tm
     from engines.api import ApiEngine, ApiSettings
     from engines.api_limits import RetryPolicy
     from experiments.yesno import YesNoSpec
-    from probe.app.runner import Plan, run
+    from probe.app.runner import run
+    from probe.record import Plan
 
     rates = {"429": 0.04, "500": 0.04, "503": 0.03, "timeout": 0.04, "drop": 0.04, "truncated": 0.05, "malformed": 0.05}
     # The schedule is deterministic: request k (in arrival order) gets the k-th seeded draw, so seed 1 injects

@@ -189,7 +189,8 @@ def test_a_stopped_readout_run_resumes_without_resending(tok, tmp_path):  # noqa
     readout request is answered exactly once over both sessions (counted by the server, keyed as the journal)."""
     from engines.server import JOURNAL, body_key
     from experiments.yesno import YesNoSpec
-    from probe.app.runner import Plan, run
+    from probe.app.runner import run
+    from probe.record import Plan
     from probe.store import RunStore
 
     spec = YesNoSpec(items=("mine_cart_bridge",))  # 12 trials: a token-id and a top-k request each

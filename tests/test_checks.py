@@ -93,8 +93,9 @@ def test_checks_section_states_the_system_prompt_and_the_sampling_flag():
                 "system_prompt": {"text": "Be kind.", "source": "chat template default"},
                 "settings": {"max_new_tokens": 32},
             },
+            "experiment": "battery",
             "plan": {"temperature": 1.0},
-            "spec": {"choice_tokens": 256},
+            "spec": {"experiment": "battery", "choice_tokens": 256},  # the battery's own cap of free replies
         }
     )
     samples = pd.DataFrame(

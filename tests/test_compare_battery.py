@@ -28,8 +28,9 @@ from analysis.battery.compare_report import compare_battery
 from engines.sim import SimEngine, SimParams
 from experiments.battery import REDUCED, BatterySpec
 from experiments.dilemmas import load_dilemmas
-from probe.app.runner import Plan, run
+from probe.app.runner import run
 from probe.panel import load_panel
+from probe.record import Plan
 from tests.report_files import assert_wrote
 
 ITEMS = tuple(d.id for d in load_dilemmas()[:12])

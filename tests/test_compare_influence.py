@@ -23,9 +23,10 @@ from experiments.influence import stats as st
 from experiments.influence.build import COND, AuditSpec
 from experiments.influence.effects import Contributions, n_clusters
 from experiments.influence.triage import TriageSpec
-from probe.app.runner import Plan, run
+from probe.app.runner import run
 from probe.bootstrap import expanded_percentile_ci, percentile_ci
 from probe.panel import panel_from_runs
+from probe.record import Plan
 from tests.planted import TRIAGE_BASE, TRIAGE_INFLUENCES, TRIAGE_SHIFTS, PlantedInfluence
 from tests.report_files import assert_wrote
 

@@ -24,8 +24,9 @@ from engines.sim import SimEngine, SimParams
 from experiments.cue import CueSpec
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
-from probe.app.runner import Plan, run
+from probe.app.runner import run
 from probe.panel import panel_from_runs
+from probe.record import Plan
 
 TRIAGE = TriageSpec(audit=AuditSpec(influences=("survey", "role_play")), factors=("gender", "age"), sizes=(1, 2))
 CUE = CueSpec(items=("rent_arrears", "fallen_fence"), conditions=("neutral", "direct", "puzzled"), probes=("what_if",))

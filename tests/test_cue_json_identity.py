@@ -19,7 +19,8 @@ import pytest
 from analysis.cue.metrics import correct_only_keep, identity_checks, parse_identity
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec
-from probe.app.runner import Plan, run
+from probe.app.runner import run
+from probe.record import Plan
 from probe.runs import open_run
 from probe.types import Sample, Trial
 from tests.planted import PlantedCue

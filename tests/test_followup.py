@@ -25,7 +25,8 @@ from engines.render import kept_parts
 from experiments.followup import FollowupError, FollowupSpec, check_subject, expand, load_wordings, selection
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
-from probe.app.runner import Plan, run
+from probe.app.runner import run
+from probe.record import Plan
 from probe.runs import as_run
 from probe.store import RunStore
 from probe.types import Message, Trial

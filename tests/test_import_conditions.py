@@ -23,8 +23,9 @@ from analysis.influence import imported as ic
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
 from probe.app.cli import main
-from probe.app.runner import Plan, run
+from probe.app.runner import run
 from probe.panel import panel_from_runs
+from probe.record import Plan
 from probe.runs import open_run
 from tests.planted import PlantedInfluence
 

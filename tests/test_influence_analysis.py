@@ -28,7 +28,8 @@ from experiments.influence import effects as ie
 from experiments.influence import stats as st
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec
-from probe.app.runner import Plan, run
+from probe.app.runner import run
+from probe.record import Plan
 from probe.runs import as_run
 from tests.planted import TRIAGE_BASE, TRIAGE_SHIFTS, PlantedInfluence
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from experiments.yesno import YesNoSpec
 from probe.errors import StoreError
-from probe.record import Manifest, display_name
+from probe.record import Manifest, Plan, display_name
 from probe.store import RunStore, manifest_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,7 @@ HF = {
     "experiment": "yesno",
     "run_key": "abc",
     "identity": {"experiment": "yesno", "model": "tiny", "think": True},
-    "spec": {"experiment": "yesno", "forms": ["yes_first"], "corpus": None},
+    "spec": {"experiment": "yesno", "forms": ["acceptable"]},
     "plan": {"samples": 3, "temperature": 0.7},
     "engine": {
         "engine": "hf",
@@ -47,7 +48,7 @@ def test_fields_are_typed_and_the_questions_answered_once() -> None:
     m = Manifest.from_dict(HF)
     assert (m.experiment, m.run_key, m.n_trials, m.chunk_size) == ("yesno", "abc", 12, 4)
     assert m.model == "tiny" and m.think and m.display_name == "tiny think" == display_name("tiny", True)
-    assert m.temperature == 0.7 and m.planned("samples") == 3 and m.specified("forms") == ["yes_first"]
+    assert m.plan == Plan(samples=3, temperature=0.7) and m.spec_as(YesNoSpec).forms == ("acceptable",)
     assert m.engine.kind == "hf" and m.engine.model_path == "/models/tiny" and m.engine.setting("think_budget") == 64
     assert (m.engine.dtype, m.engine.head_dtype, m.engine.device, m.engine.model_class) == (
         "bfloat16",
@@ -76,7 +77,7 @@ def test_an_old_or_sparse_manifest_still_reads() -> None:
     """A manifest from before the count, the hash, the chunk size and the think setting were recorded."""
     old = Manifest.from_dict({"experiment": "battery", "run_key": "k", "engine": {"engine": "sim"}})
     assert (old.n_trials, old.chunk_size, old.trials_sha256, old.shard_of) == (None, None, None, None)
-    assert old.model == "sim" and not old.think and old.temperature == 1.0 and old.spec == {}
+    assert old.model == "sim" and not old.think and old.plan is None and old.spec == {}
     assert Manifest.from_dict({}).model == "?" and Manifest.from_dict({}).display_name == "?"
 
 

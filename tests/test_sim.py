@@ -377,7 +377,8 @@ class _ReplyCounting:
 def _ahead_run(engine, out):
     from experiments.battery import REDUCED, BatterySpec
     from experiments.judge import RuleJudge
-    from probe.app.runner import Plan, run
+    from probe.app.runner import run
+    from probe.record import Plan
 
     spec = BatterySpec(**REDUCED, items=_AHEAD_ITEMS)
     plan = Plan(samples=3, temperature=0.8, sample_only=(("order", "cbr_first"),))  # 3 drawn + 3 greedy per chunk

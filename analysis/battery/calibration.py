@@ -487,7 +487,8 @@ def run_temperature(run: Run) -> pd.DataFrame:
     (:func:`calibrate_by_instrument`, at the slot and on all parsed answers): the influence and cue reports' line
     beside their side-by-side sources. A row with only a ``note`` where the samples were greedy."""
     man = run.manifest
-    tau = float(man.planned("temperature"))
+    assert man.plan is not None, "a run with samples records its plan"
+    tau = float(man.plan.temperature)
     if not tau > 0:
         return pd.DataFrame([{"instrument": "all", "answers": "all", "note": "greedy samples: no temperature to fit"}])
     rows = calibrate_by_instrument(

@@ -32,6 +32,7 @@ from analysis.battery.results import Part
 from analysis.common.bootstrap import finite_ci, resample_index
 from probe.errors import ProbeError
 from probe.panel import Panel, PanelRun, shared_items
+from probe.record import Plan
 from probe.runs import Run
 
 N_OUTLIERS = 5
@@ -828,7 +829,7 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
     """The readout temperature of (readout run r, sampled run s) and the agreement of the cell-level quantities."""
     from analysis.battery.calibration import calibrate
 
-    tau = s.opened.manifest.temperature
+    tau = (s.opened.manifest.plan or Plan()).temperature  # no plan: Plan's default
     if not tau > 0:
         raise ValueError(f"run {s.name!r} sampled greedily (temperature {tau:g}): no temperature to fit")
     ids = sorted(set(r.per_trial["trial_id"]) & set(s.per_trial["trial_id"]))

@@ -37,7 +37,10 @@ from analysis.battery.results import (
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import Body, Section, report_files, run_sections, titled, write_summary
 from analysis.common.tables import md_table
+from experiments.battery import BatterySpec
+from experiments.yesno import YesNoSpec
 from probe.files import atomic_write_text
+from probe.record import Plan
 from probe.runs import Run
 
 
@@ -106,7 +109,7 @@ def verbflip_section(f: Frames, res: BatteryResults, vf: VerbFlip, out: Path) ->
     yn = yn[yn["labels"] == "Yes/No"].assign(cbr_verb=lambda d: d["verb"])
     forms = form_decomposition(yn, p_cbr(f.options), trial_variance(f.options))
     spread = i3_incoherence(forms[forms.index.get_level_values("item_id").isin(dec.index)])
-    order_of_forms = corpus_form_order(f.manifest.specified("corpus"), set(yn["form"]))
+    order_of_forms = corpus_form_order(f.manifest.spec_as(BatterySpec).corpus, set(yn["form"]))
     files = []
     if len(order_of_forms) >= 2:
         with contextlib.suppress(ValueError):
@@ -478,7 +481,7 @@ def calibration_section(f: Frames, res: BatteryResults, out: Path) -> Body:
         ]
     if f.readout_options.empty:
         return ["Needs readouts beside the samples (a logit engine).", "", *rule_lines], files
-    tau = f.manifest.temperature
+    tau = (f.manifest.plan or Plan()).temperature  # no plan: Plan's default
     if tau <= 0:
         return ["Samples were greedy (temperature 0): no temperature to fit.", "", *rule_lines], files
     rows = calibrate_by_instrument(
@@ -738,17 +741,17 @@ def yesno_report(run: Run, out: Path) -> list[Path]:
     ]
     short.columns = ["P approve yf", "P approve nf", "P oppose yf", "P oppose nf", "z", "lexical", "order", "apparent"]
     short.index.name = "dilemma"
-    eng = man.engine
+    eng, plan = man.engine, man.plan or Plan()
     lines = [
         f"# yes/no battery: {man.model}",
         "",
         f"- run: `{run.root}`, {man.n_trials} trials, run key `{man.run_key}`",
         f"- engine {eng.kind or '?'}, model `{eng.model_path}`"
         + "".join(f", {v}" for v in (eng.model_class, eng.dtype, eng.device) if v),
-        f"- think mode: {man.think}; forms: {', '.join(man.specified('forms', []))}",
+        f"- think mode: {man.think}; forms: {', '.join(man.spec_as(YesNoSpec).forms)}",
         f"- probabilities from: {source}"
         + (
-            f" ({man.planned('samples')} samples per trial at T = {man.planned('temperature')})"
+            f" ({plan.samples} samples per trial at T = {plan.temperature})"
             if source == "samples"
             else ""
         ),

@@ -196,13 +196,13 @@ def compute_labelmap(f: Frames, theta: pd.Series | None) -> Part[LabelMap]:
     from analysis.battery import fit
     from analysis.battery.binary import label_pull
     from analysis.battery.yesno import story_mean_ci
-    from experiments.battery import load_corpus
+    from experiments.battery import BatterySpec, load_corpus
 
     b = f.instrument("binary")
     b = b[(b["labels"] != "Yes/No") & (b["replicate"] == 0)] if len(b) else b
     if b.empty:
         return Part(absent="Not in this run (no label pairs beyond Yes/No).")
-    corpus = load_corpus(f.manifest.specified("corpus"))
+    corpus = load_corpus(f.manifest.spec_as(BatterySpec).corpus)
     labels = corpus["binary"]["labels"]
     cb = {k for k, v in labels.items() if v.get("counterbalance")}
     events = cell_events(b, f.options)

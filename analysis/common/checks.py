@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.battery import BatterySpec
 from probe.record import Manifest
 
 LOW_COVERAGE = 0.5
@@ -359,7 +360,9 @@ def checks_section(
             budget = manifest.engine.setting("think_budget", "?")
             lines += [*reasoning_lines(think, budget), ""]
     cap = manifest.engine.setting("max_new_tokens")
-    reply_cap = manifest.specified("choice_tokens", cap)  # an experiment's own cap of free replies
+    reply_cap = (  # an experiment's own cap of free replies (the battery's --choice-tokens)
+        manifest.spec_as(BatterySpec).choice_tokens if manifest.experiment == BatterySpec.experiment_name else cap
+    )
     for name, replies, limit in (("sampled answers", samples, cap), ("generated replies", generations, reply_cap)):
         trunc = truncation_table(replies, meta)
         if len(trunc):
@@ -370,7 +373,7 @@ def checks_section(
                 + ("; a cut-off reply may never state its answer" if trunc["truncated"].any() else "")
             )
     rep = repeated_draws(samples)
-    temp = float(manifest.planned("temperature", 0) or 0)
+    temp = float(manifest.plan.temperature if manifest.plan else 0)  # no plan: nothing was sampled
     if rep.n_trials:
         k = int(samples.groupby("trial_id").size().max())
         if rep.suspicious(temp):

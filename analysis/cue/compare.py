@@ -115,7 +115,7 @@ def run_tables(
 def _labels(run: PanelRun) -> dict[str, tuple[str, ...]]:
     from experiments.cue import CueSpec
 
-    spec = CueSpec.from_dict(run.run().manifest.spec)
+    spec = run.run().manifest.spec_as(CueSpec)
     return {a.name: a.labels for a in spec.attributes()}
 
 

@@ -36,6 +36,7 @@ from analysis.cue.metrics import (
     with_baseline,
     wording_table,
 )
+from probe.record import Plan
 
 if TYPE_CHECKING:
     from experiments.cue import CueSpec
@@ -99,18 +100,17 @@ def _headline(arms: Sequence[str]) -> str | None:
     return next((a for a in arms if a != REFERENCE), None)
 
 
-def _puzzle_lines(spec: Mapping[str, object], trials: Sequence[Trial], out: Path) -> list[str]:
+def _puzzle_lines(cue_spec: CueSpec, trials: Sequence[Trial], out: Path) -> list[str]:
     """Regenerate the run's puzzles from its spec into ``puzzles.jsonl``, checked against the stored prompts.
 
     Puzzles are a pure function of the spec, so they are not stored with the trials; the
     check guards against a changed generator or a moved dilemma file.
     """
-    from experiments.cue import CueSpec, build_design
+    from experiments.cue import build_design
     from experiments.cue.puzzles import placeholder_binding
     from probe.files import atomic_write_text
 
     try:
-        cue_spec = CueSpec.from_dict(spec)
         design = build_design(cue_spec)
     except (ValueError, OSError) as e:
         return [f"- puzzles: not regenerated ({e})"]
@@ -364,7 +364,8 @@ def _status_section(sb: pd.DataFrame, order: Sequence[tuple[str, str]]) -> list[
 def _header(run: Run, spec: CueSpec, per_trial: pd.DataFrame, source: str) -> list[str]:
     man = run.manifest
     eng = man.engine
-    sampled = f" ({man.planned('samples')} samples per trial at T = {man.planned('temperature')})"
+    plan = man.plan or Plan()
+    sampled = f" ({plan.samples} samples per trial at T = {plan.temperature})"
     cov = per_trial.groupby("probe")["coverage"].mean()
     return [
         f"# cue visibility: {man.model}",
@@ -470,7 +471,7 @@ def _sources_section(
     run: Run,
 ) -> list[str]:
     """The summary's side-by-side section: the readout temperature, the macro rates of both sources, disagreements."""
-    man = run.manifest
+    plan = run.manifest.plan or Plan()
     rows = []
     for r in first[0][first[0]["group"] == MACRO[1]].itertuples():
         o = second[0][
@@ -496,8 +497,8 @@ def _sources_section(
     lines = [
         f"## Readouts and samples side by side ({sources[0]} / {sources[1]})",
         "",
-        f"This run holds answer-slot readouts and {man.planned('samples')} sampled answers per trial at "
-        f"tau = {man.planned('temperature')}; every rate is computed from each (`source` in `cue_bias.csv` and "
+        f"This run holds answer-slot readouts and {plan.samples} sampled answers per trial at "
+        f"tau = {plan.temperature}; every rate is computed from each (`source` in `cue_bias.csv` and "
         "`cue_gap.csv`). Greedy decisions (a sampled trial's most frequent answer), eligible denominators. The "
         "readout temperature (T = fitted temperature / tau, on the trials that have both; 1 where sampling at tau "
         "draws from softmax(logits / tau)):",
@@ -532,12 +533,12 @@ def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> lis
     from probe.files import atomic_write_text
 
     man = run.manifest
-    spec = CueSpec.from_dict(man.spec)
+    spec = man.spec_as(CueSpec)
     labels = {a.name: a.labels for a in spec.attributes()}
     options, per_trial, source = run.choice_probs()
     out.mkdir(parents=True, exist_ok=True)
     lines = _header(run, spec, per_trial, source)
-    lines += [*_puzzle_lines(man.spec, run.trial_list, out), ""]
+    lines += [*_puzzle_lines(spec, run.trial_list, out), ""]
 
     checks, id_source = identity_checks(run, options, per_trial, labels)
     if not checks.empty:

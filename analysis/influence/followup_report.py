@@ -28,6 +28,7 @@ from analysis.influence.followup import (
     with_codes,
 )
 from analysis.influence.tables import table_section
+from probe.record import Plan
 from probe.runs import Run
 
 
@@ -89,17 +90,19 @@ def _summary(
     figures: Sequence[str],
     n_boot: int,
 ) -> str:
+    from experiments.followup import FollowupSpec
+
     man = run.manifest
-    spec = man.specified
-    draws = f"{man.planned('samples')} sampled replies per trial at T = {man.planned('temperature')}"
+    spec, plan = man.spec_as(FollowupSpec), man.plan or Plan()  # no plan: no sampled replies
+    draws = f"{plan.samples} sampled replies per trial at T = {plan.temperature}"
     lines = [
         f"# Follow-up self-report probe: {man.model}",
         "",
         f"- run: `{run.root}`, {man.n_trials} follow-up trials, run key `{man.run_key}`",
-        f"- source: `{spec('source')}` (run key `{spec('source_run_key')}`); cells: "
-        f"{', '.join(spec('select', []))}, up to {spec('per_cell')} first answers per cell "
-        f"(seed {spec('seed')}); significance: {spec('significance')}",
-        f"- replies: {draws if man.planned('samples') else 'one greedy reply per trial'}",
+        f"- source: `{spec.source}` (run key `{spec.source_run_key}`); cells: "
+        f"{', '.join(spec.select)}, up to {spec.per_cell} first answers per cell "
+        f"(seed {spec.seed}); significance: {spec.significance}",
+        f"- replies: {draws if plan.samples else 'one greedy reply per trial'}",
         "- each trial is the source conversation, the model's own first answer kept (exact token ids where the source "
         "stored them), and the follow-up question; cell = the class of the source effect (condition x cue direction).",
         "",

@@ -34,7 +34,7 @@ from analysis.influence.audit import (
 from analysis.influence.imported import ambiguous_frame, imported_conditions
 from analysis.influence.tables import table_md, table_section
 from experiments.influence.effects import ALPHA, BENCHMARKS, N_BOOT, SEED, effects
-from probe.record import Provenance
+from probe.record import Plan, Provenance
 from probe.runs import Run, as_run
 
 
@@ -196,13 +196,13 @@ def sources_md(
 ) -> list[str]:
     """The summary's side-by-side section of a run with readouts and samples: the readout temperature, the headline
     and the main-cue effects of both sources, and where they disagree beyond their intervals."""
-    man = run.manifest
+    plan = run.manifest.plan or Plan()
     r, s = audits[0].conditions, audits[1].conditions
     lines = [
         "## Readouts and samples side by side",
         "",
-        f"This run holds answer-slot readouts and {man.planned('samples')} sampled answers per trial at "
-        f"tau = {man.planned('temperature')}: every effect is computed from each (`source` in the CSVs). The readout "
+        f"This run holds answer-slot readouts and {plan.samples} sampled answers per trial at "
+        f"tau = {plan.temperature}: every effect is computed from each (`source` in the CSVs). The readout "
         "log-odds take no pseudo-count, the sampled ones the paper's 1/2 per cell. A readout probability is the "
         "untempered softmax, so the two agree where sampling at tau draws from softmax(logits / tau): the readout "
         "temperature T below is 1 there (T = fitted temperature / tau, on the trials that have both; 95% "
@@ -264,6 +264,7 @@ def readout_checks(
 
 def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]) -> str:
     man = run.manifest
+    plan = man.plan or Plan()
     c = audit.conditions
     name = BENCHMARKS[audit.benchmark]
     if audit.source == "readout":
@@ -276,7 +277,7 @@ def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_bo
         )
     else:
         basis = (
-            f"Frequencies are **sampled answers** ({man.planned('samples')} per trial at T = {man.planned('temperature')}; "
+            f"Frequencies are **sampled answers** ({plan.samples} per trial at T = {plan.temperature}; "
             "refusals and unparseable answers left out, see response quality). Tests on counts: exact binomial "
             "for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym (baseline variance counted "
             f"four times); CIs from {n_boot} cluster-bootstrap replicates of the items."
