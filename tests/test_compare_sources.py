@@ -16,10 +16,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.common.tables import source_tables
 from analysis.cue import compare as cc
 from analysis.cue.compare_report import compare_cue
 from analysis.influence import compare as ci
-from analysis.influence.compare_report import compare_influence, source_tables
+from analysis.influence.compare_report import compare_influence
 from engines.sim import SimEngine, SimParams
 from experiments.cue import CueSpec
 from experiments.influence.build import AuditSpec

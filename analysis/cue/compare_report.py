@@ -20,7 +20,7 @@ import pandas as pd
 
 from analysis.common.figures import pyplot
 from analysis.common.report import write_panel_report
-from analysis.common.tables import md_table
+from analysis.common.tables import md_table, source_tables
 from analysis.cue.compare import (
     AVERAGED,
     MIN_MODELS,
@@ -39,8 +39,6 @@ def compare_cue(
 ) -> list[Path]:
     """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures (of each source
     where every run has both)."""
-    from analysis.influence.compare_report import source_tables
-
     parts = compare_cue_sources(panel, n_boot=n_boot, seed=seed, decision=decision)
     if len(parts) == 1:
         res = parts[0]

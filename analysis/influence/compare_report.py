@@ -4,27 +4,26 @@ The quantities come from :func:`analysis.influence.compare.compare_frames`
 (its module docstring defines them); this module only writes them. When every
 run holds readouts and samples (:func:`analysis.influence.compare.compare_sources`
 gives two comparisons), every CSV holds both in long form (a ``source`` column,
-:func:`analysis.influence.report.long_tables`), each figure is drawn per source
+:func:`analysis.common.tables.source_tables`), each figure is drawn per source
 (``*_readout.png``, ``*_samples.png``) and the summary has a part per source.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from analysis.common.figures import pyplot
 from analysis.common.report import write_panel_report
-from analysis.common.tables import md_table
+from analysis.common.tables import md_table, source_tables
 from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_sources
 from analysis.influence.flags import PRACTICAL_SHIFT
-from analysis.influence.report import asym_md, long_tables
+from analysis.influence.report import asym_md
 from probe.panel import Panel
 
 
@@ -43,19 +42,6 @@ def compare_influence(
     return write_panel_report(
         out, tables, dropped, partial(_source_figures, parts), partial(_sources_summary_md, panel, parts, n_boot)
     )
-
-
-def source_tables(
-    parts: Sequence[tuple[str, Mapping[str, pd.DataFrame | None], pd.DataFrame]],
-) -> tuple[dict[str, pd.DataFrame | None], pd.DataFrame]:
-    """(tables, dropped items) of the comparisons of each source in long form: a ``source`` column (first, unless
-    a table has it already), as the one-run report writes a run with both sources. A table one source did not
-    compute (None) stays unwritten only if no source computed it."""
-    per = [(src, {k: v for k, v in tables.items() if v is not None}) for src, tables, _ in parts]
-    names = list(dict.fromkeys(k for _, tables, _ in parts for k in tables))
-    long = long_tables(per)
-    dropped = long_tables([(src, {"dropped": d}) for src, _, d in parts])["dropped"]
-    return {k: long.get(k) for k in names}, dropped
 
 
 # ---------------------------------------------------------------------------- figures

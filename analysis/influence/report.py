@@ -15,7 +15,7 @@ import pandas as pd
 from analysis.battery.calibration import run_temperature, temperature_lines
 from analysis.common.figures import pyplot, save_figure
 from analysis.common.report import report_files, write_summary, write_tables
-from analysis.common.tables import md_table
+from analysis.common.tables import long_tables, md_table
 from analysis.influence import flags
 from analysis.influence.asym import FORMULA, AsymFit, asym_fits, asym_frame
 from analysis.influence.audit import (
@@ -123,25 +123,6 @@ def _tables(audit: Audit) -> dict[str, pd.DataFrame]:
     if audit.flips is not None:
         tables["flip_rates"] = audit.flips
     return tables
-
-
-def long_tables(per_source: Sequence[tuple[str, Mapping[str, pd.DataFrame]]]) -> dict[str, pd.DataFrame]:
-    """Every table of every source in long form: a ``source`` column (``readout``, ``samples``; first, unless the
-    table has it already), the sources' rows one after the other, so a notebook can pivot them."""
-    names = list(dict.fromkeys(name for _, tables in per_source for name in tables))
-    out = {}
-    for name in names:
-        parts = []
-        for source, tables in per_source:
-            if name not in tables:
-                continue
-            t = tables[name]
-            if "source" not in t.columns:
-                t = t.copy()
-                t.insert(0, "source", source)
-            parts.append(t)
-        out[name] = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    return out
 
 
 def influence_report(
