@@ -35,6 +35,7 @@ from scipy import optimize, special, stats
 
 from analysis.common.bootstrap import check_bootstrap
 from analysis.common.records import Record
+from probe.errors import NotComputed
 from probe.parse import parse_answer
 from probe.types import Trial
 
@@ -105,7 +106,7 @@ def readout_temperature(
     check_bootstrap(level)
     ls, ns = _arrays(logprobs, counts)
     if not ls:
-        raise ValueError("no trial has both sampled answers and distinct option logprobs; nothing to fit")
+        raise NotComputed("no trial has both sampled answers and distinct option logprobs; nothing to fit")
 
     def nll(log_t: float) -> float:
         return -temperature_loglik(math.exp(log_t), ls, ns)
@@ -151,7 +152,7 @@ def temperature_from_frames(readout_options: pd.DataFrame, sample_options: pd.Da
         sample_options[["trial_id", "option", "count"]], on=["trial_id", "option"], how="inner", validate="one_to_one"
     )
     if merged.empty:
-        raise ValueError("the readout and sample tables share no (trial_id, option); are they runs of the same spec?")
+        raise NotComputed("the readout and sample tables share no (trial_id, option); are they runs of the same spec?")
     groups = [g for _, g in merged.sort_values(["trial_id", "option"]).groupby("trial_id", sort=True)]
     return readout_temperature(
         [g["logprob"].tolist() for g in groups], [g["count"].tolist() for g in groups], level=kw.get("level", 0.95)
@@ -234,7 +235,7 @@ def calibration_table(
         return out.drop(columns="count").reset_index(drop=True)
     sel = m[m["meaning"] == meaning]
     if sel.empty:
-        raise ValueError(f"no sampled trial has an option meaning {meaning!r}; pass meaning=None for all options")
+        raise NotComputed(f"no sampled trial has an option meaning {meaning!r}; pass meaning=None for all options")
     g = sel.groupby("trial_id", sort=True)
     out = pd.DataFrame(
         {"p_readout": g["p_readout"].sum(), "p_sampled": g["count"].sum() / g["n"].first(), "n": g["n"].first()}
@@ -474,7 +475,7 @@ def calibrate_by_instrument(
             meaning = "cbr" if "cbr" in set(sopts["meaning"]) else None
             try:
                 cal = calibrate(ro, sopts, tau, level=level, meaning=meaning)
-            except ValueError as e:
+            except NotComputed as e:
                 rows.append(TemperatureRow(name, answers, None, str(e)))
                 continue
             n_trials = int(chosen.loc[chosen["status"] == "ok", "trial_id"].nunique())

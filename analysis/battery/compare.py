@@ -30,7 +30,7 @@ import pandas as pd
 from analysis.battery.fit import N_BOOT, SEED
 from analysis.battery.results import Part
 from analysis.common.bootstrap import finite_ci, resample_index
-from probe.errors import ProbeError
+from probe.errors import NotComputed, ProbeError
 from probe.panel import Panel, PanelRun, shared_items
 from probe.record import Plan
 from probe.runs import Run
@@ -134,11 +134,11 @@ def verbflip_cells(per_trial: pd.DataFrame, options: pd.DataFrame, battery: bool
 
     if battery:
         if "instrument" not in per_trial.columns:
-            raise ValueError("no instrument factor: not a battery run")
+            raise NotComputed("no instrument factor: not a battery run")
         b = per_trial[per_trial["instrument"] == "binary"]
         b = b[b["labels"] == "Yes/No"] if "labels" in b.columns else b.iloc[0:0]
         if b.empty:
-            raise ValueError("no Yes/No forced-binary trials (instrument binary, labels Yes/No)")
+            raise NotComputed("no Yes/No forced-binary trials (instrument binary, labels Yes/No)")
         b = b.assign(cbr_verb=b["verb"])
     else:
         b = with_cbr_verb(per_trial, options)
@@ -164,20 +164,20 @@ def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed:
     try:
         g = per[per["instrument"] == "graded"] if "instrument" in per.columns else per.iloc[0:0]
         if g.empty:
-            raise ValueError("no graded (I-1) trials in this run")
+            raise NotComputed("no graded (I-1) trials in this run")
         gt = stance.graded_trials(opts[opts["trial_id"].isin(g["trial_id"])], g, d.source)  # type: ignore[arg-type]
         inc = stance.incoherence(stance.per_form(gt))
-    except ValueError as e:
+    except NotComputed as e:
         why["theta"] = str(e)
     try:
         dec = decompose(verbflip_cells(per, opts, battery="instrument" in per.columns)).loc[
             lambda df: df.index.isin(keep)
         ]
-    except ValueError as e:
+    except NotComputed as e:
         why["decomposition"] = str(e)
     try:
         bt = fit.binary_trials(opts, per)
-    except ValueError as e:
+    except NotComputed as e:
         why["binary"] = str(e)
     arb = per[(per["family"] == "arbitrary") & (per["replicate"] == 0)] if "family" in per.columns else per.iloc[0:0]
     if len(arb):
@@ -193,7 +193,7 @@ def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed:
             if fitted.fits is None:
                 why["fit"] = "no channel could be fitted"
             dropped += fitted.dropped
-        except ValueError as e:
+        except NotComputed as e:
             why["fit"] = str(e)
     else:
         why["fit"] = "needs the graded and the binary instruments"
@@ -256,7 +256,7 @@ def load_humans(path: str | Path) -> pd.DataFrame:
     def num(row: int, col: str, text: str) -> float:
         try:
             v = float(text)
-        except ValueError:
+        except ValueError:  # untrusted input: a cell of the human table
             raise HumanTableError(f"{p}, row {row} (line {row + 1}), column {col}: not a number: {text!r}") from None
         if not np.isfinite(v):
             raise HumanTableError(f"{p}, row {row} (line {row + 1}), column {col}: must be finite, got {text!r}")
@@ -346,9 +346,9 @@ def agreement(
     own theta left out of the consensus it is compared with).
     """
     if theta.shape[1] < 2:
-        raise ValueError(f"agreement needs at least two runs with theta, got {theta.shape[1]}")
+        raise NotComputed(f"agreement needs at least two runs with theta, got {theta.shape[1]}")
     if theta.shape[0] < 3:
-        raise ValueError(f"agreement needs at least 3 shared items with theta, got {theta.shape[0]}")
+        raise NotComputed(f"agreement needs at least 3 shared items with theta, got {theta.shape[0]}")
     ref = list(theta.columns) if reference is None else list(reference)
     unknown = [n for n in ref if n not in theta.columns]
     if unknown or not ref:
@@ -535,7 +535,7 @@ def models_table(c: Context) -> pd.DataFrame:
             th, sg = inc["theta"].to_numpy(float), inc["sigma_repro"].to_numpy(float)
             row.update(n_items=len(inc), mean_theta=float(th.mean()), sd_theta=float(th.std(ddof=1)))
             row["mean_sigma_repro"] = float(sg.mean())
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(NotComputed):
                 pooled = stance.pooled_incoherence(d.inc)
                 row |= pooled.pick("sigma_repro", "sigma_dir", "sigma_scale", "sigma_repeat", "sigma_tot")
             if len(inc) >= 2:
@@ -601,12 +601,12 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
     from analysis.battery import fit
 
     if off.inc is None or on.inc is None:
-        raise ValueError("needs theta and sigma_repro (the graded instrument) in both runs")
+        raise NotComputed("needs theta and sigma_repro (the graded instrument) in both runs")
     a = off.inc[["theta", "sigma_repro"]].dropna()
     b = on.inc[["theta", "sigma_repro"]].dropna()
     items = [i for i in a.index if i in b.index]
     if len(items) < 3:
-        raise ValueError(f"needs at least 3 items with theta in both runs, got {len(items)}")
+        raise NotComputed(f"needs at least 3 items with theta in both runs, got {len(items)}")
     rows = []
 
     def add(q: str, ch: str, v_off: float, v_on: float, on_minus_off: np.ndarray, n: int) -> None:
@@ -638,7 +638,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
     for ch in CHANNELS:
         try:
             sides_a, sides_b = fit.channel_sides(off.bt, ch), fit.channel_sides(on.bt, ch)
-        except ValueError:
+        except NotComputed:
             continue
         common = [i for i in items if i in sides_a.index and i in sides_b.index]
         if len(common) < 3:
@@ -659,7 +659,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
         try:
             ja = fit.joint_cells(a.loc[items, "theta"], off.bt, fam)
             jb = fit.joint_cells(b.loc[items, "theta"], on.bt, fam)
-        except ValueError:
+        except NotComputed:
             continue
         common = [i for i in items if i in ja.items and i in jb.items]
         if len(common) < 3 or ja.channels != jb.channels:
@@ -729,7 +729,7 @@ def humans_agreement(
                 try:
                     r = pearson_ci(model, per_item[measure], n_boot=n_boot, seed=seed)
                     row.update(r=r.r, r_lo=r.lo, r_hi=r.hi, r2=r.r**2)
-                except ValueError as e:
+                except NotComputed as e:
                     row["note"] = str(e)
                 mad, lo, hi, n = mad_ci(model, per_item[measure], n_boot=n_boot, seed=seed)
                 rows.append({**row, "mean_abs_diff": mad, "mad_lo": lo, "mad_hi": hi, "n_items": n})
@@ -806,7 +806,7 @@ def cell_quantities(options: pd.DataFrame, per_trial: pd.DataFrame, source: str)
     from analysis.battery.yesno import decompose
 
     parts = []
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(NotComputed):
         parts.append(
             decompose(verbflip_cells(per_trial, options, battery="instrument" in per_trial.columns))[
                 ["z", "lexical", "order"]
@@ -818,10 +818,10 @@ def cell_quantities(options: pd.DataFrame, per_trial: pd.DataFrame, source: str)
             try:
                 gt = stance.graded_trials(options[options["trial_id"].isin(g["trial_id"])], g, source)  # type: ignore[arg-type]
                 parts.append(stance.theta(stance.per_form(gt, replicates="pooled")).to_frame())
-            except ValueError:
+            except NotComputed:
                 pass
     if not parts:
-        raise ValueError("neither Yes/No verb-flip cells nor graded trials among the matched trials")
+        raise NotComputed("neither Yes/No verb-flip cells nor graded trials among the matched trials")
     return pd.concat(parts, axis=1)
 
 
@@ -831,10 +831,10 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
 
     tau = (s.opened.manifest.plan or Plan()).temperature  # no plan: Plan's default
     if not tau > 0:
-        raise ValueError(f"run {s.name!r} sampled greedily (temperature {tau:g}): no temperature to fit")
+        raise NotComputed(f"run {s.name!r} sampled greedily (temperature {tau:g}): no temperature to fit")
     ids = sorted(set(r.per_trial["trial_id"]) & set(s.per_trial["trial_id"]))
     if not ids:
-        raise ValueError(f"runs {r.name!r} and {s.name!r} share no trial id; were they run with the same spec?")
+        raise NotComputed(f"runs {r.name!r} and {s.name!r} share no trial id; were they run with the same spec?")
     keep = set(ids)
     samples = _samples(s.opened)
     sopts, sper = _count(samples[samples["trial_id"].isin(keep)], s.opened.trial_list)
@@ -892,7 +892,7 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     agreement: Part[ThetaAgreement]
     try:
         agreement = Part(theta_agreement(panel, runs, theta_table(runs, shared).dropna()))
-    except ValueError as e:  # the agreement part says why
+    except NotComputed as e:  # the agreement part says why
         agreement = Part(error=e)
     humans = None
     if panel.humans is not None:
@@ -918,7 +918,7 @@ def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
         raise ValueError("the runs share no dilemma")
     try:
         cells = yesno_cells(runs, shared)
-    except ValueError as e:  # the cells part says why
+    except NotComputed as e:  # the cells part says why
         return Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed, yesno=Part(error=e))
     decomposition = ["z", "lexical", "order", "apparent"]
     long = cells.long

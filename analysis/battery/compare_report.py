@@ -70,6 +70,7 @@ from analysis.common.report import (
     write_summary,
 )
 from analysis.common.tables import md_table
+from probe.errors import NotComputed
 from probe.files import atomic_write_text
 from probe.panel import Panel
 
@@ -262,7 +263,7 @@ def deliberation_section(c: Context, out: Path) -> Body:
     for off, on in pairs:
         try:
             t = deliberation_table(c.runs[off.name], c.runs[on.name], n_boot=c.n_boot, seed=c.seed)
-        except ValueError as e:
+        except NotComputed as e:
             lines.append(f"- {off.model}: {off.name} vs {on.name}: not computed: {e}")
             continue
         tables.append(t.assign(model=off.model, off_run=off.name, on_run=on.name))
@@ -349,7 +350,7 @@ def logit_sampled_section(c: Context, out: Path) -> Body:
     for r, s in pairs:
         try:
             head, q = logit_sampled_rows(r, s)
-        except ValueError as e:
+        except NotComputed as e:
             notes.append(f"- {r.name} vs {s.name}: not computed: {e}")
             continue
         heads.append(head)

@@ -52,6 +52,7 @@ from scipy.special import expit
 
 from analysis.battery.yesno import Dropped, empty_cells, p_cbr
 from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
+from probe.errors import NotComputed
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -116,9 +117,9 @@ def binary_trials(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFram
         meta = meta[meta["instrument"].isna() | (meta["instrument"] == "binary")]
     meta = meta.copy()
     if meta.empty:
-        raise ValueError("no forced-binary trials in the run; run the battery's binary instrument or yesno")
+        raise NotComputed("no forced-binary trials in the run; run the battery's binary instrument or yesno")
     if "labels" not in meta.columns:
-        raise ValueError("binary trials lack the 'labels' factor (e.g. Yes/No); the trial contract requires it")
+        raise NotComputed("binary trials lack the 'labels' factor (e.g. Yes/No); the trial contract requires it")
     first_label = meta["labels"].astype(str).str.split("/").str[0]
     meta["yes_label"] = meta["yes_label"].fillna(first_label) if "yes_label" in meta.columns else first_label
     meta["family"] = meta["family"].fillna("yesno") if "family" in meta.columns else "yesno"
@@ -128,7 +129,7 @@ def binary_trials(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFram
     counts = cbr.groupby("trial_id").size().reindex(meta["trial_id"], fill_value=0)
     bad = counts.index[counts != 1].tolist()
     if bad:
-        raise ValueError(
+        raise NotComputed(
             f"binary trials need exactly one 'cbr' option; trials {bad[:5]} have {counts[bad[:5]].tolist()}"
         )
     cbr = cbr.set_index("trial_id")
@@ -195,7 +196,7 @@ def channel_trials(
         pairs = labels
     df = select_trials(binary, fam, pairs, replicate)
     if df.empty:
-        raise ValueError(
+        raise NotComputed(
             f"no binary trials for channel {channel!r} (family {fam!r}, label pairs {pairs}, replicate {replicate})"
         )
     return df
@@ -212,7 +213,7 @@ def side_cells(df: pd.DataFrame, channel: str) -> list[str]:
     side = SIDES[channel]
     confounded = [c for c in CELL if c != side and (df[c].eq(df[side]).all() or df[c].ne(df[side]).all())]
     if side == "cbr_canonical" and "cbr_affirmative" in confounded:
-        raise ValueError(
+        raise NotComputed(
             "the label channel needs a counterbalanced label-to-verdict mapping (mapping canonical and swapped); "
             "in these trials the canonical label always carries the same verdict"
         )
@@ -250,11 +251,11 @@ def channel_sides(binary: pd.DataFrame, channel: str, **select: Unpack[Selection
     present = grp.size().unstack(side)
     cells.columns = present.columns = ["plus" if c else "minus" for c in cells.columns]
     if set(cells.columns) != {"plus", "minus"}:
-        raise ValueError(f"channel {channel!r} has cells on one side only; the design is incomplete")
+        raise NotComputed(f"channel {channel!r} has cells on one side only; the design is incomplete")
     holes = present[["plus", "minus"]].isna().any(axis=1)
     if holes.any():
         items = sorted(set(cells.index[holes].get_level_values("item_id")))
-        raise ValueError(
+        raise NotComputed(
             f"items {items[:5]}: the two sides of channel {channel!r} cover different cells of {others}; "
             "the split would not be balanced (is a verb, order or mapping missing?)"
         )
@@ -569,7 +570,7 @@ def fit_channel(
     df = pd.concat([theta.rename("theta"), sides[["p_plus", "p_minus", "z"]]], axis=1, join="inner").dropna()
     n = len(df)
     if n < 3:
-        raise ValueError(f"the (s, m) fit needs at least 3 items with theta and both sides, got {n}")
+        raise NotComputed(f"the (s, m) fit needs at least 3 items with theta and both sides, got {n}")
     th = df["theta"].to_numpy(float)
     pp = df["p_plus"].to_numpy(float)
     pm = df["p_minus"].to_numpy(float)
@@ -627,7 +628,7 @@ def unfitted_reason(theta: pd.Series, binary: pd.DataFrame, channel: str, error:
     """One line on why ``channel`` could not be fitted: its complete stories and the cells the others miss."""
     try:
         sides = channel_sides(binary, channel)
-    except ValueError:
+    except NotComputed:
         return error
     n_all = channel_trials(binary, channel)["item_id"].nunique()
     n_complete = len(sides)
@@ -669,7 +670,7 @@ def fit_each_channel(
             continue
         try:
             rows.append(fit_channel(theta, channel_sides(binary, ch), channel=ch, n_boot=n_boot, seed=seed).to_dict())
-        except ValueError as e:
+        except NotComputed as e:
             unfitted.append(Unfitted(ch, unfitted_reason(theta, binary, ch, str(e))))
     return pd.DataFrame(rows), tuple(unfitted)
 
@@ -754,7 +755,7 @@ def joint_cells(
     fitted = JOINT_CHANNELS[family] if channels is None else channels
     df = select_trials(binary, family, pairs, replicate)
     if df.empty:
-        raise ValueError(f"no binary trials in label family {family!r} (pairs {pairs}, replicate {replicate})")
+        raise NotComputed(f"no binary trials in label family {family!r} (pairs {pairs}, replicate {replicate})")
     kept: list[str] = []
     excluded: list[tuple[str, str]] = []
     for ch in fitted:
@@ -771,18 +772,18 @@ def joint_cells(
             continue
         kept.append(ch)
     if not kept:
-        raise ValueError(f"label family {family!r}: no channel varies in these trials; {dict(excluded)}")
+        raise NotComputed(f"label family {family!r}: no channel varies in these trials; {dict(excluded)}")
     cols = [SIDES[ch] for ch in kept]
     th = theta.dropna()
     df = df[df["item_id"].isin(th.index)]
     if df.empty:
-        raise ValueError(f"label family {family!r}: no item has both theta and binary trials")
+        raise NotComputed(f"label family {family!r}: no item has both theta and binary trials")
     wide = df.groupby(["item_id", *cols], sort=True)["p_cbr"].mean().unstack(cols).dropna(how="all")
     cells = list(wide.columns)
     x = np.array([[1.0 if v else -1.0 for v in (c if isinstance(c, tuple) else (c,))] for c in cells])
     rank = int(np.linalg.matrix_rank(x))
     if rank < len(kept):  # cannot happen after the pairwise checks with <= 3 two-level columns; kept as a guard
-        raise ValueError(f"label family {family!r}: the cells do not identify channels {kept} separately")
+        raise NotComputed(f"label family {family!r}: the cells do not identify channels {kept} separately")
     items = tuple(str(i) for i in wide.index)
     return JointData(
         family=family,
@@ -976,7 +977,7 @@ def fit_joint_data(
     check_bootstrap(LEVEL, n_boot)
     n, n_ch = len(data.items), len(data.channels)
     if n < 3:
-        raise ValueError(f"the joint fit of family {data.family!r} needs at least 3 items with theta, got {n}")
+        raise NotComputed(f"the joint fit of family {data.family!r} needs at least 3 items with theta, got {n}")
     th, p, sg = data.theta, data.p, data.x
     ok = np.isfinite(p)
     starts = [np.array([s0, *[m0] * n_ch]) for s0 in S_STARTS for m0 in M_STARTS]
@@ -1045,7 +1046,7 @@ def fit_pair(theta: pd.Series, binary: pd.DataFrame, pair: str, *, n_boot: int =
     """
     df = binary[binary["labels"] == pair]
     if df.empty:
-        raise ValueError(f"label pair {pair!r} is not in these binary trials; pairs: {sorted(set(binary['labels']))}")
+        raise NotComputed(f"label pair {pair!r} is not in these binary trials; pairs: {sorted(set(binary['labels']))}")
     family = str(df["family"].iloc[0])
     return fit_joint_data(joint_cells(theta, df, family, labels=None, channels=PAIR_CHANNELS), n_boot=n_boot, seed=seed)
 
@@ -1069,7 +1070,7 @@ def fit_joints(
             continue
         try:
             rows += fit_joint(theta, binary, fam, n_boot=n_boot, seed=seed).rows()
-        except ValueError as e:  # a family the design cannot fit says why; the others are still fitted
+        except NotComputed as e:  # a family the design cannot fit says why; the others are still fitted
             rows.append({"family": fam, "channel": "", "note": f"not fitted: {e}"})
     return pd.DataFrame(rows)
 
@@ -1094,7 +1095,7 @@ def fit_run(theta: pd.Series, binary: pd.DataFrame, *, n_boot: int = N_BOOT, see
     fits, unfitted = fit_each_channel(theta, binary, n_boot=n_boot, seed=seed)
     dropped: list[Dropped] = []
     for ch in [*(fits["channel"] if len(fits) else []), *(u.channel for u in unfitted)]:
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(NotComputed):
             dropped += dropped_items(binary, str(ch))
     joint = fit_joints(theta, binary, n_boot=n_boot, seed=seed)
     return RunFits(

@@ -39,6 +39,7 @@ from analysis.common.report import Body, Section, report_files, run_sections, ti
 from analysis.common.tables import md_table
 from experiments.battery import BatterySpec
 from experiments.yesno import YesNoSpec
+from probe.errors import NotComputed
 from probe.files import atomic_write_text
 from probe.record import Plan
 from probe.runs import Run
@@ -74,7 +75,7 @@ def part_section(
 ) -> Callable[[Callable[[Frames, BatteryResults, V, Path], Body]], SectionFn]:
     """A section (:func:`titled`) of one computed part; the part's absent line when its instrument is absent.
 
-    The body receives the part's value (a part that failed raises its ValueError there, so the section says
+    The body receives the part's value (a part that failed raises its NotComputed there, so the section says
     why it is not computed); the section keeps the body's name and docstring, which :func:`run_sections` uses.
     """
 
@@ -112,7 +113,7 @@ def verbflip_section(f: Frames, res: BatteryResults, vf: VerbFlip, out: Path) ->
     order_of_forms = corpus_form_order(f.manifest.spec_as(BatterySpec).corpus, set(yn["form"]))
     files = []
     if len(order_of_forms) >= 2:
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(NotComputed):
             split = parity_split(yn[yn["item_id"].isin(dec.index)], p_cbr(f.options), order_of_forms)
             split.index.name = "dilemma"
             atomic_write_text(out / "binary_form_parity.csv", split.to_csv(float_format="%.6f"))
@@ -147,7 +148,7 @@ def verbflip_section(f: Frames, res: BatteryResults, vf: VerbFlip, out: Path) ->
     if f.source == "samples":
         from analysis.battery.yesno import resampling_diagnostics
 
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(NotComputed):
             rs = resampling_diagnostics(yn, f.options)
             lines += [
                 "",
@@ -354,7 +355,7 @@ def fit_section(f: Frames, res: BatteryResults, ft: Fits, out: Path) -> Body:
     for ch in fits.index:
         try:
             sides[ch] = fit.channel_sides(bt, ch).join(th, how="inner")
-        except ValueError:
+        except NotComputed:
             continue
     if sides:
         files.append(_bowtie_figure(sides, fits, out / "fig_bowtie_ridge.png"))

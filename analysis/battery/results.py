@@ -6,7 +6,7 @@ and computes every part of :mod:`analysis.battery.report` once, each a
 function of named inputs (the graded stance theta feeds the label map and
 the (s, m) fit, whose loop :func:`analysis.battery.fit.fit_run` ``probe
 compare`` shares), into a frozen :class:`BatteryResults`. A part is its value,
-or the line saying its instrument is absent, or the ValueError it raised
+or the line saying its instrument is absent, or the NotComputed it raised
 (its section then says why), with the stories it left out either way.
 """
 
@@ -22,6 +22,8 @@ import pandas as pd
 from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 from analysis.battery.fit import N_BOOT, SEED, RunFits
 from analysis.battery.yesno import CELLS, Dropped, decompose
+from analysis.common.report import section_failed
+from probe.errors import NotComputed, ProbeError
 from probe.record import Manifest
 from probe.runs import Run
 
@@ -67,28 +69,34 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Part(Generic[T]):
-    """One computed part of the report: its value, or the line saying its instrument is absent, or the ValueError
+    """One computed part of the report: its value, or the line saying its instrument is absent, or the NotComputed
     it raised; and the stories it left out (kept when it fails after leaving them out), for :func:`dropped_section`."""
 
     value: T | None = None
     absent: str | None = None
-    error: ValueError | None = None
+    error: NotComputed | None = None
     dropped: tuple[Dropped, ...] = ()
 
     def get(self) -> T:
-        """The value; raises the part's ValueError, so its section says why it is not computed."""
+        """The value; raises the part's NotComputed, so its section says why it is not computed."""
         if self.error is not None:
             raise self.error
         if self.value is None:
-            raise ValueError(self.absent or "not computed")
+            raise NotComputed(self.absent or "not computed")
         return self.value
 
 
 def _attempt(compute: Callable[..., Part[T]], *args: Any) -> Part[T]:
+    """``compute(*args)``; a part that cannot be computed keeps its NotComputed, any other exception (a bug) fails
+    the report naming the part (:func:`analysis.common.report.section_failed`)."""
     try:
         return compute(*args)
-    except ValueError as e:
+    except NotComputed as e:
         return Part(error=e)
+    except ProbeError:
+        raise
+    except Exception as e:
+        raise section_failed(compute.__name__, e) from e
 
 
 # ------------------------------------------------------------------- parts
@@ -133,7 +141,7 @@ def compute_graded(f: Frames) -> Part[Graded]:
     if forms["bipolar"].any():
         contrast = stance.bipolar_contrast(forms)
         table = table.join(contrast[["theta_bipolar", "contrast"]])
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(NotComputed):
             bipolar = stance.bipolar_summary(contrast)
     pooled = stance.pooled_incoherence(inc)
     return Part(Graded(g, gt, fallback, empty_forms, th, inc, gen, table, bipolar, pooled))
@@ -171,7 +179,7 @@ def compute_verbflip(f: Frames) -> Part[VerbFlip]:
     try:
         cells = cells.drop(index=[d.item_id for d in dropped]).dropna()
         dec = decompose(cells)
-    except ValueError as e:
+    except NotComputed as e:
         return Part(error=e, dropped=dropped)
     return Part(VerbFlip(b, cells, dec), dropped=dropped)
 
@@ -210,7 +218,7 @@ def compute_labelmap(f: Frames, theta: pd.Series | None) -> Part[LabelMap]:
     incomplete = incomplete_stories(events)
     try:
         if proj.empty:
-            raise ValueError(
+            raise NotComputed(
                 f"no story has every cell of any label pair usable ({len(incomplete)} story-pairs left out)"
             )
         lex = {k: int(v.get("lexicality", -1)) for k, v in labels.items()}
@@ -230,7 +238,7 @@ def compute_labelmap(f: Frames, theta: pd.Series | None) -> Part[LabelMap]:
             for pair in by_pair.index:
                 try:
                     pf = fit.fit_pair(theta, bt, str(pair), n_boot=0)
-                except ValueError:
+                except NotComputed:
                     continue
                 if "label" not in pf.channels:
                     continue
@@ -239,7 +247,7 @@ def compute_labelmap(f: Frames, theta: pd.Series | None) -> Part[LabelMap]:
                     continue
                 m_label[pair] = pf.m[pf.channels.index("label")]
             by_pair["m_label"] = pd.Series(m_label, dtype=float)
-    except ValueError as e:
+    except NotComputed as e:
         return Part(error=e, dropped=incomplete)
     return Part(LabelMap(pulls, by_pair, contrast, contrast_all, incomplete, n_left, clipped), dropped=incomplete)
 

@@ -39,6 +39,7 @@ from scipy import stats
 
 from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
 from analysis.common.records import Record
+from probe.errors import NotComputed
 
 FORM = ("scale", "wording", "anchor", "pole")
 """The factors that make a graded form (condition)."""
@@ -64,14 +65,14 @@ def graded_trials(options: pd.DataFrame, per_trial: pd.DataFrame, source: Source
     if source not in ("readout", "samples"):
         raise ValueError(f"source must be 'readout' or 'samples', got {source!r}")
     if "instrument" not in per_trial.columns:
-        raise ValueError("per_trial has no 'instrument' factor; graded trials come from the battery experiment")
+        raise NotComputed("per_trial has no 'instrument' factor; graded trials come from the battery experiment")
     meta = per_trial[per_trial["instrument"] == "graded"]
     missing = [c for c in FORM if c not in meta.columns]
     if missing:
-        raise ValueError(f"graded trials lack the factors {missing}; expected {list(FORM)}")
+        raise NotComputed(f"graded trials lack the factors {missing}; expected {list(FORM)}")
     opts = options[options["trial_id"].isin(meta["trial_id"])].copy()
     if opts.empty:
-        raise ValueError("no graded options in the run; run the battery with the graded instrument")
+        raise NotComputed("no graded options in the run; run the battery with the graded instrument")
     opts["x"] = pd.to_numeric(opts["meaning"], errors="raise")
     opts["v"] = pd.to_numeric(opts["option"], errors="raise")
     if source == "readout":
@@ -171,7 +172,7 @@ def per_form(trials: pd.DataFrame, value: Value = "mean", replicates: Replicates
     if replicates == "unsalted":
         zero = df[df["replicate"] == 0].set_index(keys)
         if zero.index.duplicated().any():
-            raise ValueError(
+            raise NotComputed(
                 "more than one replicate-0 trial per form; per_form needs one trial per form and replicate"
             )
         x = zero[col].reindex(n_rep.index)
@@ -227,7 +228,7 @@ def theta(forms: pd.DataFrame) -> pd.Series:
     """theta per item on the unipolar forms: ``mean a_action - mean a_complement`` (:func:`pole_balanced_mean`)."""
     uni = forms[~forms["bipolar"]]
     if uni.empty:
-        raise ValueError("no unipolar graded forms (0-10, 0-100); theta is defined on the unipolar scales only")
+        raise NotComputed("no unipolar graded forms (0-10, 0-100); theta is defined on the unipolar scales only")
     return pole_balanced_mean(uni).rename("theta")
 
 
@@ -253,7 +254,7 @@ def bipolar_summary(contrast: pd.DataFrame) -> BipolarSummary:
     """Signed mean and mean |.| of the ``contrast`` column of :func:`bipolar_contrast` (items with both)."""
     c = contrast["contrast"].dropna()
     if c.empty:
-        raise ValueError("no item has both unipolar and bipolar forms; the bipolar contrast needs both")
+        raise NotComputed("no item has both unipolar and bipolar forms; the bipolar contrast needs both")
     return BipolarSummary(mean=float(c.mean()), mean_abs=float(c.abs().mean()), n_items=len(c))
 
 
@@ -370,7 +371,7 @@ def pooled_incoherence(inc: pd.DataFrame) -> PooledIncoherence:
     df = inc.dropna(subset=["var_forms"])
     df = df[df["n_forms"] > 1]
     if df.empty:
-        raise ValueError("pooled incoherence needs at least one item with two or more forms")
+        raise NotComputed("pooled incoherence needs at least one item with two or more forms")
     w = (df["n_forms"] - 1).to_numpy(float)
 
     def pool(col: str) -> float:
@@ -412,7 +413,7 @@ def generalizability(inc: pd.DataFrame) -> Generalizability:
     """G from the per-item table of :func:`incoherence`."""
     df = inc.dropna(subset=["theta", "sigma_repro"])
     if len(df) < 2:
-        raise ValueError(f"G needs at least two items with theta and sigma_repro, got {len(df)}")
+        raise NotComputed(f"G needs at least two items with theta and sigma_repro, got {len(df)}")
     var_items = float(np.var(df["theta"].to_numpy(float), ddof=1))
     mean_s2 = float(np.mean(df["sigma_repro"].to_numpy(float) ** 2))
     denom = var_items + mean_s2
@@ -437,7 +438,7 @@ def salt_spread(values: pd.DataFrame, value: str, form: Sequence[str]) -> pd.Dat
     g = values.dropna(subset=[value]).groupby(keys, sort=True)[value]
     out = pd.DataFrame({"mean": g.mean(), "within_sd": g.std(ddof=1), "n_rep": g.size()})
     if (out["n_rep"] < 2).all():
-        raise ValueError("the salt floor needs salted replicates: run with --salts 2 or more")
+        raise NotComputed("the salt floor needs salted replicates: run with --salts 2 or more")
     return out.reset_index()
 
 
@@ -494,7 +495,7 @@ def salt_invariance(trials: pd.DataFrame) -> SaltInvariance:
     """
     uni = trials[~trials["bipolar"]] if "bipolar" in trials.columns else trials
     if not (uni["replicate"] > 0).any():
-        raise ValueError("salt diagnostics need salted replicates: run with --salts 2 or more")
+        raise NotComputed("salt diagnostics need salted replicates: run with --salts 2 or more")
     keys = ["item_id", *FORM]
     g = uni.dropna(subset=["mode_x"]).groupby(keys)
     n_rep = g["mode_x"].size()
@@ -565,7 +566,7 @@ def pearson_ci(a: pd.Series, b: pd.Series, *, n_boot: int = 2000, seed: int = 0,
     df = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
     n = len(df)
     if n < 3:
-        raise ValueError(f"a correlation needs at least 3 items present in both series, got {n}")
+        raise NotComputed(f"a correlation needs at least 3 items present in both series, got {n}")
     x, y = df["a"].to_numpy(float), df["b"].to_numpy(float)
     res = stats.pearsonr(x, y)
     idx = resample_index(n, n_boot, seed)

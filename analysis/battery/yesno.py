@@ -34,6 +34,7 @@ import pandas as pd
 
 from analysis.common.bootstrap import check_bootstrap, quantile_ci, resample_index
 from analysis.common.records import Record
+from probe.errors import NotComputed
 
 CELLS = [("approve", "yes_first"), ("approve", "no_first"), ("oppose", "yes_first"), ("oppose", "no_first")]
 
@@ -94,7 +95,7 @@ def with_cbr_verb(per_trial: pd.DataFrame, options: pd.DataFrame) -> pd.DataFram
     df = per_trial.copy()
     first_meaning = df["trial_id"].map(first)
     if first_meaning.isna().any():
-        raise ValueError(f"{int(first_meaning.isna().sum())} trials have no printed options in the results")
+        raise NotComputed(f"{int(first_meaning.isna().sum())} trials have no printed options in the results")
     yes_is_cbr = (first_meaning == "cbr") == (df["order"] == "yes_first")
     df["cbr_verb"] = yes_is_cbr.map({True: "approve", False: "oppose"})
     return df
@@ -114,11 +115,11 @@ def cell_table(per_trial: pd.DataFrame, pcbr: pd.Series, replicate: int = 0) -> 
     present = g.size().unstack(["cbr_verb", "order"])
     missing = [c for c in CELLS if c not in cells.columns]
     if missing:
-        raise ValueError(f"yes/no cells missing from the run: {missing}; the battery needs all four verb x order cells")
+        raise NotComputed(f"yes/no cells missing from the run: {missing}; the battery needs all four verb x order cells")
     cells, present = cells[CELLS], present[CELLS]
     holes = present.index[present.isna().any(axis=1)].tolist()
     if holes:
-        raise ValueError(f"yes/no cells missing for items {holes}; every item needs all four verb x order cells")
+        raise NotComputed(f"yes/no cells missing for items {holes}; every item needs all four verb x order cells")
     cells = cells.dropna()
     cells.columns = [f"p_cbr_{v}_{o}" for v, o in CELLS]
     return cells
@@ -258,7 +259,7 @@ def parity_split(per_trial: pd.DataFrame, pcbr: pd.Series, forms: Sequence[str])
     whose subset lacks a usable cell has NaN there.
     """
     if len(forms) < 2:
-        raise ValueError(f"the form-parity split needs at least two forms, got {list(forms)}")
+        raise NotComputed(f"the form-parity split needs at least two forms, got {list(forms)}")
     out = []
     for parity, subset in (("even", forms[0::2]), ("odd", forms[1::2])):
         df = per_trial[per_trial["form"].isin(list(subset))]
@@ -299,14 +300,14 @@ def resampling_diagnostics(per_trial: pd.DataFrame, options: pd.DataFrame) -> Re
     cells with >= 2 parsed draws.
     """
     if "n_ok" not in options.columns:
-        raise ValueError("resampling diagnostics need sampled answers (options with n_ok); this run has readouts")
+        raise NotComputed("resampling diagnostics need sampled answers (options with n_ok); this run has readouts")
     pc = p_cbr(options)
     n = options.groupby("trial_id")["n_ok"].first()
     df = per_trial[per_trial["replicate"] == 0].join(pc, on="trial_id").join(n.rename("n"), on="trial_id")
     df = df.dropna(subset=["p_cbr"])
     multi = df[df["n"] >= 2]
     if multi.empty:
-        raise ValueError("resampling diagnostics need trials with at least two parsed draws (--samples 2 or more)")
+        raise NotComputed("resampling diagnostics need trials with at least two parsed draws (--samples 2 or more)")
     unanimous = float(((multi["p_cbr"] == 0) | (multi["p_cbr"] == 1)).mean())
     within = float((multi["n"] * multi["p_cbr"] * (1 - multi["p_cbr"]) / (multi["n"] - 1)).mean())
     between = float(df.groupby(["item_id", "cbr_verb", "order"])["p_cbr"].var(ddof=1).mean())

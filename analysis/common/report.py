@@ -4,7 +4,9 @@ A paper's report (or comparison) is a list of sections, each made by a
 function that returns a :class:`Section` (Markdown lines and the files it
 wrote; :func:`titled` makes one of a function that writes the lines and
 files); :func:`run_sections` runs them so that one that cannot be computed
-says why while the others still run, and :func:`write_summary` writes
+(it raises :class:`~probe.errors.NotComputed`) says why while the others
+still run, and one that fails otherwise (a bug) fails the report naming it
+(:class:`~probe.errors.ReportError`, :func:`section_failed`), and :func:`write_summary` writes
 ``summary.md`` atomically. :func:`panel_md`, :func:`dropped_md` and
 :func:`write_dropped` are the panel table and the dropped-items log of every
 ``probe compare`` report; :func:`write_tables` is the one CSV writer of the
@@ -15,6 +17,7 @@ files (tables, dropped items, figures, then the summary that names them).
 from __future__ import annotations
 
 import functools
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any, ParamSpec
 import pandas as pd
 
 from analysis.common.figures import save_figure
+from probe.errors import NotComputed, ProbeError, ReportError
 from probe.files import atomic_write_text
 from probe.panel import Panel
 
@@ -67,22 +71,35 @@ def run_sections(
 ) -> tuple[list[str], list[Path]]:
     """The Markdown body (``## title`` per section with lines) and the files of ``sections`` called on ``args``.
 
-    A section that raises ``ValueError`` becomes one line "Not computed: ..." (with ``why``, the
-    first line of its maker's docstring in brackets); the others still run.
+    A section that raises :class:`~probe.errors.NotComputed` becomes one line "Not computed: ..." (with ``why``,
+    the first line of its maker's docstring in brackets); the others still run. Any other exception is a bug,
+    never "not enough data" (numpy's broadcasting errors and pandas' indexing errors are ValueErrors too): the
+    report fails with a :class:`~probe.errors.ReportError` naming the section (:func:`section_failed`).
     """
     body: list[str] = []
     files: list[Path] = []
     for make in sections:
         try:
             s = make(*args)
-        except ValueError as e:
+        except NotComputed as e:
             name = make.__name__.replace("_section", "").replace("_", " ").capitalize()
             title = (make.__doc__ or make.__name__).strip().splitlines()[0]
             s = Section(name, [f"Not computed ({title}): {e}" if why else f"Not computed: {e}"], [])
+        except ProbeError:  # the project's own errors say what to do (a damaged run, a section already named)
+            raise
+        except Exception as e:
+            raise section_failed(make.__name__, e) from e
         if s.lines:
             body += [f"## {s.title}", "", *s.lines, ""]
         files += s.files
     return body, files
+
+
+def section_failed(name: str, error: BaseException) -> ReportError:
+    """The error of report section (or computed part) ``name`` that failed with ``error``, an exception other
+    than :class:`~probe.errors.NotComputed`: the section's name and the last line of the traceback."""
+    last = traceback.format_exception_only(type(error), error)[-1].strip()
+    return ReportError(f"report section {name} failed (a bug in the analysis, not in the run): {last}")
 
 
 def write_summary(out: Path, text: str) -> Path:

@@ -69,6 +69,7 @@ import numpy as np
 import pandas as pd
 
 from probe.bootstrap import cluster_weights
+from probe.errors import NotComputed
 
 if TYPE_CHECKING:
     from probe.runs import Run
@@ -132,7 +133,7 @@ def with_baseline(decisions: pd.DataFrame) -> pd.DataFrame:
     """What-if rows with ``p_s``, the Neutral P(benefit) of the same dilemma, consequences and replicate."""
     neutral = decisions[decisions["condition"] == "neutral"]
     if neutral.empty:
-        raise ValueError(
+        raise NotComputed(
             "the run has no Neutral trials; In-favor / Against events need the Neutral baseline "
             "(run with --conditions including neutral)"
         )
@@ -426,7 +427,7 @@ def decision_bias(
         df = df[df["trial_id"].map(keep).fillna(True).astype(bool)]
     terms = by_group(event_terms(df, decision, denominator))
     if terms.empty:
-        raise ValueError("no answered what-if trials with a Neutral baseline; nothing to analyze")
+        raise NotComputed("no answered what-if trials with a Neutral baseline; nothing to analyze")
     return bias_tables(terms, n_boot=n_boot, seed=seed)
 
 

@@ -112,7 +112,7 @@ def _puzzle_lines(cue_spec: CueSpec, trials: Sequence[Trial], out: Path) -> list
 
     try:
         design = build_design(cue_spec)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # untrusted input: the run's dilemma file, read again
         return [f"- puzzles: not regenerated ({e})"]
     attrs = cue_spec.attributes()
     items = {(it.dilemma.id, str(it.k)): it for it in design.items}

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probe.errors import NotComputed
+
 FORMULA = "abs_asym ~ baseline_bias"
 VC_FORMULA = {
     "model_reasoning": "0 + C(model_reasoning)",
@@ -240,7 +242,7 @@ def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
     highest log-likelihood when none converged; the first in :data:`METHODS`
     order within :data:`LLF_TIE` of the best, so that rounding does not pick
     between equal optima; the attempts, each with its log-likelihood, and
-    which was kept; the warnings of all attempts). Raises ValueError when every
+    which was kept; the warnings of all attempts). Raises NotComputed when every
     optimizer failed.
     """
     results: list[tuple[str, Any, bool]] = []
@@ -250,6 +252,8 @@ def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
             warnings.simplefilter("always")
             try:
                 res = model.fit(reml=True, method=method)
+            # statsmodels' own failure of one optimizer (a singular or non-finite step): only the library call
+            # is inside, each failure is listed in the attempts, and all of them failing is NotComputed below
             except (np.linalg.LinAlgError, ValueError) as e:
                 attempts.append(f"{_method_name(method)}: failed ({e})")
                 caught += _first_lines(ws)
@@ -259,7 +263,7 @@ def fit_mixed(model: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
         attempts.append(f"{_method_name(method)}: {'converged' if ok else 'not converged'}, llf {res.llf:.4f}")
         results.append((_method_name(method), res, ok))
     if not results:
-        raise ValueError("every MixedLM optimizer failed: " + "; ".join(attempts))
+        raise NotComputed("every MixedLM optimizer failed: " + "; ".join(attempts))
     pool = [r for r in results if r[2]] or results
     llf = [float(r[1].llf) if np.isfinite(r[1].llf) else -np.inf for r in pool]
     name, best, _ = pool[next(i for i, v in enumerate(llf) if v >= max(llf) - LLF_TIE)]

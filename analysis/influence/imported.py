@@ -203,7 +203,7 @@ def _row_counts(row: Mapping[str, str], line: int) -> tuple[dict[str, int] | Non
         for arm in ARM_NAMES:
             try:
                 a, b = _int(row[f"c_{arm}_A"]), _int(row[f"c_{arm}_B"])
-            except ValueError as e:
+            except ValueError as e:  # untrusted input: parsing a cell of the imported CSV
                 bad = f"c_{arm}_A" if not _is_int(row[f"c_{arm}_A"]) else f"c_{arm}_B"
                 problems.append(Problem(line, bad, f"{e}; counts are answers choosing that side"))
                 continue
@@ -217,7 +217,7 @@ def _row_counts(row: Mapping[str, str], line: int) -> tuple[dict[str, int] | Non
                 n, k = out[f"n{arm}"], out[f"k{arm}"]
                 try:
                     ok = (n, k) in count_candidates(row[col], n, n)
-                except (ValueError, ArithmeticError) as e:
+                except (ValueError, ArithmeticError) as e:  # untrusted input: parsing a cell of the imported CSV
                     problems.append(Problem(line, col, str(e)))
                     continue
                 if not ok:
@@ -230,7 +230,7 @@ def _row_counts(row: Mapping[str, str], line: int) -> tuple[dict[str, int] | Non
         col = f"f_{arm}_B"
         try:
             bounds = _sizes(row, arm)
-        except ValueError as e:
+        except ValueError as e:  # untrusted input: parsing a cell of the imported CSV
             problems.append(Problem(line, f"n_{arm}", str(e)))
             continue
         if bounds is None:
@@ -243,7 +243,7 @@ def _row_counts(row: Mapping[str, str], line: int) -> tuple[dict[str, int] | Non
             continue
         try:
             cands = count_candidates(row[col], *bounds)
-        except (ValueError, ArithmeticError) as e:
+        except (ValueError, ArithmeticError) as e:  # untrusted input: parsing a cell of the imported CSV
             problems.append(Problem(line, col, str(e)))
             continue
         if not cands:
@@ -265,7 +265,7 @@ def _row_counts(row: Mapping[str, str], line: int) -> tuple[dict[str, int] | Non
 def _is_int(text: str) -> bool:
     try:
         _int(text)
-    except ValueError:
+    except ValueError:  # untrusted input: parsing a cell of the imported CSV
         return False
     return True
 
@@ -291,7 +291,7 @@ def parse_rows(frame: pd.DataFrame) -> Parsed:
         rec: dict[str, Any] = {c: row[c].strip() for c in KEYS}
         try:
             rec["reasoning"] = _reasoning(row["reasoning"]) if row["reasoning"].strip() else False
-        except ValueError as e:
+        except ValueError as e:  # untrusted input: parsing a cell of the imported CSV
             problems.append(Problem(line, "reasoning", str(e)))
             bad = True
         bench = rec["benchmark"].lower()

@@ -16,7 +16,7 @@ from experiments import all_experiments, get_experiment
 from probe.app import importer, serve
 from probe.app.check import check_run
 from probe.app.verbs import add_no_report, add_verb, report_unless_skipped
-from probe.errors import ProbeError
+from probe.errors import ProbeError, ReportError
 from probe.shards import Shard, merge_shards
 from probe.store import json_ready
 from probe.terminal import escape_controls, escape_controls_json
@@ -348,6 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except ReportError as e:  # a bug in a report section, not in the arguments: status 1, not 2
+        note = "; the run's results are stored: `probe analyze` on its folder writes the report again" * (
+            args.verb == "run"
+        )
+        print(escape_controls(f"probe {args.verb}: error: {e}{note}"), file=sys.stderr)
+        return 1
     # ProbeError: every error of the project; ValueError / FileNotFoundError: bad arguments and missing files
     # caught where the standard library or a dependency raises them (a malformed --options, an absent --out)
     except (ProbeError, ValueError, FileNotFoundError) as e:
