@@ -388,11 +388,27 @@ class Run:
             raise StoreError(f"{self.root} has no samples; run with --samples N")
         return views.count_samples(samples, self.trial_list)
 
-    def choice_probs(self) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-        """The option probabilities every analysis uses: (options, per_trial, source), from the readouts where the
-        run has them, else from the sampled answers (the choice :data:`probe.views.SOURCES` names)."""
+    @functools.cached_property
+    def sources(self) -> tuple[str, ...]:
+        """The sources of option probabilities this run holds, in :data:`probe.views.SOURCES` order: ``readout``
+        where it has readouts, ``samples`` where it has sampled answers (a run with both is analysed from each)."""
         from probe import views
 
+        table = {"readout": "readout_options", "samples": "samples"}
+        return tuple(s for s in views.SOURCES if not self.load(table[s]).empty)
+
+    def choice_probs(self, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+        """The option probabilities every analysis uses: (options, per_trial, source). ``source`` None: from the
+        readouts where the run has them, else from the sampled answers (the choice :data:`probe.views.SOURCES`
+        names); ``readout`` or ``samples``: from that one (a StoreError where the run lacks it)."""
+        from probe import views
+
+        if source == "readout":
+            return (*self.readout_frames(), "readout")
+        if source == "samples":
+            return (*self.sample_counts(), "samples")
+        if source is not None:
+            raise ValueError(f"source must be one of {list(views.SOURCES)} or None, got {source!r}")
         opts = self.load("readout_options")
         if opts.empty:
             return (*self.sample_counts(), "samples")

@@ -49,6 +49,7 @@ import pandas as pd
 
 from analysis.cue.metrics import Decision
 from probe.panel import Panel, PanelError, PanelRun, shared_items
+from probe.views import SOURCES
 
 N_BOOT = 1000
 SEED = 0
@@ -67,27 +68,16 @@ class CueRun:
     solve: pd.DataFrame | None
 
 
-SOURCES = ("readout", "samples")
-"""The two sources of a run's answers, in the order the report shows them."""
-
-
 def run_frames(run: PanelRun, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(options, per_trial) of a cue run, as every cue analysis reads them; ``source``: ``readout`` or ``samples``,
-    None: the run's own (readouts where it has them)."""
-    r = run.run()
-    if source is None:
-        options, per_trial, _ = r.choice_probs()
-        return options, per_trial
-    if source == "readout":
-        return r.readout_frames()
-    if source == "samples":
-        return r.sample_counts()
-    raise ValueError(f"source must be one of {list(SOURCES)} or None, got {source!r}")
+    None: the run's own (readouts where it has them; :meth:`probe.runs.Run.choice_probs`)."""
+    options, per_trial, _ = run.run().choice_probs(source)
+    return options, per_trial
 
 
 def both_sources(panel: Panel) -> bool:
     """Whether every run of ``panel`` holds readouts and samples."""
-    return all(not r.run().load("readout_options").empty and not r.run().load("samples").empty for r in panel.runs)
+    return all(r.run().sources == SOURCES for r in panel.runs)
 
 
 def run_tables(

@@ -42,7 +42,6 @@ from experiments.influence.effects import (
     SEED,
     effects,
     run_conditions,
-    run_sources,
     with_fdr,
 )
 from probe.bootstrap import cluster_weights, percentile_ci
@@ -468,9 +467,9 @@ def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED,
 
 
 def analyze_sources(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[Audit, ...]:
-    """One :class:`Audit` per source the run holds (:func:`experiments.influence.effects.run_sources`): readouts
+    """One :class:`Audit` per source the run holds (:attr:`probe.runs.Run.sources`): readouts
     first. A run with both is reported side by side (:func:`source_agreement`)."""
-    return tuple(analyze(run, benchmark, n_boot=n_boot, seed=seed, source=s) for s in run_sources(run))
+    return tuple(analyze(run, benchmark, n_boot=n_boot, seed=seed, source=s) for s in run.sources)
 
 
 AGREEMENT_METRICS = {"delta_A": "shift", "delta_B": "shift", "s_A": "steerability", "s_B": "steerability"}

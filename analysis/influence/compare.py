@@ -414,9 +414,9 @@ def _split_imported(panel: Panel) -> tuple[Panel | None, list[PanelRun]]:
 
 def both_sources(panel: Panel) -> bool:
     """Whether every run of ``panel`` holds readouts and samples (an imported run holds counts only)."""
-    from experiments.influence.effects import SOURCES, run_sources
+    from probe.views import SOURCES
 
-    return all(r.experiment != IMPORTED and run_sources(r.run()) == SOURCES for r in panel.runs)
+    return all(r.experiment != IMPORTED and r.run().sources == SOURCES for r in panel.runs)
 
 
 def compare_sources(
@@ -424,7 +424,7 @@ def compare_sources(
 ) -> list[InfluenceComparison]:
     """The comparison from each source (readout, samples) when every run has both (:func:`both_sources`); else
     the one comparison of each run's own source, as :func:`compare_frames` gives it."""
-    from experiments.influence.effects import SOURCES
+    from probe.views import SOURCES
 
     if not both_sources(panel):
         return [compare_frames(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)]

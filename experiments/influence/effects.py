@@ -40,6 +40,7 @@ from experiments.influence import stats as st
 from experiments.influence.build import ARMS, COND
 from probe.bootstrap import cluster_weights, expanded_percentile_ci, percentile_ci
 from probe.runs import Run
+from probe.views import SOURCES
 
 ALPHA = 0.05
 MARGIN = 0.05
@@ -50,17 +51,6 @@ BENCHMARKS = {"triage": "moral triage", "bbq": "BBQ", "dd": "DailyDilemmas"}
 
 
 # ============================================================================ cells
-SOURCES = ("readout", "samples")
-"""The two sources of a run's choice probabilities, in the order reports show them."""
-
-
-def run_sources(run: Run) -> tuple[str, ...]:
-    """The sources a run holds (:data:`SOURCES` order): ``readout`` where it has readouts, ``samples`` where it has
-    sampled answers. A run with both is analysed from each (the report shows them side by side)."""
-    have = {"readout": not run.load("readout_options").empty, "samples": not run.load("samples").empty}
-    return tuple(s for s in SOURCES if have[s])
-
-
 def trial_cells(run: Run, source: str | None = None) -> tuple[pd.DataFrame, str]:
     """One row per trial: ids, factors, ``n`` and ``k`` (answers choosing side B), and response quality.
 
@@ -71,14 +61,7 @@ def trial_cells(run: Run, source: str | None = None) -> tuple[pd.DataFrame, str]
     ``source``: ``readout`` or ``samples``; None takes the one :meth:`probe.runs.Run.choice_probs`
     decides (readouts where the run has them). Returns (cells, source).
     """
-    if source is None:
-        opts, per_trial, source = run.choice_probs()
-    elif source == "readout":
-        opts, per_trial = run.readout_frames()
-    elif source == "samples":
-        opts, per_trial = run.sample_counts()
-    else:
-        raise ValueError(f"source must be one of {list(SOURCES)} (or None: the run's own choice), got {source!r}")
+    opts, per_trial, source = run.choice_probs(source)
     return cells_from_frames(opts, per_trial, source, run.trial_order, where=run.root), source
 
 
@@ -401,7 +384,7 @@ def run_conditions(
 ) -> RunConditions:
     """Every condition of one influence run of ``benchmark``, measured (before BH-FDR and flags: :func:`with_fdr`).
 
-    ``source``: ``readout`` or ``samples`` (:func:`run_sources`); None: the run's own choice (readouts first).
+    ``source``: ``readout`` or ``samples`` (:attr:`probe.runs.Run.sources`); None: the run's own choice (readouts first).
     """
     if benchmark not in BENCHMARKS:
         raise ValueError(f"benchmark must be one of {sorted(BENCHMARKS)}, got {benchmark!r}")
