@@ -122,6 +122,12 @@ def panel_md(panel: Panel) -> list[str]:
     return lines + reasoning_md(panel)
 
 
+def source_part_md(source: str, body: Sequence[str], figures: Sequence[str]) -> list[str]:
+    """One source's part of the summary of a panel whose runs hold readouts and samples: its heading, the
+    one-source summary ``body`` one heading level down, then its ``figures`` lines."""
+    return [f"## Source: {source}", "", *("#" + ln if ln.startswith("#") else ln for ln in body), *figures]
+
+
 def reasoning_md(panel: Panel) -> list[str]:
     """For the panel's think-mode runs: how many reasoning traces hit the budget or looped (none: no lines)."""
     from analysis.common.checks import BUDGET_WARNING, reasoning_table

@@ -140,7 +140,7 @@ def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Se
 def _sources_summary_md(panel: Panel, parts: Sequence[InfluenceComparison], n_boot: int, figures: Sequence[str]) -> str:
     """The summary of a panel whose runs all hold readouts and samples: one part per source, each the one-source
     summary one heading level down."""
-    from analysis.common.report import panel_md
+    from analysis.common.report import panel_md, source_part_md
 
     names = [str(p.source) for p in parts]
     lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
@@ -152,11 +152,9 @@ def _sources_summary_md(panel: Panel, parts: Sequence[InfluenceComparison], n_bo
         "",
     ]
     for p in parts:
-        lines += [f"## Source: {p.source}", ""]
-        lines += [("#" + ln if ln.startswith("#") else ln) for ln in _summary_body(p, n_boot)]
         mine = [f for f in figures if f.endswith(f"_{p.source}.png")]
-        if mine:
-            lines += ["Figures: " + ", ".join(f"`{f}`" for f in mine), ""]
+        shown = ["Figures: " + ", ".join(f"`{f}`" for f in mine), ""] if mine else []
+        lines += source_part_md(str(p.source), _summary_body(p, n_boot), shown)
     return "\n".join(lines)
 
 
