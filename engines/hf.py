@@ -161,8 +161,9 @@ class HFSettings(EngineSettings):
         ),
     )
     """Think mode: a row whose trace ended is given to the next waiting trial (:mod:`engines.refill`), so
-    reasoning costs about total tokens / rows + the longest trace in steps. False: fixed length buckets, each to
-    its longest trace. Speed only in float32; outside it the schedule enters the run key (docs/gpu.md)."""
+    reasoning costs about total tokens / rows + the longest trace in steps; the same for think mode's draws
+    (reasoning, then the answer). False: fixed length buckets, each to its longest trace, and draws on the
+    sample paths. Speed only in float32; outside it the schedule enters the run key (docs/gpu.md)."""
     reasoning_rows: int = field(default=0, metadata=flag(name="hf-reasoning-rows"))
     """Think mode: most traces reasoned together; 0 (auto): ``batch_size`` on a CPU, on a GPU as many as half its
     free memory holds KV cache for.
@@ -512,6 +513,7 @@ class HFEngine(LocalEngine):
         self._head = "model"  # the dtype the final projection computes in (:meth:`_float32_head`)
         self._split: bool | None = None  # the weights live on more than one device (:meth:`_hidden_device`)
         self._reasoning = ReasoningStats()
+        self._drawing = ReasoningStats()  # think mode's refilled draws (:meth:`_draw_refilled`)
 
     # ---------------------------------------------------------------- loading
     def load(self) -> HFEngine:
@@ -659,11 +661,11 @@ class HFEngine(LocalEngine):
         return self.variant(think=False)
 
     def run_stats(self) -> dict[str, Any]:
-        """The reasoning this engine did so far (think mode; :class:`engines.refill.ReasoningStats`), for the
-        manifest's ``engine_stats``; empty where it reasoned nothing."""
-        if not self._reasoning.traces:
-            return {}
-        return {"reasoning": self._reasoning.record()}
+        """What this engine's think mode decoded so far (:class:`engines.refill.ReasoningStats`), for the
+        manifest's ``engine_stats``: ``reasoning`` (the traces before a slot is read) and ``think_draws`` (sampled
+        answers that reason first); empty where it did neither."""
+        parts = {"reasoning": self._reasoning, "think_draws": self._drawing}
+        return {name: stats.record() for name, stats in parts.items() if stats.traces}
 
     def numerics(self) -> dict[str, Any]:
         s = self.settings
@@ -1071,9 +1073,7 @@ class HFEngine(LocalEngine):
         try:
             with torch.inference_mode():
                 for i, gen in decode(request, rows, stats):
-                    stats.traces += 1
-                    stats.tokens += len(gen)
-                    stats.longest = max(stats.longest, len(gen))
+                    stats.took(gen)
                     yield i, gen
         finally:
             self._reasoning.add(stats)
@@ -1126,31 +1126,48 @@ class HFEngine(LocalEngine):
     def _reason_refill(
         self, request: ThinkRequest, rows: int, stats: ReasoningStats
     ) -> Iterator[tuple[int, list[int]]]:
-        """Up to ``rows`` traces at once, a finished row given to the next waiting trial (:mod:`engines.refill`).
+        """Up to ``rows`` traces at once, a finished row given to the next waiting trial
+        (:meth:`_decode_refilled`)."""
+        yield from self._decode_refilled(
+            request.prompts, lambda run: self._sampler(request, run), request.budget, request.ends, rows, stats
+        )
 
-        Trials are admitted in request order; an admitted group is prefilled on its own (in runs of at most
-        ``max_batch_tokens`` padded tokens), its first tokens drawn from that prefill, and its cache stacked under
-        the rows that go on (:func:`engines.refill.stacked`).
+    def _decode_refilled(
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        sampler_of: Callable[[Sequence[int]], RowSampler],
+        budget: int,
+        ends: set[int] | frozenset[int],
+        rows: int,
+        stats: ReasoningStats,
+    ) -> Iterator[tuple[int, list[int]]]:
+        """``(index, tokens)`` for each of ``prompts`` as its generation ends (at one of ``ends``, kept, or at
+        ``budget`` tokens), up to ``rows`` at once, a finished row given to the next waiting prompt
+        (:mod:`engines.refill`): think mode's reasoning, and its draws.
+
+        Prompts are admitted in order; an admitted group is prefilled on its own (each distinct prompt once, in runs
+        of at most ``max_batch_tokens`` padded tokens), its first tokens drawn from that prefill by
+        ``sampler_of(indices)`` (one seeded generator per row), and its cache stacked under the rows that go on
+        (:func:`engines.refill.stacked`).
         """
         torch = require("torch", "hf")
         s = self.settings
-        prompts, budget, ends = request.prompts, request.budget, request.ends
         plan = Schedule(range(len(prompts)), rows)
         gens: dict[int, list[int]] = {}
         cache: Any = None
         mask: Any = None
         nxt: Any = None
-        sampler = self._sampler(request, [])
+        sampler = sampler_of([])
 
         def fits(run: list[int], i: int) -> int:
             """Cut a prefill run before ``i`` where its padded tokens would pass ``max_batch_tokens``."""
             width = max(len(prompts[j]) for j in (*run, i))
             return len(run) if (len(run) + 1) * width > s.max_batch_tokens else 0
 
-        def took(trial: int, token: int) -> bool:
-            """Append ``token`` to the trial's trace; whether the trace ended."""
-            gens[trial].append(token)
-            return token in ends or len(gens[trial]) >= budget
+        def took(i: int, token: int) -> bool:
+            """Append ``token`` to generation ``i``; whether it ended."""
+            gens[i].append(token)
+            return token in ends or len(gens[i]) >= budget
 
         while plan.live or plan.waiting:
             if plan.compacts():
@@ -1159,10 +1176,16 @@ class HFEngine(LocalEngine):
                 firsts = [nxt[torch.tensor(keep, device=nxt.device)]] if keep else []
                 sampler.keep(keep)
                 for run in cut_runs(admit, fits):
-                    ids, m = self._pad_left([prompts[i] for i in run])
+                    distinct = list(dict.fromkeys(prompts[i] for i in run))  # the n draws of a prompt: once
+                    ids, m = self._pad_left(distinct)
                     lp, c = self._forward(ids, m, None)
                     stats.prefills += 1
-                    new = self._sampler(request, run)
+                    if len(distinct) < len(run):
+                        where = {p: k for k, p in enumerate(distinct)}
+                        idx = torch.tensor([where[prompts[i]] for i in run], device=m.device)
+                        c.reorder_cache(idx)
+                        lp, m = lp[idx.to(lp.device)], m[idx]
+                    new = sampler_of(run)
                     first = new.draw(lp)
                     sampler.extend(new)
                     parts.append((c, m, None))
@@ -1244,13 +1267,16 @@ class HFEngine(LocalEngine):
         if path == "tree" and all(r.prompt in kept for r in rows):
             path = "kept"  # the readout just computed these prompts (sample_next): draw from its caches
         with torch.inference_mode():
-            for batch, lp, cache, mask in self._sample_prefills(rows, n, path, budget, kept):
-                with self._grouped_attention(cache):
-                    drawn = self._draw_rows([rows[r] for r in batch], lp, cache, mask, budget, stops, temperature)
-                for r, gen in zip(batch, drawn, strict=True):
-                    gens[r] = gen
-                if progress:
-                    progress(len(batch))
+            if self.settings.think and self._refills():  # reasoning, then the answer: lengths differ most
+                gens = self._draw_refilled(rows, budget, stops, temperature, progress)
+            else:
+                for batch, lp, cache, mask in self._sample_prefills(rows, n, path, budget, kept):
+                    with self._grouped_attention(cache):
+                        drawn = self._draw_rows([rows[r] for r in batch], lp, cache, mask, budget, stops, temperature)
+                    for r, gen in zip(batch, drawn, strict=True):
+                        gens[r] = gen
+                    if progress:
+                        progress(len(batch))
         return [
             self._parsed_reply(
                 trials[row.trial],
@@ -1262,6 +1288,36 @@ class HFEngine(LocalEngine):
             )
             for row, gen in zip(rows, gens, strict=True)
         ]
+
+    def _draw_refilled(
+        self, rows: Sequence[_Draw], budget: int, stops: set[int], temperature: float, progress: ProgressFn | None
+    ) -> list[list[int]]:
+        """Think mode's draws, refilled (:meth:`_decode_refilled`): up to ``sample_rows`` draws at once (and as
+        many as ``sample_cache_tokens`` holds at prompt + budget each), a finished draw's row given to the next;
+        each draw from its own generator, so it draws what it draws in a length batch. The tally goes to
+        :meth:`run_stats` (``think_draws``)."""
+        s = self.settings
+        longest = max((len(r.prompt) for r in rows), default=0)
+        capacity = max(1, min(s.sample_rows, s.sample_cache_tokens // (longest + budget)))
+        stats = ReasoningStats(rows=capacity, schedule="refill")
+        gens: list[list[int]] = [[] for _ in rows]
+        prompts = [r.prompt for r in rows]
+        try:
+            for i, gen in self._decode_refilled(
+                prompts,
+                lambda run: RowSampler([rows[j].seed for j in run], temperature),
+                budget,
+                stops,
+                capacity,
+                stats,
+            ):
+                stats.took(gen)
+                gens[i] = gen
+                if progress:
+                    progress(1)
+        finally:
+            self._drawing.add(stats)
+        return gens
 
     def _sample_prefills(
         self, rows: Sequence[_Draw], n: int, path: str, budget: int, kept: dict[tuple[int, ...], Any] | None = None

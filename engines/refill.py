@@ -52,6 +52,12 @@ class ReasoningStats:
     schedule: str = ""
     """``refill`` or ``buckets`` (:class:`engines.hf.HFSettings` ``reasoning_refill``)."""
 
+    def took(self, gen: Sequence[int]) -> None:
+        """Count one finished generation of these tokens."""
+        self.traces += 1
+        self.tokens += len(gen)
+        self.longest = max(self.longest, len(gen))
+
     def add(self, other: ReasoningStats) -> None:
         """Add another call's tally to this one."""
         self.traces += other.traces

@@ -143,3 +143,26 @@ def test_a_hybrid_reasons_in_buckets_and_the_schedule_enters_bfloat16_numerics()
     assert tiny.numerics()["reasoning_schedule"] == "refill" and tiny.numerics()["reasoning_rows"] == 0
     assert "reasoning_schedule" not in tiny.variant(think=False).numerics()  # outside think mode: no key change
     assert tiny.variant(think=False).run_stats() == {}
+
+
+def test_think_mode_draws_are_refilled_and_draw_what_the_sample_paths_draw() -> None:
+    """float32: think-mode draws (reasoning, then the answer) refilled draw the same tokens per draw as on the
+    sample paths (each draw its own seeded generator), in fewer steps than the ideal's 1.3 x. Deterministic."""
+    trials = [
+        _trial(f"Dilemma {k}: should you tell the truth? Answer with Yes or No." + " Think." * (k % 4), k)
+        for k in range(6)
+    ]
+    paths = _engine("tiny", think_budget=60, max_new_tokens=12, reasoning_refill=False, sample_rows=8)
+    refilled = paths.variant(reasoning_refill=True)
+    a, b = paths.sample(trials, 4, 1.5), refilled.sample(trials, 4, 1.5)
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    assert [(s.text, s.status) for s in a] == [(s.text, s.status) for s in b]
+    lengths = sorted(len(s.token_ids) for s in b)
+    assert lengths[-1] >= 10 * max(1, lengths[0])  # different lengths (seeded: 1 to 48 here)
+    stats = refilled.run_stats()["think_draws"]
+    assert (
+        stats["traces"] == 24
+        and stats["rows"] == 8
+        and stats["steps"] <= 1.3 * (stats["tokens"] / 8 + stats["longest"])
+    )
+    assert "think_draws" not in paths.run_stats()
