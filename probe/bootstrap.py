@@ -88,3 +88,20 @@ def expanded_percentile_ci(reps: ArrayLike, n: ArrayLike, alpha: float = 0.05) -
             lo[cols] = np.nanpercentile(flat[:, cols], 100 * level / 2, axis=0)
             hi[cols] = np.nanpercentile(flat[:, cols], 100 * (1 - level / 2), axis=0)
     return lo.reshape(r.shape[1:]), hi.reshape(r.shape[1:])
+
+
+def expanded_pvalue(estimate: ArrayLike, se: ArrayLike, n: ArrayLike) -> Array:
+    """Two-sided p-value of ``estimate`` whose standard error ``se`` a bootstrap over ``n`` clusters estimated: the
+    test the expanded percentile interval (:func:`expanded_percentile_ci`) inverts, ``|estimate| / (se *
+    sqrt(n / (n - 1)))`` against Student's t with ``n - 1`` degrees of freedom, where a z test on the bootstrap SE
+    would reject too often at few clusters (at 9 clusters and nominal 0.05: 0.10 of the time, by the same two
+    corrections). ``se == 0`` gives 0 for a nonzero estimate and 1 for a zero one; ``n < 2`` gives NaN."""
+    from scipy import stats
+
+    est, sd, nn = (np.asarray(x, dtype=float) for x in (estimate, se, n))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = nn >= 2
+        safe = np.where(ok, nn, 2.0)
+        t = np.abs(est) / (sd * np.sqrt(safe / (safe - 1.0)))
+        t = np.where((sd == 0) & (est == 0), 0.0, t)
+        return np.where(ok, 2.0 * stats.t.sf(t, safe - 1.0), np.nan)

@@ -137,3 +137,25 @@ def test_source_tables_are_long_form() -> None:
     u = tables["u"]
     assert u is not None and list(u.columns) == ["x", "source"] and list(u["source"]) == ["readout"] * 2 + ["samples"]
     assert list(dropped.columns) == ["source", "item_id"] and list(dropped["source"]) == ["readout"]
+
+
+def test_the_sources_disagree_only_beyond_a_few_cluster_test(runs: dict[str, Path]) -> None:
+    """A run's two sources are compared on paired replicates with the expanded interval's t test: each p is
+    expanded_pvalue of the difference, its SE and the condition's item clusters, and never below the z test's
+    (which rejects 10% of the time at 9 clusters; docs/influence.md)."""
+    import numpy as np
+
+    from analysis.influence.audit import analyze_sources, source_agreement
+    from experiments.influence import stats as st
+    from probe.bootstrap import expanded_pvalue
+    from probe.runs import open_run
+
+    readout, samples = analyze_sources(open_run(runs["inf_both_1"]), "triage", n_boot=N_BOOT)
+    assert readout.clusters is not None and np.all(readout.clusters >= 1)
+    agree = source_agreement(readout, samples)
+    assert agree["paired"].all()
+    clusters = np.tile(readout.clusters, len(agree) // len(readout.clusters))
+    np.testing.assert_allclose(agree["p"], expanded_pvalue(agree["diff"], agree["diff_se"], clusters), equal_nan=True)
+    z = st.z_pvalue(st.z_from_se(agree["diff"], agree["diff_se"]))
+    finite = np.isfinite(agree["p"].to_numpy())
+    assert np.all(agree["p"].to_numpy()[finite] >= z[finite] - 1e-12)

@@ -11,7 +11,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint, proportions_ztest
 
 from experiments.influence import stats as st
-from probe.bootstrap import cluster_weights, expanded_alpha, expanded_percentile_ci, percentile_ci
+from probe.bootstrap import cluster_weights, expanded_alpha, expanded_percentile_ci, expanded_pvalue, percentile_ci
 
 # A hand-worked condition: 60 answers per arm; B chosen 30 times with no cue,
 # 15 times under the cue toward A (so A 45 times), 40 times under the cue toward B.
@@ -187,6 +187,19 @@ def test_expanded_alpha_by_hand_and_by_scipy() -> None:
     assert np.isnan(expanded_alpha([1.0, 0.0])).all()
     with pytest.raises(ValueError, match="alpha must lie in"):
         expanded_alpha(9, 1.5)
+
+
+def test_expanded_pvalue_is_the_test_the_expanded_interval_inverts() -> None:
+    # by hand, n = 9: the statistic at the interval's edge, 2.445884 (sqrt(9/8) x t_8 0.975 quantile 2.306004),
+    # has p = 0.05; a z test on the same bootstrap SE would give 2 Phi(-2.445884) = 0.0144
+    edge = np.sqrt(9 / 8) * stats.t.ppf(0.975, 8)
+    assert float(expanded_pvalue(edge, 1.0, 9)) == pytest.approx(0.05, abs=1e-12)
+    assert float(expanded_pvalue(-2 * edge, 2.0, 9)) == pytest.approx(0.05, abs=1e-12)  # |estimate| / se
+    n = np.array([3.0, 9.0, 40.0])
+    want = 2 * stats.t.sf(1.5 / np.sqrt(n / (n - 1)), n - 1)
+    np.testing.assert_allclose(expanded_pvalue(1.5, 1.0, n), want, rtol=1e-12)
+    assert float(expanded_pvalue(0.0, 0.0, 9)) == 1.0 and float(expanded_pvalue(0.3, 0.0, 9)) == 0.0
+    assert np.isnan(expanded_pvalue(1.0, 1.0, 1))
 
 
 def test_expanded_percentile_ci_reads_the_replicates_at_the_expanded_level() -> None:

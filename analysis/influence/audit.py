@@ -44,7 +44,7 @@ from experiments.influence.effects import (
     run_conditions,
     with_fdr,
 )
-from probe.bootstrap import cluster_weights, percentile_ci
+from probe.bootstrap import cluster_weights, expanded_percentile_ci, expanded_pvalue, percentile_ci
 from probe.runs import Run
 
 
@@ -432,6 +432,8 @@ class Audit:
     """``(n_boot, conditions)`` bootstrap replicates of every metric (:class:`ConditionResult`)."""
     units: tuple[tuple[str, str], ...] = ()
     """(item, stratum) in the bootstrap's order: two audits with equal units drew the same resamples (paired)."""
+    clusters: np.ndarray | None = None
+    """Per condition (row of :attr:`conditions`), the clusters its bootstrap resamples."""
 
 
 def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED, source: str | None = None) -> Audit:
@@ -463,6 +465,7 @@ def analyze(run: Run, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED,
         flips=flip_rates(raw) if benchmark == "dd" else None,
         reps=res.reps,
         units=tuple(cells.drop_duplicates("item_id")[["item_id", "stratum"]].itertuples(index=False, name=None)),
+        clusters=res.clusters,
     )
 
 
@@ -483,9 +486,12 @@ def source_agreement(readout: Audit, samples: Audit, alpha: float = ALPHA) -> pd
 
     Where both audits resampled the same items (equal :attr:`Audit.units`, the same seed and number of
     replicates: the case for a run's two sources) the difference's CI and standard error come from the
-    **paired** replicates (one item resample reweights both sources, so the shared prompts cancel);
-    otherwise from the two independent standard errors. z test on that SE, BH-FDR within benchmark x variant x
-    family (shift, steerability, asymmetry); ``disagree``: q < ``alpha``.
+    **paired** replicates (one item resample reweights both sources, so the shared prompts cancel), with the
+    small-sample correction of a bootstrap over few clusters (the expanded percentile interval and its t test,
+    :func:`probe.bootstrap.expanded_pvalue`: a z test on the paired SE at 9 item clusters found 5 of 175
+    disagreements on a sim subject whose sources agree by construction); otherwise from the two independent
+    standard errors and a z test. BH-FDR within benchmark x variant x family (shift, steerability, asymmetry);
+    ``disagree``: q < ``alpha``.
     """
     from experiments.influence import COND
 
@@ -497,21 +503,25 @@ def source_agreement(readout: Audit, samples: Audit, alpha: float = ALPHA) -> pd
     key_s = {tuple(x): i for i, x in enumerate(s[cols].itertuples(index=False, name=None))}
     both = [(i, key_s[k]) for i, k in enumerate(key_r) if k in key_s]
     ir, is_ = np.array([a for a, _ in both], dtype=int), np.array([b for _, b in both], dtype=int)
-    paired = readout.units == samples.units and readout.reps["s_A"].shape == samples.reps["s_A"].shape
+    clusters = readout.clusters[ir] if readout.clusters is not None else None
+    same = readout.units == samples.units and readout.reps["s_A"].shape == samples.reps["s_A"].shape
+    paired = same and clusters is not None
     parts = []
     for metric, family in AGREEMENT_METRICS.items():
         est_r, est_s = r[metric].to_numpy()[ir], s[metric].to_numpy()[is_]
-        if paired:
+        if paired and clusters is not None:
             diff_reps = readout.reps[metric][:, ir] - samples.reps[metric][:, is_]
             se = st.nan_sd(diff_reps)
-            lo, hi = percentile_ci(diff_reps)
+            lo, hi = expanded_percentile_ci(diff_reps, clusters)
+            p = expanded_pvalue(est_r - est_s, se, clusters)
         else:
             se = np.hypot(r[f"{metric}_se"].to_numpy()[ir], s[f"{metric}_se"].to_numpy()[is_])
             lo, hi = est_r - est_s - 1.96 * se, est_r - est_s + 1.96 * se
+            p = st.z_pvalue(st.z_from_se(est_r - est_s, se))
         part = r.iloc[ir][["benchmark", *cols]].reset_index(drop=True)
         part = part.assign(metric=metric, family=family, readout=est_r, samples=est_s, diff=est_r - est_s)
         part["diff_lo"], part["diff_hi"], part["diff_se"] = lo, hi, se
-        part["p"] = st.z_pvalue(st.z_from_se(part["diff"], se))
+        part["p"] = p
         part["paired"] = paired
         parts.append(part)
     out = pd.concat(parts, ignore_index=True)

@@ -209,8 +209,13 @@ def sources_md(
         "### Where the sources disagree",
         "",
         "Per condition and effect, readout minus samples with its 95% "
-        + ("**paired** bootstrap interval (one item resample reweights both sources)" if paired else "interval")
-        + ", z test on its standard error, BH-FDR within benchmark x variant x family (shift, steerability, "
+        + (
+            "**paired** bootstrap interval (one item resample reweights both sources; expanded for few item "
+            "clusters) and t test on its standard error"
+            if paired
+            else "interval and z test on its standard error"
+        )
+        + ", BH-FDR within benchmark x variant x family (shift, steerability, "
         f"asymmetry), as the report's own tests. {len(dis)} of {len(agreement)} comparisons disagree (q < {ALPHA}); "
         "all in `source_agreement.csv`.",
         "",

@@ -246,6 +246,8 @@ class ConditionResult:
     reps: Mapping[str, np.ndarray] | None = None
     """``(n_boot, conditions)`` replicates of every metric (:func:`metrics`' keys): the weights depend only on the
     items' strata, ``n_boot`` and ``seed``, so two sources of one run get paired replicates."""
+    clusters: np.ndarray | None = None
+    """Per condition, the clusters its bootstrap resamples (:func:`n_clusters`)."""
 
 
 def condition_table(
@@ -302,7 +304,7 @@ def condition_table(
         t["f0_ci_lo"], t["f0_ci_hi"] = t["f0_B_lo"], t["f0_B_hi"]
         t["clipped"] = clipped_arms(n, k, clip)
     delta_reps = np.stack([reps["delta_A"], reps["delta_B"]], axis=-1)
-    return ConditionResult(t, delta_reps, reps)
+    return ConditionResult(t, delta_reps, reps, n_cl)
 
 
 def with_fdr(cond: pd.DataFrame, by: Sequence[str] = ("benchmark", "variant"), alpha: float = ALPHA) -> pd.DataFrame:
