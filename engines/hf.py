@@ -472,6 +472,22 @@ def token_rows(
     return cut_runs(range(len(lengths)), cut)
 
 
+def math_attention(device_type: str, dtype: Any, capability: str | None = None) -> bool:
+    """Whether attention must run through PyTorch's math kernel: bfloat16 or float16 on a CPU whose kernel set is
+    not AVX-512 (``capability``: ``torch.backends.cpu.get_cpu_capability()``, which ``ATEN_CPU_CAPABILITY`` sets).
+
+    torch 2.13's CPU flash-attention kernel packs half-precision operands with ``pack_vnni2``, which exists only
+    in its AVX-512 build: on an AVX2 CPU (or under ``ATEN_CPU_CAPABILITY=default`` / ``avx2``) every such
+    attention over 64 or more tokens fails ("pack_vnni2 is only supported when avx512 is supported"), so a
+    bfloat16 run on the CPU would stop at its first long prompt. The math kernel computes the same attention.
+    """
+    torch = require("torch", "hf")
+    if device_type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    cap = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    return not str(cap).upper().startswith("AVX512")
+
+
 @dataclass(frozen=True)
 class Weights:
     """What loading decided, once per model: the weights and tokenizer, where they came from and where they live.
@@ -513,6 +529,7 @@ class HFEngine(LocalEngine):
         self._head = "model"  # the dtype the final projection computes in (:meth:`_float32_head`)
         self._split: bool | None = None  # the weights live on more than one device (:meth:`_hidden_device`)
         self._reasoning = ReasoningStats()
+        self._math: bool | None = None  # attention through the math kernel (:func:`math_attention`), once known
         self._drawing = ReasoningStats()  # think mode's refilled draws (:meth:`_draw_refilled`)
 
     # ---------------------------------------------------------------- loading
@@ -727,6 +744,19 @@ class HFEngine(LocalEngine):
             mask[r, width - len(s) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    def _call(self, **inputs: Any) -> Any:
+        """One forward of the model: the head in this engine's dtype (:meth:`_use_head`), and attention through
+        PyTorch's math kernel where its CPU flash kernel cannot run (:func:`math_attention`)."""
+        self._use_head()
+        if self._math is None:
+            self._math = math_attention(self.device.type, next(self.model.parameters()).dtype)
+        if not self._math:
+            return self.model(**inputs)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.MATH):
+            return self.model(**inputs)
+
     def _forward(self, ids: Any, mask: Any, cache: Any) -> tuple[Any, Any]:
         """Last-position float32 log-probs and the updated cache.
 
@@ -736,8 +766,7 @@ class HFEngine(LocalEngine):
         """
         torch = require("torch", "hf")
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
-        self._use_head()
-        out = self.model(
+        out = self._call(
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
@@ -760,8 +789,7 @@ class HFEngine(LocalEngine):
         dtype = next(self.model.parameters()).dtype
         allowed = tree_mask(tree, dev)[None, None]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
-        self._use_head()
-        out = self.model(
+        out = self._call(
             input_ids=torch.tensor([tree.tokens], device=dev),
             attention_mask=mask,
             position_ids=torch.tensor([tree.depth], device=dev),

@@ -179,7 +179,8 @@ def mixed_request(engine: Any, trials: Sequence[Any], budget: int, short: int) -
     avoid = set(traces[0])
     ends = []
     for j, trace in enumerate(traces[1:], 1):
-        found = [t for t in trace[(5 * j) % short : short] if t not in avoid]
+        at = (5 * j) % short  # spread the ends over the first `short` tokens, then take any of them
+        found = [t for t in (*trace[at:short], *trace[:at]) if t not in avoid]
         if found:
             ends.append(found[0])
     if not ends:

@@ -62,3 +62,15 @@ def test_without_reasoning_is_the_engine_outside_think_mode() -> None:
     bare = thinking.without_reasoning()
     assert bare.settings.think is False and bare.numerics()["head_dtype"] == "float32"
     assert _logprobs(bare.readout(TRIALS)) == _logprobs(_fresh().readout(TRIALS))
+
+
+def test_half_precision_attention_on_a_cpu_without_avx512_takes_the_math_kernel() -> None:
+    """torch's CPU flash attention fails in bfloat16 over 64+ tokens outside its AVX-512 build (engines/hf.py,
+    math_attention): there the engine asks for the math kernel; elsewhere nothing changes."""
+    import torch
+
+    from engines.hf import math_attention
+
+    assert math_attention("cpu", torch.bfloat16, "DEFAULT") and math_attention("cpu", torch.float16, "AVX2")
+    assert not math_attention("cpu", torch.bfloat16, "AVX512")
+    assert not math_attention("cpu", torch.float32, "DEFAULT") and not math_attention("cuda", torch.bfloat16, "AVX2")

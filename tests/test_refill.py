@@ -3,8 +3,6 @@ alone, and whole traces against the bucket schedule on the tiny models."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -91,15 +89,13 @@ def test_a_stacked_row_decodes_as_it_does_alone() -> None:
 
 
 def _mixed_request(e, n: int):
-    """Think requests on tiny whose traces end at any of four fairly likely tokens, sampled at temperature 1.5:
-    traces of very different lengths (about geometric; 3 to 116 tokens at a budget of 120), seeded per trial."""
+    """Think requests on tiny, sampled at temperature 1.5, whose first trace runs to the budget (120) and every
+    other ends within 24 tokens (:func:`scripts.device_moe.mixed_request`: end tokens chosen from the traces
+    themselves, so on any CPU's trained tiny), seeded per trial."""
+    from scripts.device_moe import mixed_request
+
     trials = [_trial(f"Dilemma {k}: should you tell the truth? " + "Think. " * (k % 5), k) for k in range(n)]
-    request = e.think_request(trials)
-    with torch.inference_mode():
-        ids, mask = e._pad_left(request.prompts[:4])
-        lp, _ = e._forward(ids, mask, None)
-    common = lp.mean(0).topk(8).indices.tolist()[4:]  # the 5th-8th likeliest tokens: a trace ends at any step, rarely
-    return replace(request, end_id=common[0], stops=frozenset(common[1:]))
+    return mixed_request(e, trials, 120, 24)
 
 
 def test_refill_gives_every_trace_its_tokens_in_fewer_steps() -> None:
@@ -113,7 +109,7 @@ def test_refill_gives_every_trace_its_tokens_in_fewer_steps() -> None:
     a = bucketed._reason(request)
     b = refilled._reason(request)
     lengths = sorted(len(g) for g in a)
-    assert lengths[-1] >= 8 * lengths[len(lengths) // 2]  # very different lengths (seeded: 3 to 116 tokens here)
+    assert lengths[-1] == 120 and lengths[-2] <= 24  # one trace to the budget, the rest short
     assert a == b
     stats = refilled.run_stats()["reasoning"]
     assert stats["schedule"] == "refill" and stats["traces"] == 16 and stats["tokens"] == sum(lengths)
