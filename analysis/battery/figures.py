@@ -24,7 +24,7 @@ def stance_bars(df: pd.DataFrame, value: str, err: str | None, path: Path, title
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, dpi=120)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -43,7 +43,7 @@ def grouped_bars(df: pd.DataFrame, columns: Sequence[str], path: Path, title: st
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    save_figure(fig, path, dpi=120)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -70,5 +70,5 @@ def scatter_xy(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, dpi=120)
+    save_figure(fig, path, dpi=110)
     return path

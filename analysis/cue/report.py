@@ -89,7 +89,7 @@ def plot_net_bias(
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return save_figure(fig, path, dpi=120)
+    return save_figure(fig, path, dpi=110)
 
 
 def _headline(arms: Sequence[str]) -> str | None:
