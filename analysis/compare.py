@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.common.report import report_files
+from analysis.common.report import Files, Table, report_files, write_files
 from analysis.cue.compare_report import compare_cue
 from analysis.cue.metrics import Decision
 from analysis.influence.compare_report import compare_influence
 from analysis.registry import COMPARISONS, Compare, comparable
-from probe.files import atomic_write_text
 from probe.panel import Panel, PanelError
 
 
@@ -66,8 +65,7 @@ def write_comparison(
         raise PanelError(f"--decision applies to cue panels only; this panel holds {', '.join(panel.experiments)}")
     boot = {k: v for k, v in (("n_boot", n_boot), ("seed", seed)) if v is not None}
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "panel.csv", panel.table().to_csv(index=False))
+    write_files(out, Files({"panel": Table(panel.table())}))
     if asym_model is not None:  # an influence panel (checked above): its comparison, with the option
         compare_influence(panel, out, asym_model=asym_model, **boot)
     elif decision is not None:  # a cue panel (checked above)

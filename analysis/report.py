@@ -39,6 +39,7 @@ def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
 def append_checks(run: Run, out: Path) -> list[Path]:
     """Append "What the numbers rest on" (:mod:`analysis.common.checks`) to ``summary.md``; write its CSV tables."""
     from analysis.common import checks
+    from analysis.common.report import Files, Table, write_files
 
     lines, tables = checks.checks_section(
         run.manifest,
@@ -52,8 +53,4 @@ def append_checks(run: Run, out: Path) -> list[Path]:
     summary = out / "summary.md"
     head = summary.read_text().rstrip("\n") + "\n\n" if summary.exists() else ""
     atomic_write_text(summary, head + "\n".join(lines))
-    written = []
-    for stem, table in tables.items():
-        atomic_write_text(out / f"{stem}.csv", table.to_csv(float_format="%.6f"))
-        written.append(out / f"{stem}.csv")
-    return written
+    return write_files(out, Files({stem: Table(t, index=True, float_format="%.6f") for stem, t in tables.items()}))

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.battery.fit import N_BOOT, SEED
-from analysis.battery.results import Part
 from analysis.common.bootstrap import finite_ci, resample_index
+from analysis.common.results import Part
 from probe.errors import NotComputed, ProbeError
 from probe.panel import Panel, PanelRun, shared_items
 from probe.record import Plan

@@ -13,17 +13,16 @@ or the line saying its instrument is absent, or the NotComputed it raised
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import pandas as pd
 
 from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 from analysis.battery.fit import N_BOOT, SEED, RunFits
 from analysis.battery.yesno import CELLS, Dropped, decompose
-from analysis.common.report import section_failed
-from probe.errors import NotComputed, ProbeError
+from analysis.common.results import Part, attempt
+from probe.errors import NotComputed
 from probe.record import Manifest
 from probe.runs import Run
 
@@ -62,41 +61,6 @@ def load_frames(run: Run) -> Frames:
         meta=run.trial_meta(),
         trial_list=run.trial_list,
     )
-
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Part(Generic[T]):
-    """One computed part of the report: its value, or the line saying its instrument is absent, or the NotComputed
-    it raised; and the stories it left out (kept when it fails after leaving them out), for :func:`dropped_section`."""
-
-    value: T | None = None
-    absent: str | None = None
-    error: NotComputed | None = None
-    dropped: tuple[Dropped, ...] = ()
-
-    def get(self) -> T:
-        """The value; raises the part's NotComputed, so its section says why it is not computed."""
-        if self.error is not None:
-            raise self.error
-        if self.value is None:
-            raise NotComputed(self.absent or "not computed")
-        return self.value
-
-
-def _attempt(compute: Callable[..., Part[T]], *args: Any) -> Part[T]:
-    """``compute(*args)``; a part that cannot be computed keeps its NotComputed, any other exception (a bug) fails
-    the report naming the part (:func:`analysis.common.report.section_failed`)."""
-    try:
-        return compute(*args)
-    except NotComputed as e:
-        return Part(error=e)
-    except ProbeError:
-        raise
-    except Exception as e:
-        raise section_failed(compute.__name__, e) from e
 
 
 # ------------------------------------------------------------------- parts
@@ -351,12 +315,12 @@ class BatteryResults:
 
 def battery_results(f: Frames) -> BatteryResults:
     """Compute every part of the report once; theta (I-1) feeds the label map and the (s, m) fit."""
-    graded = _attempt(compute_graded, f)
+    graded = attempt(compute_graded, f)
     theta = None if graded.value is None else graded.value.theta
     return BatteryResults(
         graded=graded,
-        verbflip=_attempt(compute_verbflip, f),
-        labelmap=_attempt(compute_labelmap, f, theta),
-        choice=_attempt(compute_choice, f),
-        fit=_attempt(compute_fits, f, theta),
+        verbflip=attempt(compute_verbflip, f),
+        labelmap=attempt(compute_labelmap, f, theta),
+        choice=attempt(compute_choice, f),
+        fit=attempt(compute_fits, f, theta),
     )

@@ -1,17 +1,21 @@
-"""The one report writer: sections, ``summary.md``, and the parts every comparison shares.
+"""The one report writer: computed results, sections that only format them, and one writer of every file.
 
-A paper's report (or comparison) is a list of sections, each made by a
-function that returns a :class:`Section` (Markdown lines and the files it
-wrote; :func:`titled` makes one of a function that writes the lines and
-files); :func:`run_sections` runs them so that one that cannot be computed
-(it raises :class:`~probe.errors.NotComputed`) says why while the others
-still run, and one that fails otherwise (a bug) fails the report naming it
-(:class:`~probe.errors.ReportError`, :func:`section_failed`), and :func:`write_summary` writes
-``summary.md`` atomically. :func:`panel_md`, :func:`dropped_md` and
-:func:`write_dropped` are the panel table and the dropped-items log of every
-``probe compare`` report; :func:`write_tables` is the one CSV writer of the
-reports, and :func:`write_panel_report` the shared order of a comparison's
-files (tables, dropped items, figures, then the summary that names them).
+A report is made in three steps (scikit-learn's split of estimator and
+Display): an experiment's results object is computed once from the run; its
+sections turn results into Markdown lines, :class:`Table` s and
+:class:`Drawing` s and compute nothing; :func:`write_files` (through
+:func:`write_report`) is the one place that writes a report's files, every
+table once, every figure at :data:`FIGURE_DPI`, each atomically.
+
+A section is a function that returns a :class:`Section` (:func:`titled`
+makes one of a function returning a :data:`Body`); :func:`run_sections` runs
+them so that one that cannot be computed (it raises
+:class:`~probe.errors.NotComputed`) says why while the others still run, and
+one that fails otherwise (a bug) fails the report naming it
+(:class:`~probe.errors.ReportError`, :func:`section_failed`). :func:`panel_md`,
+:func:`dropped_md` and :func:`dropped_table` are the panel table and the
+dropped-items log of every ``probe compare`` report, and
+:func:`write_panel_report` the shared order of a comparison's files.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -32,20 +36,70 @@ from probe.panel import Panel
 
 SUMMARY = "summary.md"
 REPORT_SUFFIXES = (".md", ".csv", ".png")
-PANEL_DPI = 110
-"""The resolution of a comparison's figures."""
+FIGURE_DPI = 110
+"""The resolution of every figure of every report."""
 
 
-@dataclass
+@dataclass(frozen=True)
+class Table:
+    """One CSV file of a report: the frame and how it is written (index or not, the number format).
+
+    The format of each table is its report's own (``%.6g``, ``%.6f`` or pandas' default) and must not
+    change, or the saved reports would.
+    """
+
+    frame: pd.DataFrame
+    index: bool = False
+    float_format: str | None = None
+
+    def text(self) -> str:
+        return self.frame.to_csv(index=self.index, float_format=self.float_format)
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """One figure of a report: its file name and the function that draws it (returns a matplotlib figure,
+    saving nothing); :func:`write_files` draws and saves one at a time."""
+
+    name: str
+    draw: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Files:
+    """What a report or a section writes beside its summary lines: CSV tables by stem, figures, other text
+    files by name (``puzzles.jsonl``). ``+`` joins two; a name given twice is a bug and raises."""
+
+    tables: Mapping[str, Table] = field(default_factory=dict)
+    figures: tuple[Drawing, ...] = ()
+    texts: Mapping[str, str] = field(default_factory=dict)
+
+    def __add__(self, other: Files) -> Files:
+        names = [*self.names(), *other.names()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"report files written twice: {', '.join(twice)}")
+        return Files({**self.tables, **other.tables}, (*self.figures, *other.figures), {**self.texts, **other.texts})
+
+    def names(self) -> list[str]:
+        """The file names, in the order :func:`write_files` writes them."""
+        return [*(f"{k}.csv" for k in self.tables), *self.texts, *(d.name for d in self.figures)]
+
+
+def join_files(parts: Iterable[Files]) -> Files:
+    return functools.reduce(Files.__add__, parts, Files())
+
+
+@dataclass(frozen=True)
 class Section:
     title: str
     lines: list[str]
-    files: list[Path]
+    files: Files = Files()
 
 
 P = ParamSpec("P")
-Body = tuple[list[str], list[Path]]
-"""What a section's function writes: its Markdown lines (none: the section is left out) and its files."""
+Body = tuple[list[str], Files]
+"""What a section's function returns: its Markdown lines (none: the section is left out) and its files."""
 
 
 def titled(title: str) -> Callable[[Callable[P, Body]], Callable[P, Section]]:
@@ -66,9 +120,7 @@ def titled(title: str) -> Callable[[Callable[P, Body]], Callable[P, Section]]:
     return wrap
 
 
-def run_sections(
-    sections: Sequence[Callable[..., Section]], *args: Any, why: bool = False
-) -> tuple[list[str], list[Path]]:
+def run_sections(sections: Sequence[Callable[..., Section]], *args: Any, why: bool = False) -> tuple[list[str], Files]:
     """The Markdown body (``## title`` per section with lines) and the files of ``sections`` called on ``args``.
 
     A section that raises :class:`~probe.errors.NotComputed` becomes one line "Not computed: ..." (with ``why``,
@@ -77,14 +129,14 @@ def run_sections(
     report fails with a :class:`~probe.errors.ReportError` naming the section (:func:`section_failed`).
     """
     body: list[str] = []
-    files: list[Path] = []
+    files = Files()
     for make in sections:
         try:
             s = make(*args)
         except NotComputed as e:
             name = make.__name__.replace("_section", "").replace("_", " ").capitalize()
             title = (make.__doc__ or make.__name__).strip().splitlines()[0]
-            s = Section(name, [f"Not computed ({title}): {e}" if why else f"Not computed: {e}"], [])
+            s = Section(name, [f"Not computed ({title}): {e}" if why else f"Not computed: {e}"])
         except ProbeError:  # the project's own errors say what to do (a damaged run, a section already named)
             raise
         except Exception as e:
@@ -102,11 +154,30 @@ def section_failed(name: str, error: BaseException) -> ReportError:
     return ReportError(f"report section {name} failed (a bug in the analysis, not in the run): {last}")
 
 
-def write_summary(out: Path, text: str) -> Path:
-    """Write ``out/summary.md`` atomically; returns its path."""
-    path = out / SUMMARY
-    atomic_write_text(path, text)
-    return path
+def write_files(out: Path, files: Files) -> list[Path]:
+    """The one writer of a report's files: each table of ``files`` as ``out/<stem>.csv``, each text file, then
+    each figure drawn and saved as a PNG at :data:`FIGURE_DPI` before the next is drawn; every file atomically.
+    Returns the paths written, in that order."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, table in files.tables.items():
+        atomic_write_text(out / f"{stem}.csv", table.text())
+        written.append(out / f"{stem}.csv")
+    for name, text in files.texts.items():
+        atomic_write_text(out / name, text)
+        written.append(out / name)
+    for d in files.figures:
+        written.append(save_figure(d.draw(), out / d.name, dpi=FIGURE_DPI))
+    return written
+
+
+def write_report(out: Path, summary: Sequence[str], files: Files) -> list[Path]:
+    """Write a report into ``out``: its ``files`` (:func:`write_files`), then ``summary.md`` from the
+    ``summary`` lines (the summary names the files, so it comes last). Returns :func:`report_files`."""
+    write_files(out, files)
+    atomic_write_text(Path(out) / SUMMARY, "\n".join(summary))
+    return report_files(Path(out))
 
 
 def report_files(out: Path, extra: Sequence[str] = ()) -> list[Path]:
@@ -175,39 +246,19 @@ def dropped_md(dropped: pd.DataFrame, n_shared: int, what: str = "items") -> lis
     return lines
 
 
-def write_dropped(dropped: pd.DataFrame, out: Path) -> None:
-    atomic_write_text(out / "dropped_items.csv", dropped.to_csv(index=False))
-
-
-def write_tables(out: Path, tables: Mapping[str, pd.DataFrame | None], float_format: str = "%.6g") -> None:
-    """Write each frame of ``tables`` to ``out/<name>.csv`` atomically, without the index; None writes no file.
-
-    One writer, so that every table of a report is written the same way; the
-    number format is the report's own (``%.6g``; the battery and cue reports
-    keep ``%.6f``) and must not change, or the saved reports would.
-    """
-    for name, df in tables.items():
-        if df is not None:
-            atomic_write_text(out / f"{name}.csv", df.to_csv(index=False, float_format=float_format))
+def dropped_table(dropped: pd.DataFrame) -> Files:
+    """``dropped_items.csv`` of a comparison."""
+    return Files({"dropped_items": Table(dropped)})
 
 
 def write_panel_report(
     out: Path,
-    tables: Mapping[str, pd.DataFrame | None],
+    tables: Mapping[str, Table],
     dropped: pd.DataFrame,
-    figures: Callable[[], Iterable[tuple[str, Any]]],
+    figures: Sequence[Drawing],
     summary: Callable[[list[str]], str],
 ) -> list[Path]:
-    """Write a comparison into ``out``: its CSV ``tables``, ``dropped_items.csv``, the figures, then ``summary.md``.
-
-    ``figures`` only draws: it yields each figure with its file name, and each is saved here (PNG at
-    :data:`PANEL_DPI`) before the next is drawn. The figures come before the summary because the summary names
-    them (``summary`` gets the figure file names). Returns :func:`report_files`.
-    """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_tables(out, tables)
-    write_dropped(dropped, out)
-    names = [save_figure(fig, out / name, dpi=PANEL_DPI).name for name, fig in figures()]
-    write_summary(out, summary(names))
-    return report_files(out)
+    """Write a comparison into ``out``: its CSV ``tables``, ``dropped_items.csv``, the ``figures``, then
+    ``summary.md``, which ``summary`` makes from the figures' file names. Returns :func:`report_files`."""
+    files = Files(tables) + dropped_table(dropped) + Files(figures=tuple(figures))
+    return write_report(out, [summary([d.name for d in figures])], files)
