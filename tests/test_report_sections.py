@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.common.report import Section, run_sections, titled
+from analysis.common.report import Body, Drawing, Files, Section, Table, run_sections, titled, write_files
 from probe.errors import NotComputed, ProbeError, ReportError
 from tests.test_store import run_cli
 
@@ -26,22 +26,22 @@ def _broadcast() -> np.ndarray:
 
 
 @titled("Fine")
-def fine_section() -> tuple[list[str], list[Path]]:
+def fine_section() -> Body:
     """A section that computes."""
-    return ["fine"], []
+    return ["fine"], Files()
 
 
 @titled("Thin")
-def thin_section() -> tuple[list[str], list[Path]]:
+def thin_section() -> Body:
     """A section whose data are too thin."""
     raise NotComputed("needs at least 3 items, got 2")
 
 
 @titled("Broken")
-def broken_section() -> tuple[list[str], list[Path]]:
+def broken_section() -> Body:
     """A section with a bug."""
     _broadcast()
-    return ["never"], []
+    return ["never"], Files()
 
 
 def test_not_computed_says_why_and_the_other_sections_run() -> None:
@@ -139,3 +139,49 @@ def test_probe_run_s_report_step_fails_the_same_way_and_keeps_the_results(
     err = capsys.readouterr().err
     assert "probe run: error: report section verbflip_section failed" in err and "probe analyze" in err
     assert len(RunStore(out).load("readout_trials")) > 0  # the results stay stored
+
+
+# ------------------------------------------------------------------ the one writer
+def _bars() -> object:
+    from analysis.common.figures import pyplot
+
+    fig, ax = pyplot().subplots(figsize=(2, 1))
+    ax.bar([0, 1], [1.0, 2.0])
+    return fig
+
+
+def test_the_writer_writes_each_table_as_declared_and_every_figure_at_one_dpi(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from analysis.common.report import FIGURE_DPI, write_report
+
+    frame = pd.DataFrame({"x": [1.0 / 3, 2.0]}, index=pd.Index(["a", "b"], name="k"))
+    files = Files({"plain": Table(frame), "fixed": Table(frame, index=True, float_format="%.6f")})
+    files += Files(figures=(Drawing("fig_bars.png", _bars),), texts={"notes.jsonl": '{"a": 1}\n'})
+    paths = write_report(tmp_path, ["# Title", "", "body"], files)
+    assert [p.name for p in paths] == ["fig_bars.png", "fixed.csv", "notes.jsonl", "plain.csv", "summary.md"]
+    assert (tmp_path / "plain.csv").read_text() == frame.to_csv(index=False)
+    assert (tmp_path / "fixed.csv").read_text() == "k,x\na,0.333333\nb,2.000000\n"
+    assert (tmp_path / "summary.md").read_text() == "# Title\n\nbody"
+    with Image.open(tmp_path / "fig_bars.png") as im:  # 2 x 1 inches at the one resolution
+        assert im.size == (2 * FIGURE_DPI, FIGURE_DPI)
+    assert not list(tmp_path.glob("*.tmp*"))  # every file replaced in one step
+
+
+def test_a_file_named_twice_is_a_bug() -> None:
+    one = Files({"t": Table(pd.DataFrame({"x": [1]}))})
+    with pytest.raises(ValueError, match=r"written twice: t\.csv"):
+        one + one
+    with pytest.raises(ValueError, match=r"written twice: f\.png"):
+        Files(figures=(Drawing("f.png", _bars),)) + Files(figures=(Drawing("f.png", _bars),))
+
+
+def test_sections_return_their_files_and_write_nothing(tmp_path: Path) -> None:
+    @titled("With a table")
+    def table_section() -> Body:
+        """A section with a table."""
+        return ["see the table"], Files({"t": Table(pd.DataFrame({"x": [1]}))})
+
+    body, files = run_sections([table_section, thin_section, fine_section])
+    assert body[:3] == ["## With a table", "", "see the table"] and list(files.tables) == ["t"]
+    assert write_files(tmp_path / "out", files) == [tmp_path / "out" / "t.csv"]

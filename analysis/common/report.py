@@ -174,10 +174,10 @@ def write_files(out: Path, files: Files) -> list[Path]:
 
 def write_report(out: Path, summary: Sequence[str], files: Files) -> list[Path]:
     """Write a report into ``out``: its ``files`` (:func:`write_files`), then ``summary.md`` from the
-    ``summary`` lines (the summary names the files, so it comes last). Returns :func:`report_files`."""
-    write_files(out, files)
+    ``summary`` lines (the summary names the files, so it comes last). Returns the paths written, sorted."""
+    written = write_files(out, files)
     atomic_write_text(Path(out) / SUMMARY, "\n".join(summary))
-    return report_files(Path(out))
+    return sorted([*written, Path(out) / SUMMARY])
 
 
 def report_files(out: Path, extra: Sequence[str] = ()) -> list[Path]:
@@ -259,6 +259,6 @@ def write_panel_report(
     summary: Callable[[list[str]], str],
 ) -> list[Path]:
     """Write a comparison into ``out``: its CSV ``tables``, ``dropped_items.csv``, the ``figures``, then
-    ``summary.md``, which ``summary`` makes from the figures' file names. Returns :func:`report_files`."""
+    ``summary.md``, which ``summary`` makes from the figures' file names. Returns the paths written, sorted."""
     files = Files(tables) + dropped_table(dropped) + Files(figures=tuple(figures))
     return write_report(out, [summary([d.name for d in figures])], files)
