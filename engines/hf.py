@@ -46,6 +46,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from engines.base import Draws, EngineSettings, ProgressFn, check_reasoning, require
@@ -74,6 +75,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 READOUT_PATHS = ("auto", "tree", "branch", "plain")
 SAMPLE_PATHS = ("auto", "tree", "shared", "plain")
 HEAD_DTYPES = ("float32", "model")
+EXPERTS = ("auto", "eager", "grouped_mm", "batched_mm")
+"""Implementations of a mixture-of-experts layer in Transformers (``set_experts_implementation``)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,17 @@ class HFSettings(EngineSettings):
     reasoning costs about total tokens / rows + the longest trace in steps; the same for think mode's draws
     (reasoning, then the answer). False: fixed length buckets, each to its longest trace, and draws on the
     sample paths. Speed only in float32; outside it the schedule enters the run key (docs/gpu.md)."""
+    experts_prefill: str = field(default="auto", metadata=flag(name="hf-experts-prefill", choices=EXPERTS))
+    """Mixture-of-experts models: how the experts compute a forward over many tokens per row (prompts, trees).
+
+    auto: as the model loaded (Transformers' default, grouped_mm); batched_mm copies each token's experts'
+    weights, so it cannot prefill at scale (it asked for 218 GiB at 16 x 291 tokens on Qwen3-30B-A3B's widths).
+    Speed only in float32; outside it the choice enters the run key (docs/gpu.md)."""
+    experts_decode: str = field(default="auto", metadata=flag(name="hf-experts-decode", choices=EXPERTS))
+    """Mixture-of-experts models: how the experts compute a decoding step (one token per row).
+
+    auto: batched_mm on a GPU where prefill uses grouped_mm, else as prefill (Transformers' generate() rule,
+    :func:`experts_by_phase`). Speed only in float32; outside it the choice enters the run key."""
     reasoning_rows: int = field(default=0, metadata=flag(name="hf-reasoning-rows"))
     """Think mode: most traces reasoned together; 0 (auto): ``batch_size`` on a CPU, on a GPU as many as half its
     free memory holds KV cache for.
@@ -197,6 +211,9 @@ class HFSettings(EngineSettings):
         check_reasoning(self)
         if self.head_dtype not in HEAD_DTYPES:
             raise ValueError(f"head_dtype must be one of {HEAD_DTYPES}, got {self.head_dtype!r}")
+        for name in ("experts_prefill", "experts_decode"):
+            if getattr(self, name) not in EXPERTS:
+                raise ValueError(f"{name} must be one of {EXPERTS}, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -218,6 +235,8 @@ OWN_FLAGS = (
     "group_draws",
     "reasoning_refill",
     "reasoning_rows",
+    "experts_prefill",
+    "experts_decode",
     "head_dtype",
     "offload",
 )
@@ -488,6 +507,53 @@ def math_attention(device_type: str, dtype: Any, capability: str | None = None) 
     return not str(cap).upper().startswith("AVX512")
 
 
+def model_experts(model: Any) -> str | None:
+    """The experts implementation ``model`` computes with now; None for a model without switchable experts
+    (no mixture-of-experts layer, or a Transformers without ``set_experts_implementation``)."""
+    get = getattr(model, "get_experts_implementation", None)
+    return get().get("") if get is not None and has_switchable_experts(model) else None
+
+
+def has_switchable_experts(model: Any) -> bool:
+    """Whether a layer of ``model`` dispatches its experts by the config's implementation: its class was made by
+    Transformers' ``use_experts_implementation`` (whose forward is defined in ``integrations/moe.py``). The
+    model class's own flag (``_can_set_experts_implementation``) is read from its source file, so a dense
+    variant of a mixture-of-experts architecture (Nemotron-H without MoE layers) claims it too."""
+    for m in model.modules():
+        code = getattr(type(m).forward, "__code__", None)
+        if code is not None and Path(code.co_filename).parts[-2:] == ("integrations", "moe.py"):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Experts:
+    """The experts implementation of each phase of a mixture-of-experts model (:func:`experts_by_phase`)."""
+
+    prefill: str
+    decode: str
+
+    def of(self, tokens_per_row: int) -> str:
+        """The implementation of a forward over ``tokens_per_row`` new tokens per row: one is a decoding step."""
+        return self.decode if tokens_per_row == 1 else self.prefill
+
+
+def experts_by_phase(loaded: str | None, device_type: str, prefill: str, decode: str) -> Experts | None:
+    """Each phase's experts implementation for a model loaded with ``loaded`` (None: no experts, None back) on
+    ``device_type``, from the settings ``prefill`` and ``decode`` (auto or an implementation).
+
+    auto prefill keeps the loaded one. auto decode is Transformers' own rule in ``generate()``
+    (``_optimize_model_for_decode``): batched_mm where prefill is grouped_mm off the CPU (grouped_mm's launches
+    dominate a step of a few tokens per expert on a GPU; on a CPU grouped_mm is faster), else as prefill.
+    """
+    if loaded is None:
+        return None
+    p = loaded if prefill == "auto" else prefill
+    if decode != "auto":
+        return Experts(p, decode)
+    return Experts(p, "batched_mm" if p == "grouped_mm" and device_type != "cpu" else p)
+
+
 @dataclass(frozen=True)
 class Weights:
     """What loading decided, once per model: the weights and tokenizer, where they came from and where they live.
@@ -502,6 +568,9 @@ class Weights:
     """The model folder it was loaded from (None: a model handed in)."""
     placement: str = "given"
     """How it was placed (:func:`engines.placement.place`); given: placed by the caller that handed it in."""
+    experts: str | None = None
+    """The experts implementation it loaded with (:func:`model_experts`; None: no switchable experts). Kept here
+    because engines sharing the model switch it per phase (:meth:`HFEngine._call`)."""
 
 
 class HFEngine(LocalEngine):
@@ -515,7 +584,8 @@ class HFEngine(LocalEngine):
     ) -> None:
         self.settings = settings
         if weights is None and model is not None and tokenizer is not None:
-            weights = Weights(model, tokenizer)  # a model handed in (tests, the bench) was placed by its caller
+            # a model handed in (tests, the bench) was placed by its caller
+            weights = Weights(model, tokenizer, experts=model_experts(model))
         self._weights = weights
         self._model: Any = None  # set with the rest of what the weights decide, by load() (:meth:`_setup`)
         self._tok: Any = None
@@ -530,6 +600,7 @@ class HFEngine(LocalEngine):
         self._split: bool | None = None  # the weights live on more than one device (:meth:`_hidden_device`)
         self._reasoning = ReasoningStats()
         self._math: bool | None = None  # attention through the math kernel (:func:`math_attention`), once known
+        self._experts: Experts | None = None  # each phase's experts implementation (:func:`experts_by_phase`)
         self._drawing = ReasoningStats()  # think mode's refilled draws (:meth:`_draw_refilled`)
 
     # ---------------------------------------------------------------- loading
@@ -572,7 +643,7 @@ class HFEngine(LocalEngine):
             sizes = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
             check_offload(getattr(model, "hf_device_map", None), sizes, allowed=s.offload)
         model.eval()
-        return Weights(model, tok, ref.path, where.describe())
+        return Weights(model, tok, ref.path, where.describe(), model_experts(model))
 
     def _setup(self, weights: Weights) -> None:
         """Everything an engine derives from loaded weights and its own settings, in one place, so an engine made
@@ -588,6 +659,8 @@ class HFEngine(LocalEngine):
             tok.pad_token = tok.eos_token
         self._check_chat_template()
         self._float32_head()
+        s = self.settings
+        self._experts = experts_by_phase(weights.experts, self.device.type, s.experts_prefill, s.experts_decode)
 
     def _float32_head(self) -> None:
         """Compute the final projection in float32 (``settings.head_dtype``), where the weights are not float32.
@@ -691,8 +764,10 @@ class HFEngine(LocalEngine):
             if s.think
             else {}
         )
+        experts = {"experts": asdict(self._experts)} if self._experts is not None else {}
         return {
             **reasoning,
+            **experts,
             "head_dtype": self._head,
             "readout_path": self.readout_path(),
             "batch_size": s.batch_size,
@@ -745,9 +820,15 @@ class HFEngine(LocalEngine):
         return ids.to(self.device), mask.to(self.device)
 
     def _call(self, **inputs: Any) -> Any:
-        """One forward of the model: the head in this engine's dtype (:meth:`_use_head`), and attention through
-        PyTorch's math kernel where its CPU flash kernel cannot run (:func:`math_attention`)."""
+        """One forward of the model: the head in this engine's dtype (:meth:`_use_head`), the experts of a
+        mixture-of-experts model in the implementation of the forward's phase (:class:`Experts`; switched only when
+        the model computes with another), and attention through PyTorch's math kernel where its CPU flash kernel
+        cannot run (:func:`math_attention`)."""
         self._use_head()
+        if self._experts is not None:
+            want = self._experts.of(inputs["input_ids"].shape[1])
+            if self.model.get_experts_implementation().get("") != want:
+                self.model.set_experts_implementation(want)
         if self._math is None:
             self._math = math_attention(self.device.type, next(self.model.parameters()).dtype)
         if not self._math:

@@ -421,39 +421,64 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
         }
     )
 
-    # decode steps, warm, against the weight-read floor at the step's batch and context
+    # prefill and decode steps in each experts implementation, warm; decode against the weight-read floor
     prompt = base.render(binary[0])
     element = torch.finfo(dtype).bits // 8
-    decode: dict[int, float] = {}
-    for rows in (1, 16, 64) if cpu else (16, 128, 512):
-        ids, mask = base._pad_left([prompt] * rows)
+    phases = dm.experts_phases(base)
+    prefill: dict[str, float] = {}
+    prefill_rows = 4 if cpu else 64
+    ids, mask = base._pad_left([prompt] * prefill_rows)
+    flops = per_token * ids.numel()
+    for impl in dm.PREFILL_EXPERTS:
+        e = base.variant(experts_prefill=impl)
         with torch.inference_mode():
-            lp, cache = base._forward(ids, mask, None)
-            nxt = lp.argmax(-1)[:, None]
-            state = {"mask": mask, "cache": cache}
-
-            def step(state: dict[str, Any] = state, nxt: Any = nxt) -> None:
-                state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
-                _, state["cache"] = base._forward(nxt, state["mask"], state["cache"])
-
-            _, t = dm.timed(step, sync, repeats=8)
-        parts = dm.decode_bytes(config, rows, state["mask"].shape[1], element)
-        floor_s = sum(parts.values()) / bandwidth
-        decode[rows] = t["median_s"] / floor_s
+            _, t = dm.timed(lambda e=e: e._forward(ids, mask, None), sync)
+        prefill[impl] = t["median_s"]
         emit(
             {
                 "check": "moe",
-                "what": f"decode step batch {rows}",
+                "what": f"prefill {prefill_rows} x {ids.shape[1]} tokens, experts {impl}",
                 **t,
-                "ms": 1e3 * t["median_s"],
-                "ms_48_layers": 1e3 * t["median_s"] * scale,
-                "tokens_per_s": rows / t["median_s"],
-                "bytes_read_floor": parts,
-                "weight_read_floor_ms": 1e3 * floor_s,
-                "over_floor": decode[rows],
+                "flop_per_s": flops / t["median_s"],
+                "share_of_matmul_rate": flops / t["median_s"] / flops_rate,
             }
         )
-        del cache, state
+    decode: dict[int, float] = {}
+    for rows in (1, 16, 64) if cpu else (16, 128, 512):
+        ids, mask = base._pad_left([prompt] * rows)
+        steps: dict[str, float] = {}
+        for impl in dm.DECODE_EXPERTS:
+            e = base.variant(experts_decode=impl)
+            with torch.inference_mode():
+                lp, cache = e._forward(ids, mask, None)
+                nxt = lp.argmax(-1)[:, None]
+                state = {"mask": mask, "cache": cache}
+
+                def step(e: Any = e, state: dict[str, Any] = state, nxt: Any = nxt) -> None:
+                    state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
+                    _, state["cache"] = e._forward(nxt, state["mask"], state["cache"])
+
+                _, t = dm.timed(step, sync, repeats=8)
+            parts = dm.decode_bytes(config, rows, state["mask"].shape[1], element)
+            floor_s = sum(parts.values()) / bandwidth
+            steps[impl] = t["median_s"]
+            emit(
+                {
+                    "check": "moe",
+                    "what": f"decode step batch {rows}, experts {impl}",
+                    **t,
+                    "ms": 1e3 * t["median_s"],
+                    "ms_48_layers": 1e3 * t["median_s"] * scale,
+                    "tokens_per_s": rows / t["median_s"],
+                    "bytes_read_floor": parts,
+                    "weight_read_floor_ms": 1e3 * floor_s,
+                    "over_floor": t["median_s"] / floor_s,
+                }
+            )
+            del cache, state
+        decode[rows] = steps[phases.decode] / floor_s  # the engine's own choice, against the floor
+        emit(dm.experts_choice(f"decode batch {rows}", phases.decode, steps))
+    emit(dm.experts_choice(f"prefill {prefill_rows} rows", phases.prefill, prefill))
 
     # draws against generate(): the same prompts, n per prompt, 16 new tokens
     draw_trials, n, new = binary[:8], 16 if not cpu else 4, 16

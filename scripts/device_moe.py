@@ -33,6 +33,12 @@ from typing import Any
 
 REPEATS = 3
 """Timed repeats of every figure (after one warm-up call at the same shapes)."""
+PREFILL_EXPERTS = ("grouped_mm", "eager")
+"""The experts implementations prefill is timed in (batched_mm copies every token's experts' weights: it asked
+for 218 GiB at 16 x 291 tokens on the H200, so it is not a prefill candidate)."""
+DECODE_EXPERTS = ("grouped_mm", "batched_mm")
+"""The experts implementations a decoding step is timed in (eager loops over the experts in Python)."""
+
 TARGETS = {"decode_512": 2.5, "decode_16": 3.0, "reasoning": 1.3, "readouts": 3.0, "draws": 5.0}
 """Issue 44's targets: floor multiples (decode), a step ratio (reasoning), speed-ups over peers."""
 
@@ -186,3 +192,28 @@ def mixed_request(engine: Any, trials: Sequence[Any], budget: int, short: int) -
     if not ends:
         raise RuntimeError("every trace emits only trace 0's tokens: no end set separates them")
     return replace(base, end_id=ends[0], stops=frozenset(ends[1:]))
+
+
+def experts_phases(engine: Any) -> Any:
+    """The engine's own experts implementation per phase (its settings' auto resolved on its device)."""
+    from engines.hf import experts_by_phase, model_experts
+
+    s = engine.settings
+    phases = experts_by_phase(model_experts(engine.model), engine.device.type, s.experts_prefill, s.experts_decode)
+    if phases is None:
+        raise ValueError("the device check's model has no switchable experts")
+    return phases
+
+
+def experts_choice(phase: str, chosen: str, seconds: dict[str, float]) -> dict[str, Any]:
+    """The record of whether the engine's auto choice for ``phase`` is the fastest of the implementations timed
+    (``seconds``: median per implementation): the evidence the defaults of ``--hf-experts-*`` rest on."""
+    fastest = min(seconds, key=seconds.__getitem__)
+    return {
+        "check": "moe",
+        "what": f"experts choice, {phase}",
+        "auto": chosen,
+        "fastest": fastest,
+        "auto_over_fastest": seconds[chosen] / seconds[fastest],
+        "median_s": seconds,
+    }
