@@ -205,10 +205,11 @@ def test_recovery_needs_the_option_counts() -> None:
 
 def test_coverage_lines_name_the_low_probes_only() -> None:
     pt = pd.DataFrame({"probe": ["decision", "decision", "what_if", "could_be"], "coverage": [0.02, 0.06, 0.9, 0.1]})
-    (line,) = fl.coverage_lines(pt, ["decision", "what_if"], "the decision-bias tables")
+    (line,) = fl.coverage_lines(fl.low_coverage(pt, ["decision", "what_if"]), "the decision-bias tables")
     assert "under the decision-bias tables: mean option mass decision 0.040 (2 of 2 below 0.5)" in line
     assert "what_if" not in line
-    assert fl.coverage_lines(pt, ["what_if"], "x") == []
+    assert fl.low_coverage(pt, ["what_if"]).empty
+    assert fl.coverage_lines(fl.low_coverage(pt, ["what_if"]), "x") == []
 
 
 # =========================================================================== the report

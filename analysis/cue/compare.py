@@ -103,10 +103,11 @@ def run_tables(
 
 
 def _labels(run: PanelRun) -> dict[str, tuple[str, ...]]:
+    """The run's attribute labels, as its report reads them (:func:`analysis.cue.results.attribute_labels`)."""
+    from analysis.cue.results import attribute_labels
     from experiments.cue import CueSpec
 
-    spec = run.run().manifest.spec_as(CueSpec)
-    return {a.name: a.labels for a in spec.attributes()}
+    return attribute_labels(run.run().manifest.spec_as(CueSpec))
 
 
 def headline_arm(runs: Sequence[CueRun]) -> str:
@@ -370,6 +371,10 @@ class CueComparison:
     kendall: pd.DataFrame
     sign_tests: pd.DataFrame
     by_group: pd.DataFrame
+    average: pd.DataFrame
+    """The Average row over the runs (:func:`average_row`)."""
+    average_by_group: pd.DataFrame
+    """The mean over the runs per group (:func:`average_by_group`)."""
     attributes: pd.DataFrame | None
     ols: pd.DataFrame | None
     notes: tuple[str, ...]
@@ -386,8 +391,8 @@ class CueComparison:
             "cue_kendall": self.kendall,
             "cue_sign_tests": self.sign_tests,
             "cue_net_by_group": self.by_group,
-            "cue_average": average_row(self.models),
-            "cue_average_by_group": average_by_group(self.by_group),
+            "cue_average": self.average,
+            "cue_average_by_group": self.average_by_group,
             "cue_attributes": self.attributes,
             "cue_gap_ols": self.ols,
         }
@@ -435,6 +440,7 @@ def compare_cue_frames(
     if attrs is not None:
         cols = [c for c in attrs.columns if c != "name"]
         ols = ols_gap(models[["name", "gap"]].merge(attrs, on="name", how="left"), cols)
+    by_group = net_by_group(runs, arm, cons)
     return CueComparison(
         runs=tuple(runs),
         items=tuple(items),
@@ -444,7 +450,9 @@ def compare_cue_frames(
         models=models,
         kendall=kendall(models),
         sign_tests=group_sign_tests(runs, arm, cons),
-        by_group=net_by_group(runs, arm, cons),
+        by_group=by_group,
+        average=average_row(models),
+        average_by_group=average_by_group(by_group),
         attributes=attrs,
         ols=ols,
         notes=tuple(notes),

@@ -1,7 +1,10 @@
 """The cue-visibility panel report: ``probe compare`` on cue runs writes CSV tables, ``summary.md`` and figures.
 
 The quantities come from :func:`analysis.cue.compare.compare_cue_frames`
-(its module docstring defines them); this module only writes them. When every
+(its module docstring defines them), computed once into a
+:class:`~analysis.cue.compare.CueComparison`; this module only formats them
+(the summary's lines, the tables, figure functions that return their figures)
+and :func:`~analysis.common.report.write_panel_report` writes them. When every
 run holds readouts and samples (:func:`analysis.cue.compare.compare_cue_sources`
 gives two comparisons), every CSV holds both in long form (a ``source`` column),
 each figure is drawn per source (``*_readout.png``, ``*_samples.png``) and the
@@ -10,7 +13,7 @@ summary has a part per source.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import write_panel_report
+from analysis.common.report import Drawing, Table, write_panel_report
 from analysis.common.tables import md_table, source_tables
 from analysis.cue.compare import (
     AVERAGED,
@@ -27,7 +30,6 @@ from analysis.cue.compare import (
     N_BOOT,
     SEED,
     CueComparison,
-    average_row,
     compare_cue_sources,
 )
 from analysis.cue.metrics import Decision
@@ -43,57 +45,69 @@ def compare_cue(
     if len(parts) == 1:
         res = parts[0]
         return write_panel_report(
-            out, res.csv_tables(), res.dropped, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
+            out, _tables(res.csv_tables()), res.dropped, _drawings(res), partial(_summary_md, panel, res, n_boot)
         )
     tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped) for p in parts])
+    drawings = [d for p in parts for d in _drawings(p, tag=str(p.source))]
     return write_panel_report(
-        out, tables, dropped, partial(_source_figures, parts), partial(_sources_summary_md, panel, parts, n_boot)
+        out, _tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot)
     )
 
 
-def _source_figures(parts: Sequence[CueComparison]) -> Iterator[tuple[str, Any]]:
-    """Every figure of each source's comparison, named ``*_<source>.png`` and titled with the source."""
-    for p in parts:
-        yield from _figures(p, tag=str(p.source))
+def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:
+    """The comparison's CSV tables (``%.6g``); a table not computed (None) is not written."""
+    return {name: Table(df, float_format="%.6g") for name, df in frames.items() if df is not None}
 
 
 # ---------------------------------------------------------------------------- figures
-def _figures(res: CueComparison, tag: str = "") -> Iterator[tuple[str, Any]]:
-    """Draw the comparison\'s figures, each with its file name; ``tag`` (a source) suffixes the names and titles."""
-    plt = pyplot()
+def _drawings(res: CueComparison, tag: str = "") -> list[Drawing]:
+    """The comparison's figures, each with its file name; ``tag`` (a source) suffixes the names and titles."""
     sfx, pre = (f"_{tag}", f"{tag}: ") if tag else ("", "")
-    m = res.models
-    fig, ax = plt.subplots(figsize=(5, 0.3 * len(m) + 3))
-    for r in m.itertuples():
+    out = [Drawing(f"fig_cue_rankings{sfx}.png", partial(plot_rankings, res.models, res.arm, res.consequences, pre))]
+    if res.attributes is not None and res.ols is not None:
+        draw = partial(plot_gap_vs_attributes, res.models, res.attributes, res.ols, pre)
+        out.append(Drawing(f"fig_cue_gap_vs_attributes{sfx}.png", draw))
+    return out
+
+
+def plot_rankings(models: pd.DataFrame, arm: str, consequences: str, prefix: str = "") -> Any:
+    """Each run's macro net bias under Direct and under ``arm``, joined by a line (crossing lines: rank changes);
+    ``prefix`` starts the title. The figure."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 0.3 * len(models) + 3))
+    for r in models.itertuples():
         ax.plot([0, 1], [100 * r.direct_net, 100 * r.puzzled_net], marker="o")
         ax.annotate(str(r.name), (1.03, 100 * r.puzzled_net), fontsize=7, va="center")
         ax.annotate(str(r.name), (-0.03, 100 * r.direct_net), fontsize=7, va="center", ha="right")
     ax.axhline(0, color="0.7", lw=0.8)
-    ax.set_xticks([0, 1], ["Direct", res.arm])
+    ax.set_xticks([0, 1], ["Direct", arm])
     ax.set_xlim(-0.6, 1.6)
     ax.set_ylabel("macro net bias (pp)")
-    ax.set_title(
-        f"{pre}net bias per model ({res.consequences} consequences); crossing lines = rank changes", fontsize=8
-    )
+    ax.set_title(f"{prefix}net bias per model ({consequences} consequences); crossing lines = rank changes", fontsize=8)
     fig.tight_layout()
-    yield f"fig_cue_rankings{sfx}.png", fig
-    if res.attributes is not None and res.ols is not None:
-        cols = [c for c in res.attributes.columns if c != "name"]
-        data = m[["name", "gap"]].merge(res.attributes, on="name", how="left")
-        fig, axes = plt.subplots(1, len(cols), figsize=(3.6 * len(cols), 3.4), squeeze=False)
-        for ax, col in zip(axes[0], cols, strict=True):
-            ax.scatter(data[col], 100 * data["gap"])
-            for name, x, gap in zip(data["name"], data[col], data["gap"], strict=True):
-                ax.annotate(str(name), (x, 100 * gap), fontsize=6)
-            fit = res.ols[(res.ols["fit"] == col) & (res.ols["term"] == col)]
-            if len(fit) and np.isfinite(fit["slope"].iloc[0]):
-                xs = np.linspace(float(data[col].min()), float(data[col].max()), 10)
-                ax.plot(xs, 100 * (fit["intercept"].iloc[0] + fit["slope"].iloc[0] * xs), color="black", lw=1)
-                ax.set_title(f"{pre}R² = {fit['r2'].iloc[0]:.2f}, n = {int(fit['n'].iloc[0])}", fontsize=8)
-            ax.set_xlabel(col)
-            ax.set_ylabel("Gap (pp)")
-        fig.tight_layout()
-        yield f"fig_cue_gap_vs_attributes{sfx}.png", fig
+    return fig
+
+
+def plot_gap_vs_attributes(models: pd.DataFrame, attributes: pd.DataFrame, ols: pd.DataFrame, prefix: str = "") -> Any:
+    """One panel per model attribute: each run's Gap against it, with the OLS line of ``ols`` where it was fitted
+    (its R² and n in the title, after ``prefix``). The figure."""
+    plt = pyplot()
+    cols = [c for c in attributes.columns if c != "name"]
+    data = models[["name", "gap"]].merge(attributes, on="name", how="left")
+    fig, axes = plt.subplots(1, len(cols), figsize=(3.6 * len(cols), 3.4), squeeze=False)
+    for ax, col in zip(axes[0], cols, strict=True):
+        ax.scatter(data[col], 100 * data["gap"])
+        for name, x, gap in zip(data["name"], data[col], data["gap"], strict=True):
+            ax.annotate(str(name), (x, 100 * gap), fontsize=6)
+        fit = ols[(ols["fit"] == col) & (ols["term"] == col)]
+        if len(fit) and np.isfinite(fit["slope"].iloc[0]):
+            xs = np.linspace(float(data[col].min()), float(data[col].max()), 10)
+            ax.plot(xs, 100 * (fit["intercept"].iloc[0] + fit["slope"].iloc[0] * xs), color="black", lw=1)
+            ax.set_title(f"{prefix}R² = {fit['r2'].iloc[0]:.2f}, n = {int(fit['n'].iloc[0])}", fontsize=8)
+        ax.set_xlabel(col)
+        ax.set_ylabel("Gap (pp)")
+    fig.tight_layout()
+    return fig
 
 
 # ---------------------------------------------------------------------------- summary
@@ -171,7 +185,7 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
         "sd_gap",
         "rank_gap",
     ]
-    avg = _pp_frame(average_row(res.models), list(AVERAGED))
+    avg = _pp_frame(res.average, list(AVERAGED))
     lines += [md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}", nan="–"), ""]
     lines += [
         "Average: the mean over the runs (the paper's Average rows); per group in `cue_average_by_group.csv`.",

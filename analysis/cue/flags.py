@@ -22,8 +22,9 @@ structural:
   chance only when it beats both (:func:`recovery_vs_chance`).
 * **Low option coverage.** A readout normalizes over the options, so a probe
   whose option mass is tiny yields clean-looking probabilities that describe
-  a small part of what the model would say; :func:`coverage_lines` names the
-  probes below :data:`analysis.common.checks.LOW_COVERAGE` beside the table they feed.
+  a small part of what the model would say; :func:`low_coverage` finds the
+  probes below :data:`analysis.common.checks.LOW_COVERAGE` and :func:`coverage_lines`
+  names them beside the table they feed.
 
 Every function is pure and takes tidy frames.
 """
@@ -317,22 +318,28 @@ def chance_frame(chances: Sequence[Chance]) -> pd.DataFrame:
 # =========================================================================== coverage beside its table
 
 
-def coverage_lines(per_trial: pd.DataFrame, probes: Sequence[str], table: str, low: float = LOW_COVERAGE) -> list[str]:
-    """A line naming each of ``probes`` whose mean option coverage is below ``low``, for the ``table`` it feeds.
+def low_coverage(per_trial: pd.DataFrame, probes: Sequence[str], low: float = LOW_COVERAGE) -> pd.DataFrame:
+    """Each of ``probes`` whose mean option coverage is below ``low``: ``mean``, ``low`` (trials below) and ``n``
+    (trials), indexed by probe; empty when no probe is low or absent.
 
     ``per_trial`` needs ``probe`` and ``coverage`` (option mass before
-    normalization, one per readout). Empty when no probe is low or absent.
+    normalization, one per readout).
     """
     sub = per_trial[per_trial["probe"].isin(list(probes))]
     if sub.empty or "coverage" not in sub.columns:
-        return []
+        return pd.DataFrame(columns=["mean", "low", "n"])
     g = sub.groupby("probe", sort=False)["coverage"]
     stats = pd.DataFrame({"mean": g.mean(), "low": g.apply(lambda s: int((s < low).sum())), "n": g.size()})
-    bad = stats[stats["mean"] < low]
-    if bad.empty:
+    return stats[stats["mean"] < low]
+
+
+def coverage_lines(low_probes: pd.DataFrame, table: str, low: float = LOW_COVERAGE) -> list[str]:
+    """A line naming the probes of ``low_probes`` (:func:`low_coverage` at ``low``) for the ``table`` they feed;
+    empty when there are none."""
+    if low_probes.empty:
         return []
     parts = ", ".join(
-        f"{p} {r['mean']:.3f} ({int(r['low'])} of {int(r['n'])} below {low:g})" for p, r in bad.iterrows()
+        f"{p} {r['mean']:.3f} ({int(r['low'])} of {int(r['n'])} below {low:g})" for p, r in low_probes.iterrows()
     )
     return [
         f"- **low option coverage** under {table}: mean option mass {parts}; the probabilities are normalized over "
