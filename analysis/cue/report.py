@@ -20,7 +20,7 @@ import pandas as pd
 
 from analysis.battery.calibration import temperature_lines
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Files, Table, report_files, write_report
+from analysis.common.report import Body, Drawing, Files, Table, write_report
 from analysis.common.tables import md_rows
 from analysis.cue import flags
 from analysis.cue.metrics import BREAKDOWNS, CELL, MACRO, REFERENCE
@@ -46,8 +46,7 @@ CSV_FORMAT = "%.6f"
 def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
     """Write the cue-visibility report of a run: CSV tables, ``summary.md``, ``puzzles.jsonl`` and the figure."""
     lines, files = cue_summary(cue_results(run, n_boot=n_boot, seed=seed))
-    write_report(out, lines, files)
-    return report_files(out, (".jsonl",))
+    return write_report(out, lines, files)
 
 
 def cue_summary(r: CueResults) -> Body:
