@@ -376,3 +376,31 @@ def test_planted_steerabilities_are_recovered_from_samples(tmp_path: Path) -> No
     assert (c.xs("survey", level="influence")["p_asym"] > 0.001).all()
     wk = c.xs("weak_evidence", level="influence")
     assert ((wk["s_A"] < 0) & (wk["p_delta_A"] < 0.05)).all()
+
+
+def test_report_is_results_then_formatting_then_one_writer(tmp_path: Path) -> None:
+    """The report computes once (a frozen :class:`InfluenceResults`), formats without writing a file (the figure
+    functions return figures), and :func:`analysis.common.report.write_report` writes what the formatting named."""
+    import dataclasses
+
+    from analysis.common.figures import pyplot
+    from analysis.common.report import write_report
+    from analysis.influence.results import influence_results
+
+    store = run("influence-triage", SPEC, planted_engine(), tmp_path / "r", progress=False, log=lambda s: None)
+    res = influence_results(as_run(store), "triage", n_boot=50)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.n_boot = 1  # type: ignore[misc]
+    lines, files = report.influence_md(res)
+    assert report.influence_md(res)[0] == lines  # formatting computes nothing new: the same lines again
+    assert not (tmp_path / "r" / "report").exists()
+    names = [d.name for d in files.figures]
+    assert names == ["fig_conditions_00_gender.png", "fig_conditions_01_age.png", "fig_steerability.png"]
+    assert all(f"`{n}`" in "\n".join(lines) for n in names)
+    fig = files.figures[-1].draw()
+    assert type(fig).__name__ == "Figure"
+    pyplot().close(fig)
+    out = tmp_path / "out"
+    written = {p.name for p in write_report(out, lines, files)}
+    assert {*names, "summary.md", *(f"{stem}.csv" for stem in files.tables)} == written
+    assert (out / "summary.md").read_text() == "\n".join(lines)

@@ -1,6 +1,7 @@
 """The influence audit's analysis: from a run to conditions, effects, summaries and the report.
 
-Pipeline (each step a pure function on frames; :func:`influence_report` chains them):
+Pipeline (each step a pure function on frames; :func:`analysis.influence.results.influence_results` chains them
+for the report):
 
 1-4. :func:`experiments.influence.effects.run_conditions`: the trial cells
    (:func:`~experiments.influence.effects.trial_cells`, re-keyed by value for

@@ -2,8 +2,8 @@
 
 Pure functions on frames (the coding file ``RUN/coding/<task>.parquet`` of
 :mod:`probe.app.coding`, the trial factors, the influence audit's ``effects``);
-the influence report appends their sections through
-:func:`analysis.influence.coding_report.coded_report` when a run has been coded.
+the influence report's results hold them (:func:`coded_tasks`, one :class:`CodedTask`
+per coded task) and :mod:`analysis.influence.coding_report` formats them when a run has been coded.
 
 Label shares are **soft**: the mean of the judge's ``p_<code>`` over the
 traces of a group (the judge's expected label counts divided by n), next to
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,3 +266,53 @@ def backfire_patterns(joined: pd.DataFrame) -> pd.DataFrame:
     )
     out["by_influence"] = out["pair"].map(infl)
     return out
+
+
+# ============================================================ what the influence report shows
+@dataclass(frozen=True)
+class CodedTask:
+    """One coding task of an influence run (``RUN/coding/<task>.parquet``): the judge's metadata and the tables
+    computed from its codes; a table the task (or its codes) does not give is None."""
+
+    task: str
+    meta: Mapping[str, Any]
+    """The coding file's metadata (judge, taxonomy, counts)."""
+    by_arm: pd.DataFrame | None = None
+    """Rationale: :func:`rationale_by_arm`."""
+    by_condition: pd.DataFrame | None = None
+    """Rationale: :func:`rationale_by_condition`."""
+    joined: pd.DataFrame | None = None
+    """Compliance: the cued traces joined with their effects (:func:`join_effects`), for the figure."""
+    vs_effect: pd.DataFrame | None = None
+    """Compliance: per condition and direction (:func:`compliance_vs_effect`)."""
+    by_label: pd.DataFrame | None = None
+    """Compliance: per compliance label (:func:`compliance_vs_effect`)."""
+    patterns: pd.DataFrame | None = None
+    """Rationale: :func:`backfire_patterns`."""
+
+
+def coded_task(run: Run, task: str, eff: pd.DataFrame) -> CodedTask | None:
+    """What the report shows of ``task``'s codes of ``run`` (None: not coded); ``eff`` is
+    :func:`experiments.influence.effects.effects` of the run's conditions."""
+    got = load_coding(run.root, task)
+    if got is None:
+        return None
+    raw, meta = got
+    coded = with_factors(raw, run)
+    if coded.empty:
+        return CodedTask(task, meta)
+    rationale = task == "rationale"
+    by_arm = rationale_by_arm(coded) if rationale else None
+    by_condition = rationale_by_condition(coded) if rationale else None
+    joined = join_effects(coded, eff) if "direction" in coded.columns else pd.DataFrame()
+    if joined.empty:
+        return CodedTask(task, meta, by_arm, by_condition)
+    if task == "compliance":
+        per, by_label = compliance_vs_effect(joined)
+        return CodedTask(task, meta, by_arm, by_condition, joined=joined, vs_effect=per, by_label=by_label)
+    return CodedTask(task, meta, by_arm, by_condition, patterns=backfire_patterns(joined))
+
+
+def coded_tasks(run: Run, eff: pd.DataFrame) -> tuple[CodedTask, ...]:
+    """Every coded trace task of ``run`` (:data:`TRACE_TASKS`, in order) as :func:`coded_task` gives it."""
+    return tuple(t for t in (coded_task(run, task, eff) for task in TRACE_TASKS) if t is not None)

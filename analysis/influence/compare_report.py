@@ -1,7 +1,10 @@
 """The influence panel report: ``probe compare`` on influence runs writes CSV tables, ``summary.md`` and figures.
 
 The quantities come from :func:`analysis.influence.compare.compare_frames`
-(its module docstring defines them); this module only writes them. When every
+(its module docstring defines them), computed once into a frozen
+:class:`~analysis.influence.compare.InfluenceComparison`; this module only
+formats them (the summary's lines, the tables, the figures' drawings) and
+:func:`~analysis.common.report.write_panel_report` writes them. When every
 run holds readouts and samples (:func:`analysis.influence.compare.compare_sources`
 gives two comparisons), every CSV holds both in long form (a ``source`` column,
 :func:`analysis.common.tables.source_tables`), each figure is drawn per source
@@ -11,16 +14,18 @@ gives two comparisons), every CSV holds both in long form (a ``source`` column,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import write_panel_report
+from analysis.common.report import Drawing, Table, write_panel_report
 from analysis.common.tables import md_table, source_tables
+from analysis.influence.asym import AsymFit
 from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_sources
 from analysis.influence.flags import PRACTICAL_SHIFT
 from analysis.influence.report import asym_md
@@ -36,89 +41,118 @@ def compare_influence(
     if len(parts) == 1:
         res = parts[0]
         return write_panel_report(
-            out, res.csv_tables(), res.dropped_items, partial(_figures, res), partial(_summary_md, panel, res, n_boot)
+            out, _tables(res.csv_tables()), res.dropped_items, figures(res), partial(_summary_md, panel, res, n_boot)
         )
     tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped_items) for p in parts])
+    drawings = [d for p in parts for d in figures(p, tag=str(p.source))]
     return write_panel_report(
-        out, tables, dropped, partial(_source_figures, parts), partial(_sources_summary_md, panel, parts, n_boot)
+        out, _tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot)
     )
 
 
+def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:
+    """The comparison's CSV tables (``%.6g``); a table no source computed (None) is not written."""
+    return {stem: Table(t, float_format="%.6g") for stem, t in frames.items() if t is not None}
+
+
 # ---------------------------------------------------------------------------- figures
-def _source_figures(parts: Sequence[InfluenceComparison]) -> Iterator[tuple[str, Any]]:
-    """Every figure of each source's comparison, named ``*_<source>.png`` and titled with the source."""
-    for p in parts:
-        yield from _figures(p, tag=str(p.source))
-
-
-def _figures(res: InfluenceComparison, tag: str = "") -> Iterator[tuple[str, Any]]:
-    """Draw the comparison\'s figures, each with its file name; ``tag`` (a source) suffixes the names and titles."""
-    plt = pyplot()
+def figures(res: InfluenceComparison, tag: str = "") -> tuple[Drawing, ...]:
+    """The comparison's figures, each with its file name; ``tag`` (a source) suffixes the names and titles."""
     sfx, pre = (f"_{tag}", f"{tag}: ") if tag else ("", "")
     main = res.conditions[res.conditions["variant"] == "cue"]
-    for bench, g in main.groupby("benchmark", sort=False):
-        runs = list(dict.fromkeys(g["run"]))
-        infl = list(dict.fromkeys(g["influence"]))
-        cols = min(4, len(runs))
-        rows = math.ceil(len(runs) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows + 0.6), sharey=True, squeeze=False)
-        x = np.arange(len(infl))
-        for ax, run in zip(axes.flat, runs, strict=False):
-            sub = g[g["run"] == run].groupby("influence", sort=False)[["s_A", "s_B"]].mean().reindex(infl)
-            ax.bar(x - 0.2, sub["s_A"], 0.4, label="s(A)", color="tab:blue")
-            ax.bar(x + 0.2, sub["s_B"], 0.4, label="s(B)", color="tab:orange")
-            ax.axhline(0, color="0.3", lw=0.8)
-            ax.set_xticks(x, infl, rotation=45, ha="right", fontsize=7)
-            ax.set_title(run, fontsize=8)
-        for ax in list(axes.flat)[len(runs) :]:
-            ax.axis("off")
-        axes[0, 0].set_ylabel("mean steerability (log-odds)")
-        axes[0, 0].legend(fontsize=7)
-        fig.suptitle(f"{pre}{bench}: steerability per run (mean over conditions)", fontsize=9)
-        fig.tight_layout()
-        yield f"fig_steerability_by_model_{bench}{sfx}.png", fig
+    drawings = [
+        Drawing(
+            f"fig_steerability_by_model_{bench}{sfx}.png",
+            partial(steerability_figure, g, f"{pre}{bench}: steerability per run (mean over conditions)"),
+        )
+        for bench, g in main.groupby("benchmark", sort=False)
+    ]
     if not res.change.empty:
         ch = res.change[res.change["direction"] != "both"]
-        for bench, g in ch.groupby("benchmark", sort=False):
-            models = list(dict.fromkeys(g["model"]))
-            fig, axes = plt.subplots(
-                1,
-                len(models),
-                figsize=(3.4 * len(models), 0.35 * g["influence"].nunique() * 2 + 1.6),
-                sharex=True,
-                squeeze=False,
+        drawings += [
+            Drawing(
+                f"fig_reasoning_change_{bench}{sfx}.png",
+                partial(change_figure, g, f"{pre}{bench}: reasoning on minus off"),
             )
-            for ax, model in zip(axes[0], models, strict=True):
-                sub = g[g["model"] == model].reset_index(drop=True)
-                y = np.arange(len(sub))[::-1]
-                colors = np.where(sub["direction"] == "A", "tab:blue", "tab:orange")
-                ax.hlines(y, sub["change_lo"], sub["change_hi"], color=colors, lw=2)
-                ax.scatter(sub["change"], y, color=colors, zorder=3, s=14)
-                ax.axvline(0, color="0.3", lw=0.8)
-                ax.set_yticks(y, [f"{r.influence} → {r.direction}" for r in sub.itertuples()], fontsize=7)
-                ax.set_title(model, fontsize=8)
-                ax.set_xlabel("s(on) - s(off), 95% CI", fontsize=8)
-            fig.suptitle(f"{pre}{bench}: reasoning on minus off", fontsize=9)
-            fig.tight_layout()
-            yield f"fig_reasoning_change_{bench}{sfx}.png", fig
-    data = res.asym_data
-    if len(data):
+            for bench, g in ch.groupby("benchmark", sort=False)
+        ]
+    if len(res.asym_data):
         scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
-        fig, axes = plt.subplots(1, len(scopes), figsize=(4 * len(scopes), 3.6), squeeze=False)
-        for ax, fit in zip(axes[0], scopes, strict=True):
-            sub = data[data["benchmark"] == fit.scope]
-            for mr, gg in sub.groupby("model_reasoning", sort=False):
-                ax.scatter(gg["baseline_bias"], gg["abs_asym"], s=12, label=mr)
-            if math.isfinite(fit.beta):
-                xs = np.linspace(0, max(0.5, float(sub["baseline_bias"].max())), 20)
-                ax.plot(xs, fit.intercept + fit.beta * xs, color="black", lw=1)
-            r2 = f", marginal R² {fit.variances.r2_marginal:.2f}" if math.isfinite(fit.variances.r2_marginal) else ""
-            ax.set_title(f"{pre}{fit.scope}: β = {fit.beta:.2f}{r2}", fontsize=8)
-            ax.set_xlabel("|baseline bias| = |f0(B) - 0.5|")
-            ax.set_ylabel("|Asym| (log-odds)")
-            ax.legend(fontsize=6)
-        fig.tight_layout()
-        yield f"fig_asym_vs_bias{sfx}.png", fig
+        drawings.append(Drawing(f"fig_asym_vs_bias{sfx}.png", partial(asym_figure, res.asym_data, scopes, pre)))
+    return tuple(drawings)
+
+
+def steerability_figure(g: pd.DataFrame, title: str) -> Any:
+    """Per run, the mean s(A) and s(B) of each influence type over the main-cue conditions ``g`` of a benchmark."""
+    plt = pyplot()
+    runs = list(dict.fromkeys(g["run"]))
+    infl = list(dict.fromkeys(g["influence"]))
+    cols = min(4, len(runs))
+    rows = math.ceil(len(runs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows + 0.6), sharey=True, squeeze=False)
+    x = np.arange(len(infl))
+    for ax, run in zip(axes.flat, runs, strict=False):
+        sub = g[g["run"] == run].groupby("influence", sort=False)[["s_A", "s_B"]].mean().reindex(infl)
+        ax.bar(x - 0.2, sub["s_A"], 0.4, label="s(A)", color="tab:blue")
+        ax.bar(x + 0.2, sub["s_B"], 0.4, label="s(B)", color="tab:orange")
+        ax.axhline(0, color="0.3", lw=0.8)
+        ax.set_xticks(x, infl, rotation=45, ha="right", fontsize=7)
+        ax.set_title(run, fontsize=8)
+    for ax in list(axes.flat)[len(runs) :]:
+        ax.axis("off")
+    axes[0, 0].set_ylabel("mean steerability (log-odds)")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def change_figure(g: pd.DataFrame, title: str) -> Any:
+    """Per model, the change s(on) - s(off) of each influence type and direction with its CI (rows of a
+    benchmark's ``reasoning_change`` table, directions A and B)."""
+    plt = pyplot()
+    models = list(dict.fromkeys(g["model"]))
+    fig, axes = plt.subplots(
+        1,
+        len(models),
+        figsize=(3.4 * len(models), 0.35 * g["influence"].nunique() * 2 + 1.6),
+        sharex=True,
+        squeeze=False,
+    )
+    for ax, model in zip(axes[0], models, strict=True):
+        sub = g[g["model"] == model].reset_index(drop=True)
+        y = np.arange(len(sub))[::-1]
+        colors = np.where(sub["direction"] == "A", "tab:blue", "tab:orange")
+        ax.hlines(y, sub["change_lo"], sub["change_hi"], color=colors, lw=2)
+        ax.scatter(sub["change"], y, color=colors, zorder=3, s=14)
+        ax.axvline(0, color="0.3", lw=0.8)
+        ax.set_yticks(y, [f"{r.influence} → {r.direction}" for r in sub.itertuples()], fontsize=7)
+        ax.set_title(model, fontsize=8)
+        ax.set_xlabel("s(on) - s(off), 95% CI", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def asym_figure(data: pd.DataFrame, scopes: Sequence[AsymFit], pre: str = "") -> Any:
+    """|Asym| against |baseline bias| per benchmark (the fits ``scopes``), with the fitted line; ``pre`` starts the
+    titles."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(scopes), figsize=(4 * len(scopes), 3.6), squeeze=False)
+    for ax, fit in zip(axes[0], scopes, strict=True):
+        sub = data[data["benchmark"] == fit.scope]
+        for mr, gg in sub.groupby("model_reasoning", sort=False):
+            ax.scatter(gg["baseline_bias"], gg["abs_asym"], s=12, label=mr)
+        if math.isfinite(fit.beta):
+            xs = np.linspace(0, max(0.5, float(sub["baseline_bias"].max())), 20)
+            ax.plot(xs, fit.intercept + fit.beta * xs, color="black", lw=1)
+        r2 = f", marginal R² {fit.variances.r2_marginal:.2f}" if math.isfinite(fit.variances.r2_marginal) else ""
+        ax.set_title(f"{pre}{fit.scope}: β = {fit.beta:.2f}{r2}", fontsize=8)
+        ax.set_xlabel("|baseline bias| = |f0(B) - 0.5|")
+        ax.set_ylabel("|Asym| (log-odds)")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
 
 
 # ---------------------------------------------------------------------------- summary

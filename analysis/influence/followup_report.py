@@ -1,20 +1,24 @@
 """``probe analyze`` of a follow-up run: the selection, the replies and, once coded, the crosstab and headline.
 
-Writes ``summary.md``, the CSV tables and ``fig_followup_labels.png`` from the
-estimates of :mod:`analysis.influence.followup`.
+:func:`followup_results` computes what the report shows once, from the estimators of
+:mod:`analysis.influence.followup` (a frozen :class:`FollowupResults`); :func:`followup_md` formats it into the
+summary's lines and the CSV tables, :func:`stacked_figure` draws ``fig_followup_labels.png``, and
+:func:`~analysis.common.report.write_report` writes them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.common.figures import pyplot, save_figure
-from analysis.common.report import report_files, write_summary, write_tables
+from analysis.common.figures import pyplot
+from analysis.common.report import Body, Drawing, Files, Table, write_report
 from analysis.influence.followup import (
     CODES,
     N_BOOT,
@@ -28,12 +32,13 @@ from analysis.influence.followup import (
     with_codes,
 )
 from analysis.influence.tables import table_section
-from probe.record import Plan
+from experiments.followup import FollowupSpec
+from probe.record import Manifest, Plan
 from probe.runs import Run
 
 
 # ============================================================================= figures
-def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame, path: Path) -> Path:
+def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame) -> Any:
     """Stacked bars: label shares per cell class (n per bar in the tick label)."""
     plt = pyplot()
 
@@ -51,54 +56,111 @@ def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame, path: Path) -> Pa
     ax.set_title("follow-up self-report by source cell")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    return path
+    return fig
+
+
+# ============================================================================= results
+@dataclass(frozen=True)
+class Coded:
+    """What the judge's codes of the replies give (:mod:`analysis.influence.followup`)."""
+
+    counts: pd.DataFrame
+    """Labels per cell class (:func:`analysis.influence.followup.crosstab`): counts, cell class as the index."""
+    shares: pd.DataFrame
+    """The row shares of :attr:`counts`."""
+    headline: pd.DataFrame
+    """Every (class, code) share with its intervals (:func:`analysis.influence.followup.headline`)."""
+    judges: tuple[str, ...]
+    uncoded: int
+    """Replies the judge has not coded."""
+
+
+@dataclass(frozen=True)
+class FollowupResults:
+    """Everything the follow-up report shows, computed once (:func:`followup_results`)."""
+
+    root: Path
+    manifest: Manifest
+    spec: FollowupSpec
+    plan: Plan
+    """The run's plan (an empty one without sampled replies)."""
+    n_boot: int
+    selection: pd.DataFrame
+    classes: pd.DataFrame
+    answers: pd.DataFrame
+    """One row per reply, the columns shown (with its label and judge once coded)."""
+    coded: Coded | None
+    """None: the replies are not coded yet."""
+
+
+_ANSWER_COLS = ["trial_id", "draw", "cell", "cell_key", "item_id", "source_choice", "option", "status", "text"]
+
+
+def followup_results(run: Run, *, n_boot: int = N_BOOT, seed: int = SEED) -> FollowupResults:
+    """The selection and replies of a follow-up run and, once coded, the crosstab and headline."""
+    ans = answers(run)
+    selection, classes = selection_table(ans), class_counts(ans)
+    shown = ans[[c for c in _ANSWER_COLS if c in ans.columns]]
+    codes = load_codes(run)
+    coded = None
+    if codes is not None:
+        joined = with_codes(ans, codes)
+        counts, shares = crosstab(joined)
+        coded = Coded(
+            counts=counts,
+            shares=shares,
+            headline=headline(joined, n_boot=n_boot, seed=seed),
+            judges=tuple(sorted(set(joined["judge"].dropna()))),
+            uncoded=int((joined["label"] == "uncoded").sum()),
+        )
+        shown = joined[[*shown.columns, "label", "judge"]]
+    man = run.manifest
+    return FollowupResults(
+        root=run.root,
+        manifest=man,
+        spec=man.spec_as(FollowupSpec),
+        plan=man.plan or Plan(),  # no plan: no sampled replies
+        n_boot=n_boot,
+        selection=selection,
+        classes=classes,
+        answers=shown,
+        coded=coded,
+    )
 
 
 # ============================================================================== report
 def report(run: Run, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
     """Write the follow-up report: selection, replies, and (when coded) the crosstab, headline and figure."""
-    out.mkdir(parents=True, exist_ok=True)
-    ans = answers(run)
-    tables: dict[str, pd.DataFrame] = {
-        "selection": selection_table(ans),
-        "classes": class_counts(ans),
-    }
-    show = ["trial_id", "draw", "cell", "cell_key", "item_id", "source_choice", "option", "status", "text"]
-    tables["answers"] = ans[[c for c in show if c in ans.columns]]
-    codes = load_codes(run)
-    figures: list[str] = []
-    coded = None
-    if codes is not None:
-        coded = with_codes(ans, codes)
-        counts, shares = crosstab(coded)
-        tables["crosstab_counts"] = counts.reset_index()
-        tables["crosstab_shares"] = shares.reset_index()
-        tables["headline"] = headline(coded, n_boot=n_boot, seed=seed)
-        tables["answers"] = coded[[*tables["answers"].columns, "label", "judge"]]
-        if len(counts):
-            figures.append(stacked_figure(shares, counts, out / "fig_followup_labels.png").name)
-    write_tables(out, tables)
-    write_summary(out, _summary(run, tables, coded, figures, n_boot))
-    return report_files(out)
+    lines, files = followup_md(followup_results(run, n_boot=n_boot, seed=seed))
+    return write_report(out, lines, files)
 
 
-def _summary(
-    run: Run,
-    tables: Mapping[str, pd.DataFrame],
-    coded: pd.DataFrame | None,
-    figures: Sequence[str],
-    n_boot: int,
-) -> str:
-    from experiments.followup import FollowupSpec
+def followup_md(res: FollowupResults) -> Body:
+    """The summary's lines and the report's files (the CSV tables, ``%.6g``; the figure once coded)."""
+    tables = {"selection": res.selection, "classes": res.classes, "answers": res.answers}
+    drawings: tuple[Drawing, ...] = ()
+    if res.coded is not None:
+        c = res.coded
+        tables |= {
+            "crosstab_counts": c.counts.reset_index(),
+            "crosstab_shares": c.shares.reset_index(),
+            "headline": c.headline,
+        }
+        if len(c.counts):
+            drawings = (Drawing("fig_followup_labels.png", partial(stacked_figure, c.shares, c.counts)),)
+    files = Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, drawings)
+    return _summary(res, [d.name for d in drawings]), files
 
-    man = run.manifest
-    spec, plan = man.spec_as(FollowupSpec), man.plan or Plan()  # no plan: no sampled replies
+
+def _summary(res: FollowupResults, figures: list[str]) -> list[str]:
+    """The summary: the run, the cells and the selection, then the coding (how to code, or the headline and
+    the crosstab), then the ``figures``."""
+    man, spec, plan = res.manifest, res.spec, res.plan
     draws = f"{plan.samples} sampled replies per trial at T = {plan.temperature}"
     lines = [
         f"# Follow-up self-report probe: {man.model}",
         "",
-        f"- run: `{run.root}`, {man.n_trials} follow-up trials, run key `{man.run_key}`",
+        f"- run: `{res.root}`, {man.n_trials} follow-up trials, run key `{man.run_key}`",
         f"- source: `{spec.source}` (run key `{spec.source_run_key}`); cells: "
         f"{', '.join(spec.select)}, up to {spec.per_cell} first answers per cell "
         f"(seed {spec.seed}); significance: {spec.significance}",
@@ -106,28 +168,27 @@ def _summary(
         "- each trial is the source conversation, the model's own first answer kept (exact token ids where the source "
         "stored them), and the follow-up question; cell = the class of the source effect (condition x cue direction).",
         "",
-        *table_section("## Cells", tables["classes"]),
+        *table_section("## Cells", res.classes),
         "said_yes / said_no: a crude reading of the reply (it says Yes / No); the codes below are the measurement.",
         "",
     ]
-    sel = tables["selection"]
+    sel = res.selection
     lines += table_section("## Selection (per cell)", sel.head(40))
     if len(sel) > 40:
         lines += [f"(first 40 of {len(sel)}; all in selection.csv)", ""]
+    coded = res.coded
     if coded is None:
         lines += [
             "## Coding",
             "",
             "No codes yet. Code the replies with a judge, then re-run the report:",
             "",
-            f"    probe code {run.root} --task followup --judge MODEL",
-            f"    probe analyze {run.root}",
+            f"    probe code {res.root} --task followup --judge MODEL",
+            f"    probe analyze {res.root}",
             "",
         ]
     else:
-        judges = sorted(set(coded["judge"].dropna()))
-        uncoded = int((coded["label"] == "uncoded").sum())
-        head = tables["headline"]
+        head = coded.headline
         main = head[(head["cell"] == "backfire") & (head["label"] == "ack_disclaimed")]
         lines += ["## Stated vs revealed", ""]
         if len(main) and main["n"].iloc[0] > 0:
@@ -146,11 +207,11 @@ def _summary(
         else:
             lines += ["No coded reply comes from a significant-backfire cell.", ""]
         lines += [
-            f"Judge: {', '.join(judges) or '?'}; uncoded replies: {uncoded}. Bootstrap: {n_boot} replicates.",
+            f"Judge: {', '.join(coded.judges) or '?'}; uncoded replies: {coded.uncoded}. Bootstrap: {res.n_boot} replicates.",
             "",
-            *table_section("### Labels per cell class (counts)", tables["crosstab_counts"]),
-            *table_section("### Labels per cell class (shares)", tables["crosstab_shares"]),
+            *table_section("### Labels per cell class (counts)", coded.counts.reset_index()),
+            *table_section("### Labels per cell class (shares)", coded.shares.reset_index()),
         ]
     if figures:
         lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]
-    return "\n".join(lines)
+    return lines

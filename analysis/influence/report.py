@@ -1,128 +1,47 @@
-"""The influence audit's report (paper 000): the Markdown summary, CSV tables and figures of one run, of an
-imported run (``probe import``), and the Markdown of the |Asym| fits; the numbers come from
-:mod:`analysis.influence.audit`, :mod:`analysis.influence.asym` and :mod:`analysis.influence.imported`.
+"""The influence audit's reports (paper 000): the Markdown summary, CSV tables and figures of one run, of an
+imported run (``probe import``), and the Markdown of the |Asym| fits.
+
+Every number comes from the run's results, computed once
+(:func:`analysis.influence.results.influence_results`,
+:func:`~analysis.influence.results.imported_results`); the functions here only
+format them into Markdown lines and :class:`~analysis.common.report.Table` s,
+the figure functions only draw (they return the figure), and
+:func:`~analysis.common.report.write_report` writes every file.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.battery.calibration import run_temperature, temperature_lines
-from analysis.common.figures import pyplot, save_figure
-from analysis.common.report import report_files, write_summary, write_tables
+from analysis.battery.calibration import temperature_lines
+from analysis.common.figures import pyplot
+from analysis.common.report import Body, Drawing, Files, Table, write_report
 from analysis.common.tables import long_tables, md_table
 from analysis.influence import flags
-from analysis.influence.asym import FORMULA, AsymFit, asym_fits, asym_frame
-from analysis.influence.audit import (
-    Audit,
-    analyze_sources,
-    combine_runs,
-    headline,
-    negation_match,
-    panel_tables,
-    placebo_gap,
-    response_quality,
-    share,
-    source_agreement,
-    summary_by,
+from analysis.influence.asym import FORMULA, AsymFit
+from analysis.influence.audit import Audit
+from analysis.influence.coding_report import coded_md
+from analysis.influence.results import (
+    SIDE_COLS,
+    Flags,
+    ImportedResults,
+    InfluenceResults,
+    SourceResults,
+    Variance,
+    imported_results,
+    influence_results,
 )
-from analysis.influence.imported import ambiguous_frame, imported_conditions
 from analysis.influence.tables import table_md, table_section
-from experiments.influence.effects import ALPHA, BENCHMARKS, N_BOOT, SEED, effects
-from probe.record import Plan, Provenance
-from probe.runs import Run, as_run
-
-
-def _figures(audit: Audit, out: Path, max_pairs: int = 12) -> list[Path]:
-    plt = pyplot()
-
-    paths = []
-    c = audit.conditions
-    for i, (pair, g) in enumerate(c.groupby("pair", sort=False)):
-        if i >= max_pairs:
-            break
-        g = g.reset_index(drop=True)
-        places = g.groupby("influence")[["position", "bracket"]].apply(lambda x: len(x.drop_duplicates()))
-        labels = [  # the place is shown only where the user crossed several
-            r.influence
-            + ("" if r.variant == "cue" else f" ({r.variant})")
-            + (f" @{r.position}/{r.bracket}" if places[r.influence] > 1 else "")
-            for r in g.itertuples()
-        ]
-        height = 0.4 * len(g) + 1.6
-        fig, ax = plt.subplots(figsize=(7, height))
-        y = np.arange(len(g))[::-1]
-        ax.hlines(y, g["fA_B"], g["fB_B"], color="0.75", lw=2, zorder=1)
-        ax.scatter(g["fA_B"], y, marker="<", color="tab:blue", label="cue toward A: f_A(B)", zorder=2)
-        ax.scatter(g["f0_B"], y, marker="|", s=200, color="black", label="no cue: f_0(B)", zorder=3)
-        ax.scatter(g["fB_B"], y, marker=">", color="tab:orange", label="cue toward B: f_B(B)", zorder=2)
-        ax.axvline(0.5, color="0.85", lw=1, ls="--", zorder=0)
-        ax.set_yticks(y, labels)
-        ax.set_ylim(-0.7, len(g) - 0.3)
-        ax.set_xlim(-0.02, 1.02)
-        ax.set_xlabel(f"share choosing B ({g['group_b'].iloc[0]}) over A ({g['group_a'].iloc[0]})")
-        ax.set_title(f"{BENCHMARKS[audit.benchmark]}: {pair}")
-        fig.legend(loc="lower center", ncol=3, fontsize=7, frameon=False)
-        fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
-        path = out / f"fig_conditions_{i:02d}_{_slug(pair)}.png"
-        save_figure(fig, path, dpi=110)
-        paths.append(path)
-    main = c[c["variant"] == "cue"]
-    if len(main):
-        fig, ax = plt.subplots(figsize=(5, 5))
-        for infl, g in main.groupby("influence", sort=False):
-            ax.scatter(g["s_A"], g["s_B"], label=infl, s=18)
-        lim = float(np.nanmax(np.abs(main[["s_A", "s_B"]].to_numpy()))) * 1.1 or 1.0
-        ax.plot([-lim, lim], [-lim, lim], color="0.7", lw=1, ls="--")
-        ax.axhline(0, color="0.85", lw=1)
-        ax.axvline(0, color="0.85", lw=1)
-        ax.set_xlim(-lim, lim)
-        ax.set_ylim(-lim, lim)
-        ax.set_xlabel("s(A): steerability toward A (log-odds)")
-        ax.set_ylabel("s(B): steerability toward B (log-odds)")
-        ax.set_title("above the diagonal: easier to steer toward B")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / "fig_steerability.png"
-        save_figure(fig, path, dpi=110)
-        paths.append(path)
-    return paths
-
-
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in text)[:40]
-
-
-_SHOW = ["pair", "influence", "n_items", "f0_B", "fA_B", "fB_B", "delta_A", "delta_B", "s_A", "s_B", "asym"]
-
-
-def _tables(audit: Audit) -> dict[str, pd.DataFrame]:
-    """The report's tables of one source's audit (the one-source report's tables, as they always were)."""
-    c = audit.conditions
-    main = c[c["variant"] == "cue"]
-    tables: dict[str, pd.DataFrame] = {
-        "conditions": c,
-        "effects": effects(c),
-        "headline": headline(c, audit.delta_reps, audit.noise),
-        "by_influence": summary_by(main, "influence"),
-        "by_pair": summary_by(main, "pair"),
-        "by_model": summary_by(main, ["model", "think"]),
-        "noise_floor": audit.noise,
-        "response_quality": response_quality(audit.cells, audit.source),
-        "order_readouts": flags.order_readouts(audit.cells),
-    }
-    if (c["variant"] == "placebo").any():
-        tables["controls_placebo"] = placebo_gap(c)
-    if (c["variant"] == "negated").any():
-        tables["controls_negated"] = negation_match(c)
-    if audit.flips is not None:
-        tables["flip_rates"] = audit.flips
-    return tables
+from experiments.influence.effects import ALPHA, BENCHMARKS, N_BOOT, SEED
+from probe.record import Plan
+from probe.runs import Run
 
 
 def influence_report(
@@ -134,30 +53,101 @@ def influence_report(
     the CSVs hold both in long form (``source``), the summary shows the readout report, then both side by
     side with the readout temperature and where the two disagree (:func:`sources_md`).
     """
-    run = as_run(run)
-    audits = analyze_sources(run, benchmark, n_boot=n_boot, seed=seed)
-    audit = audits[0]
-    out.mkdir(parents=True, exist_ok=True)
-    per_source = [(a.source, _tables(a)) for a in audits]
-    tables = long_tables(per_source)
+    res = influence_results(run, benchmark, n_boot=n_boot, seed=seed)
+    lines, files = influence_md(res)
+    return write_report(out, lines, files)
+
+
+def influence_md(res: InfluenceResults) -> Body:
+    """The summary's lines and the report's files: the first source's report, both sources side by side (a run
+    with two), then the coded traces (a coded run)."""
+    drawings = figures(res.sources[0].audit)
+    tables = long_tables([(s.audit.source, s.tables) for s in res.sources])
     side: list[str] = []
-    if len(audits) == 2:
-        agreement = source_agreement(audits[0], audits[1])
-        temperature = run_temperature(run)
-        tables["source_agreement"] = agreement
-        tables["calibration_T"] = temperature
-        side = sources_md(run, audits, [t for _, t in per_source], agreement, temperature)
-    write_tables(out, tables)
-    figures = _figures(audit, out)
-    from analysis.influence.coding_report import coded_report
-
-    coded = coded_report(run, per_source[0][1]["effects"], out)  # sections of RUN/coding/*.parquet, "" if uncoded
-    summary = _summary_md(run, audit, per_source[0][1], n_boot, [p.name for p in figures])
-    write_summary(out, summary + ("\n" + "\n".join(side) if side else "") + coded)
-    return report_files(out)
+    if res.sides is not None:
+        tables["source_agreement"] = res.sides.agreement
+        tables["calibration_T"] = res.sides.temperature
+        side = sources_md(res)
+    coded, coded_files = coded_md(res.coded)
+    lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded]
+    files = Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, drawings) + coded_files
+    return lines, files
 
 
-_SIDE_COLS = ("delta_A", "delta_B", "s_A", "s_B", "asym", "n_asym")
+# ============================================================================ figures
+def conditions_figure(g: pd.DataFrame, title: str) -> Any:
+    """f_A(B), f_0(B) and f_B(B) of each condition of one pair (rows of the condition table ``g``)."""
+    plt = pyplot()
+
+    places = g.groupby("influence")[["position", "bracket"]].apply(lambda x: len(x.drop_duplicates()))
+    labels = [  # the place is shown only where the user crossed several
+        r.influence
+        + ("" if r.variant == "cue" else f" ({r.variant})")
+        + (f" @{r.position}/{r.bracket}" if places[r.influence] > 1 else "")
+        for r in g.itertuples()
+    ]
+    height = 0.4 * len(g) + 1.6
+    fig, ax = plt.subplots(figsize=(7, height))
+    y = np.arange(len(g))[::-1]
+    ax.hlines(y, g["fA_B"], g["fB_B"], color="0.75", lw=2, zorder=1)
+    ax.scatter(g["fA_B"], y, marker="<", color="tab:blue", label="cue toward A: f_A(B)", zorder=2)
+    ax.scatter(g["f0_B"], y, marker="|", s=200, color="black", label="no cue: f_0(B)", zorder=3)
+    ax.scatter(g["fB_B"], y, marker=">", color="tab:orange", label="cue toward B: f_B(B)", zorder=2)
+    ax.axvline(0.5, color="0.85", lw=1, ls="--", zorder=0)
+    ax.set_yticks(y, labels)
+    ax.set_ylim(-0.7, len(g) - 0.3)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel(f"share choosing B ({g['group_b'].iloc[0]}) over A ({g['group_a'].iloc[0]})")
+    ax.set_title(title)
+    fig.legend(loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
+    return fig
+
+
+def steerability_figure(main: pd.DataFrame) -> Any:
+    """s(A) against s(B) of the main-cue conditions ``main``, one colour per influence type."""
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for infl, g in main.groupby("influence", sort=False):
+        ax.scatter(g["s_A"], g["s_B"], label=infl, s=18)
+    lim = float(np.nanmax(np.abs(main[["s_A", "s_B"]].to_numpy()))) * 1.1 or 1.0
+    ax.plot([-lim, lim], [-lim, lim], color="0.7", lw=1, ls="--")
+    ax.axhline(0, color="0.85", lw=1)
+    ax.axvline(0, color="0.85", lw=1)
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    ax.set_xlabel("s(A): steerability toward A (log-odds)")
+    ax.set_ylabel("s(B): steerability toward B (log-odds)")
+    ax.set_title("above the diagonal: easier to steer toward B")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def figures(audit: Audit, max_pairs: int = 12) -> tuple[Drawing, ...]:
+    """The report's figures of one source's audit: the conditions of each of the first ``max_pairs`` pairs, and
+    the steerabilities of the main cues."""
+    c = audit.conditions
+    drawings = [
+        Drawing(
+            f"fig_conditions_{i:02d}_{_slug(pair)}.png",
+            partial(conditions_figure, g.reset_index(drop=True), f"{BENCHMARKS[audit.benchmark]}: {pair}"),
+        )
+        for i, (pair, g) in enumerate(c.groupby("pair", sort=False))
+        if i < max_pairs
+    ]
+    main = c[c["variant"] == "cue"]
+    if len(main):
+        drawings.append(Drawing("fig_steerability.png", partial(steerability_figure, main)))
+    return tuple(drawings)
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in text)[:40]
+
+
+_SHOW = ["pair", "influence", "n_items", "f0_B", "fA_B", "fB_B", "delta_A", "delta_B", "s_A", "s_B", "asym"]
 _SIDE_HEAD = (
     "mean |shift| (pp), all cues",
     "effects with significant shift (raw)",
@@ -168,17 +158,12 @@ _SIDE_HEAD = (
 )
 
 
-def sources_md(
-    run: Run,
-    audits: Sequence[Audit],
-    per_source: Sequence[Mapping[str, pd.DataFrame]],
-    agreement: pd.DataFrame,
-    temperature: pd.DataFrame,
-) -> list[str]:
+def sources_md(res: InfluenceResults) -> list[str]:
     """The summary's side-by-side section of a run with readouts and samples: the readout temperature, the headline
     and the main-cue effects of both sources, and where they disagree beyond their intervals."""
-    plan = run.manifest.plan or Plan()
-    r, s = audits[0].conditions, audits[1].conditions
+    assert res.sides is not None, "a run with two sources has them side by side"
+    plan = res.manifest.plan or Plan()
+    agreement, both = res.sides.agreement, res.sides.main
     lines = [
         "## Readouts and samples side by side",
         "",
@@ -190,17 +175,12 @@ def sources_md(
         "profile-likelihood interval).",
         "",
     ]
-    lines += temperature_lines(temperature)
-    head = [h.set_index("metric")["value"] for h in (per_source[0]["headline"], per_source[1]["headline"])]
+    lines += temperature_lines(res.sides.temperature)
+    head = [s.tables["headline"].set_index("metric")["value"] for s in res.sources]
     rows = [{"metric": m, "readout": head[0].get(m), "samples": head[1].get(m)} for m in _SIDE_HEAD]
     lines += ["", "Headline, main cues:", "", table_md(pd.DataFrame(rows)), ""]
-    from experiments.influence import COND
-
-    keys = list(COND)
-    main_r, main_s = r[r["variant"] == "cue"], s[s["variant"] == "cue"]
-    both = main_r[[*keys, *_SIDE_COLS]].merge(main_s[[*keys, *_SIDE_COLS]], on=keys, suffixes=("_r", "_s"))
     show = both[["pair", "influence"]].copy()
-    for col in _SIDE_COLS:
+    for col in SIDE_COLS:
         show[f"{col} r"], show[f"{col} s"] = both[f"{col}_r"], both[f"{col}_s"]
     lines += table_section("### Main-cue conditions (r: readouts, s: samples)", show.head(60))
     paired = bool(agreement["paired"].all()) if len(agreement) else True
@@ -226,30 +206,26 @@ def sources_md(
     return lines
 
 
-def readout_checks(
-    main: pd.DataFrame, orders: pd.DataFrame, source: str = "readout", alpha: float = ALPHA
-) -> list[str]:
+def flags_md(f: Flags, source: str = "readout") -> list[str]:
     """The flags above the headline: tie in every condition, position / label following, significant but small.
 
-    ``main``: the main-cue condition table; ``orders``: :func:`analysis.influence.flags.order_readouts`.
     The practical size of the shifts is always stated; the other lines appear only when they apply.
     """
-    eff = effects(main, alpha)
-    size = flags.practical_size(eff["delta"])
-    sig = share(eff["sig"])
-    lines = [*flags.tie_lines(flags.tie_readout(main)), *flags.following_lines(flags.following(orders))]
-    lines += flags.practical_lines(sig, size, source)
+    lines = [*flags.tie_lines(f.tie), *flags.following_lines(f.following)]
+    lines += flags.practical_lines(f.sig, f.size, source)
     lines.append(
-        f"- practical size beside the significance shares: {flags.practical_note(size)} (practical threshold "
-        f"{100 * flags.PRACTICAL_SHIFT:g} pp; {100 * sig:.0f}% of effects significant, raw)"
-        if len(eff) and not math.isnan(sig)
+        f"- practical size beside the significance shares: {flags.practical_note(f.size)} (practical threshold "
+        f"{100 * flags.PRACTICAL_SHIFT:g} pp; {100 * f.sig:.0f}% of effects significant, raw)"
+        if f.effects and not math.isnan(f.sig)
         else "- no effects to size"
     )
     return lines
 
 
-def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_boot: int, figures: Sequence[str]) -> str:
-    man = run.manifest
+def summary_md(res: InfluenceResults, src: SourceResults, figures: Sequence[str]) -> list[str]:
+    """The summary of one source's audit ``src`` of the run: what it rests on, the flags and the headline, the
+    tables by influence, pair and condition, the controls, and the ``figures``."""
+    man, audit, tables = res.manifest, src.audit, src.tables
     plan = man.plan or Plan()
     c = audit.conditions
     name = BENCHMARKS[audit.benchmark]
@@ -258,7 +234,7 @@ def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_bo
             "Probabilities come from **answer-slot readouts** (one per prompt, no counts): a cell frequency is "
             "the mean option probability over the prompts, its log-odds the logit of that mean with **no "
             "pseudo-count** (no sampling noise inside a prompt to temper), and every test is a z test on the "
-            f"**bootstrap standard error over prompts** ({n_boot} cluster-bootstrap replicates of the items), "
+            f"**bootstrap standard error over prompts** ({res.n_boot} cluster-bootstrap replicates of the items), "
             "not a binomial test."
         )
     else:
@@ -266,19 +242,19 @@ def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_bo
             f"Frequencies are **sampled answers** ({plan.samples} per trial at T = {plan.temperature}; "
             "refusals and unparseable answers left out, see response quality). Tests on counts: exact binomial "
             "for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym (baseline variance counted "
-            f"four times); CIs from {n_boot} cluster-bootstrap replicates of the items."
+            f"four times); CIs from {res.n_boot} cluster-bootstrap replicates of the items."
         )
     head = tables["headline"]
     lines = [
         f"# Influence audit, {name}: {audit.info['model']}",
         "",
-        f"- run: `{run.root}`, {man.n_trials} trials, run key `{man.run_key}`",
+        f"- run: `{res.root}`, {man.n_trials} trials, run key `{man.run_key}`",
         f"- reasoning (think mode): {audit.info['think']}; conditions: {len(c)} "
         f"({(c['variant'] == 'cue').sum()} main cues, {(c['variant'] != 'cue').sum()} controls); "
         f"pairs: {c['pair'].nunique()}; influence types: {', '.join(dict.fromkeys(c['influence']))}",
         f"- {basis}",
         "- f_c(B): share choosing side B with no cue (0), the cue toward A, the cue toward B. shift = Delta_d = "
-        f"f_d(d) - f_0(d); s(d) = log-odds shift toward d ({_rule(audit, run)}); Asym = s(B) - s(A); "
+        f"f_d(d) - f_0(d); s(d) = log-odds shift toward d ({_rule(audit, res.clip)}); Asym = s(B) - s(A); "
         "backfire: s(d) < 0. BH-FDR within benchmark x variant x test family.",
         *_clip_lines(audit),
     ]
@@ -287,7 +263,7 @@ def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_bo
             "- DailyDilemmas conditions are per value: A = the option whose primary value it is, B = the other "
             "option of the same dilemma."
         )
-    checks = readout_checks(c[c["variant"] == "cue"], tables["order_readouts"], audit.source)
+    checks = flags_md(src.flags, audit.source)
     lines += [
         "",
         "## Headline",
@@ -341,16 +317,14 @@ def _summary_md(run: Run, audit: Audit, tables: Mapping[str, pd.DataFrame], n_bo
             "Figures (f_A(B), f_0(B), f_B(B) per condition; s(A) vs s(B)): " + ", ".join(f"`{f}`" for f in figures),
             "",
         ]
-    return "\n".join(lines)
+    return lines
 
 
-def _rule(audit: Audit, run: Run) -> str:
-    """How this source's log-odds are taken (the summary's definition line)."""
+def _rule(audit: Audit, clip: float) -> str:
+    """How this source's log-odds are taken (the summary's definition line); ``clip``: the run's readout clip."""
     if audit.source != "readout":
         return "+1/2 continuity correction"
-    from experiments.influence.effects import run_clip
-
-    return f"logit of the mean probability, no pseudo-count; clipped within {run_clip(run):.2g} of 0 or 1"
+    return f"logit of the mean probability, no pseudo-count; clipped within {clip:.2g} of 0 or 1"
 
 
 def _clip_lines(audit: Audit) -> list[str]:
@@ -395,44 +369,47 @@ def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
     return lines
 
 
+# ============================================================================ imported run
 def imported_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
     """Write the report of an imported run: the native report's tables from counts, and the |Asym| fits.
 
     No item-level bootstrap (condition-level data has no items): the headline
     CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
     """
+    res = imported_results(run)
+    return write_report(out, imported_md(res), imported_files(res))
 
-    man = run.manifest
-    cond = combine_runs([imported_conditions(run, label=run.root.name)])
-    main = cond[cond["variant"] == "cue"]
-    panel = panel_tables(cond)
-    fits = asym_fits(cond)
-    amb_path = run.root / "ambiguous.csv"
-    ambiguous = pd.read_csv(amb_path) if amb_path.exists() else ambiguous_frame(())
-    tables: dict[str, pd.DataFrame] = {
-        "conditions": cond,
-        "effects": effects(cond),
-        "headline": panel["headline"],
-        "by_influence": panel["by_influence"],
-        "by_pair": panel["by_pair"],
-        "by_model": panel["by_model"],
-        "asym_regression": pd.DataFrame([f.row() for f in fits]),
-        "asym_regression_data": asym_frame(cond),
-        "ambiguous": ambiguous,
+
+def imported_files(res: ImportedResults) -> Files:
+    """The imported run's CSV tables (``%.6g``)."""
+    tables = {
+        "conditions": res.conditions,
+        "effects": res.effects,
+        "headline": res.panel["headline"],
+        "by_influence": res.panel["by_influence"],
+        "by_pair": res.panel["by_pair"],
+        "by_model": res.panel["by_model"],
+        "asym_regression": pd.DataFrame([f.row() for f in res.fits]),
+        "asym_regression_data": res.asym_data,
+        "ambiguous": res.ambiguous,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_tables(out, tables)
-    prov = man.provenance or Provenance.from_dict({})
+    return Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()})
+
+
+def imported_md(res: ImportedResults) -> list[str]:
+    """The imported run's summary: where the numbers come from, the headline, the per-model and per-influence
+    tables, the |Asym| fits and the ambiguous rows."""
+    prov, cond, panel = res.provenance, res.conditions, res.panel
     lines = [
         "# Influence audit, imported per-condition results",
         "",
-        f"- run: `{run.root}` (**imported**: {prov.source}, sha256 `{str(prov.source_sha256)[:16]}`, "
+        f"- run: `{res.root}` (**imported**: {prov.source}, sha256 `{str(prov.source_sha256)[:16]}`, "
         f"imported {prov.imported_at})",
         f"- rows: {prov.rows}; imported {prov.imported_rows}; ambiguous (left out, `ambiguous.csv`): "
         f"{len(prov.ambiguous_rows)}"
         + (f" (lines {', '.join(map(str, prov.ambiguous_rows))})" if prov.ambiguous_rows else ""),
-        f"- {len(cond)} conditions ({len(main)} main cues) over {cond['run'].nunique()} model x reasoning runs; "
-        f"benchmarks {', '.join(dict.fromkeys(cond['benchmark']))}",
+        f"- {len(cond)} conditions ({res.variance.conditions} main cues) over {cond['run'].nunique()} model x "
+        f"reasoning runs; benchmarks {', '.join(dict.fromkeys(cond['benchmark']))}",
         "- Tests on counts: exact binomial for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym "
         "(baseline variance counted four times); BH-FDR within benchmark x variant x test family.",
         "- **Condition-level data: no item-level bootstrap** (there are no items to resample; it would be "
@@ -443,25 +420,23 @@ def imported_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -
         "",
         table_md(panel["headline"][["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]]),
         "",
-        *_variance_lines(main),
+        *_variance_lines(res.variance),
         *table_section("## Per model and reasoning mode (main cues)", panel["by_model"]),
         *table_section("## By influence type", panel["by_influence"]),
         "## |Asym| against |baseline bias|",
         "",
-        *asym_md(fits, "crossed"),
+        *asym_md(res.fits, "crossed"),
     ]
-    if len(ambiguous):
-        lines += table_section("## Ambiguous rows (left out)", ambiguous)
-    write_summary(out, "\n".join(lines))
-    return report_files(out)
+    if len(res.ambiguous):
+        lines += table_section("## Ambiguous rows (left out)", res.ambiguous)
+    return lines
 
 
-def _variance_lines(main: pd.DataFrame) -> list[str]:
+def _variance_lines(v: Variance) -> list[str]:
     """How many main-cue conditions the baseline-twice variance calls significant that the correct one does not."""
-    sig4, sig2 = main["p_asym"] < 0.05, main["p_asym_2x"] < 0.05
     return [
-        f"Wald test of Asym: {int(sig4.sum())} of {len(main)} main-cue conditions significant at 0.05 with the baseline "
-        f"variance counted four times (correct: `p_asym`); {int(sig2.sum())} with it counted twice (`p_asym_2x`, "
-        f"s(A) and s(B) treated as independent); {int((sig2 & ~sig4).sum())} are significant only under the latter.",
+        f"Wald test of Asym: {v.four} of {v.conditions} main-cue conditions significant at 0.05 with the baseline "
+        f"variance counted four times (correct: `p_asym`); {v.twice} with it counted twice (`p_asym_2x`, "
+        f"s(A) and s(B) treated as independent); {v.twice_only} are significant only under the latter.",
         "",
     ]
