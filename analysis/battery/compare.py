@@ -11,8 +11,9 @@ decomposition (:func:`models_table`), the agreement of the item ordering
 the paired deliberation differences (:func:`deliberation_table`), the human
 anchors (:func:`load_humans`, :func:`humans_agreement`,
 :func:`framing_shift`) and the logit-vs-sampled matching
-(:func:`logit_sampled_pairs`, :func:`logit_sampled_rows`).
-:mod:`analysis.battery.compare_report` writes the report (Markdown, CSV,
+(:func:`logit_sampled_pairs`, :func:`logit_sampled_rows`). The contexts
+compute every part of a comparison once, into a frozen :class:`Context`;
+:mod:`analysis.battery.compare_report` only formats it (Markdown, CSV,
 figures); its module docstring lists the sections.
 """
 
@@ -29,7 +30,7 @@ import pandas as pd
 
 from analysis.battery.fit import N_BOOT, SEED
 from analysis.common.bootstrap import finite_ci, resample_index
-from analysis.common.results import Part
+from analysis.common.results import Part, attempt
 from probe.errors import NotComputed, ProbeError
 from probe.panel import Panel, PanelRun, shared_items
 from probe.record import Plan
@@ -462,18 +463,29 @@ class ThetaAgreement:
     rule: str
     """Which runs the consensus averages over, and why (:func:`consensus_reference`)."""
     r: pd.DataFrame
+    r2: pd.DataFrame
+    """``r`` squared, index ``run``."""
     consensus: pd.DataFrame
     """Per item: the consensus theta and the disagreement."""
     per_run: pd.DataFrame
     reference: list[str]
+    r2_by_run: pd.DataFrame
+    """The mean-r^2 summaries of Table S2 per run (:func:`mean_r2_summary`)."""
+    r2_groups: pd.DataFrame
+    """The same per group of runs (reference, other) and with the human anchor."""
 
 
-def theta_agreement(panel: Panel, runs: dict[str, RunData], theta: pd.DataFrame) -> ThetaAgreement:
-    """:func:`agreement` of ``theta`` (item x run) against the consensus of :func:`consensus_reference`."""
+def theta_agreement(
+    panel: Panel, runs: dict[str, RunData], theta: pd.DataFrame, humans: pd.DataFrame | None
+) -> ThetaAgreement:
+    """:func:`agreement` of ``theta`` (item x run) against the consensus of :func:`consensus_reference`, and the
+    mean-r^2 summaries (:func:`mean_r2_summary`) with the human anchor of ``humans`` (:func:`human_anchor`)."""
     reference, rule = consensus_reference(panel, runs, list(theta.columns))
     r, cons, per_run = agreement(theta, reference)
     cons.index.name = "item_id"
-    return ThetaAgreement(theta, rule, r, cons, per_run, reference)
+    r2 = (r**2).rename_axis("run")
+    by_run, groups = mean_r2_summary(theta, reference, human_anchor(humans))
+    return ThetaAgreement(theta, rule, r, r2, cons, per_run, reference, by_run, groups)
 
 
 # ------------------------------------------------------------------ the comparison
@@ -487,7 +499,7 @@ def theta_table(runs: dict[str, RunData], shared: Sequence[str]) -> pd.DataFrame
 class Context:
     """What the comparison's sections read, all computed before them (:func:`panel_context`, :func:`yesno_context`):
     the panel, its runs (with what :func:`compute_run` computed), the shared items and the dropped ones, the humans,
-    and the agreement of theta or the yes/no cells. The sections only format it."""
+    and every part of the comparison. The sections only format it."""
 
     panel: Panel
     runs: dict[str, RunData]
@@ -500,6 +512,20 @@ class Context:
     """Theta agreement of a battery panel (:func:`theta_agreement`; absent in a yes/no panel)."""
     yesno: Part[YesNoCells] = field(default_factory=Part)
     """The cells and decomposition of a yes/no panel (:func:`yesno_cells`; absent in a battery panel)."""
+    models: pd.DataFrame | None = None
+    """The battery panel's per-run table (:func:`models_table`)."""
+    human_values: pd.DataFrame | None = None
+    """Item x measure: every human item's values on the stance axis (:func:`humans_per_item`); None without humans."""
+    deliberation: Part[Deliberation] = field(default_factory=Part)
+    """Reasoning off - on per paired model of a battery panel (:func:`compute_deliberation`)."""
+    anchors: Part[HumanAnchors] = field(default_factory=Part)
+    """The runs against the human anchors of a battery panel (:func:`compute_anchors`)."""
+    logit_sampled: Part[LogitSampled] = field(default_factory=Part)
+    """Readout runs against their sampled-only twins (:func:`compute_logit_sampled`)."""
+    planted: pd.DataFrame | None = None
+    """r^2 of the planted thetas of the sim runs (:func:`planted_r2`)."""
+    z_agreement: Part[ZAgreement] = field(default_factory=Part)
+    """The agreement of the story stance z of a yes/no panel (:func:`compute_z_agreement`)."""
 
     def theta_table(self) -> pd.DataFrame:
         return theta_table(self.runs, self.shared)
@@ -682,6 +708,41 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class Deliberation:
+    """Reasoning off - on for every (off, on) pair of one model in the panel (:func:`compute_deliberation`)."""
+
+    table: pd.DataFrame | None
+    """One row per (model, quantity, channel) (:func:`deliberation_table`); None when no pair could be computed."""
+    skipped: tuple[tuple[PanelRun, PanelRun, str], ...]
+    """The (off, on) pairs not computed, with why."""
+
+
+def compute_deliberation(c: Context) -> Part[Deliberation]:
+    """:func:`deliberation_table` of each reasoning pair of the panel (:meth:`probe.panel.Panel.reasoning_pairs`)."""
+    pairs = c.panel.reasoning_pairs()
+    if not pairs:
+        return Part(
+            absent="No model has both a reasoning-off and a reasoning-on run in this panel (give `model:` and "
+            "`reasoning:` in a panel file to pair runs)."
+        )
+    tables, skipped = [], []
+    for off, on in pairs:
+        try:
+            t = deliberation_table(c.runs[off.name], c.runs[on.name], n_boot=c.n_boot, seed=c.seed)
+        except NotComputed as e:
+            skipped.append((off, on, str(e)))
+            continue
+        tables.append(t.assign(model=off.model, off_run=off.name, on_run=on.name))
+    table = None
+    if tables:
+        table = pd.concat(tables, ignore_index=True)
+        cols = ["model", "off_run", "on_run", "quantity", "channel", "off", "on", "off_minus_on", "lo", "hi"]
+        cols.append("excludes_0")
+        table = table[[*cols, "n_items", "n_boot_ok"]]
+    return Part(Deliberation(table, tuple(skipped)))
+
+
 # ------------------------------------------------------------------ humans
 HUMAN_VS: dict[str, tuple[str, ...]] = {"rating": ("theta",), "p_cbr": ("theta", "z")}
 """Which model quantities a human measure is compared with. The paper's anchor (Fig. 1a, "r^2 of per-item
@@ -778,6 +839,40 @@ def framing_shift(h: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED) ->
                 }
             )
     return pd.DataFrame(rows, columns=["measure", "frame", "reference", "shift", "lo", "hi", "n_items"])
+
+
+@dataclass(frozen=True)
+class HumanAnchors:
+    """The runs against the human anchors on the shared dilemmas (:func:`compute_anchors`)."""
+
+    humans: pd.DataFrame
+    """The human rows of the shared dilemmas (:func:`load_humans`)."""
+    per_item: pd.DataFrame
+    """Item x measure: their values on the stance axis (:func:`humans_per_item`)."""
+    table: pd.DataFrame
+    """The agreement of every run's quantities with them (:func:`humans_agreement`)."""
+    by_item: pd.DataFrame
+    noise: tuple[float, int] | None
+    """(mean binomial SE, rows with n) (:func:`human_sampling_se`)."""
+    left_out: list[str]
+    """Human items not shared by every run."""
+    shift: pd.DataFrame | None
+    """The framing shift of the human sample (:func:`framing_shift`); None without frames."""
+
+
+def compute_anchors(c: Context) -> Part[HumanAnchors]:
+    """The human table of the panel on the shared dilemmas, against every run; absent without one."""
+    if c.panel.humans is None:
+        return Part(absent="No human table in this panel (`--humans CSV` or `humans:` in the panel file).")
+    assert c.humans is not None
+    h = c.humans[c.humans["item_id"].isin(c.shared)]
+    if h.empty:
+        return Part(absent="None of the human items is among the shared dilemmas; check the item ids.")
+    per_item = humans_per_item(h)
+    table, by_item = humans_agreement(c.runs, per_item, n_boot=c.n_boot, seed=c.seed)
+    left_out = sorted(set(c.humans["item_id"]) - set(c.shared))
+    shift = framing_shift(h, n_boot=c.n_boot, seed=c.seed) if set(h["frame"]) - {""} else None
+    return Part(HumanAnchors(h, per_item, table, by_item, human_sampling_se(h), left_out, shift))
 
 
 # ------------------------------------------------------------------ logit vs sampled
@@ -877,9 +972,44 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
     return head, pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class LogitSampled:
+    """Readout runs against their sampled-only twins (:func:`compute_logit_sampled`)."""
+
+    heads: pd.DataFrame | None
+    """Per pair: the readout temperature and the trial-level agreement; None when no pair could be computed."""
+    cells: pd.DataFrame | None
+    """Per pair and quantity: the agreement of the cell-level quantities."""
+    skipped: tuple[tuple[str, str, str], ...]
+    """(readout run, sampled run, why) of the pairs not computed."""
+
+
+def compute_logit_sampled(runs: Sequence[RunData]) -> Part[LogitSampled]:
+    """:func:`logit_sampled_rows` of every (readout run, sampled-only run) pair (:func:`logit_sampled_pairs`)."""
+    pairs = logit_sampled_pairs(runs)
+    if not pairs:
+        return Part(
+            absent="No pair of a readout run and a sampled-only run (`--no-readout --samples N`) of the same model "
+            "and reasoning flag with common trials (a run with both readouts and samples has this in its own report)."
+        )
+    heads, cells, skipped = [], [], []
+    for r, s in pairs:
+        try:
+            head, q = logit_sampled_rows(r, s)
+        except NotComputed as e:
+            skipped.append((r.name, s.name, str(e)))
+            continue
+        heads.append(head)
+        cells.append(q)
+    if not heads:
+        return Part(LogitSampled(None, None, tuple(skipped)))
+    return Part(LogitSampled(pd.DataFrame(heads), pd.concat(cells, ignore_index=True), tuple(skipped)))
+
+
 # ------------------------------------------------------------------ contexts
 def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
-    """The runs of a battery panel, loaded, matched on their shared dilemmas and computed there (:func:`compute_run`).
+    """The runs of a battery panel, loaded, matched on their shared dilemmas and computed there (:func:`compute_run`),
+    with every part of the comparison.
 
     With a human table in the panel, its values are read (:func:`load_humans`) and its items outside the
     shared dilemmas added to the dropped table (run ``humans``).
@@ -889,11 +1019,6 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     if not shared:
         raise ValueError(f"the runs share no dilemma; item counts: { {n: len(d.items) for n, d in runs.items()} }")
     runs = {name: compute_run(d, shared, n_boot=n_boot, seed=seed) for name, d in runs.items()}
-    agreement: Part[ThetaAgreement]
-    try:
-        agreement = Part(theta_agreement(panel, runs, theta_table(runs, shared).dropna()))
-    except NotComputed as e:  # the agreement part says why
-        agreement = Part(error=e)
     humans = None
     if panel.humans is not None:
         humans = load_humans(panel.humans)
@@ -903,11 +1028,26 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
                 {"run": "humans", "item_id": extra, "reason": "human item not in every run (or unknown id)"}
             )
             dropped = pd.concat([dropped, more], ignore_index=True)
-    return Context(panel, runs, shared, dropped, n_boot, seed, humans, agreement)
+    agreement: Part[ThetaAgreement]
+    try:
+        agreement = Part(theta_agreement(panel, runs, theta_table(runs, shared).dropna(), humans))
+    except NotComputed as e:  # the agreement part says why
+        agreement = Part(error=e)
+    c = Context(panel, runs, shared, dropped, n_boot, seed, humans, agreement)
+    return replace(
+        c,
+        models=models_table(c),
+        human_values=humans_per_item(humans) if humans is not None and len(humans) else None,
+        deliberation=attempt(compute_deliberation, c),
+        anchors=attempt(compute_anchors, c),
+        logit_sampled=attempt(compute_logit_sampled, list(runs.values())),
+        planted=planted_r2(c),
+    )
 
 
 def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
-    """The runs of a yes/no panel, loaded, matched on their shared dilemmas, with their cells and decomposition there.
+    """The runs of a yes/no panel, loaded, matched on their shared dilemmas, with their cells and decomposition there,
+    the agreement of z and the readout runs against their sampled twins.
 
     Each run's ``dec`` is its decomposition on the shared dilemmas; when the cells cannot be computed for every run,
     no run has one and the cells part says why.
@@ -916,14 +1056,46 @@ def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
     shared, dropped = shared_items(panel, {n: d.items for n, d in runs.items()})
     if not shared:
         raise ValueError("the runs share no dilemma")
+    cells: Part[YesNoCells]
     try:
-        cells = yesno_cells(runs, shared)
+        cells = Part(yesno_cells(runs, shared))
     except NotComputed as e:  # the cells part says why
-        return Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed, yesno=Part(error=e))
-    decomposition = ["z", "lexical", "order", "apparent"]
-    long = cells.long
-    runs = {n: replace(d, dec=long[long["run"] == n].set_index("item_id")[decomposition]) for n, d in runs.items()}
-    return Context(panel, runs, shared, dropped, n_boot=n_boot, seed=seed, yesno=Part(cells))
+        cells = Part(error=e)
+    else:
+        decomposition = ["z", "lexical", "order", "apparent"]
+        long = cells.get().long
+        runs = {n: replace(d, dec=long[long["run"] == n].set_index("item_id")[decomposition]) for n, d in runs.items()}
+    return Context(
+        panel,
+        runs,
+        shared,
+        dropped,
+        n_boot=n_boot,
+        seed=seed,
+        yesno=cells,
+        logit_sampled=attempt(compute_logit_sampled, list(runs.values())),
+        z_agreement=attempt(compute_z_agreement, runs),
+    )
+
+
+@dataclass(frozen=True)
+class ZAgreement:
+    """The agreement of the story stance z across the runs of a yes/no panel (:func:`compute_z_agreement`)."""
+
+    z: pd.DataFrame
+    """Item x run z, items with z in every run."""
+    r2: pd.DataFrame
+    """r^2 of z between runs, index ``run``."""
+    consensus: pd.DataFrame
+    """Per item (index ``item_id``): the mean z over the runs and the disagreement."""
+    per_run: pd.DataFrame
+
+
+def compute_z_agreement(runs: dict[str, RunData]) -> Part[ZAgreement]:
+    """:func:`agreement` of z (item x run) with the consensus of every run."""
+    z = pd.DataFrame({n: d.dec["z"] for n, d in runs.items() if d.dec is not None}).dropna()
+    r, cons, per_run = agreement(z)
+    return Part(ZAgreement(z, (r**2).rename_axis("run"), cons.rename_axis("item_id"), per_run))
 
 
 @dataclass(frozen=True)

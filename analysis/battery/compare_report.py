@@ -23,13 +23,18 @@ set in every column), and then:
   matched per trial: the readout temperature (:mod:`analysis.battery.calibration`)
   and the agreement of the cell-level quantities.
 
-Every number is computed by :mod:`analysis.battery.compare`; this module
-writes the Markdown sections, the CSV files and the figures. A section that
-cannot be computed says why; the others still run.
+Every number is computed by :mod:`analysis.battery.compare`, once, into its
+:class:`~analysis.battery.compare.Context` (:func:`panel_context`,
+:func:`yesno_context`); this module's sections only format it into Markdown
+lines, :class:`~analysis.common.report.Table` s and
+:class:`~analysis.common.report.Drawing` s (its figure functions return the
+figures), and :func:`analysis.common.report.write_report` writes them. A
+section that cannot be computed says why; the others still run.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,66 +42,49 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.battery.compare import (
-    HUMAN_VS,
-    N_OUTLIERS,
-    Context,
-    agreement,
-    deliberation_table,
-    framing_shift,
-    human_anchor,
-    human_sampling_se,
-    humans_agreement,
-    humans_per_item,
-    logit_sampled_pairs,
-    logit_sampled_rows,
-    mean_r2_summary,
-    models_table,
-    panel_context,
-    planted_r2,
-    yesno_context,
-)
+from analysis.battery.compare import HUMAN_VS, N_OUTLIERS, Context, panel_context, yesno_context
 from analysis.battery.fit import LEVEL, N_BOOT, SEED
-from analysis.common.figures import pyplot, save_figure
+from analysis.common.figures import pyplot
 from analysis.common.report import (
     Body,
+    Drawing,
+    Files,
     Section,
+    Table,
     dropped_md,
+    dropped_table,
     panel_md,
-    report_files,
     run_sections,
     titled,
-    write_dropped,
-    write_summary,
+    write_report,
 )
 from analysis.common.tables import md_table
-from probe.errors import NotComputed
-from probe.files import atomic_write_text
 from probe.panel import Panel
 
 
-def _csv(df: pd.DataFrame, path: Path, index: bool = True) -> Path:
-    atomic_write_text(path, df.to_csv(index=index, float_format="%.6f"))
-    return path
+def _table(df: pd.DataFrame, index: bool = True) -> Table:
+    """A CSV of the comparison: six decimals, as every table of it."""
+    return Table(df, index=index, float_format="%.6f")
 
 
 @titled("Panel and item matching")
-def matching_section(c: Context, out: Path) -> Body:
-    write_dropped(c.dropped, out)
+def matching_section(c: Context) -> Body:
     lines = [
         *panel_md(c.panel),
         "",
         *dropped_md(c.dropped[c.dropped["run"] != "humans"], len(c.shared), "dilemmas"),
     ]
-    return lines, [out / "dropped_items.csv"]
+    return lines, dropped_table(c.dropped)
 
 
 @titled("Models side by side: stance, incoherence, G, decomposition")
-def models_section(c: Context, out: Path) -> Body:
+def models_section(c: Context) -> Body:
     """Per run on the shared items (:func:`analysis.battery.compare.models_table`), with the per-item tables."""
-    table = models_table(c)
+    table = c.models
+    assert table is not None  # a battery panel's context has it
     long = [d.inc.assign(run=name).reset_index() for name, d in c.runs.items() if d.inc is not None]
-    files = [_csv(table, out / "models.csv")]
+    tables = {"models": _table(table)}
+    figures: list[Drawing] = []
     lines = [
         f"Every quantity on the {len(c.shared)} shared dilemmas. theta: mean signed stance over the unipolar graded "
         "forms; sigma_repro: the per-model incoherence, the paper's headline (per-item variances pooled over "
@@ -116,25 +104,22 @@ def models_section(c: Context, out: Path) -> Body:
     if long:
         stance_long = pd.concat(long, ignore_index=True)
         cols = ["run", "item_id", "theta", "sigma_repro", "sigma_dir", "sigma_scale", "n_forms"]
-        files.append(_csv(stance_long[cols], out / "stance_by_item.csv", index=False))
+        tables["stance_by_item"] = _table(stance_long[cols], index=False)
         wide = c.theta_table()
-        if c.humans is not None and len(c.humans):
-            hum = humans_per_item(c.humans)
-            for m in hum.columns:
-                wide[f"humans ({m})"] = hum[m].reindex(wide.index)
-        wide.index.name = "item_id"
-        files.append(_csv(wide, out / "theta_by_model.csv"))
-        files.append(_stance_figure(c, out / "fig_stance_models.png"))
+        if c.human_values is not None:
+            for m in c.human_values.columns:
+                wide[f"humans ({m})"] = c.human_values[m].reindex(wide.index)
+        tables["theta_by_model"] = _table(wide.rename_axis("item_id"))
+        figures.append(Drawing("fig_stance_models.png", functools.partial(_stance_figure, c)))
     decs = [d.dec.assign(run=n).reset_index() for n, d in c.runs.items() if d.dec is not None]
     if decs:
-        dec = pd.concat(decs, ignore_index=True)
-        files.append(_csv(dec, out / "decomposition_by_item.csv", index=False))
-        files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
-    return lines, files
+        tables["decomposition_by_item"] = _table(pd.concat(decs, ignore_index=True), index=False)
+        figures.append(Drawing("fig_decomposition_models.png", functools.partial(_decomposition_figure, c)))
+    return lines, Files(tables, tuple(figures))
 
 
 @titled("Framing susceptibility m and decisiveness s")
-def fits_section(c: Context, out: Path) -> Body:
+def fits_section(c: Context) -> Body:
     rows = []
     for name, d in c.runs.items():
         if d.fits is None:
@@ -145,9 +130,12 @@ def fits_section(c: Context, out: Path) -> Body:
     if not rows:
         why = "; ".join(f"{n}: {d.why.get('fit', '?')}" for n, d in c.runs.items())
         per_channel = [f"- {n}: {u.channel}: {u.why}" for n, d in c.runs.items() for u in d.unfitted]
-        return [f"No run could be fitted ({why}).", *per_channel], []
+        return [f"No run could be fitted ({why}).", *per_channel], Files()
     table = pd.DataFrame(rows)
-    files = [_csv(table, out / "fit_sm.csv", index=False), _fit_figure(table, out / "fig_sm_models.png")]
+    files = Files(
+        {"fit_sm": _table(table, index=False)},
+        (Drawing("fig_sm_models.png", functools.partial(_fit_figure, table)),),
+    )
     lines = [
         "Per run and channel, the joint fit of p+ = sigmoid((theta + m)/s), p- = sigmoid((theta - m)/s) on the shared "
         f"items (theta from I-1 of the same run); {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} resamples, "
@@ -164,7 +152,7 @@ def fits_section(c: Context, out: Path) -> Body:
         joint = pd.concat(joints, ignore_index=True)
         cols = ["run", "family", "channel", "s", "s_lo", "s_hi", "m", "m_lo", "m_hi", "r2", "n_items", "n_cells"]
         joint = joint.reindex(columns=[*cols, "clip_limited", "note"])
-        files.append(_csv(joint, out / "fit_joint.csv", index=False))
+        files += Files({"fit_joint": _table(joint, index=False)})
         show = joint.copy()
         show["clip_limited"] = show["clip_limited"].map({True: "yes", False: "no"}).fillna("")
         show["note"] = show["note"].fillna("")
@@ -185,7 +173,7 @@ def fits_section(c: Context, out: Path) -> Body:
 
 
 @titled("Dropped stories")
-def dropped_stories_section(c: Context, out: Path) -> Body:
+def dropped_stories_section(c: Context) -> Body:
     """Per run: the shared stories a table left out for an empty design cell (label map, (s, m) fit), and why."""
     rows = [
         {"run": n, "dilemma": x.item_id, "table": x.analysis, "reason": x.reason}
@@ -193,9 +181,8 @@ def dropped_stories_section(c: Context, out: Path) -> Body:
         for x in d.dropped
     ]
     if not rows:
-        return [], []
+        return [], Files()
     table = pd.DataFrame(rows).drop_duplicates().sort_values(["run", "dilemma", "table"], kind="stable")
-    files = [_csv(table, out / "dropped_stories.csv", index=False)]
     lines = [
         "Stories left out of a table because a design cell had no usable answer (every draw refused or "
         "unparsable): averaging the surviving cells would leak the story's stance into the bias. The runs are "
@@ -203,24 +190,32 @@ def dropped_stories_section(c: Context, out: Path) -> Body:
         "",
         *(f"- {r.run}: {r.dilemma}, {r.table}: {r.reason}" for r in table.itertuples()),
     ]
-    return lines, files
+    return lines, Files({"dropped_stories": _table(table, index=False)})
 
 
 @titled("Agreement of the item ordering across runs")
-def agreement_section(c: Context, out: Path) -> Body:
+def agreement_section(c: Context) -> Body:
     ag = c.agreement.get()
-    theta, reference, rule, r, cons, per_run = ag.theta, ag.reference, ag.rule, ag.r, ag.consensus, ag.per_run
-    r2 = r**2
-    r2.index.name = "run"
-    files = [
-        _csv(r2, out / "agreement_r2.csv"),
-        _csv(r.rename_axis("run"), out / "agreement_r.csv"),
-        _csv(cons, out / "consensus.csv"),
-        _csv(per_run, out / "agreement_models.csv"),
-        _heatmap(r2, out / "fig_agreement_r2.png"),
-    ]
-    s2_runs, s2_groups = mean_r2_summary(theta, reference, human_anchor(c.humans))
-    files += [_csv(s2_runs, out / "agreement_r2_by_run.csv"), _csv(s2_groups, out / "agreement_r2_summary.csv")]
+    theta, reference, rule, r, r2, cons, per_run = (
+        ag.theta,
+        ag.reference,
+        ag.rule,
+        ag.r,
+        ag.r2,
+        ag.consensus,
+        ag.per_run,
+    )
+    files = Files(
+        {
+            "agreement_r2": _table(r2),
+            "agreement_r": _table(r.rename_axis("run")),
+            "consensus": _table(cons),
+            "agreement_models": _table(per_run),
+            "agreement_r2_by_run": _table(ag.r2_by_run),
+            "agreement_r2_summary": _table(ag.r2_groups),
+        },
+        (Drawing("fig_agreement_r2.png", functools.partial(_heatmap, r2)),),
+    )
     top = cons.sort_values("disagreement", ascending=False).head(N_OUTLIERS)
     worst = per_run.sort_values("mean_r_with_others")
     lines = [
@@ -246,68 +241,54 @@ def agreement_section(c: Context, out: Path) -> Body:
         "the reference set and with the human anchor (human 2P - 1 where given, else the rating), and the same for "
         "the runs outside the set; per run in `agreement_r2_by_run.csv`:",
         "",
-        md_table(s2_groups.reset_index(), "{:.3f}", nan="–"),
+        md_table(ag.r2_groups.reset_index(), "{:.3f}", nan="–"),
     ]
     return lines, files
 
 
 @titled("Deliberation: reasoning off - on")
-def deliberation_section(c: Context, out: Path) -> Body:
-    pairs = c.panel.reasoning_pairs()
-    if not pairs:
-        return [
-                "No model has both a reasoning-off and a reasoning-on run in this panel (give `model:` and "
-                "`reasoning:` in a panel file to pair runs)."
-            ], []
-    tables, lines = [], []
-    for off, on in pairs:
-        try:
-            t = deliberation_table(c.runs[off.name], c.runs[on.name], n_boot=c.n_boot, seed=c.seed)
-        except NotComputed as e:
-            lines.append(f"- {off.model}: {off.name} vs {on.name}: not computed: {e}")
-            continue
-        tables.append(t.assign(model=off.model, off_run=off.name, on_run=on.name))
-    files = []
-    if tables:
-        table = pd.concat(tables, ignore_index=True)
-        cols = ["model", "off_run", "on_run", "quantity", "channel", "off", "on", "off_minus_on", "lo", "hi"]
-        cols.append("excludes_0")
-        table = table[[*cols, "n_items", "n_boot_ok"]]
-        files = [_csv(table, out / "deliberation.csv", index=False), _deliberation_figure(table, out)]
-        show = table.drop(columns=["off_run", "on_run", "n_boot_ok"]).copy()
-        show["excludes_0"] = show["excludes_0"].map({True: "yes", False: "no"})
-        lines = [
-            "Per model, reasoning off minus on (the paper's sign; positive = smaller with reasoning on) on the "
-            "items both runs hold: mean sigma_repro (incoherence), G, "
-            "per channel abs_m = |m|, m and s, and the joint fit per label family (s: channel joint:<family>; abs_m "
-            f"and m: joint:<family>:<channel>). CIs: {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} "
-            f"resamples, seed {c.seed}); each resample draws the same items for both runs and refits (s, m) in both, "
-            "so the difference is paired. The per-channel s absorbs the other channels' offsets (each side averages "
-            "over them), so a change of s that shows per channel but not in the joint s is that artefact (e.g. a "
-            "smaller m_order making the lexical s look smaller), not a change of decisiveness.",
-            "",
-            md_table(show, "{:+.3f}", nan="–"),
-            *(["", *lines] if lines else []),
-        ]
+def deliberation_section(c: Context) -> Body:
+    p = c.deliberation
+    if p.absent:
+        return [p.absent], Files()
+    dl = p.get()
+    notes = [f"- {off.model}: {off.name} vs {on.name}: not computed: {why}" for off, on, why in dl.skipped]
+    if dl.table is None:
+        return notes, Files()
+    table = dl.table
+    files = Files(
+        {"deliberation": _table(table, index=False)},
+        (Drawing("fig_deliberation.png", functools.partial(_deliberation_figure, table)),),
+    )
+    show = table.drop(columns=["off_run", "on_run", "n_boot_ok"]).copy()
+    show["excludes_0"] = show["excludes_0"].map({True: "yes", False: "no"})
+    lines = [
+        "Per model, reasoning off minus on (the paper's sign; positive = smaller with reasoning on) on the "
+        "items both runs hold: mean sigma_repro (incoherence), G, "
+        "per channel abs_m = |m|, m and s, and the joint fit per label family (s: channel joint:<family>; abs_m "
+        f"and m: joint:<family>:<channel>). CIs: {LEVEL:.0%} percentile bootstrap over items ({c.n_boot} "
+        f"resamples, seed {c.seed}); each resample draws the same items for both runs and refits (s, m) in both, "
+        "so the difference is paired. The per-channel s absorbs the other channels' offsets (each side averages "
+        "over them), so a change of s that shows per channel but not in the joint s is that artefact (e.g. a "
+        "smaller m_order making the lexical s look smaller), not a change of decisiveness.",
+        "",
+        md_table(show, "{:+.3f}", nan="–"),
+        *(["", *notes] if notes else []),
+    ]
     return lines, files
 
 
 @titled("Human anchors")
-def humans_section(c: Context, out: Path) -> Body:
-    if c.panel.humans is None:
-        return ["No human table in this panel (`--humans CSV` or `humans:` in the panel file)."], []
-    h = c.humans
-    assert h is not None
-    h = h[h["item_id"].isin(c.shared)]
-    if h.empty:
-        return ["None of the human items is among the shared dilemmas; check the item ids."], []
-    per_item = humans_per_item(h)
-    table, by_item = humans_agreement(c.runs, per_item, n_boot=c.n_boot, seed=c.seed)
-    files = [
-        _csv(table, out / "humans_agreement.csv", index=False),
-        _csv(by_item, out / "humans_by_item.csv"),
-        _humans_figure(by_item, per_item, c, out / "fig_humans.png"),
-    ]
+def humans_section(c: Context) -> Body:
+    p = c.anchors
+    if p.absent:
+        return [p.absent], Files()
+    ha = p.get()
+    h, table = ha.humans, ha.table
+    files = Files(
+        {"humans_agreement": _table(table, index=False), "humans_by_item": _table(ha.by_item)},
+        (Drawing("fig_humans.png", functools.partial(_humans_figure, ha.by_item, ha.per_item, list(c.runs))),),
+    )
     lines = [
         f"Human table `{c.panel.humans}`: {h['item_id'].nunique()} of the shared dilemmas; human values on the "
         "stance axis [-1, 1] (p_cbr as 2 p - 1; rating as 2 (rating - lo) / (hi - lo) - 1), averaged over frames. "
@@ -318,79 +299,70 @@ def humans_section(c: Context, out: Path) -> Body:
         "",
         md_table(table, "{:+.3f}", nan="–"),
     ]
-    if (noise := human_sampling_se(h)) is not None:
-        se, n_rows = noise
+    if ha.noise is not None:
+        se, n_rows = ha.noise
         lines += ["", f"Human sampling noise: mean binomial SE of 2 p_cbr - 1 = {se:.3f} ({n_rows} rows with n)."]
-    dropped = sorted(set(c.humans["item_id"]) - set(c.shared)) if c.humans is not None else []
-    if dropped:
-        lines += ["", f"{len(dropped)} human items are not shared by every run and were dropped: {', '.join(dropped)}."]
-    frames = sorted(set(h["frame"]) - {""})
-    if frames:
-        shift = framing_shift(h, n_boot=c.n_boot, seed=c.seed)
-        files.append(_csv(shift, out / "humans_framing.csv", index=False))
+    if ha.left_out:
+        lines += [
+            "",
+            f"{len(ha.left_out)} human items are not shared by every run and were dropped: {', '.join(ha.left_out)}.",
+        ]
+    if ha.shift is not None:
+        files += Files({"humans_framing": _table(ha.shift, index=False)})
         lines += [
             "",
             "Framing shift of the human sample: per measure, the mean over items of (value in the frame - value in "
             "the reference frame, the first in the file), with a bootstrap CI over items:",
             "",
-            md_table(shift, "{:+.3f}", nan="–"),
+            md_table(ha.shift, "{:+.3f}", nan="–"),
         ]
     return lines, files
 
 
 @titled("Logit readout vs sampled behaviour (across runs)")
-def logit_sampled_section(c: Context, out: Path) -> Body:
-    pairs = logit_sampled_pairs(list(c.runs.values()))
-    if not pairs:
-        return [
-                "No pair of a readout run and a sampled-only run (`--no-readout --samples N`) of the same model and "
-                "reasoning flag with common trials (a run with both readouts and samples has this in its own report)."
-            ], []
-    heads, cells, notes = [], [], []
-    for r, s in pairs:
-        try:
-            head, q = logit_sampled_rows(r, s)
-        except NotComputed as e:
-            notes.append(f"- {r.name} vs {s.name}: not computed: {e}")
-            continue
-        heads.append(head)
-        cells.append(q)
+def logit_sampled_section(c: Context) -> Body:
+    p = c.logit_sampled
+    if p.absent:
+        return [p.absent], Files()
+    ls = p.get()
+    notes = [f"- {r} vs {s}: not computed: {why}" for r, s, why in ls.skipped]
     lines: list[str] = []
-    files = []
-    if heads:
-        ht = pd.DataFrame(heads)
-        ct = pd.concat(cells, ignore_index=True)
-        files = [
-            _csv(ht, out / "logit_vs_sampled.csv", index=False),
-            _csv(ct, out / "logit_vs_sampled_cells.csv", index=False),
-        ]
+    files = Files()
+    if ls.heads is not None and ls.cells is not None:
+        files = Files(
+            {
+                "logit_vs_sampled": _table(ls.heads, index=False),
+                "logit_vs_sampled_cells": _table(ls.cells, index=False),
+            }
+        )
         lines = [
             "Trials matched by id (same spec: same trials). T = fitted readout temperature relative to the sampling "
             f"temperature tau ({LEVEL:.0%} profile-likelihood interval; T = 1: sampling at tau draws from "
             "softmax(logits / tau)); r_trial and mad_trial compare the readout P(CBR) with the sampled frequency per "
             "trial (mad_trial_tempered after re-tempering the readout at the fitted T).",
             "",
-            md_table(ht, "{:.3f}", nan="–"),
+            md_table(ls.heads, "{:.3f}", nan="–"),
             "",
             "Cell-level quantities per item, readout vs sampled (z, lexical, order of the yes/no verb flip; theta "
             "pooled over replicates):",
             "",
-            md_table(ct, "{:+.3f}", nan="–"),
+            md_table(ls.cells, "{:+.3f}", nan="–"),
         ]
     return lines + (["", *notes] if notes else []), files
 
 
 @titled("Planted vs recovered (synthetic subjects)")
-def planted_section(c: Context, out: Path) -> Body:
+def planted_section(c: Context) -> Body:
     """For sim runs: r^2 of the planted thetas beside the recovered r^2 matrix."""
-    r2 = planted_r2(c)
+    r2 = c.planted
     if r2 is None:
-        return [], []
-    return [
-            "r^2 of the planted thetas (compare with the recovered matrix above):",
-            "",
-            md_table(r2.reset_index(), "{:.3f}", nan="–"),
-        ], [_csv(r2, out / "planted_r2.csv")]
+        return [], Files()
+    lines = [
+        "r^2 of the planted thetas (compare with the recovered matrix above):",
+        "",
+        md_table(r2.reset_index(), "{:.3f}", nan="–"),
+    ]
+    return lines, Files({"planted_r2": _table(r2)})
 
 
 # ------------------------------------------------------------------ figures
@@ -405,10 +377,10 @@ def _grid(n: int, width: float = 3.6, height: float = 3.2) -> tuple[Any, list[An
     return fig, flat[:n]
 
 
-def _save(fig: Any, path: Path, title: str) -> Path:
+def _finish(fig: Any, title: str) -> Any:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
+    return fig
 
 
 def _item_order(c: Context) -> list[str]:
@@ -417,7 +389,7 @@ def _item_order(c: Context) -> list[str]:
     return [str(i) for i in theta.mean(axis=1).sort_values().index]
 
 
-def _stance_figure(c: Context, path: Path) -> Path:
+def _stance_figure(c: Context) -> Any:
     runs = [(n, d) for n, d in c.runs.items() if d.inc is not None]
     order = _item_order(c)
     fig, axes = _grid(len(runs), 3.4, 0.2 * len(order) + 1.4)
@@ -430,10 +402,10 @@ def _stance_figure(c: Context, path: Path) -> Path:
         ax.set_xlim(-1.05, 1.05)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("theta (bars: sigma_repro)", fontsize=8)
-    return _save(fig, path, "Stance theta per dilemma, items in consensus order")
+    return _finish(fig, "Stance theta per dilemma, items in consensus order")
 
 
-def _decomposition_figure(c: Context, path: Path) -> Path:
+def _decomposition_figure(c: Context) -> Any:
     runs = [(n, d) for n, d in c.runs.items() if d.dec is not None]
     order = [i for i in _item_order(c) if all(d.dec is not None and i in d.dec.index for _, d in runs)]
     order = order or [str(i) for i in runs[0][1].dec.index]  # type: ignore[union-attr]
@@ -449,10 +421,10 @@ def _decomposition_figure(c: Context, path: Path) -> Path:
         ax.set_ylim(-1.05, 1.05)
         ax.set_title(name, fontsize=9)
     axes[0].legend(fontsize=6)
-    return _save(fig, path, "Yes/no bias decomposition per dilemma (apparent = order + lexical)")
+    return _finish(fig, "Yes/no bias decomposition per dilemma (apparent = order + lexical)")
 
 
-def _fit_figure(table: pd.DataFrame, path: Path) -> Path:
+def _fit_figure(table: pd.DataFrame) -> Any:
     channels = list(dict.fromkeys(table["channel"]))
     fig, axes = _grid(len(channels), 4.0, 0.35 * table["run"].nunique() + 1.6)
     runs = list(dict.fromkeys(table["run"]))
@@ -468,10 +440,10 @@ def _fit_figure(table: pd.DataFrame, path: Path) -> Path:
         ax.set_title(f"{ch}: m (s in labels)", fontsize=9)
         for k, (_, row) in enumerate(t.iterrows()):
             ax.annotate(f"s={row['s']:.2f}", (row["m"], k), textcoords="offset points", xytext=(4, 4), fontsize=6)
-    return _save(fig, path, "Framing susceptibility m per channel and run (s printed beside)")
+    return _finish(fig, "Framing susceptibility m per channel and run (s printed beside)")
 
 
-def _heatmap(r2: pd.DataFrame, path: Path) -> Path:
+def _heatmap(r2: pd.DataFrame) -> Any:
     plt = pyplot()
     n = len(r2)
     fig, ax = plt.subplots(figsize=(1.0 * n + 2.5, 0.8 * n + 2))
@@ -485,11 +457,10 @@ def _heatmap(r2: pd.DataFrame, path: Path) -> Path:
     fig.colorbar(im, ax=ax, label="r^2 of theta")
     ax.set_title("Agreement of the item ordering (r^2 of theta)", fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    return path
+    return fig
 
 
-def _deliberation_figure(table: pd.DataFrame, out: Path) -> Path:
+def _deliberation_figure(table: pd.DataFrame) -> Any:
     models = list(dict.fromkeys(table["model"]))
     labels = [f"{q} {ch}".strip() for q, ch in zip(table["quantity"], table["channel"], strict=True)]
     table = table.assign(label=labels)
@@ -504,12 +475,12 @@ def _deliberation_figure(table: pd.DataFrame, out: Path) -> Path:
         ax.axvline(0, color="black", lw=0.7)
         ax.set_title(str(m), fontsize=9)
         ax.set_xlabel("off - on (95% CI)", fontsize=8)
-    return _save(fig, out / "fig_deliberation.png", "Deliberation effects: reasoning off minus on")
+    return _finish(fig, "Deliberation effects: reasoning off minus on")
 
 
-def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, c: Context, path: Path) -> Path:
+def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, runs: list[str]) -> Any:
     panels = []
-    for name, _d in c.runs.items():
+    for name in runs:
         for measure in per_item.columns:
             col = f"{name} ({HUMAN_VS[measure]})"
             if col in by_item.columns:
@@ -522,11 +493,11 @@ def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, c: Context, pa
         ax.set_xlabel(f"humans ({measure}, stance axis)", fontsize=8)
         ax.set_ylabel(f"{name}: {HUMAN_VS[measure]}", fontsize=8)
         ax.set_title(name, fontsize=9)
-    return _save(fig, path, "Models against the human anchors")
+    return _finish(fig, "Models against the human anchors")
 
 
 # ------------------------------------------------------------------ entry points
-SECTIONS: list[Callable[[Context, Path], Section]] = [
+SECTIONS: list[Callable[[Context], Section]] = [
     matching_section,
     models_section,
     fits_section,
@@ -541,8 +512,6 @@ SECTIONS: list[Callable[[Context, Path], Section]] = [
 
 def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
     """Write the battery comparison of ``panel`` into ``out`` (CSV, ``summary.md``, PNG); returns the files."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     c = panel_context(panel, n_boot=n_boot, seed=seed)
     head = [
         f"# Crossed-frame battery: comparison of {len(panel.runs)} runs",
@@ -551,20 +520,19 @@ def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int 
         "- spreads (sigma_repro, disagreement) are descriptive; CIs are percentile bootstraps over items",
         "",
     ]
-    body, _ = run_sections(SECTIONS, c, out)
-    write_summary(out, "\n".join(head + body))
-    return report_files(out)
+    body, files = run_sections(SECTIONS, c)
+    return write_report(Path(out), head + body, files)
 
 
 # ------------------------------------------------------------------ yes/no
 @titled("Cells and decomposition side by side")
-def yesno_cells_section(c: Context, out: Path) -> Body:
+def yesno_cells_section(c: Context) -> Body:
     cells = c.yesno.get()
     table, long = cells.table, cells.long
-    files = [_csv(table, out / "models.csv"), _csv(long, out / "yesno_cells.csv", index=False)]
+    tables = {"models": _table(table), "yesno_cells": _table(long, index=False)}
     for col in ("z", "lexical", "order"):
         wide = long.pivot(index="item_id", columns="run", values=col).reindex(columns=list(c.runs))
-        files.append(_csv(wide, out / f"yesno_{col}_by_model.csv"))
+        tables[f"yesno_{col}_by_model"] = _table(wide)
     lines = [
         "Per run, on the shared dilemmas: P(CBR) per (verb x printed order) cell, averaged over forms "
         "(`yesno_cells.csv`), and the decomposition; the table shows the means over items "
@@ -572,33 +540,27 @@ def yesno_cells_section(c: Context, out: Path) -> Body:
         "",
         md_table(table.reset_index(), "{:+.3f}", nan="–"),
     ]
-    files.append(_decomposition_figure(c, out / "fig_decomposition_models.png"))
-    return lines, files
+    figure = Drawing("fig_decomposition_models.png", functools.partial(_decomposition_figure, c))
+    return lines, Files(tables, (figure,))
 
 
 @titled("Agreement of the item ordering (z)")
-def yesno_agreement_section(c: Context, out: Path) -> Body:
-    z = pd.DataFrame({n: d.dec["z"] for n, d in c.runs.items() if d.dec is not None}).dropna()
-    r, cons, per_run = agreement(z)
-    r2 = (r**2).rename_axis("run")
-    files = [_csv(r2, out / "agreement_r2.csv"), _csv(cons.rename_axis("item_id"), out / "consensus.csv")]
+def yesno_agreement_section(c: Context) -> Body:
+    ag = c.z_agreement.get()
     lines = [
-        f"Pearson r^2 of the story stance z between runs ({len(z)} dilemmas); consensus = the mean z over the runs:",
+        f"Pearson r^2 of the story stance z between runs ({len(ag.z)} dilemmas); consensus = the mean z over the runs:",
         "",
-        md_table(r2.reset_index(), "{:.3f}", nan="–"),
+        md_table(ag.r2.reset_index(), "{:.3f}", nan="–"),
         "",
-        md_table(per_run.reset_index(), "{:+.3f}", nan="–"),
+        md_table(ag.per_run.reset_index(), "{:+.3f}", nan="–"),
     ]
-    return lines, files
+    return lines, Files({"agreement_r2": _table(ag.r2), "consensus": _table(ag.consensus)})
 
 
 def compare_yesno(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
     """The yes/no comparison: cells and decomposition side by side, agreement of z, logit vs sampled."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     c = yesno_context(panel, n_boot=n_boot, seed=seed)
     head = [f"# Yes/no battery: comparison of {len(panel.runs)} runs", "", f"- {len(c.shared)} shared dilemmas", ""]
     sections = [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section]
-    body, _ = run_sections(sections, c, out)
-    write_summary(out, "\n".join(head + body))
-    return report_files(out)
+    body, files = run_sections(sections, c)
+    return write_report(Path(out), head + body, files)

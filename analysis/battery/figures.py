@@ -1,17 +1,21 @@
-"""The battery's figures as small functions: data in, PNG out (through :mod:`analysis.common.figures`)."""
+"""The battery's figures as small functions: data in, a matplotlib figure out.
+
+They only draw: the report names each in a :class:`analysis.common.report.Drawing`, and its writer
+(:func:`analysis.common.report.write_files`) saves it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.common.figures import pyplot, save_figure
+from analysis.common.figures import pyplot
 
 
-def stance_bars(df: pd.DataFrame, value: str, err: str | None, path: Path, title: str, xlabel: str) -> Path:
+def stance_bars(df: pd.DataFrame, value: str, err: str | None, title: str, xlabel: str) -> Any:
     """Horizontal bars of one value per item (sorted), with optional error bars."""
     plt = pyplot()
     d = df.sort_values(value)
@@ -24,11 +28,10 @@ def stance_bars(df: pd.DataFrame, value: str, err: str | None, path: Path, title
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    return path
+    return fig
 
 
-def grouped_bars(df: pd.DataFrame, columns: Sequence[str], path: Path, title: str, ylabel: str) -> Path:
+def grouped_bars(df: pd.DataFrame, columns: Sequence[str], title: str, ylabel: str) -> Any:
     """Bars of several columns per row (e.g. order / lexical / apparent per item or per label pair)."""
     plt = pyplot()
     n, k = len(df), len(columns)
@@ -43,20 +46,19 @@ def grouped_bars(df: pd.DataFrame, columns: Sequence[str], path: Path, title: st
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    return path
+    return fig
 
 
 def scatter_xy(
     x: np.ndarray,
     y: np.ndarray,
-    path: Path,
     title: str,
     xlabel: str,
     ylabel: str,
     diagonal: bool = True,
     curve: tuple[np.ndarray, np.ndarray] | None = None,
-) -> Path:
+) -> Any:
+    """Points (x, y), with the diagonal y = x and an optional curve."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.4, 4.2))
     ax.scatter(x, y, s=14, alpha=0.8)
@@ -70,5 +72,27 @@ def scatter_xy(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    return path
+    return fig
+
+
+def bowtie_ridge(sides: Mapping[str, pd.DataFrame], fits: pd.DataFrame) -> Any:
+    """Per fitted channel: the bowtie (bias p+ - p- against the story stance z) and the ridge (bias against
+    theta) with the fitted (s, m) curve over each."""
+    from analysis.battery.fit import predict
+
+    plt = pyplot()
+    fig, axes = plt.subplots(2, len(sides), figsize=(4 * len(sides), 7), squeeze=False)
+    grid = np.linspace(-1, 1, 201)
+    for j, (ch, d) in enumerate(sides.items()):
+        s, m = float(fits.loc[ch, "s"]), float(fits.loc[ch, "m"])
+        pp, pm = predict(grid, s, m)
+        ax = axes[0][j]
+        ax.scatter(d["z"], d["bias"], s=14)
+        ax.plot(pp + pm - 1, pp - pm, color="#c44e52")
+        ax.set(title=f"{ch}: bowtie (s={s:.2f}, m={m:+.2f})", xlabel="story stance z", ylabel="bias p+ - p-")
+        ax = axes[1][j]
+        ax.scatter(d["theta"], d["bias"], s=14)
+        ax.plot(grid, pp - pm, color="#c44e52")
+        ax.set(title=f"{ch}: ridge", xlabel="theta (I-1)", ylabel="bias p+ - p-")
+    fig.tight_layout()
+    return fig
