@@ -106,10 +106,10 @@ def test_probe_analyze_fails_naming_the_section_of_a_planted_bug(
 
     assert main(["analyze", str(battery_run)]) == 0
     capsys.readouterr()
-    monkeypatch.setattr(yesno, "i3_incoherence", lambda forms: pd.Series(_broadcast()))  # used by verbflip_section
+    monkeypatch.setattr(yesno, "i3_incoherence", lambda forms: pd.Series(_broadcast()))  # used by compute_verbflip
     assert main(["analyze", str(battery_run)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("probe analyze: error: report section verbflip_section failed")
+    assert len(err) == 1 and err[0].startswith("probe analyze: error: report section compute_verbflip failed")
     assert "ValueError: operands could not be broadcast together" in err[0]
 
 
@@ -125,6 +125,18 @@ def test_a_bug_in_a_computed_part_names_the_part(
     assert "report section compute_verbflip failed" in err and "could not be broadcast" in err
 
 
+def test_a_bug_in_a_figure_function_names_the_figure(
+    battery_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from analysis.battery import figures
+    from probe.app.cli import main
+
+    monkeypatch.setattr(figures, "grouped_bars", lambda *args: _broadcast())
+    assert main(["analyze", str(battery_run)]) == 1
+    err = capsys.readouterr().err
+    assert "report section figure fig_bias_decomposition.png failed" in err and "could not be broadcast" in err
+
+
 def test_probe_run_s_report_step_fails_the_same_way_and_keeps_the_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -137,7 +149,7 @@ def test_probe_run_s_report_step_fails_the_same_way_and_keeps_the_results(
     args = ["run", "battery", "--model", "sim", "--out", str(out), "--items", ITEMS, "--instruments", "binary"]
     assert main([*args, "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert "probe run: error: report section verbflip_section failed" in err and "probe analyze" in err
+    assert "probe run: error: report section compute_verbflip failed" in err and "probe analyze" in err
     assert len(RunStore(out).load("readout_trials")) > 0  # the results stay stored
 
 

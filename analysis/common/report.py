@@ -168,7 +168,13 @@ def write_files(out: Path, files: Files) -> list[Path]:
         atomic_write_text(out / name, text)
         written.append(out / name)
     for d in files.figures:
-        written.append(save_figure(d.draw(), out / d.name, dpi=FIGURE_DPI))
+        try:
+            fig = d.draw()
+        except ProbeError:
+            raise
+        except Exception as e:  # a bug in a figure function: the report fails naming the figure
+            raise section_failed(f"figure {d.name}", e) from e
+        written.append(save_figure(fig, out / d.name, dpi=FIGURE_DPI))
     return written
 
 
