@@ -660,7 +660,8 @@ class HFEngine(LocalEngine):
         self._check_chat_template()
         self._float32_head()
         s = self.settings
-        self._experts = experts_by_phase(weights.experts, self.device.type, s.experts_prefill, s.experts_decode)
+        if weights.experts is not None:  # a mixture-of-experts model: each phase's implementation
+            self._experts = experts_by_phase(weights.experts, self.device.type, s.experts_prefill, s.experts_decode)
 
     def _float32_head(self) -> None:
         """Compute the final projection in float32 (``settings.head_dtype``), where the weights are not float32.

@@ -163,7 +163,9 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     for what in (
         "readout forced binary tree",
         "lm-eval-style scorer forced binary",
-        "decode step batch 16",
+        "decode step batch 16, experts grouped_mm",
+        "decode step batch 16, experts batched_mm",
+        "prefill 4 x 72 tokens, experts eager",
         "draws",
         "generate() draws",
     ):
@@ -171,7 +173,9 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     assert moe["scorer agreement (forced binary)"]["max_logprob_diff"] < 1e-4
     assert moe["readouts vs scorer forced binary"]["ratio"] > 0 and moe["draws vs generate()"]["ratio"] > 0
     assert moe["readout forced binary tree"]["compute_floor_s"] > 0
-    assert moe["decode step batch 16"]["weight_read_floor_ms"] > 0
+    assert moe["decode step batch 16, experts grouped_mm"]["weight_read_floor_ms"] > 0
+    choices = [r for what, r in moe.items() if what.startswith("experts choice")]
+    assert len(choices) == 4 and all(r["auto"] == "grouped_mm" and r["auto_over_fastest"] >= 1 for r in choices)
     assert moe["reasoning refill"]["steps"] < moe["reasoning buckets"]["steps"]
     targets = {r["target"] for r in rows if r["check"] == "target"}
     assert {"reasoning", "readouts", "draws", "decode_16", "decode_64"} == targets
