@@ -2,9 +2,9 @@
 
 The experiment decides what a comparison means (its comparison function, found
 by the experiment's name in :mod:`analysis.registry`); this module checks that
-the runs can be compared, hands the panel over, and
-writes the parts every comparison shares: the panel table and the log of
-items dropped when runs of different item sets are matched.
+the runs can be compared, hands the panel over, and writes what the
+comparison returns (:func:`analysis.common.report.write_report_files`) with
+the part every comparison shares, the panel table (``panel.csv``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.common.report import Files, Table, report_files, write_files
+from analysis.common.report import Files, Table, write_report_files
 from analysis.cue.compare_report import compare_cue
 from analysis.cue.metrics import Decision
 from analysis.influence.compare_report import compare_influence
@@ -64,15 +64,13 @@ def write_comparison(
     if decision is not None and panel.experiments != ("cue",):
         raise PanelError(f"--decision applies to cue panels only; this panel holds {', '.join(panel.experiments)}")
     boot = {k: v for k, v in (("n_boot", n_boot), ("seed", seed)) if v is not None}
-    out = Path(out)
-    write_files(out, Files({"panel": Table(panel.table())}))
     if asym_model is not None:  # an influence panel (checked above): its comparison, with the option
-        compare_influence(panel, out, asym_model=asym_model, **boot)
+        lines, files = compare_influence(panel, asym_model=asym_model, **boot)
     elif decision is not None:  # a cue panel (checked above)
-        compare_cue(panel, out, decision=decision, **boot)
+        lines, files = compare_cue(panel, decision=decision, **boot)
     else:
-        func(panel, out, **boot)
-    return report_files(out)
+        lines, files = func(panel, **boot)
+    return write_report_files(Path(out), lines, Files({"panel": Table(panel.table())}) + files)
 
 
 def runs_from_args(

@@ -10,7 +10,6 @@ A reader (a person, grep, mypy, an import graph) follows the call from here.
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 from analysis.battery.compare_report import compare_battery, compare_yesno
@@ -24,24 +23,27 @@ from experiments import battery, cue, followup, get_experiment, yesno
 from experiments.influence import BENCHMARKS, imported
 
 if TYPE_CHECKING:
+    from analysis.common.report import Body
     from probe.panel import Panel
     from probe.runs import Run
 
 
 class Report(Protocol):
-    """Write the report files of a finished run into ``out``; return their paths."""
+    """The report of a finished run: its summary lines and files (:data:`analysis.common.report.Body`), computed
+    from the run and written by :func:`analysis.report.write_report`."""
 
-    def __call__(self, run: Run, out: Path, /) -> list[Path]: ...
+    def __call__(self, run: Run, /) -> Body: ...
 
 
 class Compare(Protocol):
-    """Write the cross-run report of a panel of runs into ``out``; return the files.
+    """The cross-run report of a panel of runs: its summary lines and files (:data:`analysis.common.report.Body`),
+    written by :func:`analysis.compare.write_comparison`.
 
     ``n_boot`` / ``seed``: the bootstrap resamples and seed of every CI; a
     comparison has its own defaults, used when ``probe compare`` is not given them.
     """
 
-    def __call__(self, panel: Panel, out: Path, /, *, n_boot: int = ..., seed: int = ...) -> list[Path]: ...
+    def __call__(self, panel: Panel, /, *, n_boot: int = ..., seed: int = ...) -> Body: ...
 
 
 REPORTS: Final[dict[str, Report]] = {

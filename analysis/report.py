@@ -1,16 +1,17 @@
 """``probe analyze``: write a run's report (CSV tables, a Markdown summary, figures) under ``RUN/report/``.
 
 The experiment of the run decides what its report holds (its report function, in the paper's package,
-found by the experiment's name in :mod:`analysis.registry`); this module checks the store and appends
-"What the numbers rest on" (:mod:`analysis.common.checks`).
+found by the experiment's name in :mod:`analysis.registry`, returns the summary lines and files); this module
+adds "What the numbers rest on" (:mod:`analysis.common.checks`) and, for a partial store, the header saying
+so, and writes the whole report once (:func:`analysis.common.report.write_report_files`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from analysis.common.report import Body, Files, Table, write_report_files
 from probe.errors import StoreError
-from probe.files import atomic_write_text
 from probe.runs import Run, open_run
 
 
@@ -27,19 +28,17 @@ def write_report(run: str | Path, *, allow_partial: bool = False) -> list[Path]:
     integrity = opened.integrity
     if not integrity.complete and not allow_partial:
         raise StoreError(integrity.refusal())
-    out = opened.root / "report"
-    paths = report_of(opened.manifest.experiment)(opened, out)
-    paths = paths + append_checks(opened, out)
-    summary = out / "summary.md"
-    if not integrity.complete and summary.exists():
-        atomic_write_text(summary, "\n".join(integrity.partial_header()) + "\n" + summary.read_text())
-    return paths
+    lines, files = report_of(opened.manifest.experiment)(opened)
+    check_lines, check_files = checks(opened)
+    text = "\n".join(lines).rstrip("\n") + "\n\n" + "\n".join(check_lines)
+    if not integrity.complete:
+        text = "\n".join(integrity.partial_header()) + "\n" + text
+    return write_report_files(opened.root / "report", [text], files + check_files)
 
 
-def append_checks(run: Run, out: Path) -> list[Path]:
-    """Append "What the numbers rest on" (:mod:`analysis.common.checks`) to ``summary.md``; write its CSV tables."""
+def checks(run: Run) -> Body:
+    """ "What the numbers rest on" (:mod:`analysis.common.checks`): its summary lines and CSV tables."""
     from analysis.common import checks
-    from analysis.common.report import Files, Table, write_files
 
     lines, tables = checks.checks_section(
         run.manifest,
@@ -50,7 +49,4 @@ def append_checks(run: Run, out: Path) -> list[Path]:
         {t.trial_id: t.options for t in run.trial_list},
         run.load("readout_options"),
     )
-    summary = out / "summary.md"
-    head = summary.read_text().rstrip("\n") + "\n\n" if summary.exists() else ""
-    atomic_write_text(summary, head + "\n".join(lines))
-    return write_files(out, Files({stem: Table(t, index=True, float_format="%.6f") for stem, t in tables.items()}))
+    return lines, Files({stem: Table(t, index=True, float_format="%.6f") for stem, t in tables.items()})

@@ -20,6 +20,7 @@ def sampled_cue_report(
     readout), and the report uses 20 bootstrap draws: the tests read the
     planted frequencies, not the intervals.
     """
+    from analysis.common.report import write_report_files
     from analysis.cue.report import cue_report
     from probe.runs import as_run
     from probe.store import RunStore
@@ -35,5 +36,5 @@ def sampled_cue_report(
     }
     store = RunStore.open(run, manifest, trials)
     store.write_chunk(0, {"samples": sample_table(samples)})
-    cue_report(as_run(store), run / "report", n_boot=20)
+    write_report_files(run / "report", *cue_report(as_run(store), n_boot=20))
     return run / "report"

@@ -25,6 +25,7 @@ from analysis.battery.compare import (
     load_humans,
 )
 from analysis.battery.compare_report import compare_battery
+from analysis.common.report import write_report_files
 from engines.sim import SimEngine, SimParams
 from experiments.battery import REDUCED, BatterySpec
 from experiments.dilemmas import load_dilemmas
@@ -80,7 +81,7 @@ def report(runs: Path) -> Path:
         [("A", "A", "A", False), ("A_on", "A think", "A", True), ("B", "B", "B", False), ("C", "C", "C", False)],
     )
     out = runs / "cmp"
-    compare_battery(load_panel(panel), out, n_boot=500)
+    write_report_files(out, *compare_battery(load_panel(panel), n_boot=500))
     return out
 
 
@@ -170,7 +171,7 @@ def test_models_table_and_files(report: Path):
 def test_item_matching_reports_the_drops(runs: Path, tmp_path: Path):
     sub = sim_run(tmp_path / "sub", B, items=ITEMS[:8])
     panel = write_panel(tmp_path / "p.yaml", [(str(runs / "A"), "A", "A", False), (str(sub), "Bsub", "B", False)])
-    compare_battery(load_panel(panel), tmp_path / "out", n_boot=200)
+    write_report_files(tmp_path / "out", *compare_battery(load_panel(panel), n_boot=200))
     dropped = pd.read_csv(tmp_path / "out" / "dropped_items.csv")
     assert sorted(dropped["item_id"]) == sorted(ITEMS[8:])
     assert set(dropped["run"]) == {"A"} and set(dropped["reason"]) == {"not in run(s): Bsub"}
@@ -195,7 +196,7 @@ def test_human_anchors_recover_the_planted_agreement(runs: Path, tmp_path: Path)
         tmp_path / "p.yaml", [(str(runs / "A"), "A", "A", False), (str(runs / "B"), "B", "B", False)], humans
     )
     out = tmp_path / "out"
-    compare_battery(load_panel(panel), out, n_boot=500)
+    write_report_files(out, *compare_battery(load_panel(panel), n_boot=500))
     agree = pd.read_csv(out / "humans_agreement.csv").set_index("run")
     h, p = np.array([stance[i] for i in ITEMS]), np.array([planted[i] for i in ITEMS])
     assert agree.loc["A", "r"] == pytest.approx(stats.pearsonr(h, p).statistic, abs=0.03)
@@ -228,7 +229,7 @@ def test_human_choice_rates_with_frames(runs: Path, tmp_path: Path):
         tmp_path / "p.yaml", [(str(runs / "A"), "A", "A", False), (str(runs / "C"), "C", "C", False)], humans
     )
     out = tmp_path / "out"
-    compare_battery(load_panel(panel), out, n_boot=300)
+    write_report_files(out, *compare_battery(load_panel(panel), n_boot=300))
     agree = pd.read_csv(out / "humans_agreement.csv").set_index(["run", "model"])
     # the paper's anchor: human 2 P - 1 against the graded theta (issue 18), and z beside it
     theta_a = np.array([SimParams(**A).item_theta(i) for i in ITEMS])
@@ -273,7 +274,7 @@ def test_logit_vs_sampled_recovers_the_planted_temperature(tmp_path: Path):
     sim_run(tmp_path / "s", params, items=items, readout=False, samples=20, temperature=1.0)
     panel = write_panel(tmp_path / "p.yaml", [("r", "AT", "AT", False), ("s", "AT sampled", "AT", False)])
     out = tmp_path / "out"
-    compare_battery(load_panel(panel), out, n_boot=200)
+    write_report_files(out, *compare_battery(load_panel(panel), n_boot=200))
     t = pd.read_csv(out / "logit_vs_sampled.csv").iloc[0]
     assert t["T_lo"] <= 1.5 <= t["T_hi"] and t["T"] == pytest.approx(1.5, abs=0.1)
     assert t["readout_run"] == "AT" and t["sampled_run"] == "AT sampled"
@@ -377,7 +378,7 @@ def test_consensus_reference_set_from_the_panel_file_or_the_papers_default(runs:
     ]
     (tmp_path / "p.yaml").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    compare_battery(load_panel(tmp_path / "p.yaml"), out, n_boot=100)
+    write_report_files(out, *compare_battery(load_panel(tmp_path / "p.yaml"), n_boot=100))
     cons = pd.read_csv(out / "consensus.csv", index_col=0)
     assert np.allclose(cons["consensus"], (cons["A"] + cons["B"]) / 2, atol=1e-6)
     models = pd.read_csv(out / "agreement_models.csv", index_col=0)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.common.report import write_report_files
 from analysis.influence import asym
 from analysis.influence import compare as ci
 from analysis.influence.compare_report import compare_influence
@@ -195,7 +196,7 @@ def test_runs_are_matched_on_shared_items_and_conditions(
     assert m.dropped_items["reason"].str.contains("not in run\\(s\\): m3").all()
     assert sorted(set(m.conditions["influence"])) == ["emotional", "survey"]
     assert set(m.dropped_conditions["condition"].str.split(" / ").str[1]) == {"weak_evidence"}
-    out = compare_influence(panel, tmp_path / "cmp", n_boot=50)
+    out = write_report_files(tmp_path / "cmp", *compare_influence(panel, n_boot=50))
     assert_wrote(out, {"dropped_items.csv", "dropped_conditions.csv", "summary.md", "asym_regression.csv"})
     summary = (tmp_path / "cmp" / "summary.md").read_text()
     assert "No model has both a reasoning-off and a reasoning-on run" in summary

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.common.report import write_report_files
 from analysis.common.tables import source_tables
 from analysis.cue import compare as cc
 from analysis.cue.compare_report import compare_cue
@@ -67,7 +68,7 @@ def test_influence_panel_of_runs_with_both_sources_shows_both(runs: dict[str, Pa
     pd.testing.assert_frame_equal(parts[0].conditions, own.conditions)
     assert (parts[1].conditions["source"] == "samples").all()
     assert not parts[0].conditions["s_B"].equals(parts[1].conditions["s_B"])
-    compare_influence(panel, tmp_path, n_boot=N_BOOT)
+    write_report_files(tmp_path, *compare_influence(panel, n_boot=N_BOOT))
     tables = _csvs(tmp_path)
     for name in ("conditions.csv", "by_model.csv", "by_run.csv", "headline.csv", "asym_regression.csv"):
         assert list(tables[name]["source"].drop_duplicates()) == ["readout", "samples"], name
@@ -87,7 +88,7 @@ def test_influence_panel_with_a_one_source_run_is_compared_as_before(runs: dict[
     assert not ci.both_sources(panel)
     (only,) = ci.compare_sources(panel, n_boot=N_BOOT)
     assert only.source is None
-    compare_influence(panel, tmp_path, n_boot=N_BOOT)
+    write_report_files(tmp_path, *compare_influence(panel, n_boot=N_BOOT))
     assert "source" not in _csvs(tmp_path)["by_model.csv"].columns
     assert not list(tmp_path.glob("*_readout.png")) and not list(tmp_path.glob("*_samples.png"))
     assert "## Source:" not in (tmp_path / "summary.md").read_text()
@@ -100,7 +101,7 @@ def test_cue_panel_of_runs_with_both_sources_shows_both(runs: dict[str, Path], t
     assert [p.source for p in parts] == ["readout", "samples"]
     own = cc.compare_cue_frames(panel, n_boot=N_BOOT)
     pd.testing.assert_frame_equal(parts[0].models, own.models)
-    compare_cue(panel, tmp_path, n_boot=N_BOOT)
+    write_report_files(tmp_path, *compare_cue(panel, n_boot=N_BOOT))
     tables = _csvs(tmp_path)
     for name in ("cue_rankings.csv", "cue_net_by_group.csv", "cue_average.csv", "cue_sign_tests.csv"):
         assert list(tables[name]["source"].drop_duplicates()) == ["readout", "samples"], name
@@ -117,7 +118,7 @@ def test_cue_panel_with_a_one_source_run_is_compared_as_before(runs: dict[str, P
     assert not cc.both_sources(panel)
     (only,) = cc.compare_cue_sources(panel, n_boot=N_BOOT)
     assert only.source is None
-    compare_cue(panel, tmp_path, n_boot=N_BOOT)
+    write_report_files(tmp_path, *compare_cue(panel, n_boot=N_BOOT))
     assert "source" not in _csvs(tmp_path)["cue_rankings.csv"].columns
     assert (tmp_path / "fig_cue_rankings.png").exists() and not list(tmp_path.glob("*_readout.png"))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.common.report import write_report_files
 from analysis.cue.metrics import decision_bias, formal_named_share
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec, build_design, expand
@@ -69,6 +70,6 @@ def test_the_share_of_the_gap_via_formal_named_by_hand(tmp_path: Path) -> None:
     share = formal_named_share(gap).iloc[0]
     assert (share.level, share.gap_p, share.gap_fn, share.share) == ("hard", pytest.approx(1.0), pytest.approx(0.6),
                                                                      pytest.approx(0.6))  # fmt: skip
-    cue_report(open_run(out), out / "report", n_boot=2)
+    write_report_files(out / "report", *cue_report(open_run(out), n_boot=2))
     summary = (out / "report" / "summary.md").read_text()
     assert "FormalNamed-hard" in summary and "formal_named-hard" in summary

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from analysis.common.report import write_report_files
 from analysis.cue.metrics import correct_only_keep, identity_checks, parse_identity
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec
@@ -67,7 +68,7 @@ def test_json_identity_is_the_default_source(tmp_path: Path) -> None:
     options, per_trial, _ = store.choice_probs()
     checks, source = identity_checks(store, options, per_trial, LABELS)
     assert source == "json" and len(checks) == 2 * 4 * 2  # 2 dilemmas x 4 individuals x 2 attributes
-    cue_report(store, out / "report", n_boot=2)
+    write_report_files(out / "report", *cue_report(store, n_boot=2))
     solve = pd.read_csv(out / "report" / "cue_solve.csv")
     js = solve[solve["source"] == "json"].iloc[0]
     assert (js.answered, js.correct_gender, js.correct_race, js.joint) == pytest.approx((3 / 4, 1.0, 2 / 3, 2 / 3))

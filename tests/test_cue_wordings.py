@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.common.report import write_report_files
 from analysis.cue.metrics import decision_bias, wording_table
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec, expand
@@ -55,6 +56,6 @@ def test_wording_table_by_hand_and_main_tables_ignore_paraphrases(tmp_path: Path
     alone, _ = decision_bias(options[options["trial_id"].isin(main_only["trial_id"])], main_only, decision="expected",
                              n_boot=0)  # fmt: skip
     pd.testing.assert_frame_equal(both, alone)
-    cue_report(open_run(out), out / "report", n_boot=2)
+    write_report_files(out / "report", *cue_report(open_run(out), n_boot=2))
     assert "What-if wordings (App. Q" in (out / "report" / "summary.md").read_text()
     assert (out / "report" / "cue_wordings.csv").exists()

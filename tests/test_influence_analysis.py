@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.common.report import write_report_files
 from analysis.influence import audit as inf
 from analysis.influence import report
 from experiments.influence import effects as ie
@@ -353,7 +354,7 @@ def test_planted_steerabilities_are_recovered_from_samples(tmp_path: Path) -> No
         progress=False,
         log=lambda s: None,
     )
-    paths = report.influence_report(store, tmp_path / "s" / "report", "triage", n_boot=300)
+    paths = write_report_files(tmp_path / "s" / "report", *report.influence_report(store, "triage", n_boot=300))
     assert {"summary.md", "conditions.csv", "headline.csv", "by_influence.csv", "fig_steerability.png"} <= {
         p.name for p in paths
     }
@@ -380,11 +381,11 @@ def test_planted_steerabilities_are_recovered_from_samples(tmp_path: Path) -> No
 
 def test_report_is_results_then_formatting_then_one_writer(tmp_path: Path) -> None:
     """The report computes once (a frozen :class:`InfluenceResults`), formats without writing a file (the figure
-    functions return figures), and :func:`analysis.common.report.write_report` writes what the formatting named."""
+    functions return figures), and :func:`analysis.common.report.write_report_files` writes what the formatting named."""
     import dataclasses
 
     from analysis.common.figures import pyplot
-    from analysis.common.report import write_report
+    from analysis.common.report import write_report_files
     from analysis.influence.results import influence_results
 
     store = run("influence-triage", SPEC, planted_engine(), tmp_path / "r", progress=False, log=lambda s: None)
@@ -401,6 +402,6 @@ def test_report_is_results_then_formatting_then_one_writer(tmp_path: Path) -> No
     assert type(fig).__name__ == "Figure"
     pyplot().close(fig)
     out = tmp_path / "out"
-    written = {p.name for p in write_report(out, lines, files)}
+    written = {p.name for p in write_report_files(out, lines, files)}
     assert {*names, "summary.md", *(f"{stem}.csv" for stem in files.tables)} == written
     assert (out / "summary.md").read_text() == "\n".join(lines)

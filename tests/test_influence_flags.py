@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.common.report import write_report_files
 from analysis.influence import audit as inf
 from analysis.influence import flags as fl
 from analysis.influence import report
@@ -214,7 +215,7 @@ SPEC = TriageSpec(
 
 def _summary(engine: Any, out: Path) -> str:
     store = run("influence-triage", SPEC, engine, out, progress=False, log=lambda s: None)
-    report.influence_report(store, out / "report", "triage", n_boot=200)
+    write_report_files(out / "report", *report.influence_report(store, "triage", n_boot=200))
     return (out / "report" / "summary.md").read_text()
 
 

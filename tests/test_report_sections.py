@@ -165,12 +165,12 @@ def _bars() -> object:
 def test_the_writer_writes_each_table_as_declared_and_every_figure_at_one_dpi(tmp_path: Path) -> None:
     from PIL import Image
 
-    from analysis.common.report import FIGURE_DPI, write_report
+    from analysis.common.report import FIGURE_DPI, write_report_files
 
     frame = pd.DataFrame({"x": [1.0 / 3, 2.0]}, index=pd.Index(["a", "b"], name="k"))
     files = Files({"plain": Table(frame), "fixed": Table(frame, index=True, float_format="%.6f")})
     files += Files(figures=(Drawing("fig_bars.png", _bars),), texts={"notes.jsonl": '{"a": 1}\n'})
-    paths = write_report(tmp_path, ["# Title", "", "body"], files)
+    paths = write_report_files(tmp_path, ["# Title", "", "body"], files)
     assert [p.name for p in paths] == ["fig_bars.png", "fixed.csv", "notes.jsonl", "plain.csv", "summary.md"]
     assert (tmp_path / "plain.csv").read_text() == frame.to_csv(index=False)
     assert (tmp_path / "fixed.csv").read_text() == "k,x\na,0.333333\nb,2.000000\n"

@@ -28,7 +28,7 @@ Every number is computed by :mod:`analysis.battery.compare`, once, into its
 :func:`yesno_context`); this module's sections only format it into Markdown
 lines, :class:`~analysis.common.report.Table` s and
 :class:`~analysis.common.report.Drawing` s (its figure functions return the
-figures), and :func:`analysis.common.report.write_report` writes them. A
+figures), and :func:`analysis.common.report.write_report_files` writes them. A
 section that cannot be computed says why; the others still run.
 """
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,7 +55,6 @@ from analysis.common.report import (
     panel_md,
     run_sections,
     titled,
-    write_report,
 )
 from analysis.common.tables import md_table
 from probe.panel import Panel
@@ -510,8 +508,8 @@ SECTIONS: list[Callable[[Context], Section]] = [
 ]
 
 
-def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
-    """Write the battery comparison of ``panel`` into ``out`` (CSV, ``summary.md``, PNG); returns the files."""
+def compare_battery(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> Body:
+    """The battery comparison of ``panel``: its summary lines, CSV tables and figures."""
     c = panel_context(panel, n_boot=n_boot, seed=seed)
     head = [
         f"# Crossed-frame battery: comparison of {len(panel.runs)} runs",
@@ -521,7 +519,7 @@ def compare_battery(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int 
         "",
     ]
     body, files = run_sections(SECTIONS, c)
-    return write_report(Path(out), head + body, files)
+    return head + body, files
 
 
 # ------------------------------------------------------------------ yes/no
@@ -557,10 +555,10 @@ def yesno_agreement_section(c: Context) -> Body:
     return lines, Files({"agreement_r2": _table(ag.r2), "consensus": _table(ag.consensus)})
 
 
-def compare_yesno(panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
+def compare_yesno(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> Body:
     """The yes/no comparison: cells and decomposition side by side, agreement of z, logit vs sampled."""
     c = yesno_context(panel, n_boot=n_boot, seed=seed)
     head = [f"# Yes/no battery: comparison of {len(panel.runs)} runs", "", f"- {len(c.shared)} shared dilemmas", ""]
     sections = [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section]
     body, files = run_sections(sections, c)
-    return write_report(Path(out), head + body, files)
+    return head + body, files

@@ -6,7 +6,7 @@ each section formats its part and the parts it names into Markdown lines,
 :class:`~analysis.common.report.Table` s and
 :class:`~analysis.common.report.Drawing` s (the figures of
 :mod:`analysis.battery.figures`) and computes nothing; and
-:func:`analysis.common.report.write_report` writes them. A part whose
+:func:`analysis.common.report.write_report_files` writes them. A part whose
 instrument is absent says what is missing instead, and a part that cannot be
 computed says why in its section, so a partial run still yields the tables it
 can (``probe analyze`` never fails because, say, the free-choice instrument
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pandas as pd
@@ -42,7 +41,7 @@ from analysis.battery.results import (
     load_frames,
     yesno_results,
 )
-from analysis.common.report import Body, Drawing, Files, Section, Table, run_sections, titled, write_report
+from analysis.common.report import Body, Drawing, Files, Section, Table, run_sections, titled
 from analysis.common.results import Part
 from analysis.common.tables import md_table
 from experiments.yesno import YesNoSpec
@@ -577,11 +576,11 @@ def battery_head(run: Run, f: Frames) -> list[str]:
     ]
 
 
-def battery_report(run: Run, out: Path) -> list[Path]:
-    """Write every section's tables and figures, and ``summary.md`` with all of them."""
+def battery_report(run: Run) -> Body:
+    """The battery report: every section's lines, tables and figures, from results computed once."""
     f = load_frames(run)
     body, files = run_sections(SECTIONS, battery_results(f), why=True)
-    return write_report(out, battery_head(run, f) + body, files)
+    return battery_head(run, f) + body, files
 
 
 # ------------------------------------------------------------------- the yes/no battery
@@ -650,6 +649,6 @@ def yesno_summary(run: Run, res: YesNoResults) -> tuple[list[str], Files]:
     return lines, files
 
 
-def yesno_report(run: Run, out: Path) -> list[Path]:
-    """Per-dilemma P(CBR) cells and the lexical / order decomposition, as CSV and Markdown."""
-    return write_report(out, *yesno_summary(run, yesno_results(run)))
+def yesno_report(run: Run) -> Body:
+    """The yes/no report: per-dilemma P(CBR) cells and the lexical / order decomposition."""
+    return yesno_summary(run, yesno_results(run))

@@ -1,21 +1,25 @@
 """The one report writer: computed results, sections that only format them, and one writer of every file.
 
 A report is made in three steps (scikit-learn's split of estimator and
-Display): an experiment's results object is computed once from the run; its
-sections turn results into Markdown lines, :class:`Table` s and
-:class:`Drawing` s and compute nothing; :func:`write_files` (through
-:func:`write_report`) is the one place that writes a report's files, every
-table once, every figure at :data:`FIGURE_DPI`, each atomically.
+Display): an experiment's results object is computed once from the run (or
+the panel); its sections turn results into Markdown lines, :class:`Table` s
+and :class:`Drawing` s and compute nothing, so a report or a comparison is a
+:data:`Body` (its summary lines and :class:`Files`); and
+:func:`write_report_files` is the one place that writes one, every table
+once, every figure at :data:`FIGURE_DPI`, each file atomically
+(:func:`analysis.report.write_report` for ``probe analyze``,
+:func:`analysis.compare.write_comparison` for ``probe compare``).
 
 A section is a function that returns a :class:`Section` (:func:`titled`
 makes one of a function returning a :data:`Body`); :func:`run_sections` runs
 them so that one that cannot be computed (it raises
 :class:`~probe.errors.NotComputed`) says why while the others still run, and
 one that fails otherwise (a bug) fails the report naming it
-(:class:`~probe.errors.ReportError`, :func:`section_failed`). :func:`panel_md`,
+(:class:`~probe.errors.ReportError`, :func:`section_failed`); a figure whose
+drawing fails does the same, named by its file. :func:`panel_md`,
 :func:`dropped_md` and :func:`dropped_table` are the panel table and the
-dropped-items log of every ``probe compare`` report, and
-:func:`write_panel_report` the shared order of a comparison's files.
+dropped-items log of every ``probe compare`` report, and :func:`panel_body`
+the shared shape of a comparison's summary and files.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from probe.files import atomic_write_text
 from probe.panel import Panel
 
 SUMMARY = "summary.md"
-REPORT_SUFFIXES = (".md", ".csv", ".png")
 FIGURE_DPI = 110
 """The resolution of every figure of every report."""
 
@@ -178,17 +181,12 @@ def write_files(out: Path, files: Files) -> list[Path]:
     return written
 
 
-def write_report(out: Path, summary: Sequence[str], files: Files) -> list[Path]:
+def write_report_files(out: Path, summary: Sequence[str], files: Files) -> list[Path]:
     """Write a report into ``out``: its ``files`` (:func:`write_files`), then ``summary.md`` from the
     ``summary`` lines (the summary names the files, so it comes last). Returns the paths written, sorted."""
     written = write_files(out, files)
     atomic_write_text(Path(out) / SUMMARY, "\n".join(summary))
     return sorted([*written, Path(out) / SUMMARY])
-
-
-def report_files(out: Path, extra: Sequence[str] = ()) -> list[Path]:
-    """The report files in ``out`` (Markdown, CSV, PNG, and files ending in ``extra``), sorted."""
-    return sorted(p for p in out.iterdir() if p.suffix in (*REPORT_SUFFIXES, *extra))
 
 
 def panel_md(panel: Panel) -> list[str]:
@@ -257,14 +255,12 @@ def dropped_table(dropped: pd.DataFrame) -> Files:
     return Files({"dropped_items": Table(dropped)})
 
 
-def write_panel_report(
-    out: Path,
+def panel_body(
     tables: Mapping[str, Table],
     dropped: pd.DataFrame,
     figures: Sequence[Drawing],
     summary: Callable[[list[str]], str],
-) -> list[Path]:
-    """Write a comparison into ``out``: its CSV ``tables``, ``dropped_items.csv``, the ``figures``, then
-    ``summary.md``, which ``summary`` makes from the figures' file names. Returns the paths written, sorted."""
-    files = Files(tables) + dropped_table(dropped) + Files(figures=tuple(figures))
-    return write_report(out, [summary([d.name for d in figures])], files)
+) -> Body:
+    """A comparison's summary and files: its CSV ``tables``, ``dropped_items.csv`` and the ``figures``; the
+    summary is what ``summary`` makes of the figures' file names."""
+    return [summary([d.name for d in figures])], Files(tables) + dropped_table(dropped) + Files(figures=tuple(figures))

@@ -4,7 +4,7 @@ The quantities come from :func:`analysis.cue.compare.compare_cue_frames`
 (its module docstring defines them), computed once into a
 :class:`~analysis.cue.compare.CueComparison`; this module only formats them
 (the summary's lines, the tables, figure functions that return their figures)
-and :func:`~analysis.common.report.write_panel_report` writes them. When every
+and :func:`~analysis.common.report.panel_body` gathers them. When every
 run holds readouts and samples (:func:`analysis.cue.compare.compare_cue_sources`
 gives two comparisons), every CSV holds both in long form (a ``source`` column),
 each figure is drawn per source (``*_readout.png``, ``*_samples.png``) and the
@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Drawing, Table, write_panel_report
+from analysis.common.report import Body, Drawing, Table, panel_body
 from analysis.common.tables import md_table, source_tables
 from analysis.cue.compare import (
     AVERAGED,
@@ -36,22 +35,18 @@ from analysis.cue.metrics import Decision
 from probe.panel import Panel
 
 
-def compare_cue(
-    panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy"
-) -> list[Path]:
-    """Write the cue-visibility panel report into ``out``: CSV tables, ``summary.md`` and PNG figures (of each source
-    where every run has both)."""
+def compare_cue(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, decision: Decision = "greedy") -> Body:
+    """The cue-visibility panel report: its summary, CSV tables and PNG figures (of each source where every run
+    has both)."""
     parts = compare_cue_sources(panel, n_boot=n_boot, seed=seed, decision=decision)
     if len(parts) == 1:
         res = parts[0]
-        return write_panel_report(
-            out, _tables(res.csv_tables()), res.dropped, _drawings(res), partial(_summary_md, panel, res, n_boot)
+        return panel_body(
+            _tables(res.csv_tables()), res.dropped, _drawings(res), partial(_summary_md, panel, res, n_boot)
         )
     tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped) for p in parts])
     drawings = [d for p in parts for d in _drawings(p, tag=str(p.source))]
-    return write_panel_report(
-        out, _tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot)
-    )
+    return panel_body(_tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot))
 
 
 def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:

@@ -5,14 +5,13 @@ The numbers are computed once, in :func:`analysis.cue.results.cue_results` (from
 :mod:`analysis.cue.metrics` and :mod:`analysis.cue.flags`); the functions here only
 format them into the summary's lines, :class:`~analysis.common.report.Table` s and the
 :class:`~analysis.common.report.Drawing` of :func:`plot_net_bias`, and
-:func:`~analysis.common.report.write_report` writes every file.
+:func:`~analysis.common.report.write_report_files` writes every file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +19,7 @@ import pandas as pd
 
 from analysis.battery.calibration import temperature_lines
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Files, Table, write_report
+from analysis.common.report import Body, Drawing, Files, Table
 from analysis.common.tables import md_rows
 from analysis.cue import flags
 from analysis.cue.metrics import BREAKDOWNS, CELL, MACRO, REFERENCE
@@ -43,10 +42,9 @@ CSV_FORMAT = "%.6f"
 """The number format of the report's CSV tables (``cue_degenerate.csv``, counts only, is written without one)."""
 
 
-def cue_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
-    """Write the cue-visibility report of a run: CSV tables, ``summary.md``, ``puzzles.jsonl`` and the figure."""
-    lines, files = cue_summary(cue_results(run, n_boot=n_boot, seed=seed))
-    return write_report(out, lines, files)
+def cue_report(run: Run, *, n_boot: int = 1000, seed: int = 0) -> Body:
+    """The cue-visibility report of a run: its summary lines, CSV tables, ``puzzles.jsonl`` and the figure."""
+    return cue_summary(cue_results(run, n_boot=n_boot, seed=seed))
 
 
 def cue_summary(r: CueResults) -> Body:

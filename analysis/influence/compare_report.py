@@ -4,7 +4,7 @@ The quantities come from :func:`analysis.influence.compare.compare_frames`
 (its module docstring defines them), computed once into a frozen
 :class:`~analysis.influence.compare.InfluenceComparison`; this module only
 formats them (the summary's lines, the tables, the figures' drawings) and
-:func:`~analysis.common.report.write_panel_report` writes them. When every
+:func:`~analysis.common.report.panel_body` gathers them. When every
 run holds readouts and samples (:func:`analysis.influence.compare.compare_sources`
 gives two comparisons), every CSV holds both in long form (a ``source`` column,
 :func:`analysis.common.tables.source_tables`), each figure is drawn per source
@@ -16,14 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Drawing, Table, write_panel_report
+from analysis.common.report import Body, Drawing, Table, panel_body
 from analysis.common.tables import md_table, source_tables
 from analysis.influence.asym import AsymFit
 from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_sources
@@ -32,22 +31,18 @@ from analysis.influence.report import asym_md
 from probe.panel import Panel
 
 
-def compare_influence(
-    panel: Panel, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed"
-) -> list[Path]:
-    """Write the influence panel report into ``out``: CSV tables, ``summary.md`` and PNG figures (of each source
-    where every run has both)."""
+def compare_influence(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, asym_model: str = "crossed") -> Body:
+    """The influence panel report: its summary, CSV tables and PNG figures (of each source where every run has
+    both)."""
     parts = compare_sources(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
     if len(parts) == 1:
         res = parts[0]
-        return write_panel_report(
-            out, _tables(res.csv_tables()), res.dropped_items, figures(res), partial(_summary_md, panel, res, n_boot)
+        return panel_body(
+            _tables(res.csv_tables()), res.dropped_items, figures(res), partial(_summary_md, panel, res, n_boot)
         )
     tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped_items) for p in parts])
     drawings = [d for p in parts for d in figures(p, tag=str(p.source))]
-    return write_panel_report(
-        out, _tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot)
-    )
+    return panel_body(_tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot))
 
 
 def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:

@@ -3,7 +3,7 @@
 :func:`followup_results` computes what the report shows once, from the estimators of
 :mod:`analysis.influence.followup` (a frozen :class:`FollowupResults`); :func:`followup_md` formats it into the
 summary's lines and the CSV tables, :func:`stacked_figure` draws ``fig_followup_labels.png``, and
-:func:`~analysis.common.report.write_report` writes them.
+:func:`~analysis.common.report.write_report_files` writes them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Files, Table, write_report
+from analysis.common.report import Body, Drawing, Files, Table
 from analysis.influence.followup import (
     CODES,
     N_BOOT,
@@ -129,10 +129,9 @@ def followup_results(run: Run, *, n_boot: int = N_BOOT, seed: int = SEED) -> Fol
 
 
 # ============================================================================== report
-def report(run: Run, out: Path, *, n_boot: int = N_BOOT, seed: int = SEED) -> list[Path]:
-    """Write the follow-up report: selection, replies, and (when coded) the crosstab, headline and figure."""
-    lines, files = followup_md(followup_results(run, n_boot=n_boot, seed=seed))
-    return write_report(out, lines, files)
+def report(run: Run, *, n_boot: int = N_BOOT, seed: int = SEED) -> Body:
+    """The follow-up report: selection, replies, and (when coded) the crosstab, headline and figure."""
+    return followup_md(followup_results(run, n_boot=n_boot, seed=seed))
 
 
 def followup_md(res: FollowupResults) -> Body:

@@ -6,7 +6,7 @@ Every number comes from the run's results, computed once
 :func:`~analysis.influence.results.imported_results`); the functions here only
 format them into Markdown lines and :class:`~analysis.common.report.Table` s,
 the figure functions only draw (they return the figure), and
-:func:`~analysis.common.report.write_report` writes every file.
+:func:`~analysis.common.report.write_report_files` writes every file.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pandas as pd
 
 from analysis.battery.calibration import temperature_lines
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Files, Table, write_report
+from analysis.common.report import Body, Drawing, Files, Table
 from analysis.common.tables import long_tables, md_table
 from analysis.influence import flags
 from analysis.influence.asym import FORMULA, AsymFit
@@ -44,18 +44,14 @@ from probe.record import Plan
 from probe.runs import Run
 
 
-def influence_report(
-    run: Run | str | Path, out: Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED
-) -> list[Path]:
-    """Write the influence audit report of one run: CSV tables, ``summary.md`` and PNG figures.
+def influence_report(run: Run | str | Path, benchmark: str, *, n_boot: int = N_BOOT, seed: int = SEED) -> Body:
+    """The influence audit report of one run: its summary lines, CSV tables and PNG figures.
 
     A run with readouts and samples is analysed from each (:func:`analysis.influence.audit.analyze_sources`):
     the CSVs hold both in long form (``source``), the summary shows the readout report, then both side by
     side with the readout temperature and where the two disagree (:func:`sources_md`).
     """
-    res = influence_results(run, benchmark, n_boot=n_boot, seed=seed)
-    lines, files = influence_md(res)
-    return write_report(out, lines, files)
+    return influence_md(influence_results(run, benchmark, n_boot=n_boot, seed=seed))
 
 
 def influence_md(res: InfluenceResults) -> Body:
@@ -370,14 +366,14 @@ def asym_md(fits: Sequence[AsymFit], headline: str) -> list[str]:
 
 
 # ============================================================================ imported run
-def imported_report(run: Run, out: Path, *, n_boot: int = 1000, seed: int = 0) -> list[Path]:
-    """Write the report of an imported run: the native report's tables from counts, and the |Asym| fits.
+def imported_report(run: Run) -> Body:
+    """The report of an imported run: the native report's tables from counts, and the |Asym| fits.
 
     No item-level bootstrap (condition-level data has no items): the headline
     CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
     """
     res = imported_results(run)
-    return write_report(out, imported_md(res), imported_files(res))
+    return imported_md(res), imported_files(res)
 
 
 def imported_files(res: ImportedResults) -> Files:
