@@ -148,7 +148,7 @@ def test_sampled_run_uses_parsed_frequencies(tmp_path: Path) -> None:
     store = open_run(out)
     assert store.choice_probs()[2] == "samples"
     samples = store.load("samples")
-    assert len(samples) == 3 * len(store.trials())
+    assert len(samples) == 3 * len(store.trial_list)
     summary = (out / "report" / "summary.md").read_text()
     assert "probabilities from: samples (3 samples per trial at T = 1.0)" in summary
     n_abstain = (samples.groupby("trial_id")["status"].apply(lambda s: (s != "ok").all())).sum()
@@ -172,5 +172,5 @@ def test_default_reduced_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "cue-default"
     _run(out)
     store = open_run(out)
-    assert store.manifest()["n_trials"] == 492
+    assert store.manifest.n_trials == 492
     assert (out / "report" / "cue_net_bias.png").stat().st_size > 10_000
