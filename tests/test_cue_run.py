@@ -130,8 +130,14 @@ def test_report_on_a_sampled_store_uses_parsed_frequencies(tmp_path: Path) -> No
     assert (g["gap"] == 2).all() and (g["d_against"] == 1).all() and (g["d_favor"] == -1).all()
 
 
+DRAWS = 8
+
+
 @pytest.mark.slow
 def test_sampled_run_uses_parsed_frequencies(tmp_path: Path) -> None:
+    """Decision bias from sampled answers only. tiny often answers off-format on these long prompts: with 3 draws
+    a trial no Neutral / what-if pair of the one dilemma was answered (no bias to report); 8 seeded draws answer
+    both and still leave abstentions."""
     out = tmp_path / "cue-s"
     _run(
         out,
@@ -142,15 +148,15 @@ def test_sampled_run_uses_parsed_frequencies(tmp_path: Path) -> None:
         "--probes",
         "what_if,check",
         "--samples",
-        "3",
+        str(DRAWS),
         "--no-readout",
     )
     store = open_run(out)
     assert store.choice_probs()[2] == "samples"
     samples = store.load("samples")
-    assert len(samples) == 3 * len(store.trial_list)
+    assert len(samples) == DRAWS * len(store.trial_list)
     summary = (out / "report" / "summary.md").read_text()
-    assert "probabilities from: samples (3 samples per trial at T = 1.0)" in summary
+    assert f"probabilities from: samples ({DRAWS} samples per trial at T = 1.0)" in summary
     n_abstain = (samples.groupby("trial_id")["status"].apply(lambda s: (s != "ok").all())).sum()
     assert "abstentions (trials without a parsed answer, left out)" in summary
     assert n_abstain > 0  # the tiny model often answers off-format on these long prompts: abstentions are data
