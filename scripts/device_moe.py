@@ -217,3 +217,52 @@ def experts_choice(phase: str, chosen: str, seconds: dict[str, float]) -> dict[s
         "auto_over_fastest": seconds[chosen] / seconds[fastest],
         "median_s": seconds,
     }
+
+
+def generate_step(
+    model: Any,
+    ids: Any,
+    mask: Any,
+    pad: int,
+    sync: Callable[[], None],
+    *,
+    static: bool,
+    short: int,
+    long: int,
+    cache_kw: str = "past_key_values",
+) -> dict[str, Any]:
+    """Transformers' own greedy decode step on ``model`` at this batch, warm: ``generate()`` of ``long`` new tokens
+    minus ``short`` new tokens, over ``long - short`` (the prefill cancels).
+
+    ``static``: a static KV cache of one length for every call (``StaticCache``), which ``generate()`` on a GPU
+    compiles (``torch.compile``, CUDA graphs: Transformers' answer to a launch-bound decode); else the dynamic cache,
+    compilation off. Each length's first call is its warm-up (:func:`timed`), so compiling is not timed; its cost is
+    ``warm_up_s``. The long call's tokens are returned for the agreement check. ``cache_kw``: the name the
+    model's forward takes its cache by (``past_key_values``, ``cache`` from Transformers 5.25).
+    """
+    import transformers
+
+    room = ids.shape[1] + long
+
+    def gen(n: int) -> Any:
+        kw: dict[str, Any] = {"disable_compile": True}
+        if static:
+            kw = {cache_kw: transformers.StaticCache(config=model.config, max_cache_len=room)}
+        return model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+            pad_token_id=pad, **kw,
+        )  # fmt: skip
+
+    t0 = time.perf_counter()
+    gen(short)
+    sync()
+    warm_up = time.perf_counter() - t0
+    _, t_short = timed(lambda: gen(short), sync)
+    tokens, t_long = timed(lambda: gen(long), sync)
+    return {
+        "ms_per_step": 1e3 * (t_long["median_s"] - t_short["median_s"]) / (long - short),
+        "short": t_short,
+        "long": t_long,
+        "warm_up_s": warm_up,
+        "tokens": tokens[:, ids.shape[1] :].tolist(),
+    }

@@ -179,6 +179,12 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     assert moe["reasoning refill"]["steps"] < moe["reasoning buckets"]["steps"]
     targets = {r["target"] for r in rows if r["check"] == "target"}
     assert {"reasoning", "readouts", "draws", "decode_16", "decode_64"} == targets
+    # the graphs step, a call of its own: Transformers' static-cache decode against its dynamic one (not compiled
+    # on a CPU), the same greedy tokens in float32
+    graphs = {r["what"]: r for r in json.loads((tmp_path / "graphs" / "device_check.json").read_text())["rows"]}
+    for cache in ("dynamic", "static"):
+        assert graphs[f"generate() decode step batch 4, {cache} cache"]["long"]["repeats"] >= 3
+    assert graphs["static over dynamic cache"]["same_tokens_share"] == 1.0
 
 
 # ------------------------------------------------------------------ sampled reasoning (--think-sampling)
