@@ -712,6 +712,12 @@ class HFEngine(LocalEngine):
         return self._model
 
     @property
+    def experts(self) -> Experts | None:
+        """Each phase's experts implementation this engine computes with (None: the model has no switchable
+        experts): its settings' auto resolved on its device (:func:`experts_by_phase`)."""
+        return self.load()._experts
+
+    @property
     def device(self) -> Any:
         return self.model.get_input_embeddings().weight.device
 

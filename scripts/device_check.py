@@ -322,36 +322,49 @@ def moe_config(cpu: bool) -> Any:
     )
 
 
+def random_moe(dev: Any, cpu: bool) -> tuple[Any, Any, Callable[[], None]]:
+    """Steps 4 and 6's model: a randomly initialised Qwen3-MoE (:func:`moe_config`; seed 0) on ``dev``, float32 on a
+    CPU and bfloat16 on a GPU, in an engine computing the head in the model's dtype, with tiny's tokenizer (its ids
+    fit any vocabulary); returns (config, engine, a synchronize of ``dev``)."""
+    import torch
+    import transformers
+
+    from engines.hf import HFEngine, HFSettings
+    from probe.models import resolve_model
+
+    torch.manual_seed(0)
+    config = moe_config(cpu)
+    dtype = torch.float32 if cpu else torch.bfloat16
+    with dev:
+        model = transformers.Qwen3MoeForCausalLM(config).to(dtype).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(resolve_model("tiny").path)
+    engine = HFEngine(
+        HFSettings(model="qwen3-moe-random", dtype=str(dtype).replace("torch.", ""), head_dtype="model"),
+        model=model,
+        tokenizer=tok,
+    ).load()
+    sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
+    return config, engine, sync
+
+
 def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> list[str]:
     """Step 4: a random Qwen3-MoE at the real widths (tiny ones on a CPU), every figure warm and repeated
     (:mod:`scripts.device_moe`): readouts and draws against peers on the same model object, decode steps and
     prefill against floors measured in the same run, refilled reasoning against its ideal step count, the head's
     drift, peak memory; the targets with pass/fail. Returns the problems (a peer that disagrees with probe)."""
     import torch
-    import transformers
 
-    from engines.hf import HFEngine, HFSettings
-    from probe.models import resolve_model
     from scripts import device_moe as dm
     from scripts.bench.flops import linear_flops_per_token
 
-    torch.manual_seed(0)
-    config = moe_config(cpu)
-    dtype = torch.float32 if cpu else torch.bfloat16
     dev = torch.device("cpu" if cpu else device)
     if not cpu:
         torch.cuda.reset_peak_memory_stats(dev)
-    with dev:
-        model = transformers.Qwen3MoeForCausalLM(config).to(dtype).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(resolve_model("tiny").path)  # its ids fit any vocabulary
+    config, base, sync = random_moe(dev, cpu)
+    model = base.model
+    dtype = next(model.parameters()).dtype
     layers = config.num_hidden_layers
     scale = 48 / layers
-    base = HFEngine(
-        HFSettings(model="qwen3-moe-random", dtype=str(dtype).replace("torch.", ""), head_dtype="model"),
-        model=model,
-        tokenizer=tok,
-    ).load()
-    sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
     problems: list[str] = []
     flops_rate = dm.matmul_rate(dev, dtype, sync)
     bandwidth = dm.copy_bandwidth(dev, sync)
@@ -431,7 +444,8 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
     # prefill and decode steps in each experts implementation, warm; decode against the weight-read floor
     prompt = base.render(binary[0])
     element = torch.finfo(dtype).bits // 8
-    phases = dm.experts_phases(base)
+    phases = base.experts
+    assert phases is not None  # a Qwen3-MoE
     prefill: dict[str, float] = {}
     prefill_rows = 4 if cpu else 64
     ids, mask = base._pad_left([prompt] * prefill_rows)
@@ -555,21 +569,11 @@ def step_graphs(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) 
     generate_step`), with the share of tokens the two agree on. Run on its own by device_check.sh, under its own
     timeout. A failure is a finding, not a problem (returns none)."""
     import torch
-    import transformers
 
-    from engines.hf import HFEngine, HFSettings
-    from probe.models import resolve_model
     from scripts import device_moe as dm
 
-    torch.manual_seed(0)
-    config = moe_config(cpu)
-    dtype = torch.float32 if cpu else torch.bfloat16
-    dev = torch.device("cpu" if cpu else device)
-    with dev:
-        model = transformers.Qwen3MoeForCausalLM(config).to(dtype).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(resolve_model("tiny").path)
-    engine = HFEngine(HFSettings(model="qwen3-moe-random"), model=model, tokenizer=tok).load()
-    sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
+    config, engine, sync = random_moe(torch.device("cpu" if cpu else device), cpu)
+    model = engine.model
     rows, short, long = (4, 4, 12) if cpu else (64, 8, 40)
     ids, mask = engine._pad_left([engine.render(binary_trials()[0])] * rows)
     steps: dict[str, dict[str, Any]] = {}

@@ -194,17 +194,6 @@ def mixed_request(engine: Any, trials: Sequence[Any], budget: int, short: int) -
     return replace(base, end_id=ends[0], stops=frozenset(ends[1:]))
 
 
-def experts_phases(engine: Any) -> Any:
-    """The engine's own experts implementation per phase (its settings' auto resolved on its device)."""
-    from engines.hf import experts_by_phase, model_experts
-
-    s = engine.settings
-    phases = experts_by_phase(model_experts(engine.model), engine.device.type, s.experts_prefill, s.experts_decode)
-    if phases is None:
-        raise ValueError("the device check's model has no switchable experts")
-    return phases
-
-
 def experts_choice(phase: str, chosen: str, seconds: dict[str, float]) -> dict[str, Any]:
     """The record of whether the engine's auto choice for ``phase`` is the fastest of the implementations timed
     (``seconds``: median per implementation): the evidence the defaults of ``--hf-experts-*`` rest on."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec
@@ -87,10 +87,6 @@ class Files:
     def names(self) -> list[str]:
         """The file names, in the order :func:`write_files` writes them."""
         return [*(f"{k}.csv" for k in self.tables), *self.texts, *(d.name for d in self.figures)]
-
-
-def join_files(parts: Iterable[Files]) -> Files:
-    return functools.reduce(Files.__add__, parts, Files())
 
 
 @dataclass(frozen=True)
