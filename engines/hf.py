@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 
 from engines.base import Draws, EngineSettings, ProgressFn, check_reasoning, require
 from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
+from engines.graphs import SlotDecoder, span_of
 from engines.local import DrawRow, LocalEngine, Prepared, ThinkRequest, folder_info, slot_readout
 from engines.placement import TorchCuda, check_device_arg, check_offload, nvidia_driver, place
 from engines.refill import ReasoningStats, Schedule, stacked, unstackable
@@ -76,6 +77,7 @@ READOUT_PATHS = ("auto", "tree", "branch", "plain")
 SAMPLE_PATHS = ("auto", "tree", "shared", "plain")
 HEAD_DTYPES = ("float32", "model")
 EXPERTS = ("auto", "eager", "grouped_mm", "batched_mm")
+DECODE_GRAPHS = ("auto", "on", "off")
 """Implementations of a mixture-of-experts layer in Transformers (``set_experts_implementation``)."""
 
 
@@ -184,6 +186,14 @@ class HFSettings(EngineSettings):
 
     A bfloat16 think-mode run's tokens depend on which traces share a step, so set it to make such a run
     reproducible across machines with other free memory."""
+    decode_graphs: str = field(default="auto", metadata=flag(name="hf-decode-graphs", choices=DECODE_GRAPHS))
+    """Think mode's refilled decoding in steps of fixed shape (slots, :mod:`engines.graphs`), each recorded in a
+    CUDA graph on a GPU, so a step costs one launch instead of one per kernel.
+
+    on: slots, recorded on one GPU (on a CPU or a split model the same steps run unrecorded); off: the refilled
+    stack (:mod:`engines.refill`); auto: off until a device check has measured graphs on a GPU (docs/gpu.md).
+    Attention-only models (a Mamba hybrid reasons in buckets). Speed only in float32; outside it the schedule
+    (``slots``) enters the run key."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -214,6 +224,8 @@ class HFSettings(EngineSettings):
         for name in ("experts_prefill", "experts_decode"):
             if getattr(self, name) not in EXPERTS:
                 raise ValueError(f"{name} must be one of {EXPERTS}, got {getattr(self, name)!r}")
+        if self.decode_graphs not in DECODE_GRAPHS:
+            raise ValueError(f"decode_graphs must be one of {DECODE_GRAPHS}, got {self.decode_graphs!r}")
 
 
 @dataclass(frozen=True)
@@ -766,11 +778,7 @@ class HFEngine(LocalEngine):
 
     def numerics(self) -> dict[str, Any]:
         s = self.settings
-        reasoning = (
-            {"reasoning_schedule": "refill" if self._refills() else "buckets", "reasoning_rows": s.reasoning_rows}
-            if s.think
-            else {}
-        )
+        reasoning = {"reasoning_schedule": self._schedule(), "reasoning_rows": s.reasoning_rows} if s.think else {}
         experts = {"experts": asdict(self._experts)} if self._experts is not None else {}
         return {
             **reasoning,
@@ -1184,8 +1192,8 @@ class HFEngine(LocalEngine):
             return
         longest = max(len(p) for p in request.prompts)
         rows = self.settings.reasoning_rows or self._reasoning_rows(longest + request.budget)
-        stats = ReasoningStats(rows=rows, schedule="refill" if self._refills() else "buckets")
-        decode = self._reason_refill if stats.schedule == "refill" else self._reason_buckets
+        stats = ReasoningStats(rows=rows, schedule=self._schedule())
+        decode = self._reason_buckets if stats.schedule == "buckets" else self._reason_refill
         try:
             with torch.inference_mode():
                 for i, gen in decode(request, rows, stats):
@@ -1200,6 +1208,22 @@ class HFEngine(LocalEngine):
         if not self.settings.reasoning_refill:
             return False
         return unstackable(self.model.config) is None
+
+    def _schedule(self) -> str:
+        """How think mode decodes: ``slots`` (refilled, in steps of fixed shape: ``decode_graphs`` on,
+        :meth:`_decode_slots`), ``refill`` (:meth:`_decode_refilled`) or ``buckets`` (:meth:`_reason_buckets`)."""
+        if not self._refills():
+            return "buckets"
+        return "slots" if self.settings.decode_graphs == "on" else "refill"
+
+    def _capture_mode(self) -> str | None:
+        """How slot steps are recorded (:class:`engines.graphs.SlotDecoder`): ``cuda`` on one GPU, else None (a
+        CPU's or a split model's steps run unrecorded; tests ask for ``fx`` by patching this)."""
+        if self.device.type != "cuda":
+            return None
+        if self._split is None:
+            self._split = len({p.device for p in self.model.parameters()}) > 1
+        return None if self._split else "cuda"
 
     def _sampler(self, request: ThinkRequest, trials: Sequence[int]) -> RowSampler:
         s = self.settings
@@ -1244,7 +1268,8 @@ class HFEngine(LocalEngine):
     ) -> Iterator[tuple[int, list[int]]]:
         """Up to ``rows`` traces at once, a finished row given to the next waiting trial
         (:meth:`_decode_refilled`)."""
-        yield from self._decode_refilled(
+        decode = self._decode_slots if stats.schedule == "slots" else self._decode_refilled
+        yield from decode(
             request.prompts, lambda run: self._sampler(request, run), request.budget, request.ends, rows, stats
         )
 
@@ -1325,6 +1350,109 @@ class HFEngine(LocalEngine):
                 if i not in plan.finished and took(i, t):
                     plan.end(i)
                     yield i, gens.pop(i)
+
+    def _decode_slots(
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        sampler_of: Callable[[Sequence[int]], RowSampler],
+        budget: int,
+        ends: set[int] | frozenset[int],
+        rows: int,
+        stats: ReasoningStats,
+    ) -> Iterator[tuple[int, list[int]]]:
+        """What :meth:`_decode_refilled` yields, in the same schedule, decoded in ``rows`` slots of fixed shape
+        (:mod:`engines.graphs`), each step recorded in a CUDA graph where :meth:`_captures`.
+
+        A trace keeps its slot from admission to its end; admitted traces are prefilled as in
+        :meth:`_decode_refilled` and copied into the free slots (lowest first); a step computes every slot (a free
+        one on whatever it last held), and only the live slots draw, each from its own generator.
+        """
+        torch = require("torch", "hf")
+        s = self.settings
+        plan = Schedule(range(len(prompts)), rows)
+        capacity = max(len(p) for p in prompts) + budget
+        dec = SlotDecoder(
+            self._call,
+            self.model.config,
+            rows,
+            capacity,
+            self.device,
+            capture=self._capture_mode(),
+            cache_kw=self._cache_kw,
+        )
+        gens: dict[int, list[int]] = {}
+        slot_of: dict[int, int] = {}  # trial -> its slot, while it reasons
+        live: list[int] = []  # the reasoning trials, in the order of the sampler's rows
+        tokens, lengths = [0] * rows, [0] * rows
+        sampler = sampler_of([])
+
+        def fits(run: list[int], i: int) -> int:
+            width = max(len(prompts[j]) for j in (*run, i))
+            return len(run) if (len(run) + 1) * width > s.max_batch_tokens else 0
+
+        def took(i: int, token: int) -> bool:
+            gens[i].append(token)
+            return token in ends or len(gens[i]) >= budget
+
+        def ended(i: int) -> tuple[int, list[int]]:
+            plan.end(i)
+            del slot_of[i]
+            return i, gens.pop(i)
+
+        try:
+            while plan.live or plan.waiting:
+                if plan.compacts():
+                    _, admit = plan.compact()
+                    free = iter(sorted(set(range(rows)) - set(slot_of.values())))
+                    for run in cut_runs(admit, fits):
+                        distinct = list(dict.fromkeys(prompts[i] for i in run))
+                        where = {p: k for k, p in enumerate(distinct)}
+                        ids, m = self._pad_left(distinct)
+                        lp, c = self._forward(ids, m, None)
+                        stats.prefills += 1
+                        idx = torch.tensor([where[prompts[i]] for i in run], device=lp.device)
+                        new = sampler_of(run)
+                        first = new.draw(lp[idx]).tolist()
+                        going = []
+                        for k, (i, t) in enumerate(zip(run, first, strict=True)):
+                            gens[i] = []
+                            if took(i, t):
+                                plan.end(i)
+                                yield i, gens.pop(i)
+                                continue
+                            slot = next(free)
+                            dec.admit(slot, c, where[prompts[i]], len(prompts[i]), t)
+                            slot_of[i] = slot
+                            tokens[slot], lengths[slot] = t, len(prompts[i])
+                            going.append(k)
+                        new.keep(going)
+                        sampler.extend(new)
+                        live += [run[k] for k in going]
+                    if not live:
+                        continue
+                dec.set_inputs(tokens, lengths)
+                span = span_of(max(lengths[slot_of[i]] for i in live) + 1, capacity)
+                lp = dec.step(span)
+                stats.steps += 1
+                stats.step_rows += rows
+                stats.finished_step_rows += rows - len(live)
+                order = torch.tensor([slot_of[i] for i in live], device=lp.device)
+                drawn = sampler.draw(lp[order]).tolist()
+                going = []
+                for k, (i, t) in enumerate(zip(live, drawn, strict=True)):
+                    slot = slot_of[i]
+                    tokens[slot], lengths[slot] = t, lengths[slot] + 1
+                    if took(i, t):
+                        yield ended(i)
+                    else:
+                        going.append(k)
+                if len(going) < len(live):
+                    sampler.keep(going)
+                    live = [live[k] for k in going]
+        finally:
+            stats.graphs += len(dec.graphs)
+            stats.capture_s += dec.capture_s
+            stats.graphs_failed = dec.failed or stats.graphs_failed
 
     def _reasoning_rows(self, tokens: int) -> int:
         """How many traces to reason at once: ``batch_size`` on a CPU; on a GPU as many as half its free memory
@@ -1415,11 +1543,12 @@ class HFEngine(LocalEngine):
         s = self.settings
         longest = max((len(r.prompt) for r in rows), default=0)
         capacity = max(1, min(s.sample_rows, s.sample_cache_tokens // (longest + budget)))
-        stats = ReasoningStats(rows=capacity, schedule="refill")
+        stats = ReasoningStats(rows=capacity, schedule=self._schedule())
         gens: list[list[int]] = [[] for _ in rows]
         prompts = [r.prompt for r in rows]
+        decode = self._decode_slots if stats.schedule == "slots" else self._decode_refilled
         try:
-            for i, gen in self._decode_refilled(
+            for i, gen in decode(
                 prompts,
                 lambda run: RowSampler([rows[j].seed for j in run], temperature),
                 budget,

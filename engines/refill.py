@@ -50,7 +50,14 @@ class ReasoningStats:
     longest: int = 0
     """Tokens of the longest trace."""
     schedule: str = ""
-    """``refill`` or ``buckets`` (:class:`engines.hf.HFSettings` ``reasoning_refill``)."""
+    """``slots``, ``refill`` or ``buckets`` (:class:`engines.hf.HFSettings` ``decode_graphs`` and
+    ``reasoning_refill``)."""
+    graphs: int = 0
+    """``slots``: CUDA graphs recorded (one per attention span a call reached; 0 where steps ran unrecorded)."""
+    capture_s: float = 0.0
+    """``slots``: seconds spent recording them (their warm-up steps included)."""
+    graphs_failed: str | None = None
+    """``slots``: why recording was given up, where it was (the steps then ran unrecorded)."""
 
     def took(self, gen: Sequence[int]) -> None:
         """Count one finished generation of these tokens."""
@@ -69,6 +76,9 @@ class ReasoningStats:
         self.finished_step_rows += other.finished_step_rows
         self.longest = max(self.longest, other.longest)
         self.schedule = other.schedule or self.schedule
+        self.graphs += other.graphs
+        self.capture_s += other.capture_s
+        self.graphs_failed = other.graphs_failed or self.graphs_failed
 
     def record(self) -> dict[str, Any]:
         """The tally as the manifest records it, with the share of step-rows spent on finished traces and the
@@ -85,6 +95,11 @@ class ReasoningStats:
             "step_rows": self.step_rows,
             "finished_share": round(self.finished_step_rows / self.step_rows, 4) if self.step_rows else 0.0,
             "steps_over_ideal": round(self.steps / ideal, 4) if ideal else 0.0,
+            **(
+                {"graphs": self.graphs, "capture_s": round(self.capture_s, 3), "graphs_failed": self.graphs_failed}
+                if self.schedule == "slots"
+                else {}
+            ),
         }
 
 
