@@ -9,15 +9,18 @@ tests/test_device_check.py). Steps:
    bfloat16, with the final projection in float32 and in the model's dtype) on the device, against float32 on the
    CPU: the largest |logprob| and |p| difference, greedy flips, and the largest path-vs-path difference per dtype.
    float32 must agree within :data:`FLOAT32_BOUND`; bfloat16 is measured (the figures go to docs/gpu.md).
-2. **sampling**: seeded draws on every sampling path in float32 must be the same tokens; think mode reads a slot.
+2. **sampling**: seeded draws on every sampling path in float32 must be the same tokens; think mode reads a slot;
+   float32 reasoning in slots recorded in CUDA graphs (``--hf-decode-graphs on``) must reason the refilled stack's
+   tokens, with no failed recording (:func:`graphs_tokens`).
 3. **split** (GPU only): the model split over two devices (norm and ``lm_head`` on the CPU, the layers on the
    GPU) through every readout and sampling path, against the model in one place.
 4. **moe**: a randomly initialised Qwen3-MoE at the real widths (hidden 2048, 32/4 heads of 128, 128 experts top-8
    of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (the tiny model's widths
    and 4 layers on the CPU), every figure warm and repeated (:mod:`scripts.device_moe`): readouts against an
    lm-eval-style scorer and draws against ``generate()`` on the same model object (agreement checked first),
-   decode steps against the weight-read floor and prefill against the compute limit (both measured in the same
-   run), refilled reasoning against its ideal step count and the bucket schedule, peak memory, the drift of the
+   decode steps (eager in each experts implementation, and as slot steps recorded in CUDA graphs) against the
+   weight-read floor and prefill against the compute limit (both measured in the same run), refilled reasoning
+   (stacked and in slots) against its ideal step count and the bucket schedule, peak memory, the drift of the
    bfloat16 head against the float32 head, and issue 44's targets with pass/fail.
 5. **summary**: what was verified and, plainly, what was not.
 6. **graphs** (not in the default steps: device_check.sh runs it in a call of its own, under its own timeout):
@@ -28,7 +31,7 @@ Every figure goes to ``OUT/device_check.json``. Size of the GPU mode, by constru
 (3 paths x 3 numerics + 1 CPU reference) on two 2-layer models; step 2 draws 4 x 6 replies of 8 tokens per path;
 step 4 builds an 8-layer model (8 x 128 experts x 3 x 2048 x 768 bfloat16 weights, 9.7 GB, plus 1.2 GB of embedding
 and head) and times, each after a warm-up and 3 times, 78 forced-binary and 8 graded readouts per path and peer,
-a 64-row prefill in 2 experts implementations, 9 decode steps at 3 batch sizes in 2, 128 draws of 16 tokens per
+a 64-row prefill in 2 experts implementations, 9 decode steps at 3 batch sizes in 2 (and as slot steps, each batch recorded once), 128 draws of 16 tokens per
 peer, and 64 traces of reasoning (budget 384) per schedule. The estimate on an H200: under 5 minutes, most of it
 loading CUDA and building the tiny models.
 
@@ -223,6 +226,7 @@ def step_sampling(models: Sequence[str], device: str, emit: Callable[[dict[str, 
         same = all(drawn[p] == drawn[paths[0]] for p in paths)
         if not same:
             problems.append(f"sampling {model} {device}: the paths drew different tokens")
+        problems += graphs_tokens(base, model, device, emit)
         think = base.variant(think=True, think_budget=8).readout(trials[:3])
         emit(
             {
@@ -234,6 +238,35 @@ def step_sampling(models: Sequence[str], device: str, emit: Callable[[dict[str, 
                 "hit_budget": [r.hit_budget for r in think],
             }
         )
+    return problems
+
+
+def graphs_tokens(base: Any, model: str, device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """float32 reasoning in slots (``--hf-decode-graphs on``: recorded in CUDA graphs on a GPU) against the
+    refilled stack, sampled at temperature 1 over traces long enough to cross two spans: the same tokens, and
+    the recording did not fail. A model that reasons in buckets (a Mamba hybrid) has no slots: nothing to check."""
+    thinker = base.variant(think=True, think_budget=160, think_temperature=1.0, batch_size=4)
+    if thinker._schedule() == "buckets":
+        return []
+    request = replace(thinker.think_request(parity_trials()[:6]), end_id=-1, stops=frozenset())
+    slots = thinker.variant(decode_graphs="on")
+    same = thinker._reason(request) == slots._reason(request)
+    stats = slots.run_stats()["reasoning"]
+    emit(
+        {
+            "check": "graphs",
+            "model": model,
+            "device": device,
+            "what": "float32 reasoning, slots vs refilled stack",
+            "same_tokens": same,
+            "graphs": stats["graphs"],
+            "capture_s": stats["capture_s"],
+            "capture_failed": stats["graphs_failed"],
+        }
+    )
+    problems = [] if same else [f"graphs {model} {device}: slots reasoned other float32 tokens than the stack"]
+    if stats["graphs_failed"]:
+        problems.append(f"graphs {model} {device}: CUDA graph capture failed: {stats['graphs_failed']}")
     return problems
 
 
@@ -497,8 +530,29 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
                 }
             )
             del cache, state
-        decode[rows] = steps[phases.decode] / floor_s  # the engine's own choice, against the floor
         emit(dm.experts_choice(f"decode batch {rows}", phases.decode, steps))
+        # the same step in slots (--hf-decode-graphs on): recorded in a CUDA graph on the GPU, the experts of the
+        # engine's own decode choice, at the context the eager steps ended at
+        step_slots, dec = dm.slot_step(base, prompt, rows, 64)
+        _, t = dm.timed(step_slots, sync, repeats=8)
+        emit(
+            {
+                "check": "moe",
+                "what": f"decode step batch {rows}, slots" + (", CUDA graphs" if dec.graphs else ", unrecorded"),
+                **t,
+                "ms": 1e3 * t["median_s"],
+                "ms_48_layers": 1e3 * t["median_s"] * scale,
+                "tokens_per_s": rows / t["median_s"],
+                "weight_read_floor_ms": 1e3 * floor_s,
+                "over_floor": t["median_s"] / floor_s,
+                "over_eager": t["median_s"] / steps[phases.decode],
+                "graphs": len(dec.graphs),
+                "capture_s": dec.capture_s,
+                "capture_failed": dec.failed,
+            }
+        )
+        decode[rows] = t["median_s"] / floor_s  # the target: the slot step, what graphs are built for
+        del step_slots, dec
     emit(dm.experts_choice(f"prefill {prefill_rows} rows", phases.prefill, prefill))
 
     # draws against generate(): the same prompts, n per prompt, 16 new tokens
@@ -526,17 +580,34 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
     think_trials = [replace(t, trial_id=f"{t.trial_id}-{k}") for k, t in enumerate(binary[: rows * 4])]
     thinker = base.variant(think=True, reasoning_rows=rows)
     request = dm.mixed_request(thinker, think_trials, budget, short)
-    reasoned = {}
-    for schedule in ("refill", "buckets"):
-        thinker.variant(reasoning_refill=schedule == "refill")._reason(request)  # warm-up at the timed shapes
-        e = thinker.variant(reasoning_refill=schedule == "refill")  # a fresh tally for the timed call
+    reasoned, traces, seconds = {}, {}, {}
+    schedules = {
+        "refill": {"reasoning_refill": True},
+        "slots": {"reasoning_refill": True, "decode_graphs": "on"},
+        "buckets": {"reasoning_refill": False},
+    }
+    for schedule, settings in schedules.items():
+        thinker.variant(**settings)._reason(request)  # warm-up at the timed shapes (and the graphs' recording)
+        e = thinker.variant(**settings)  # a fresh tally for the timed call
         sync()
         t0 = time.perf_counter()
-        e._reason(request)
+        traces[schedule] = e._reason(request)
         sync()
+        seconds[schedule] = time.perf_counter() - t0
         stats = e.run_stats()["reasoning"]
         reasoned[schedule] = stats["steps_over_ideal"]
-        emit({"check": "moe", "what": f"reasoning {schedule}", "seconds": time.perf_counter() - t0, **stats})
+        emit({"check": "moe", "what": f"reasoning {schedule}", "seconds": seconds[schedule], **stats})
+    same = sum(
+        x == y for a, b in zip(traces["refill"], traces["slots"], strict=True) for x, y in zip(a, b, strict=False)
+    )
+    emit(
+        {
+            "check": "moe",
+            "what": "reasoning slots vs refill",
+            "speedup": seconds["refill"] / seconds["slots"],
+            "same_tokens_share": same / max(1, sum(len(a) for a in traces["refill"])),
+        }
+    )
     if not cpu:
         peak = torch.cuda.max_memory_allocated(dev) / 2**30
         emit(
@@ -551,8 +622,8 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
         )
     big, small = max(decode), min(k for k in decode if k > 1)
     measured = (  # (target name, value, issue 44's bound, met below it, what the value is)
-        (f"decode_{big}", decode[big], "decode_512", True, f"decode step at batch {big} / weight-read floor"),
-        (f"decode_{small}", decode[small], "decode_16", True, f"decode step at batch {small} / weight-read floor"),
+        (f"decode_{big}", decode[big], "decode_512", True, f"slot decode step at batch {big} / weight-read floor"),
+        (f"decode_{small}", decode[small], "decode_16", True, f"slot decode step at batch {small} / weight-read floor"),
         ("reasoning", reasoned["refill"], "reasoning", True, "refilled reasoning steps / (tokens / rows + longest)"),
         ("readouts", ratios["forced binary"], "readouts", False, "forced-binary readouts / lm-eval-style scorer"),
         ("draws", ours_rate / theirs_rate, "draws", False, "draws / generate()"),

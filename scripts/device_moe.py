@@ -255,3 +255,38 @@ def generate_step(
         "warm_up_s": warm_up,
         "tokens": tokens[:, ids.shape[1] :].tolist(),
     }
+
+
+def slot_step(engine: Any, prompt: Sequence[int], rows: int, room: int) -> tuple[Callable[[], Any], Any]:
+    """The engine's slot decoding step (:class:`engines.graphs.SlotDecoder`, ``--hf-decode-graphs on``) at ``rows``
+    rows of ``prompt``, each slot with ``room`` columns after it: recorded in a CUDA graph on one GPU (the
+    engine's own :meth:`~engines.hf.HFEngine._capture_mode`), unrecorded on a CPU. Returns the step (each call
+    rewrites the same column from the same inputs, so repeats time the same work) and the decoder (its
+    ``graphs``, ``capture_s`` and ``failed`` are the record)."""
+    import torch
+
+    from engines.graphs import SlotDecoder, span_of
+
+    capacity = len(prompt) + room
+    dec = SlotDecoder(
+        engine._call,
+        engine.model.config,
+        rows,
+        capacity,
+        engine.device,
+        capture=engine._capture_mode(),
+        cache_kw=engine._cache_kw,
+    )
+    with torch.inference_mode():
+        ids, mask = engine._pad_left([prompt])
+        lp, cache = engine._forward(ids, mask, None)
+        first = int(lp.argmax(-1))
+        for slot in range(rows):
+            dec.admit(slot, cache, 0, len(prompt), first)
+    span = span_of(len(prompt) + 1, capacity)
+
+    def step() -> Any:
+        with torch.inference_mode():
+            return dec.step(span)
+
+    return step, dec

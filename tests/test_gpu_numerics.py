@@ -177,6 +177,13 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     choices = [r for what, r in moe.items() if what.startswith("experts choice")]
     assert len(choices) == 4 and all(r["auto"] == "grouped_mm" and r["auto_over_fastest"] >= 1 for r in choices)
     assert moe["reasoning refill"]["steps"] < moe["reasoning buckets"]["steps"]
+    # slots (--hf-decode-graphs on), unrecorded on a CPU: timed as the eager steps are, the refilled tokens
+    assert moe["decode step batch 16, slots, unrecorded"]["repeats"] == 8
+    assert moe["decode step batch 16, slots, unrecorded"]["over_floor"] > 0
+    assert moe["reasoning slots"]["steps"] == moe["reasoning refill"]["steps"]
+    assert moe["reasoning slots vs refill"]["same_tokens_share"] == 1.0
+    slots = [r for r in rows if r["check"] == "graphs"]
+    assert [(r["model"], r["same_tokens"], r["graphs"]) for r in slots] == [("tiny", True, 0)]  # hybrid: buckets
     targets = {r["target"] for r in rows if r["check"] == "target"}
     assert {"reasoning", "readouts", "draws", "decode_16", "decode_64"} == targets
     # the graphs step, a call of its own: Transformers' static-cache decode against its dynamic one (not compiled
