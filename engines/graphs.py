@@ -15,6 +15,10 @@ addresses, and nothing else:
 * **Spans.** A step's attention reads the first ``span`` columns of every slot, a 4-D additive mask hiding each
   slot's columns past its length; ``span`` is the smallest bucket holding the longest slot (:func:`span_of`: at most
   an eighth and 128 columns more than needed), and each span gets its own graph, recorded the first time it is needed.
+* **Sizes.** Once no trace waits and at most half the computed slots are live, the live ones move to the front
+  and a step computes only the smallest power of two of slots holding them (:meth:`SlotDecoder.shrink`): the
+  free slots would otherwise read a whole span of keys each step, as long as the last trace runs. Each (size,
+  span) gets its own graph.
 * **Fixed output.** A step writes its float32 log-probs into one buffer (:attr:`SlotDecoder.out`).
 
 The same step runs unrecorded on a CPU and wherever capture is off, so the tests of the CPU run the code a GPU
@@ -59,24 +63,27 @@ def span_of(columns: int, capacity: int, quantum: int = SPAN_QUANTUM) -> int:
 
 
 class _At:
-    """What every layer of one slot cache reads at a step: the column each slot writes (a tensor, fixed address)
-    and how many columns attention reads (a number, fixed per graph)."""
+    """What every layer of one slot cache reads at a step: the column each slot writes (a tensor, fixed address),
+    and how many slots compute and how many columns attention reads (numbers, fixed per graph)."""
 
     def __init__(self, lengths: Any) -> None:
         torch = require("torch", "hf")
         self.lengths = lengths
         self.rows = torch.arange(lengths.shape[0], device=lengths.device)
+        self.size = lengths.shape[0]
         self.span = 1
         self._on: dict[Any, tuple[Any, Any]] = {}
 
     def on(self, device: Any) -> tuple[Any, Any]:
-        """``(rows, lengths)`` on ``device``: a split model's layers write where they live (copied each step, before
-        the layers run: :meth:`SlotDecoder._run`)."""
+        """``(slots, lengths)`` of the first :attr:`size` slots on ``device``: a split model's layers write where
+        they live (the lengths copied each step, before the layers run: :meth:`SlotDecoder._run`)."""
         if device == self.lengths.device:
-            return self.rows, self.lengths
-        if device not in self._on:
-            self._on[device] = (self.rows.to(device), self.lengths.to(device))
-        return self._on[device]
+            rows, lengths = self.rows, self.lengths
+        else:
+            if device not in self._on:
+                self._on[device] = (self.rows.to(device), self.lengths.to(device))
+            rows, lengths = self._on[device]
+        return rows[: self.size], lengths[: self.size]
 
     def sync(self) -> None:
         """Copy the lengths to the other devices' copies (a step's first work)."""
@@ -90,8 +97,8 @@ def _slot_layer_class() -> type:
     cache_utils = require("transformers.cache_utils", "hf")
 
     class SlotLayer(cache_utils.DynamicLayer):  # type: ignore[misc, name-defined]
-        """An attention layer's keys and values in slots of fixed capacity: a step writes each slot's new column at
-        that slot's length and returns the first ``span`` columns of every slot."""
+        """An attention layer's keys and values in slots of fixed capacity: a step writes each computed slot's new
+        column at that slot's length and returns the first ``span`` columns of the first ``size`` slots."""
 
         def __init__(self, keys: Any, values: Any, at: _At) -> None:
             super().__init__()
@@ -104,8 +111,8 @@ def _slot_layer_class() -> type:
             rows, cols = self._at.on(self._k.device)
             self._k[rows, :, cols] = key_states[:, :, 0]
             self._v[rows, :, cols] = value_states[:, :, 0]
-            span = self._at.span
-            return self._k[:, :, :span], self._v[:, :, :span]
+            size, span = self._at.size, self._at.span
+            return self._k[:size, :, :span], self._v[:size, :, :span]
 
         def get_seq_length(self) -> int:
             return self._at.span
@@ -152,6 +159,8 @@ class SlotDecoder:
         torch = require("torch", "hf")
         self._call, self._config, self._cache_kw = call, config, cache_kw
         self.rows, self.capacity = rows, capacity
+        self.size = rows
+        """Slots computed by a step: all of them, until :meth:`shrink` moves the few live ones to the front."""
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         self._at = _At(self.lengths)
@@ -159,7 +168,7 @@ class SlotDecoder:
         self._dtype: Any = None
         self.out: Any = None
         self.capture = capture
-        self.graphs: dict[int, Any] = {}
+        self.graphs: dict[tuple[int, int], Any] = {}
         self._pool: Any = None
         self.capture_s = 0.0
         self.failed: str | None = None
@@ -199,13 +208,35 @@ class SlotDecoder:
         self.tokens[:, 0].copy_(both[0])
         self.lengths.copy_(both[1])
 
+    def shrink(self, slots: list[int], used: int) -> int:
+        """Move the slots ``slots`` (their first ``used`` columns, tokens and lengths) to the front, in this order,
+        and from now on compute only the first ``size`` slots, the smallest power of two holding them: with no
+        trace waiting, a step then reads the keys of the live traces, not of every slot. In place (the recorded
+        graphs keep their addresses); returns the new size."""
+        torch = require("torch", "hf")
+        n = len(slots)
+        if not 1 <= n <= self.size or used > self.capacity:
+            raise ValueError(f"cannot keep {n} slots of {self.size} ({used} columns of {self.capacity})")
+        idx = torch.tensor(slots, device=self.lengths.device)
+        for layer in self.cache.layers:
+            here = idx.to(layer._k.device)
+            layer._k[:n, :, :used] = layer._k[:, :, :used].index_select(0, here)
+            layer._v[:n, :, :used] = layer._v[:, :, :used].index_select(0, here)
+        self.tokens[:n] = self.tokens.index_select(0, idx)
+        self.lengths[:n] = self.lengths.index_select(0, idx)
+        self.size = self._at.size = 1 << (n - 1).bit_length()
+        return self.size
+
     def step(self, span: int) -> Any:
-        """One decoding step over every slot, attention reading ``span`` columns: the ``(rows, vocab)`` float32
-        log-probs in :attr:`out` (overwritten by the next step). Recorded once per span where ``capture``."""
+        """One decoding step over the first :attr:`size` slots, attention reading ``span`` columns: their
+        ``(size, vocab)`` float32 log-probs in the first rows of :attr:`out` (overwritten by the next step).
+        Recorded once per (size, span) where ``capture``."""
+        if not 1 <= span <= self.capacity:
+            raise ValueError(f"span must be in 1..capacity ({self.capacity}), got {span}")
         if not self.capture:
             self._run(span)
             return self.out
-        graph = self.graphs.get(span)
+        graph = self.graphs.get((self.size, span))
         if graph is None:
             graph = self._capture(span) if self.capture == "cuda" else self._record(span)
             if graph is None:  # capture failed: this step ran unrecorded, and so will the rest
@@ -217,25 +248,26 @@ class SlotDecoder:
     def _run(self, span: int) -> None:
         """The step itself: every tensor it reads or writes lives at a fixed address; ``span`` is its only number."""
         torch = require("torch", "hf")
-        at = self._at
+        at, size = self._at, self.size
         at.span = span
         at.sync()
         dev = self.lengths.device
-        allowed = torch.arange(span, device=dev)[None, :] <= self.lengths[:, None]
-        mask = torch.zeros((self.rows, 1, 1, span), dtype=self._dtype, device=dev)
+        lengths = self.lengths[:size]
+        allowed = torch.arange(span, device=dev)[None, :] <= lengths[:, None]
+        mask = torch.zeros((size, 1, 1, span), dtype=self._dtype, device=dev)
         mask.masked_fill_(~allowed[:, None, None, :], torch.finfo(self._dtype).min)
         out = self._call(
-            input_ids=self.tokens,
+            input_ids=self.tokens[:size],
             attention_mask=mask,
-            position_ids=self.lengths[:, None],
+            position_ids=lengths[:, None],
             use_cache=True,
             logits_to_keep=1,
             **{self._cache_kw: self.cache},
         )
         lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
         if self.out is None:
-            self.out = torch.empty_like(lp)
-        self.out.copy_(lp)
+            self.out = lp.new_empty((self.rows, lp.shape[-1]))
+        self.out[:size].copy_(lp)
 
     def _record(self, span: int) -> Any:
         """The step at ``span`` recorded by ``torch.fx`` instead of CUDA (``capture="fx"``, for CPU tests): like a
@@ -247,9 +279,9 @@ class SlotDecoder:
         t0 = time.perf_counter()
         self._run(span)  # the warm-up: makes ``out``, as the CUDA warm-up does
         module = make_fx(lambda: self._run(span), tracing_mode="real")()
-        self.graphs[span] = _Replay(module)
+        self.graphs[self.size, span] = _Replay(module)
         self.capture_s += time.perf_counter() - t0
-        return self.graphs[span]
+        return self.graphs[self.size, span]
 
     def _capture(self, span: int) -> Any:
         """Record the step at ``span`` (after a warm-up on a side stream, which also performs this step: a step is
@@ -273,6 +305,6 @@ class SlotDecoder:
             return None
         if self._pool is None:
             self._pool = graph.pool()
-        self.graphs[span] = graph
+        self.graphs[self.size, span] = graph
         self.capture_s += time.perf_counter() - t0
         return graph

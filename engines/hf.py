@@ -1363,9 +1363,10 @@ class HFEngine(LocalEngine):
         """What :meth:`_decode_refilled` yields, in the same schedule, decoded in ``rows`` slots of fixed shape
         (:mod:`engines.graphs`), each step recorded in a CUDA graph where :meth:`_captures`.
 
-        A trace keeps its slot from admission to its end; admitted traces are prefilled as in
-        :meth:`_decode_refilled` and copied into the free slots (lowest first); a step computes every slot (a free
-        one on whatever it last held), and only the live slots draw, each from its own generator.
+        A trace keeps its slot from admission to its end (or until the last traces move to the front:
+        :meth:`engines.graphs.SlotDecoder.shrink`); admitted traces are prefilled as in :meth:`_decode_refilled` and
+        copied into the free slots (lowest first); a step computes every slot of the current size (a free one on
+        whatever it last held), and only the live slots draw, each from its own generator.
         """
         torch = require("torch", "hf")
         s = self.settings
@@ -1434,8 +1435,8 @@ class HFEngine(LocalEngine):
                 span = span_of(max(lengths[slot_of[i]] for i in live) + 1, capacity)
                 lp = dec.step(span)
                 stats.steps += 1
-                stats.step_rows += rows
-                stats.finished_step_rows += rows - len(live)
+                stats.step_rows += dec.size
+                stats.finished_step_rows += dec.size - len(live)
                 order = torch.tensor([slot_of[i] for i in live], device=lp.device)
                 drawn = sampler.draw(lp[order]).tolist()
                 going = []
@@ -1449,6 +1450,12 @@ class HFEngine(LocalEngine):
                 if len(going) < len(live):
                     sampler.keep(going)
                     live = [live[k] for k in going]
+                    if live and not plan.waiting and len(live) <= dec.size // 2:  # the last traces: fewer slots
+                        moved = [slot_of[i] for i in live]
+                        dec.shrink(moved, max(lengths[m] for m in moved))
+                        tokens[: len(moved)] = [tokens[m] for m in moved]
+                        lengths[: len(moved)] = [lengths[m] for m in moved]
+                        slot_of.update({i: k for k, i in enumerate(live)})
         finally:
             stats.graphs += len(dec.graphs)
             stats.capture_s += dec.capture_s
