@@ -208,3 +208,15 @@ def test_shrink_moves_the_live_slots_to_the_front_in_place() -> None:
             dec.shrink([0, 1, 0], used)
         with pytest.raises(ValueError, match=r"span must be in 1..capacity \(200\), got 256"):
             dec.step(256)
+
+
+def test_recorded_slots_in_batched_mm_the_gpus_decode_experts(monkeypatch) -> None:
+    """The experts implementation a GPU decodes in by default (batched_mm: each token's experts' weights
+    gathered by index, no host numbers), recorded and replayed: the refilled stack's greedy tokens."""
+    _patched_fx(monkeypatch)
+    refilled = _engine("tiny", batch_size=3, think_budget=40, experts_decode="batched_mm")
+    slots = refilled.variant(decode_graphs="on")
+    request = _request(refilled, 4, 40)
+    assert refilled._reason(request) == slots._reason(request)
+    assert slots.experts is not None and slots.experts.decode == "batched_mm"
+    assert slots.run_stats()["reasoning"]["graphs"] >= 1
