@@ -36,3 +36,24 @@ def test_split_model_runs_every_readout_and_sampling_path() -> None:
     rows: list[dict] = []
     assert step_split(["tiny", "tiny-hybrid"], "cuda:0", rows.append) == []
     assert {r["what"] for r in rows} >= {"readout plain", "readout branch", "sample shared", "sample plain"}
+
+
+def test_slots_recorded_in_cuda_graphs_reason_the_stacks_tokens(device: str = "cuda") -> None:
+    """float32 think mode on one GPU with --hf-decode-graphs on: every span's step recorded in a CUDA graph (none
+    failed), and the traces are the refilled stack's on the same GPU, token for token (greedy, no end token: every
+    trace runs its budget over three spans)."""
+    from dataclasses import replace
+
+    from engines.hf import HFEngine, HFSettings
+
+    trials = [make_trial(f"Dilemma {k}: is it right to lie?" + " Think." * (3 * k), ["Yes", "No"], trial_id=f"g{k}")
+              for k in range(5)]  # fmt: skip
+    settings = HFSettings(model="tiny", device=device, dtype="float32", think=True, think_budget=300, batch_size=3)
+    stack = HFEngine(settings).load()
+    slots = stack.variant(decode_graphs="on")
+    request = replace(stack.think_request(trials), end_id=-1, stops=frozenset())
+    assert slots._capture_mode() == ("cuda" if device == "cuda" else None)
+    assert stack._reason(request) == slots._reason(request)
+    stats = slots.run_stats()["reasoning"]
+    assert stats["schedule"] == "slots" and stats["graphs_failed"] is None
+    assert stats["graphs"] >= (3 if device == "cuda" else 0)
