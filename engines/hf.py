@@ -247,6 +247,7 @@ OWN_FLAGS = (
     "group_draws",
     "reasoning_refill",
     "reasoning_rows",
+    "decode_graphs",
     "experts_prefill",
     "experts_decode",
     "head_dtype",
