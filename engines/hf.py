@@ -14,8 +14,8 @@ Design notes (why it is shaped like this):
   nodes), and nothing else: logits are computed only at those positions.
 * **Each shared token once.** A battery asks the same story under many forms,
   so most prompt tokens are shared. Three readout paths compute the same
-  values (in float32 within 3.3e-5 nats on smol's 30 layers, 5e-6 on the tiny models; in bfloat16 they
-  differ by up to 0.24 nats on smol, docs/gpu.md) and differ only in how much they share:
+  values (in float32 within 3.2e-5 nats on smol's 30 layers, 5e-6 on the tiny models; in bfloat16 they
+  differ by up to 0.25 nats on smol, docs/gpu.md) and differ only in how much they share:
 
   - ``tree`` (attention-only models): a batch's prompts *and* option prefixes
     are packed as one token tree (:func:`pack_tree`), each distinct prefix
@@ -34,7 +34,10 @@ Design notes (why it is shaped like this):
 * **Batch- and padding-invariant.** Prompts are left-padded with explicit
   position ids (so RoPE positions do not depend on the padding), and rows
   are grouped so that shared prefixes are adjacent.
-* **float32 from raw logits.** No temperature, no top-k, no processors.
+* **Raw logits, the readout's log-softmax in float64.** No temperature, no top-k, no processors. The
+  positions a readout reads are normalized in float64 (:func:`readout_log_probs`): an option that is a prefix of
+  longer ones ends with ``1 - (its continuations' mass)``, which multiplies a float32 log-softmax's rounding by
+  ``mass / (1 - mass)`` (1.1e-4 nats on smol's "9" of 0-100). Draws sample from float32 log-probs, as before.
 """
 
 from __future__ import annotations
@@ -91,7 +94,9 @@ class HFSettings(EngineSettings):
     """
 
     dtype: str = field(default="auto", metadata=flag(choices=DTYPES))
-    """Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16. Softmax is always float32."""
+    """Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.
+
+    Whatever the weights, draws sample from a float32 softmax and readouts normalize in float64 (docs/gpu.md)."""
     device: str = "auto"
     """Where the model runs: auto (one GPU if torch sees one, else the CPU), cpu, cuda, cuda:N, or split (one model
     over every visible GPU).
@@ -119,7 +124,7 @@ class HFSettings(EngineSettings):
     readout_path: str = field(default="auto", metadata=flag(name="hf-readout-path", choices=READOUT_PATHS))
     """How shared prompt tokens are computed: tree, branch, plain or auto.
 
-    Speed only in float32: the paths agree within 3.3e-5 nats on smol; in bfloat16 they round differently, so
+    Speed only in float32: the paths agree within 3.2e-5 nats on smol; in bfloat16 they round differently, so
     outside float32 the path enters the run key (docs/gpu.md). tree: one tree-masked forward per batch
     (attention-only models); branch: the shared prefix once, then its cache branched per trial (any model);
     plain: every prompt whole; auto: tree where possible, else branch on a CPU and plain on a GPU."""
@@ -504,6 +509,31 @@ def token_rows(
     return cut_runs(range(len(lengths)), cut)
 
 
+READOUT_SOFTMAX = "float64"
+"""The dtype a readout's log-softmax computes in (:func:`readout_log_probs`); recorded in the run key
+(:meth:`HFEngine.identity`)."""
+READOUT_ROWS = 64
+"""Rows per float64 log-softmax in :func:`readout_log_probs`, which bounds its float64 copy of the logits."""
+
+
+def readout_log_probs(logits: Any, rows: int = READOUT_ROWS) -> Any:
+    """The float64 log-softmax over the vocabulary of each row of ``logits`` (rows x vocabulary): what a readout
+    reads (the trie's conditionals and the top other tokens), ``rows`` rows at a time.
+
+    Not float32, because of the trie's subtraction: an option that is a prefix of longer options ("9" of "90"..
+    "99") gets ``log1p(-cont)``, ``cont`` its continuations' summed probability, and an error ``e`` in the
+    continuations' log-probs moves that term by ``e * cont / (1 - cont)``. float32's normalizer over a 49,152-token
+    vocabulary is off by about 1e-5, so smol's "9" of 0-100 (cont 0.90) read 1.1e-4 nats off a float64 reference
+    (docs/gpu.md). The logits are float32 (or the model's dtype); only their normalization is done in float64.
+    Draws keep float32 log-probs (:meth:`HFEngine._forward`), so no seeded draw moves.
+    """
+    torch = require("torch", "hf")
+    out = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
+    for lo in range(0, logits.shape[0], rows):
+        out[lo : lo + rows] = torch.log_softmax(logits[lo : lo + rows].double(), dim=-1)
+    return out
+
+
 def math_attention(device_type: str, dtype: Any, capability: str | None = None) -> bool:
     """Whether attention must run through PyTorch's math kernel: bfloat16 or float16 on a CPU whose kernel set is
     not AVX-512 (``capability``: ``torch.backends.cpu.get_cpu_capability()``, which ``ATEN_CPU_CAPABILITY`` sets).
@@ -777,6 +807,18 @@ class HFEngine(LocalEngine):
         parts = {"reasoning": self._reasoning, "think_draws": self._drawing}
         return {name: stats.record() for name, stats in parts.items() if stats.traces}
 
+    def identity(self) -> dict[str, Any]:
+        """:meth:`LocalEngine.identity`, and the dtype a readout normalizes in (``readout_softmax``,
+        :func:`readout_log_probs`).
+
+        float64 replaced float32 there, which moved the options that prefix longer ones by up to 9.3e-5 nats on
+        smol's 0-100 scales (docs/gpu.md): above the 3.2e-5 within which float32's readout paths agree, the bound
+        under which a value change stays out of the key. So the key changed with it, in every dtype, and a run begun on float32
+        readouts is never resumed or merged with float64 ones (``probe run`` names ``readout_softmax`` as what
+        differs). Draws did not change; a run that only samples gets a new key all the same.
+        """
+        return {**super().identity(), "readout_softmax": READOUT_SOFTMAX}
+
     def numerics(self) -> dict[str, Any]:
         s = self.settings
         reasoning = {"reasoning_schedule": self._schedule(), "reasoning_rows": s.reasoning_rows} if s.think else {}
@@ -854,8 +896,9 @@ class HFEngine(LocalEngine):
         with sdpa_kernel(SDPBackend.MATH):
             return self.model(**inputs)
 
-    def _forward(self, ids: Any, mask: Any, cache: Any) -> tuple[Any, Any]:
-        """Last-position float32 log-probs and the updated cache.
+    def _forward(self, ids: Any, mask: Any, cache: Any, *, float64: bool = False) -> tuple[Any, Any]:
+        """Last-position float32 log-probs (float64 with ``float64``: a readout's, :func:`readout_log_probs`) and
+        the updated cache.
 
         ``mask`` covers the cache and ``ids``; positions count only unmasked
         tokens, so left padding (and the padding of a cached prefix) moves no
@@ -872,14 +915,26 @@ class HFEngine(LocalEngine):
             **{self._cache_kw: cache},
         )
         new_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if float64:
+            return readout_log_probs(out.logits[:, -1, :]), new_cache
         return torch.log_softmax(out.logits[:, -1, :].float(), dim=-1), new_cache
 
     def _forward_tree(self, tree: TokenTree, keep: Sequence[int], *, use_cache: bool = False) -> Any:
-        """float32 log-probs at the nodes ``keep`` of a packed token tree, in one forward pass.
+        """float32 log-probs at the nodes ``keep`` of a packed token tree, in one forward pass (:meth:`_tree_logits`).
 
         With ``use_cache`` it returns ``(log-probs, cache)``: the cache holds every node's keys and values (one
         row, in node order), which :func:`engines.sampling.gather_tree_cache` turns into one row per prompt.
         """
+        torch = require("torch", "hf")
+        logits, cache = self._tree_logits(tree, keep, use_cache=use_cache)
+        lp = torch.log_softmax(logits, dim=-1)
+        if not use_cache:
+            return lp
+        return lp, cache
+
+    def _tree_logits(self, tree: TokenTree, keep: Sequence[int], *, use_cache: bool = False) -> tuple[Any, Any]:
+        """float32 logits at the nodes ``keep`` of a packed token tree, in one forward pass, and with ``use_cache``
+        its cache (else None)."""
         torch = require("torch", "hf")
         dev = self.device
         # an additive float mask: eager attention adds it to the scores, and SDPA takes it without converting
@@ -893,10 +948,9 @@ class HFEngine(LocalEngine):
             use_cache=use_cache,
             logits_to_keep=torch.tensor(keep, device=self._hidden_device()),
         )
-        lp = torch.log_softmax(out.logits[0].float(), dim=-1)
         if not use_cache:
-            return lp
-        return lp, getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+            return out.logits[0].float(), None
+        return out.logits[0].float(), getattr(out, "cache", None) or getattr(out, "past_key_values", None)
 
     def _hidden_device(self) -> Any:
         """The device of the last hidden state, which ``logits_to_keep`` indexes before the head.
@@ -1028,6 +1082,7 @@ class HFEngine(LocalEngine):
 
     def _readout_tree(self, trials: Sequence[Trial], prepared: Sequence[Prepared]) -> list[Readout]:
         """One forward over the batch's token tree: every prompt and option prefix, each shared token once."""
+        torch = require("torch", "hf")
         tries = [build_trie(p.options) for p in prepared]
         seqs: list[tuple[int, ...]] = []
         asks: list[tuple[int, Prefix]] = []  # (trial, trie node) per sequence: the prompt, then the option prefix
@@ -1039,13 +1094,14 @@ class HFEngine(LocalEngine):
         keep = sorted(set(tree.ends))
         row = {node: r for r, node in enumerate(keep)}
         wanted = [k for k, (b, node) in enumerate(asks) if node == () and prepared[b].ids in self._expect]
-        if wanted:  # a sample() of these prompts follows: keep the tree's cache for it (sample_next)
-            lp, cache = self._forward_tree(tree, keep, use_cache=True)
+        logits, cache = self._tree_logits(tree, keep, use_cache=bool(wanted))
+        lp = readout_log_probs(logits)
+        if wanted:  # a sample() of these prompts follows: keep the tree's cache for it (sample_next), and the
+            # float32 log-probs its draws start from, as the draws' own prefill computes them (:meth:`_forward_tree`)
+            drawn = torch.log_softmax(logits, dim=-1)
             paths = tree_paths(tree)
             for k in wanted:
-                self._kept[prepared[asks[k][0]].ids] = (cache, paths[k], lp[row[tree.ends[k]]])
-        else:
-            lp = self._forward_tree(tree, keep)
+                self._kept[prepared[asks[k][0]].ids] = (cache, paths[k], drawn[row[tree.ends[k]]])
         cond = self._conditionals(lp, [(row[e], b, node) for e, (b, node) in zip(tree.ends, asks, strict=True)], tries)
         roots = lp[[row[e] for e, (_, node) in zip(tree.ends, asks, strict=True) if node == ()]]
         computed = [0] * len(prepared)  # the nodes each trial's sequences added (the first sharer pays the prefix)
@@ -1079,7 +1135,7 @@ class HFEngine(LocalEngine):
             branch.reorder_cache(idx)
             sub_mask = torch.cat([mask[idx], mask.new_ones((len(pairs), length))], dim=1)
             suffix = torch.tensor([prepared[b].ids[groups[g][0] :] for b, g in pairs], device=mask.device)
-            lp, branch = self._forward(suffix, sub_mask, branch)
+            lp, branch = self._forward(suffix, sub_mask, branch, float64=True)
             members = [b for b, _ in pairs]
             sub_cond, expanded = self._expand(lp, branch, sub_mask, [tries[b] for b in members])
             for j, b in enumerate(members):
@@ -1090,7 +1146,7 @@ class HFEngine(LocalEngine):
     def _readout_plain(self, trials: Sequence[Trial], prepared: Sequence[Prepared]) -> list[Readout]:
         """Every prompt whole (left-padded), then the trie one token per step on its cache."""
         ids, mask = self._pad_left([p.ids for p in prepared])
-        root_lp, cache = self._forward(ids, mask, None)
+        root_lp, cache = self._forward(ids, mask, None, float64=True)
         tries = [build_trie(p.options) for p in prepared]
         cond, expanded = self._expand(root_lp, cache, mask, tries)
         computed = [len(p.ids) + e for p, e in zip(prepared, expanded, strict=True)]
@@ -1117,7 +1173,7 @@ class HFEngine(LocalEngine):
             cache.reorder_cache(idx)
             mask = torch.cat([mask[idx], mask.new_ones((len(nxt), 1))], dim=1)
             step = torch.tensor([[p[-1]] for _, _, p in nxt], device=mask.device)
-            lp, cache = self._forward(step, mask, cache)
+            lp, cache = self._forward(step, mask, cache, float64=True)
             for b, found in enumerate(self._conditionals(lp, [(r, b, p) for r, (_, b, p) in enumerate(nxt)], tries)):
                 cond[b].update(found)
             for _, b, _ in nxt:

@@ -182,7 +182,7 @@ class LocalEngine(RendersLocally, Engine):
     def numerics(self) -> dict[str, Any]:
         """The settings that change values through rounding alone, outside float32 (batching, path, tree size).
 
-        In float32 the readout paths agree within 3.3e-5 nats and these stay out of the run key; in bfloat16 the
+        In float32 the readout paths agree within 3.2e-5 nats and these stay out of the run key; in bfloat16 the
         same trial moves by up to a few tenths of a nat between them (docs/gpu.md), so they enter it, and a resume
         or a merge never mixes them. The runner adds the chunk size, which decides what is batched together.
         """

@@ -71,6 +71,54 @@ def test_scale_digits_are_multi_token(engine):
     assert r.coverage <= 1.0 + 1e-9
 
 
+def test_readout_log_probs_are_a_float64_log_softmax_row_chunk_by_row_chunk():
+    from engines.hf import readout_log_probs
+
+    logits = (torch.randn(130, 3001, generator=torch.Generator().manual_seed(0)) * 8).float()
+    got = readout_log_probs(logits, rows=64)  # chunks of 64, 64 and 2 rows
+    assert got.dtype == torch.float64 and got.shape == logits.shape
+    torch.testing.assert_close(got, torch.log_softmax(logits.double(), dim=-1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["tree", "branch", "plain"])
+def test_readouts_read_float64_log_probs_and_draws_float32(engine, path, monkeypatch):
+    """Every conditional a readout reads and its top other tokens come from a float64 log-softmax
+    (:func:`engines.hf.readout_log_probs`: an option that prefixes longer ones multiplies the normalizer's rounding
+    by cont / (1 - cont), 1.1e-4 nats on smol in float32); draws, the tree readout's kept prefill's included,
+    sample from float32 log-probs as before, so no seeded draw moves. The run key records it."""
+    from engines.hf import HFEngine
+    from engines.sampling import RowSampler
+
+    if path == "tree" and engine._tree_unsupported():
+        pytest.skip("the tree path needs full attention")
+    seen: list[tuple[str, torch.dtype]] = []
+    conditionals, top_other, draw = HFEngine._conditionals, HFEngine._top_other, RowSampler.draw
+
+    def read(lp, asks, tries):
+        seen.append(("conditionals", lp.dtype))
+        return conditionals(lp, asks, tries)
+
+    def others(self, roots, tries):
+        seen.append(("top_other", roots.dtype))
+        return top_other(self, roots, tries)
+
+    def drawn(self, lp):
+        seen.append(("draw", lp.dtype))
+        return draw(self, lp)
+
+    monkeypatch.setattr(HFEngine, "_conditionals", staticmethod(read))
+    monkeypatch.setattr(HFEngine, "_top_other", others)
+    monkeypatch.setattr(RowSampler, "draw", drawn)
+    e = engine.variant(readout_path=path)
+    trials = [make_trial(SCALE, SCALE_OPTIONS[:21], trial_id="s"), make_trial(YESNO, ["Yes", "No"], trial_id="y")]
+    e.sample_next(trials)  # the tree path keeps its prefill (and float32 log-probs) for these draws
+    e.readout(trials)
+    e.sample(trials, 2, 1.0, max_new_tokens=3)
+    assert {k for k, _ in seen} == {"conditionals", "top_other", "draw"}
+    assert [(k, d) for k, d in seen if d != (torch.float32 if k == "draw" else torch.float64)] == []
+    assert e.identity()["readout_softmax"] == "float64"
+
+
 def _mixed_trials():
     stories = ["Short one.", "A much longer story " * 12, "Medium length story here " * 4]
     out = []

@@ -1,6 +1,6 @@
 """A run's own numeric floor: how much its readouts move when a trial is read alone instead of in its batch.
 
-In float32 the Transformers engine's readout paths agree within 3.3e-5 nats (smol); in bfloat16 the same trial
+In float32 the Transformers engine's readout paths agree within 3.2e-5 nats (smol); in bfloat16 the same trial
 read in another batch, on another path or with another tree size moves by up to a few tenths of a nat
 (docs/gpu.md). So every run that reads the slot with a local model measures its own floor once its trials are
 done: it re-reads a fixed sample of :data:`FLOOR_TRIALS` of them alone (batch size 1, the plain path: the
