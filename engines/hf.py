@@ -1349,18 +1349,12 @@ class HFEngine(LocalEngine):
         (:func:`engines.refill.stacked`).
         """
         torch = require("torch", "hf")
-        s = self.settings
         plan = Schedule(range(len(prompts)), rows)
         gens: dict[int, list[int]] = {}
         cache: Any = None
         mask: Any = None
         nxt: Any = None
         sampler = sampler_of([])
-
-        def fits(run: list[int], i: int) -> int:
-            """Cut a prefill run before ``i`` where its padded tokens would pass ``max_batch_tokens``."""
-            width = max(len(prompts[j]) for j in (*run, i))
-            return len(run) if (len(run) + 1) * width > s.max_batch_tokens else 0
 
         def took(i: int, token: int) -> bool:
             """Append ``token`` to generation ``i``; whether it ended."""
@@ -1373,7 +1367,7 @@ class HFEngine(LocalEngine):
                 parts: list[tuple[Any, Any, Any]] = [(cache, mask, keep)] if keep else []
                 firsts = [nxt[torch.tensor(keep, device=nxt.device)]] if keep else []
                 sampler.keep(keep)
-                for run in cut_runs(admit, fits):
+                for run in self._admission_runs(prompts, admit):
                     distinct = list(dict.fromkeys(prompts[i] for i in run))  # the n draws of a prompt: once
                     ids, m = self._pad_left(distinct)
                     lp, c = self._forward(ids, m, None)
@@ -1408,6 +1402,17 @@ class HFEngine(LocalEngine):
                     plan.end(i)
                     yield i, gens.pop(i)
 
+    def _admission_runs(self, prompts: Sequence[tuple[int, ...]], admit: list[int]) -> list[list[int]]:
+        """The prefill runs of the admitted prompts ``admit``, in order: each cut before the prompt whose padded
+        tokens would pass ``max_batch_tokens``."""
+        most = self.settings.max_batch_tokens
+
+        def fits(run: list[int], i: int) -> int:
+            width = max(len(prompts[j]) for j in (*run, i))
+            return len(run) if (len(run) + 1) * width > most else 0
+
+        return cut_runs(admit, fits)
+
     def _decode_slots(
         self,
         prompts: Sequence[tuple[int, ...]],
@@ -1418,7 +1423,7 @@ class HFEngine(LocalEngine):
         stats: ReasoningStats,
     ) -> Iterator[tuple[int, list[int]]]:
         """What :meth:`_decode_refilled` yields, in the same schedule, decoded in ``rows`` slots of fixed shape
-        (:mod:`engines.graphs`), each step recorded in a CUDA graph where :meth:`_captures`.
+        (:mod:`engines.graphs`), each step recorded in a CUDA graph where :meth:`_capture_mode` says so.
 
         A trace keeps its slot from admission to its end (or until the last traces move to the front:
         :meth:`engines.graphs.SlotDecoder.shrink`); admitted traces are prefilled as in :meth:`_decode_refilled` and
@@ -1426,7 +1431,6 @@ class HFEngine(LocalEngine):
         whatever it last held), and only the live slots draw, each from its own generator.
         """
         torch = require("torch", "hf")
-        s = self.settings
         plan = Schedule(range(len(prompts)), rows)
         capacity = max(len(p) for p in prompts) + budget
         dec = SlotDecoder(
@@ -1444,10 +1448,6 @@ class HFEngine(LocalEngine):
         tokens, lengths = [0] * rows, [0] * rows
         sampler = sampler_of([])
 
-        def fits(run: list[int], i: int) -> int:
-            width = max(len(prompts[j]) for j in (*run, i))
-            return len(run) if (len(run) + 1) * width > s.max_batch_tokens else 0
-
         def took(i: int, token: int) -> bool:
             gens[i].append(token)
             return token in ends or len(gens[i]) >= budget
@@ -1462,7 +1462,7 @@ class HFEngine(LocalEngine):
                 if plan.compacts():
                     _, admit = plan.compact()
                     free = iter(sorted(set(range(rows)) - set(slot_of.values())))
-                    for run in cut_runs(admit, fits):
+                    for run in self._admission_runs(prompts, admit):
                         distinct = list(dict.fromkeys(prompts[i] for i in run))
                         where = {p: k for k, p in enumerate(distinct)}
                         ids, m = self._pad_left(distinct)
