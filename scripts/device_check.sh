@@ -4,10 +4,12 @@
 # are the hard cap; the estimate is about 6: see scripts/device_check.py for the sizes):
 #   0. build the tiny models from the working tree (no download);
 #   1-5. python -m scripts.device_check: the parity matrix (every readout path x float32/bfloat16, float32 head
-#      and model head, against float32 on the CPU), identical draws on every sampling path, think mode, a forced
+#      and model head, against float32 on the CPU), identical draws on every sampling path, think mode, float32
+#      reasoning in slots recorded in CUDA graphs (--hf-decode-graphs on) against the refilled stack, a forced
 #      split (norm and lm_head on the CPU, layers on the GPU) through every readout and sampling path, a random
 #      Qwen3-MoE at the real widths (every timing warm and repeated: readouts vs an lm-eval-style scorer, draws vs
-#      generate(), decode steps vs the weight-read floor, refilled reasoning vs its ideal, peak memory, head
+#      generate(), decode steps (eager, and slot steps in CUDA graphs) vs the weight-read floor, refilled
+#      reasoning (stacked and in slots) vs its ideal, peak memory, head
 #      drift, issue 44's targets with pass/fail), and a summary of what was and was not verified; every figure in
 #      $OUT/device_check.json;
 #   5b. python -m scripts.device_check --steps graphs, a call of its own: Transformers' compiled static-cache decode
