@@ -138,11 +138,12 @@ class _Replay:
 
 class SlotDecoder:
     """The fixed state of slot decoding: the cache's slots, a step's inputs (``tokens``, ``lengths``) and output
-    (``out``), and one recorded graph per span where ``capture``: ``cuda`` (CUDA graphs), ``fx`` (``torch.fx``
+    (``out``), and one recorded graph per (size, span) where ``capture``: ``cuda`` (CUDA graphs), ``fx`` (``torch.fx``
     recordings with the same frozen-number semantics, for tests on a CPU: :meth:`_record`) or None (unrecorded).
 
-    ``call`` runs the model (:meth:`engines.hf.HFEngine._call`), which takes the cache as ``cache_kw``; the buffers are made at the first :meth:`admit`,
-    shaped after the prefill's cache (heads, head size, dtype and device of each layer).
+    ``call`` runs the model (:meth:`engines.hf.HFEngine._call`), which takes the cache as ``cache_kw``; the buffers
+    are made at the first :meth:`admit`, shaped after the prefill's cache (heads, head size, dtype and device of
+    each layer).
     """
 
     def __init__(
@@ -159,8 +160,6 @@ class SlotDecoder:
         torch = require("torch", "hf")
         self._call, self._config, self._cache_kw = call, config, cache_kw
         self.rows, self.capacity = rows, capacity
-        self.size = rows
-        """Slots computed by a step: all of them, until :meth:`shrink` moves the few live ones to the front."""
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         self._at = _At(self.lengths)
@@ -173,6 +172,11 @@ class SlotDecoder:
         self.capture_s = 0.0
         self.failed: str | None = None
         """Why capture was given up (the steps then run unrecorded), or None."""
+
+    @property
+    def size(self) -> int:
+        """Slots computed by a step: all of them, until :meth:`shrink` moves the few live ones to the front."""
+        return int(self._at.size)
 
     def _allocate(self, like: Any) -> None:
         """Slots shaped after the prefill cache ``like`` (one per attention layer, on that layer's device)."""
@@ -224,7 +228,7 @@ class SlotDecoder:
             layer._v[:n, :, :used] = layer._v[:, :, :used].index_select(0, here)
         self.tokens[:n] = self.tokens.index_select(0, idx)
         self.lengths[:n] = self.lengths.index_select(0, idx)
-        self.size = self._at.size = 1 << (n - 1).bit_length()
+        self._at.size = 1 << (n - 1).bit_length()
         return self.size
 
     def step(self, span: int) -> Any:
@@ -238,9 +242,12 @@ class SlotDecoder:
             return self.out
         graph = self.graphs.get((self.size, span))
         if graph is None:
+            t0 = time.perf_counter()
             graph = self._capture(span) if self.capture == "cuda" else self._record(span)
+            self.capture_s += time.perf_counter() - t0
             if graph is None:  # capture failed: this step ran unrecorded, and so will the rest
                 return self.out
+            self.graphs[self.size, span] = graph
         self._at.span = span
         graph.replay()
         return self.out
@@ -276,18 +283,13 @@ class SlotDecoder:
         its tensors) replays wrongly here as it would on a GPU. The warm-up performs the step."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        t0 = time.perf_counter()
         self._run(span)  # the warm-up: makes ``out``, as the CUDA warm-up does
-        module = make_fx(lambda: self._run(span), tracing_mode="real")()
-        self.graphs[self.size, span] = _Replay(module)
-        self.capture_s += time.perf_counter() - t0
-        return self.graphs[self.size, span]
+        return _Replay(make_fx(lambda: self._run(span), tracing_mode="real")())
 
     def _capture(self, span: int) -> Any:
         """Record the step at ``span`` (after a warm-up on a side stream, which also performs this step: a step is
         idempotent, rewriting the same column from the same inputs). None, and capture off, where recording fails."""
         torch = require("torch", "hf")
-        t0 = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -305,6 +307,4 @@ class SlotDecoder:
             return None
         if self._pool is None:
             self._pool = graph.pool()
-        self.graphs[self.size, span] = graph
-        self.capture_s += time.perf_counter() - t0
         return graph

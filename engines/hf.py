@@ -80,8 +80,8 @@ READOUT_PATHS = ("auto", "tree", "branch", "plain")
 SAMPLE_PATHS = ("auto", "tree", "shared", "plain")
 HEAD_DTYPES = ("float32", "model")
 EXPERTS = ("auto", "eager", "grouped_mm", "batched_mm")
-DECODE_GRAPHS = ("auto", "on", "off")
 """Implementations of a mixture-of-experts layer in Transformers (``set_experts_implementation``)."""
+DECODE_GRAPHS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -640,7 +640,7 @@ class HFEngine(LocalEngine):
         self._expect: set[tuple[int, ...]] = set()  # prompts the next sample() will draw from (sample_next)
         self._kept: dict[tuple[int, ...], tuple[Any, list[int], Any]] = {}  # prompt -> (tree cache, path, log-probs)
         self._head = "model"  # the dtype the final projection computes in (:meth:`_float32_head`)
-        self._split: bool | None = None  # the weights live on more than one device (:meth:`_hidden_device`)
+        self._split = False  # the weights live on more than one device (set by :meth:`_setup`)
         self._reasoning = ReasoningStats()
         self._math: bool | None = None  # attention through the math kernel (:func:`math_attention`), once known
         self._experts: Experts | None = None  # each phase's experts implementation (:func:`experts_by_phase`)
@@ -695,6 +695,7 @@ class HFEngine(LocalEngine):
         import inspect
 
         self._model, self._tok = weights.model, weights.tokenizer
+        self._split = len({p.device for p in self._model.parameters()}) > 1
         params = inspect.signature(self._model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         tok = self._tok
@@ -959,9 +960,7 @@ class HFEngine(LocalEngine):
         tensor on any device (a CUDA index cannot index another device's tensor) and the final norm's device is
         not known in general.
         """
-        if self._split is None:
-            self._split = len({p.device for p in self.model.parameters()}) > 1
-        return "cpu" if self._split else self.device
+        return "cpu" if self.load()._split else self.device
 
     def readout_path(self) -> str:
         """The readout path this engine takes on this model (``settings.readout_path`` with auto resolved).
@@ -1273,14 +1272,27 @@ class HFEngine(LocalEngine):
             return "buckets"
         return "slots" if self.settings.decode_graphs == "on" else "refill"
 
+    def _refilled_decoder(self) -> Callable[..., Iterator[tuple[int, list[int]]]]:
+        """The refilled decoding of this engine's schedule: :meth:`_decode_slots` or :meth:`_decode_refilled`."""
+        return self._decode_slots if self._schedule() == "slots" else self._decode_refilled
+
+    def _slot_decoder(self, rows: int, capacity: int) -> SlotDecoder:
+        """Slots for ``rows`` traces of ``capacity`` columns, stepping this engine's model (:meth:`_call`), recorded
+        as :meth:`_capture_mode` says."""
+        return SlotDecoder(
+            self._call,
+            self.model.config,
+            rows,
+            capacity,
+            self.device,
+            capture=self._capture_mode(),
+            cache_kw=self._cache_kw,
+        )
+
     def _capture_mode(self) -> str | None:
         """How slot steps are recorded (:class:`engines.graphs.SlotDecoder`): ``cuda`` on one GPU, else None (a
         CPU's or a split model's steps run unrecorded; tests ask for ``fx`` by patching this)."""
-        if self.device.type != "cuda":
-            return None
-        if self._split is None:
-            self._split = len({p.device for p in self.model.parameters()}) > 1
-        return None if self._split else "cuda"
+        return "cuda" if self.device.type == "cuda" and not self._split else None
 
     def _sampler(self, request: ThinkRequest, trials: Sequence[int]) -> RowSampler:
         s = self.settings
@@ -1325,8 +1337,7 @@ class HFEngine(LocalEngine):
     ) -> Iterator[tuple[int, list[int]]]:
         """Up to ``rows`` traces at once, a finished row given to the next waiting trial
         (:meth:`_decode_refilled`)."""
-        decode = self._decode_slots if stats.schedule == "slots" else self._decode_refilled
-        yield from decode(
+        yield from self._refilled_decoder()(
             request.prompts, lambda run: self._sampler(request, run), request.budget, request.ends, rows, stats
         )
 
@@ -1433,15 +1444,7 @@ class HFEngine(LocalEngine):
         torch = require("torch", "hf")
         plan = Schedule(range(len(prompts)), rows)
         capacity = max(len(p) for p in prompts) + budget
-        dec = SlotDecoder(
-            self._call,
-            self.model.config,
-            rows,
-            capacity,
-            self.device,
-            capture=self._capture_mode(),
-            cache_kw=self._cache_kw,
-        )
+        dec = self._slot_decoder(rows, capacity)
         gens: dict[int, list[int]] = {}
         slot_of: dict[int, int] = {}  # trial -> its slot, while it reasons
         live: list[int] = []  # the reasoning trials, in the order of the sampler's rows
@@ -1610,9 +1613,8 @@ class HFEngine(LocalEngine):
         stats = ReasoningStats(rows=capacity, schedule=self._schedule())
         gens: list[list[int]] = [[] for _ in rows]
         prompts = [r.prompt for r in rows]
-        decode = self._decode_slots if stats.schedule == "slots" else self._decode_refilled
         try:
-            for i, gen in decode(
+            for i, gen in self._refilled_decoder()(
                 prompts,
                 lambda run: RowSampler([rows[j].seed for j in run], temperature),
                 budget,

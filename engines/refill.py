@@ -53,7 +53,8 @@ class ReasoningStats:
     """``slots``, ``refill`` or ``buckets`` (:class:`engines.hf.HFSettings` ``decode_graphs`` and
     ``reasoning_refill``)."""
     graphs: int = 0
-    """``slots``: CUDA graphs recorded (one per attention span a call reached; 0 where steps ran unrecorded)."""
+    """``slots``: CUDA graphs recorded (one per slot count and attention span a call reached; 0 where steps ran
+    unrecorded)."""
     capture_s: float = 0.0
     """``slots``: seconds spent recording them (their warm-up steps included)."""
     graphs_failed: str | None = None

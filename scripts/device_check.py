@@ -520,13 +520,8 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
                 {
                     "check": "moe",
                     "what": f"decode step batch {rows}, experts {impl}",
-                    **t,
-                    "ms": 1e3 * t["median_s"],
-                    "ms_48_layers": 1e3 * t["median_s"] * scale,
-                    "tokens_per_s": rows / t["median_s"],
+                    **dm.decode_figures(t, rows, floor_s, scale),
                     "bytes_read_floor": parts,
-                    "weight_read_floor_ms": 1e3 * floor_s,
-                    "over_floor": t["median_s"] / floor_s,
                 }
             )
             del cache, state
@@ -539,12 +534,7 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
             {
                 "check": "moe",
                 "what": f"decode step batch {rows}, slots" + (", CUDA graphs" if dec.graphs else ", unrecorded"),
-                **t,
-                "ms": 1e3 * t["median_s"],
-                "ms_48_layers": 1e3 * t["median_s"] * scale,
-                "tokens_per_s": rows / t["median_s"],
-                "weight_read_floor_ms": 1e3 * floor_s,
-                "over_floor": t["median_s"] / floor_s,
+                **dm.decode_figures(t, rows, floor_s, scale),
                 "over_eager": t["median_s"] / steps[phases.decode],
                 "graphs": len(dec.graphs),
                 "capture_s": dec.capture_s,
@@ -597,15 +587,12 @@ def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> 
         stats = e.run_stats()["reasoning"]
         reasoned[schedule] = stats["steps_over_ideal"]
         emit({"check": "moe", "what": f"reasoning {schedule}", "seconds": seconds[schedule], **stats})
-    same = sum(
-        x == y for a, b in zip(traces["refill"], traces["slots"], strict=True) for x, y in zip(a, b, strict=False)
-    )
     emit(
         {
             "check": "moe",
             "what": "reasoning slots vs refill",
             "speedup": seconds["refill"] / seconds["slots"],
-            "same_tokens_share": same / max(1, sum(len(a) for a in traces["refill"])),
+            "same_tokens_share": dm.same_tokens_share(traces["refill"], traces["slots"]),
         }
     )
     if not cpu:
@@ -686,14 +673,12 @@ def step_graphs(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) 
             }
         )
     if len(steps) == 2:
-        a, b = steps["dynamic"]["tokens"], steps["static"]["tokens"]
-        same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
         emit(
             {
                 "check": "graphs",
                 "what": "static over dynamic cache",
                 "speedup": steps["dynamic"]["ms_per_step"] / steps["static"]["ms_per_step"],
-                "same_tokens_share": same / sum(len(r) for r in a),
+                "same_tokens_share": dm.same_tokens_share(steps["dynamic"]["tokens"], steps["static"]["tokens"]),
             }
         )
     return []

@@ -194,6 +194,25 @@ def mixed_request(engine: Any, trials: Sequence[Any], budget: int, short: int) -
     return replace(base, end_id=ends[0], stops=frozenset(ends[1:]))
 
 
+def decode_figures(t: dict[str, Any], rows: int, floor_s: float, scale: float) -> dict[str, Any]:
+    """A timed decode step's figures (``t`` from :func:`timed`): per step, at 48 layers (``scale`` = 48 / layers),
+    tokens per second, and against the weight-read floor ``floor_s``."""
+    return {
+        **t,
+        "ms": 1e3 * t["median_s"],
+        "ms_48_layers": 1e3 * t["median_s"] * scale,
+        "tokens_per_s": rows / t["median_s"],
+        "weight_read_floor_ms": 1e3 * floor_s,
+        "over_floor": t["median_s"] / floor_s,
+    }
+
+
+def same_tokens_share(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> float:
+    """The share of ``a``'s tokens that ``b`` has at the same place (row by row, position by position)."""
+    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=False))
+    return same / max(1, sum(len(r) for r in a))
+
+
 def experts_choice(phase: str, chosen: str, seconds: dict[str, float]) -> dict[str, Any]:
     """The record of whether the engine's auto choice for ``phase`` is the fastest of the implementations timed
     (``seconds``: median per implementation): the evidence the defaults of ``--hf-experts-*`` rest on."""
@@ -265,18 +284,10 @@ def slot_step(engine: Any, prompt: Sequence[int], rows: int, room: int) -> tuple
     ``graphs``, ``capture_s`` and ``failed`` are the record)."""
     import torch
 
-    from engines.graphs import SlotDecoder, span_of
+    from engines.graphs import span_of
 
     capacity = len(prompt) + room
-    dec = SlotDecoder(
-        engine._call,
-        engine.model.config,
-        rows,
-        capacity,
-        engine.device,
-        capture=engine._capture_mode(),
-        cache_kw=engine._cache_kw,
-    )
+    dec = engine._slot_decoder(rows, capacity)
     with torch.inference_mode():
         ids, mask = engine._pad_left([prompt])
         lp, cache = engine._forward(ids, mask, None)

@@ -109,29 +109,18 @@ def test_a_frozen_number_is_caught_by_the_recording(monkeypatch) -> None:
     assert slots._reason(request) != expected
 
 
+_REAL_RUN = SlotDecoder._run
+
+
 def _run_from_host_numbers(dec: SlotDecoder, span: int) -> None:
-    """:meth:`SlotDecoder._run` with the lengths read as host numbers (``tolist``), the mistake a recording freezes."""
-    at, lengths = dec._at, dec.lengths
-    positions = torch.tensor(lengths.tolist())
-    at.span, at.lengths = span, positions
+    """:meth:`SlotDecoder._run` with the lengths (positions and write columns) read as host numbers (``tolist``)
+    into a tensor made anew: the mistake a recording freezes."""
+    lengths = dec.lengths
+    dec.lengths = dec._at.lengths = torch.tensor(lengths.tolist(), device=lengths.device)
     try:
-        allowed = torch.arange(span)[None, :] <= positions[:, None]
-        mask = torch.zeros((dec.rows, 1, 1, span), dtype=dec._dtype)
-        mask.masked_fill_(~allowed[:, None, None, :], torch.finfo(dec._dtype).min)
-        out = dec._call(
-            input_ids=dec.tokens,
-            attention_mask=mask,
-            position_ids=positions[:, None],
-            use_cache=True,
-            logits_to_keep=1,
-            **{dec._cache_kw: dec.cache},
-        )
-        lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
-        if dec.out is None:
-            dec.out = torch.empty_like(lp)
-        dec.out.copy_(lp)
+        _REAL_RUN(dec, span)
     finally:
-        at.lengths = lengths
+        dec.lengths = dec._at.lengths = lengths
 
 
 def test_think_draws_and_readouts_through_slots(monkeypatch) -> None:
