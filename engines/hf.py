@@ -640,7 +640,7 @@ class HFEngine(LocalEngine):
         self._expect: set[tuple[int, ...]] = set()  # prompts the next sample() will draw from (sample_next)
         self._kept: dict[tuple[int, ...], tuple[Any, list[int], Any]] = {}  # prompt -> (tree cache, path, log-probs)
         self._head = "model"  # the dtype the final projection computes in (:meth:`_float32_head`)
-        self._split = False  # the weights live on more than one device (set by :meth:`_setup`)
+        self._split: bool | None = None  # the weights live on more than one device (:meth:`_is_split`)
         self._reasoning = ReasoningStats()
         self._math: bool | None = None  # attention through the math kernel (:func:`math_attention`), once known
         self._experts: Experts | None = None  # each phase's experts implementation (:func:`experts_by_phase`)
@@ -695,7 +695,6 @@ class HFEngine(LocalEngine):
         import inspect
 
         self._model, self._tok = weights.model, weights.tokenizer
-        self._split = len({p.device for p in self._model.parameters()}) > 1
         params = inspect.signature(self._model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         tok = self._tok
@@ -960,7 +959,13 @@ class HFEngine(LocalEngine):
         tensor on any device (a CUDA index cannot index another device's tensor) and the final norm's device is
         not known in general.
         """
-        return "cpu" if self.load()._split else self.device
+        return "cpu" if self._is_split() else self.device
+
+    def _is_split(self) -> bool:
+        """Whether the weights live on more than one device (worked out at the first forward that asks)."""
+        if self._split is None:
+            self._split = len({p.device for p in self.model.parameters()}) > 1
+        return self._split
 
     def readout_path(self) -> str:
         """The readout path this engine takes on this model (``settings.readout_path`` with auto resolved).
@@ -1292,7 +1297,7 @@ class HFEngine(LocalEngine):
     def _capture_mode(self) -> str | None:
         """How slot steps are recorded (:class:`engines.graphs.SlotDecoder`): ``cuda`` on one GPU, else None (a
         CPU's or a split model's steps run unrecorded; tests ask for ``fx`` by patching this)."""
-        return "cuda" if self.device.type == "cuda" and not self._split else None
+        return "cuda" if self.device.type == "cuda" and not self._is_split() else None
 
     def _sampler(self, request: ThinkRequest, trials: Sequence[int]) -> RowSampler:
         s = self.settings

@@ -38,22 +38,12 @@ def test_split_model_runs_every_readout_and_sampling_path() -> None:
     assert {r["what"] for r in rows} >= {"readout plain", "readout branch", "sample shared", "sample plain"}
 
 
-def test_slots_recorded_in_cuda_graphs_reason_the_stacks_tokens(device: str = "cuda") -> None:
-    """float32 think mode on one GPU with --hf-decode-graphs on: every span's step recorded in a CUDA graph (none
-    failed), and the traces are the refilled stack's on the same GPU, token for token (greedy, no end token: every
-    trace runs its budget over three spans)."""
-    from dataclasses import replace
+def test_slots_recorded_in_cuda_graphs_read_what_whole_forwards_read(device: str = "cuda") -> None:
+    """float32 think mode on one GPU with --hf-decode-graphs on: slot steps recorded in CUDA graphs (none failed,
+    two spans), teacher forced through the refilled stack's traces, read the whole-sequence forwards' log-probs
+    within the device check's bound (:func:`scripts.device_check.graphs_logprobs`)."""
+    from scripts.device_check import engine, graphs_logprobs
 
-    from engines.hf import HFEngine, HFSettings
-
-    trials = [make_trial(f"Dilemma {k}: is it right to lie?" + " Think." * (3 * k), ["Yes", "No"], trial_id=f"g{k}")
-              for k in range(5)]  # fmt: skip
-    settings = HFSettings(model="tiny", device=device, dtype="float32", think=True, think_budget=300, batch_size=3)
-    stack = HFEngine(settings).load()
-    slots = stack.variant(decode_graphs="on")
-    request = replace(stack.think_request(trials), end_id=-1, stops=frozenset())
-    assert slots._capture_mode() == ("cuda" if device == "cuda" else None)
-    assert stack._reason(request) == slots._reason(request)
-    stats = slots.run_stats()["reasoning"]
-    assert stats["schedule"] == "slots" and stats["graphs_failed"] is None
-    assert stats["graphs"] >= (3 if device == "cuda" else 0)
+    rows: list[dict] = []
+    assert graphs_logprobs(engine("tiny", device, "float32"), "tiny", device, rows.append) == []
+    assert rows[0]["graphs"] >= (2 if device == "cuda" else 0) and rows[0]["capture_failed"] is None
