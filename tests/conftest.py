@@ -23,6 +23,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # every run re-reads a sample of its trials alone for its numeric floor (probe.app.floor); the suite's hundred-odd
 # runs use 4 trials, and tests/test_gpu_numerics.py checks the default 32
 os.environ.setdefault("PROBE_FLOOR_TRIALS", "4")
+# Under pytest-xdist (make test runs TEST_WORKERS workers) each worker gets its share of the cores: torch, and every
+# process a test starts, reads OMP_NUM_THREADS when it starts, so n workers on c cores run c // n threads each
+# instead of c each (2 workers on 2 cores would otherwise run 4 busy threads). An OMP_NUM_THREADS of the caller wins.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
 ARCHS = ("tiny", "tiny-hybrid")
 
