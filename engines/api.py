@@ -23,24 +23,21 @@ sends single-turn trials through the providers' batch interfaces
 (:mod:`engines.api_batch`).
 """
 
+
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import dataclasses
 import json
-import math
 import os
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from engines.api_batch import BatchClient, run_batches
 from engines.api_journal import (
@@ -55,185 +52,37 @@ from engines.api_journal import (
     quarantined_count,
 )
 from engines.api_limits import RetryPolicy
+from engines.api_online import Budget, BudgetExhausted, OnlineCalls, _Progress
 from engines.api_pricing import Price, PriceTable, Usage, estimate_prompt_tokens
-from engines.api_providers import (
-    HOST_KEY_ENV,
-    KEY_ENV,
-    PROVIDERS,
-    ProviderRefusal,
-    Reply,
-    TransportError,
-    anthropic_body,
-    classify,
-    openai_body,
-    parse_reply,
-)
+from engines.api_providers import Reply, TransportError, anthropic_body, openai_body, parse_reply
+from engines.api_settings import EFFORTS, LOCAL_HOSTS, ApiSettings, ModelSpec, parse_model_spec
 from engines.api_transport import ClientFactory, Transport, TransportGaveUp
-from engines.base import Draws, Engine, EngineSettings, ProgressFn, draw_seed
-from engines.flags import NO_FLAG, add_flags, flag, settings_from_flags
-from probe.errors import ProbeError
+from engines.base import Draws, Engine, ProgressFn, draw_seed
+from engines.flags import add_flags, settings_from_flags
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
 from probe.record import Plan
 from probe.store import chunk_bounds
 from probe.types import Sample, Trial
 
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
-
-
-class BudgetExhausted(ProbeError, ValueError):
-    """``--max-cost`` reached: the run stopped before the next call; raise the budget and re-run to resume.
-
-    A ``ValueError`` so that the command line reports it as one line with
-    exit status 2, like every other "change the arguments" condition.
-    """
-
-
-# ------------------------------------------------------------------ specs
-@dataclass(frozen=True)
-class ModelSpec:
-    provider: str
-    model: str
-    base_url: str | None = None
-
-    @property
-    def host(self) -> str | None:
-        return urlparse(self.base_url).hostname if self.base_url else None
-
-
-def parse_model_spec(spec: str) -> ModelSpec:
-    """``openai:<model>``, ``anthropic:<model>`` or ``openai-compatible:<name>@<base_url>``."""
-    provider, sep, rest = spec.partition(":")
-    if not sep or provider not in PROVIDERS:
-        raise ValueError(
-            f"API model spec {spec!r} must start with one of {', '.join(p + ':' for p in PROVIDERS)} "
-            "(e.g. openai:gpt-5.5, anthropic:claude-sonnet-4-6, openai-compatible:llama@http://127.0.0.1:8000/v1)"
-        )
-    if provider != "openai-compatible":
-        if not rest:
-            raise ValueError(f"API model spec {spec!r} names no model; write {provider}:<model>")
-        return ModelSpec(provider, rest)
-    cut = max(rest.rfind("@http://"), rest.rfind("@https://"))
-    if cut <= 0:
-        raise ValueError(
-            f"openai-compatible model spec {spec!r} needs <name>@<base_url> with an http(s) URL, "
-            "e.g. openai-compatible:tiny@http://127.0.0.1:8000/v1"
-        )
-    return ModelSpec(provider, rest[:cut], rest[cut + 1 :].rstrip("/"))
-
-
-# --------------------------------------------------------------- settings
-def _extra_body(text: str | None) -> dict[str, Any]:
-    """The ``--api-extra-body`` text as a dict (none: an empty one)."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--api-extra-body is not valid JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--api-extra-body must be a JSON object, got {text!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class ApiSettings(EngineSettings):
-    """Settings of the API engine (all recorded in the run manifest; see :meth:`ApiEngine.identity`).
-
-    Of the shared settings: ``think`` asks the model to reason (Anthropic adaptive thinking, ``enable_thinking``
-    on a compatible server), and ``max_new_tokens`` is per call, with ``think_budget`` added when the model reasons.
-    Each field but the model spec's (``provider``, ``base_url``) is its flag (:mod:`engines.flags`).
-    """
-
-    provider: str = field(metadata=NO_FLAG)
-    base_url: str | None = field(default=None, metadata=NO_FLAG)
-    """The endpoint of an openai-compatible model (None: the provider's default)."""
-    thinking_budget: int | None = None
-    """Extended thinking budget of Anthropic models (>= 1024): manual extended thinking with this many tokens."""
-    reasoning_effort: str | None = field(default=None, metadata=flag(choices=EFFORTS))
-    """Reasoning effort of OpenAI / Anthropic models.
-
-    Sent as OpenAI's ``reasoning_effort`` and Anthropic's ``output_config.effort``."""
-    extra_body: Mapping[str, Any] = field(
-        default_factory=dict, metadata=flag(name="api-extra-body", convert=_extra_body)
-    )
-    """JSON object merged into every request, e.g. '{"top_k": 20}'."""
-    api_key_env: str | None = None
-    """Environment variable with the key (default: the provider's usual one)."""
-    concurrency: int = 16
-    """Most API calls in flight; the adaptive limit starts lower and grows to this cap."""
-    timeout: float = field(default=300.0, metadata=flag(name="api-timeout"))
-    """Seconds one call may take before it counts as a transport timeout and is retried."""
-    max_retries: int = field(default=8, metadata=flag(name="api-retries"))
-    """Transport retries per call; when they are spent the run stops, to be resumed."""
-    max_cost: float | None = None
-    """USD budget for the whole run, resumes included: the run stops before its spend would pass it (default: no
-    limit)."""
-    dry_run: bool = False
-    """Print the calls and their estimated cost, call nothing."""
-    prices: str | None = None
-    """Price table YAML (default: engines/data/prices.yaml)."""
-    batch: bool = field(default=False, metadata=flag(name="batch-api"))
-    """Use the provider's batch interface for single-turn trials."""
-    batch_poll: float = 30.0
-    """Seconds between polls of a running batch."""
-
-    def __post_init__(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
-        if not self.model:
-            raise ValueError("the model name is empty")
-        if self.provider == "openai-compatible" and not self.base_url:
-            raise ValueError("an openai-compatible model needs a base URL: openai-compatible:<name>@<base_url>")
-        for name in ("max_new_tokens", "think_budget", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_retries < 0:
-            raise ValueError(f"--api-retries must be >= 0, got {self.max_retries}")
-        if not (self.timeout > 0 and math.isfinite(self.timeout)):
-            raise ValueError(f"--api-timeout must be a number of seconds > 0, got {self.timeout}")
-        if self.max_cost is not None and not (self.max_cost >= 0 and math.isfinite(self.max_cost)):
-            raise ValueError(f"--max-cost must be a number of USD >= 0, got {self.max_cost}")
-        if self.reasoning_effort is not None and self.reasoning_effort not in EFFORTS:
-            raise ValueError(f"--reasoning-effort must be one of {', '.join(EFFORTS)}, got {self.reasoning_effort!r}")
-        if self.thinking_budget is not None:
-            if self.provider != "anthropic":
-                raise ValueError("--thinking-budget is Anthropic's extended thinking; use --reasoning-effort elsewhere")
-            if self.thinking_budget < 1024:
-                raise ValueError(f"--thinking-budget must be >= 1024 (Anthropic's minimum), got {self.thinking_budget}")
-        if self.think and self.provider == "openai":
-            raise ValueError("OpenAI models reason by effort: use --reasoning-effort instead of --think")
-        if self.batch_poll <= 0:
-            raise ValueError(f"--batch-poll must be > 0 seconds, got {self.batch_poll}")
-        if not isinstance(self.extra_body, Mapping):
-            raise ValueError(f"--api-extra-body must be a JSON object, got {self.extra_body!r}")
-
-    @property
-    def reasons(self) -> bool:
-        return self.think or self.thinking_budget is not None or self.reasoning_effort not in (None, "none")
-
-    @property
-    def max_tokens(self) -> int:
-        """The token limit sent: the answer allowance plus, when the model reasons, the reasoning allowance."""
-        if self.thinking_budget is not None:
-            return self.max_new_tokens + self.thinking_budget
-        return self.max_new_tokens + (self.think_budget if self.reasons else 0)
-
-    @property
-    def host(self) -> str | None:
-        return urlparse(self.base_url).hostname if self.base_url else None
-
-    def key_env(self) -> tuple[str | None, bool]:
-        """(variable, required): where the key lives and whether a missing one is an error."""
-        if self.api_key_env:
-            return self.api_key_env, True
-        if self.provider in KEY_ENV:
-            return KEY_ENV[self.provider], True
-        host = self.host or ""
-        if host in HOST_KEY_ENV:
-            return HOST_KEY_ENV[host], True
-        return "OPENAI_API_KEY", False  # a self-hosted server usually wants no key
+__all__ = [
+    "EFFORTS",
+    "LOCAL_HOSTS",
+    "OWN_FLAGS",
+    "ApiEngine",
+    "ApiSettings",
+    "BudgetExhausted",
+    "Draw",
+    "ModelSpec",
+    "TransportGaveUp",
+    "add_arguments",
+    "call_seed",
+    "chat_body",
+    "from_args",
+    "parse_model_spec",
+    "request_identity",
+    "settings_from_model",
+]
 
 
 # ------------------------------------------------------------------- CLI
@@ -277,58 +126,6 @@ def call_seed(seed: int, trial_id: str, draw: int) -> int:
     replicates differ and a re-sent call asks for the same draw."""
     return draw_seed(seed, trial_id, draw) >> 32
 
-
-# --------------------------------------------------------------- progress
-class _Progress:
-    """Calls done / remaining, rate, transport errors by kind, spend; on the run's bar or as log lines."""
-
-    def __init__(
-        self, total: int, resumed: int, spent: float, sink: ProgressFn | None, log: Callable[[str], None]
-    ) -> None:
-        self.total, self.resumed = total, resumed
-        self.done = 0
-        self.errors: Counter[str] = Counter()
-        self.spent = spent
-        """USD of the whole run so far (earlier sessions included)."""
-        self.priced = True
-        self.start = time.monotonic()
-        self._sink = sink
-        self._bar = getattr(sink, "__self__", None)
-        self._log = log
-        self._last_line = self.start
-        self._lock = threading.Lock()
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        left = self.total - self.resumed - self.done
-        errs = " ".join(f"{k}x{v}" for k, v in sorted(self.errors.items())) or "none"
-        spend = f"${self.spent:.4f}" if self.priced else "unknown (no price for this model)"
-        return f"{self.done} new + {self.resumed} resumed / {self.total} calls, {left} left, " + (
-            f"{self.done / elapsed:.1f}/s, retries: {errs}, spent: {spend}"
-        )
-
-    def called(self, cost: float | None) -> None:
-        with self._lock:
-            self.done += 1
-            if cost is None:
-                self.priced = False
-            else:
-                self.spent += cost
-        if self._sink:
-            self._sink(1)
-        self._show()
-
-    def failed(self, kind: str) -> None:
-        with self._lock:
-            self.errors[kind] += 1
-        self._show()
-
-    def _show(self) -> None:
-        if self._bar is not None and hasattr(self._bar, "set_postfix_str"):
-            self._bar.set_postfix_str(self.line(), refresh=False)
-        elif time.monotonic() - self._last_line > 30:
-            self._last_line = time.monotonic()
-            self._log(f"api: {self.line()}")
 
 
 # ----------------------------------------------------------------- engine
@@ -694,116 +491,21 @@ class ApiEngine(Engine):
         )
 
     def _run_online(self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
-        transport = self.transport
-        assert transport.limiter is not None
-        limiter, policy = transport.limiter, transport.retry_policy
-        stop = threading.Event()
-        problems: list[BaseException] = []
-        budget_lock = threading.Lock()
-        reserved = [0.0]
-        spent = [self.spent()]
+        """Call ``todo`` directly, concurrently, within the budget (:class:`engines.api_online.OnlineCalls`)."""
         var, _ = self.settings.key_env()
-        max_cost = self.settings.max_cost
-
-        def one(trial: Trial, draw: int) -> None:
-            key: Key = (trial.trial_id, draw, temperature)
-            body = self.request_body(trial, draw, temperature)
-            retries: Counter[str] = Counter()
-            hold = self._reserve_for(trial) if max_cost is not None else 0.0
-            for attempt in range(policy.max_retries + 1):
-                if stop.is_set():
-                    return
-                with budget_lock:
-                    if max_cost is not None and spent[0] + reserved[0] + hold > max_cost:
-                        if not problems:
-                            problems.append(
-                                BudgetExhausted(
-                                    f"--max-cost ${max_cost:.4f} reached (${spent[0]:.4f} spent, "
-                                    f"${reserved[0]:.4f} in flight); raise it and re-run the same command to resume"
-                                )
-                            )
-                        stop.set()
-                        return
-                    reserved[0] += hold
-                if not limiter.acquire(stop):
-                    with budget_lock:
-                        reserved[0] -= hold
-                    return
-                t0 = time.monotonic()
-                outcome = "failed"
-                try:
-                    reply = self.draw.ask(body)
-                    outcome = "ok"
-                except Exception as e:
-                    err: Exception
-                    try:
-                        err = classify(e, var)
-                    except Exception as unknown:  # not a transport or request error: a bug or an SDK change
-                        err = unknown
-                    if isinstance(err, ProviderRefusal):
-                        outcome = "ok"
-                        reply = Reply(text="", finish=f"blocked:{err.code}", refused=True)
-                    elif isinstance(err, TransportError):
-                        outcome = "throttled" if err.kind == "rate_limit" else "failed"
-                        retries[err.kind] += 1
-                        prog.failed(err.kind)
-                        if err.retry_after is not None:
-                            limiter.pause(min(err.retry_after, policy.max_retry_after))
-                        if attempt == policy.max_retries:
-                            transport.unrecovered[err.kind] += 1
-                            problems.append(
-                                TransportGaveUp(
-                                    f"trial {trial.trial_id} draw {draw}: {err} after {attempt + 1} attempts; "
-                                    "the run stopped, re-run the same command to resume"
-                                )
-                            )
-                            stop.set()
-                            return
-                        transport.sleep(transport.delay(attempt, err.retry_after), stop)
-                        continue
-                    else:
-                        problems.append(err)
-                        stop.set()
-                        return
-                finally:
-                    limiter.release(outcome)
-                    with budget_lock:
-                        reserved[0] -= hold
-                rec = self.record(
-                    trial,
-                    key,
-                    reply,
-                    attempts=attempt + 1,
-                    retries=retries,
-                    batch=False,
-                    latency=time.monotonic() - t0,
-                )
-                self._journal.add(rec)
-                with budget_lock:
-                    spent[0] += rec.cost or 0.0
-                prog.called(rec.cost)
-                return
-
-        workers = min(self.settings.concurrency, len(todo))
-        pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe-api")
-        try:
-            futures = [pool.submit(one, t, d) for t, d in todo]
-            pending = set(futures)
-            while pending:
-                _, pending = cf.wait(pending, timeout=0.5)
-        except KeyboardInterrupt:
-            stop.set()
-            self._log(f"api: interrupted; waiting for {limiter.in_flight} calls in flight (they are paid) to land")
-            raise
-        finally:
-            if problems:
-                stop.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-        for f in futures:
-            if f.done() and not f.cancelled() and f.exception() is not None:
-                problems.append(f.exception())  # type: ignore[arg-type]
-        if problems:
-            raise problems[0]
+        OnlineCalls(
+            self.transport,
+            ask=self.draw.ask,
+            body=self.request_body,
+            record=self.record,
+            journal=self._journal,
+            hold_for=self._reserve_for,
+            budget=Budget(self.settings.max_cost, self.spent()),
+            key_var=var,
+            concurrency=self.settings.concurrency,
+            prog=prog,
+            log=self._log,
+        ).run(todo, temperature)
 
     def _run_batch(
         self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: _Progress

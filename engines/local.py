@@ -9,11 +9,12 @@ server (:mod:`engines.server`) prepare their trials here too (:class:`RendersLoc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.base import Draws, Engine, draw_seed, reasoning_record, reasoning_seed
+from engines.base import Draws, Engine, EngineSettings, draw_seed, reasoning_record, reasoning_seed
 from engines.render import close_reasoning, option_ids, render_ids, stop_ids, think_end_id
 from engines.trie import Prefix, Trie, normalize, option_logprobs
 from probe.models import folder_fingerprint
@@ -287,6 +288,31 @@ def assembled_readout(
         hit_budget=prep.hit_budget,
         prompt_ids=prep.ids,
     )
+
+
+def top_others(
+    seen: Mapping[int, float], first: Iterable[int], k: int, decode: Callable[[int], str]
+) -> tuple[tuple[str, float], ...]:
+    """The ``k`` most likely tokens ``seen`` at a slot that start no option (``first``: the options' first tokens),
+    decoded, with their probabilities: a readout's ``top_other`` where the engine is given the slot's log
+    probabilities token by token (vLLM's replies, a server's). Ties go to the lower id."""
+    firsts = set(first)
+    ranked = sorted(((lp, t) for t, lp in seen.items() if t not in firsts), key=lambda x: (-x[0], x[1]))
+    return tuple((decode(t), math.exp(lp)) for lp, t in ranked[:k])
+
+
+def reasoning_sampling(s: EngineSettings, seed: int) -> dict[str, Any]:
+    """How think mode decodes one trial's reasoning, as request fields: none for greedy reasoning, else the
+    settings' ``think_temperature``, ``think_top_p`` and ``think_top_k`` (``--think-sampling``) with the trial's own
+    ``seed`` (:func:`engines.base.reasoning_seed`), so vLLM and a server reason as the Transformers engine does."""
+    if s.think_temperature == 0:
+        return {}
+    return {
+        "temperature": float(s.think_temperature),
+        "top_p": float(s.think_top_p),
+        "top_k": int(s.think_top_k),
+        "seed": seed,
+    }
 
 
 def with_stop(gen: Sequence[int], stop_reason: Any, end_id: int) -> list[int]:
