@@ -77,9 +77,14 @@ probe: $(PROBE_DEPS)
 	$(VENV)/bin/probe run $(EXPERIMENT) --model $(MODEL) --engine $(ENGINE) --out $(RUN) $(ARGS)
 	@echo; cat $(RUN)/report/summary.md
 
-# --durations: the slowest tests are printed on every run, so a slow newcomer is seen when it lands
+# --durations: the slowest tests are printed on every run, so a slow newcomer is seen when it lands.
+# TEST_WORKERS pytest-xdist workers (auto: one a core), each with its share of torch's threads (tests/conftest.py);
+# --dist loadfile keeps a file's tests on one worker, so a module's fixture (a run, a server) is built once.
+# TEST_WORKERS=0 runs the suite in this process, as before (for -x, pdb or print debugging).
+TEST_WORKERS ?= auto
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(XDIST) --durations=25
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q --durations=25 -m "(slow or not slow) and not slurm"

@@ -3,7 +3,8 @@
 ``scripts/device_check.sh`` runs it on a lent GPU machine (one offline H100 or H200, the working tree, the machine's
 torch and transformers; no vLLM, no hub), and ``--cpu`` runs the same steps end to end on a CPU-only machine at
 tiny shapes, saying which steps need a GPU, so the script cannot rot (``make test`` runs it,
-tests/test_gpu_numerics.py). The steps, in the order they run (:data:`STEPS`; ``--steps a,b`` picks any of them):
+tests/test_gpu_numerics.py). The steps, in the order they run by default (:data:`STEPS`; ``--steps a,b`` runs any
+of them, in the order given):
 
 * **moe-readouts**, **moe-decode**, **moe-draws**, **moe-reasoning**: a randomly initialised Qwen3-MoE at the real
   widths (hidden 2048, 32/4 heads of 128, 128 experts top-8 of width 768, vocabulary 151,936) with
@@ -930,7 +931,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(names) - set(BY_NAME))
     if unknown:
         p.error(f"unknown step(s) {unknown}; choose from {', '.join(BY_NAME)} (or moe for the four moe steps)")
-    a.steps = [s for s in STEPS if s.name in names]  # the registry's order, each once
+    a.steps = [BY_NAME[n] for n in dict.fromkeys(names)]  # in the order given, each once
     return a
 
 
