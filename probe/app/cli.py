@@ -220,7 +220,25 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    _add_run(sub)
+    _add_readout(sub)
+    _add_run_folder_verbs(sub)
+    _add_compare(sub)
+    t = add_verb(sub, "tiny", cmd_tiny)
+    t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
+    from probe.app import coding  # imports pandas: loaded when the parser is built, not on `import probe.app.cli`
 
+    coding.register(sub)
+    serve.register(sub)
+    importer.register(sub)
+    from probe.app import viewserver  # probe view and probe show
+
+    viewserver.register(sub)
+    return p
+
+
+def _add_run(sub: Any) -> None:
+    """`probe run EXPERIMENT`: one subcommand per experiment, with its own options beside the engine's."""
     r = sub.add_parser(
         "run",
         help="run an experiment into a run directory (resumes if interrupted)",
@@ -234,37 +252,47 @@ def build_parser() -> argparse.ArgumentParser:
         e.add_argument("--out", required=True, help="run directory (created; reused to resume)")
         add_engine_arguments(e)
         exp.add_arguments(e)
-        g = e.add_argument_group("what to collect")
-        g.add_argument("--samples", type=int, default=0, help="sampled answers per trial (default: 0)")
-        g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
-        g.add_argument("--no-readout", action="store_true", help="sample only; do not read the answer slot")
-        g.add_argument(
-            "--sample-only",
-            action="append",
-            metavar="FACTOR=VALUE",
-            help=(
-                "sample only trials with this factor value (repeatable), e.g. instrument=binary; the free-text "
-                "trials it leaves out get one greedy reply"
-            ),
-        )
-        g = e.add_argument_group("execution")
-        g.add_argument(
-            "--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n"
-        )
-        g.add_argument(
-            "--chunk-size",
-            type=int,
-            default=None,
-            help="trials per committed chunk (default: the engine's; 4096 for vLLM on a GPU, else 256)",
-        )
-        add_no_report(g, "at the end")
-        g.add_argument("--quiet", action="store_true", help="no progress bar")
-        g.add_argument(
-            "--wait-for-lock",
-            action="store_true",
-            help="if another probe process is writing this --out, wait for it (default: exit 2 naming it)",
-        )
+        _add_run_collection(e)
+        _add_run_execution(e)
 
+
+def _add_run_collection(e: argparse.ArgumentParser) -> None:
+    """A run's options on what to collect: readouts, samples, at which temperature."""
+    g = e.add_argument_group("what to collect")
+    g.add_argument("--samples", type=int, default=0, help="sampled answers per trial (default: 0)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    g.add_argument("--no-readout", action="store_true", help="sample only; do not read the answer slot")
+    g.add_argument(
+        "--sample-only",
+        action="append",
+        metavar="FACTOR=VALUE",
+        help=(
+            "sample only trials with this factor value (repeatable), e.g. instrument=binary; the free-text "
+            "trials it leaves out get one greedy reply"
+        ),
+    )
+
+
+def _add_run_execution(e: argparse.ArgumentParser) -> None:
+    """A run's options on how it executes: shards, chunks, the report, progress, the writer lock."""
+    g = e.add_argument_group("execution")
+    g.add_argument("--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n")
+    g.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="trials per committed chunk (default: the engine's; 4096 for vLLM on a GPU, else 256)",
+    )
+    add_no_report(g, "at the end")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--wait-for-lock",
+        action="store_true",
+        help="if another probe process is writing this --out, wait for it (default: exit 2 naming it)",
+    )
+
+
+def _add_readout(sub: Any) -> None:
     o = add_verb(sub, "readout", cmd_readout)
     o.add_argument("--prompt", required=True, help="the user message")
     o.add_argument("--options", required=True, help="the options, separated by --sep (default ',')")
@@ -274,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.set_defaults(no_readout=False)  # an openai-compatible: model is read through its server (engines.server)
     add_engine_arguments(o)
 
+
+def _add_run_folder_verbs(sub: Any) -> None:
+    """The verbs on one run folder: merge, analyze, check."""
     m = add_verb(sub, "merge", cmd_merge)
     m.add_argument("run", help="the --out folder the shards were written under")
     add_no_report(m, "after merging")
@@ -290,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     k = add_verb(sub, "check", cmd_check)
     k.add_argument("run", help="run directory (or a folder of shard-i-of-n runs)")
 
+
+def _add_compare(sub: Any) -> None:
     c = add_verb(
         sub,
         "compare",
@@ -330,18 +363,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="cue panels: greedy decisions (default, the paper's temperature 0) or expected decisions",
     )
     c.add_argument("--quiet", action="store_true", help="do not print the summary")
-
-    t = add_verb(sub, "tiny", cmd_tiny)
-    t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
-    from probe.app import coding  # imports pandas: loaded when the parser is built, not on `import probe.app.cli`
-
-    coding.register(sub)
-    serve.register(sub)
-    importer.register(sub)
-    from probe.app import viewserver  # probe view and probe show
-
-    viewserver.register(sub)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
