@@ -13,7 +13,7 @@ summary has a part per source.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Table, panel_body
-from analysis.common.tables import md_table, source_tables
+from analysis.common.report import Body, Drawing, sources_panel_body
+from analysis.common.tables import md_table
 from analysis.cue.compare import (
     AVERAGED,
     MIN_MODELS,
@@ -39,19 +39,13 @@ def compare_cue(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, decisio
     """The cue-visibility panel report: its summary, CSV tables and PNG figures (of each source where every run
     has both)."""
     parts = compare_cue_sources(panel, n_boot=n_boot, seed=seed, decision=decision)
-    if len(parts) == 1:
-        res = parts[0]
-        return panel_body(
-            _tables(res.csv_tables()), res.dropped, _drawings(res), partial(_summary_md, panel, res, n_boot)
-        )
-    tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped) for p in parts])
-    drawings = [d for p in parts for d in _drawings(p, tag=str(p.source))]
-    return panel_body(_tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot))
-
-
-def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:
-    """The comparison's CSV tables (``%.6g``); a table not computed (None) is not written."""
-    return {name: Table(df, float_format="%.6g") for name, df in frames.items() if df is not None}
+    return sources_panel_body(
+        parts,
+        lambda p: p.dropped,
+        _drawings,
+        partial(_summary_md, panel, n_boot),
+        partial(_sources_summary_md, panel, parts, n_boot),
+    )
 
 
 # ---------------------------------------------------------------------------- figures
@@ -113,7 +107,7 @@ def _pp_frame(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
     return out
 
 
-def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence[str]) -> str:
+def _summary_md(panel: Panel, n_boot: int, res: CueComparison, figures: Sequence[str]) -> str:
     from analysis.common.report import panel_md
 
     lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]

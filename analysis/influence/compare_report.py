@@ -14,7 +14,7 @@ gives two comparisons), every CSV holds both in long form (a ``source`` column,
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Table, panel_body
-from analysis.common.tables import md_table, source_tables
+from analysis.common.report import Body, Drawing, sources_panel_body
+from analysis.common.tables import md_table
 from analysis.influence.asym import AsymFit
 from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_sources
 from analysis.influence.flags import PRACTICAL_SHIFT
@@ -35,19 +35,13 @@ def compare_influence(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, a
     """The influence panel report: its summary, CSV tables and PNG figures (of each source where every run has
     both)."""
     parts = compare_sources(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
-    if len(parts) == 1:
-        res = parts[0]
-        return panel_body(
-            _tables(res.csv_tables()), res.dropped_items, figures(res), partial(_summary_md, panel, res, n_boot)
-        )
-    tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped_items) for p in parts])
-    drawings = [d for p in parts for d in figures(p, tag=str(p.source))]
-    return panel_body(_tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot))
-
-
-def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:
-    """The comparison's CSV tables (``%.6g``); a table no source computed (None) is not written."""
-    return {stem: Table(t, float_format="%.6g") for stem, t in frames.items() if t is not None}
+    return sources_panel_body(
+        parts,
+        lambda p: p.dropped_items,
+        figures,
+        partial(_summary_md, panel, n_boot),
+        partial(_sources_summary_md, panel, parts, n_boot),
+    )
 
 
 # ---------------------------------------------------------------------------- figures
@@ -156,7 +150,7 @@ _BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "pr
 ``sig``."""
 
 
-def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Sequence[str]) -> str:
+def _summary_md(panel: Panel, n_boot: int, res: InfluenceComparison, figures: Sequence[str]) -> str:
     from analysis.common.report import panel_md
 
     lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
