@@ -183,9 +183,35 @@ def _sources_summary_md(panel: Panel, parts: Sequence[InfluenceComparison], n_bo
 
 def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
     """The summary from its matching section on (the header and the figure list are the caller's)."""
+    t = res.tables
+    lines = _matching_md(res, n_boot)
+    lines += _headline_md(t["headline"])
+    lines += [
+        "## Per model and reasoning mode (main cues)",
+        "",
+        md_table(t["by_model"][["benchmark", "model", "think", *_BY]], nan="–"),
+        "",
+    ]
+    lines += ["## Per reasoning mode", "", md_table(t["by_reasoning"][["benchmark", "think", *_BY]], nan="–"), ""]
+    lines += [
+        "## Per influence type and reasoning mode",
+        "",
+        md_table(t["by_influence_reasoning"][["benchmark", "influence", "think", *_BY]], nan="–"),
+        "",
+    ]
+    lines += _reasoning_change_md(res.change)
+    lines += [
+        "## |Asym| against |baseline bias|",
+        "",
+        *asym_md(res.fits, res.asym_model),
+    ]
+    return lines
+
+
+def _matching_md(res: InfluenceComparison, n_boot: int) -> list[str]:
+    """How the runs were matched on items and conditions, and how the conditions are recomputed on them."""
     from analysis.common.report import dropped_md
 
-    t = res.tables
     lines = ["## Matching", ""]
     if res.imported:
         lines += [
@@ -208,40 +234,35 @@ def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
         "toward d (+1/2 continuity correction), Asym = s(B) - s(A); BH-FDR within benchmark x variant x test family "
         f"over all runs; CIs from {n_boot} cluster-bootstrap replicates of the items.",
         "",
-        "## Headline per benchmark",
-        "",
     ]
-    head = t["headline"]
-    if len(head):
-        keep = head[
-            head["metric"].isin(
-                [
-                    "conditions",
-                    "mean |shift| (pp), all cues",
-                    "mean |shift| (pp), all cues, bias-corrected",
-                    "effects with significant shift (BH-FDR)",
-                    f"effects with |shift| >= {100 * PRACTICAL_SHIFT:g} pp (practical threshold)",
-                    "conditions with significant asymmetry (BH-FDR)",
-                ]
-            )
-        ]
-        cols = ["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]
-        lines += [md_table(keep[cols].astype({"value": float}), nan="–"), ""]
-    lines += [
-        "## Per model and reasoning mode (main cues)",
-        "",
-        md_table(t["by_model"][["benchmark", "model", "think", *_BY]], nan="–"),
-        "",
+    return lines
+
+
+def _headline_md(head: pd.DataFrame) -> list[str]:
+    """The headline rows the summary shows, per benchmark."""
+    lines = ["## Headline per benchmark", ""]
+    if not len(head):
+        return lines
+    keep = head[
+        head["metric"].isin(
+            [
+                "conditions",
+                "mean |shift| (pp), all cues",
+                "mean |shift| (pp), all cues, bias-corrected",
+                "effects with significant shift (BH-FDR)",
+                f"effects with |shift| >= {100 * PRACTICAL_SHIFT:g} pp (practical threshold)",
+                "conditions with significant asymmetry (BH-FDR)",
+            ]
+        )
     ]
-    lines += ["## Per reasoning mode", "", md_table(t["by_reasoning"][["benchmark", "think", *_BY]], nan="–"), ""]
-    lines += [
-        "## Per influence type and reasoning mode",
-        "",
-        md_table(t["by_influence_reasoning"][["benchmark", "influence", "think", *_BY]], nan="–"),
-        "",
-    ]
-    lines += ["## Reasoning on minus off", ""]
-    if res.change.empty:
+    cols = ["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]
+    return [*lines, md_table(keep[cols].astype({"value": float}), nan="–"), ""]
+
+
+def _reasoning_change_md(change: pd.DataFrame) -> list[str]:
+    """Reasoning on minus off per model and influence type (both cue directions)."""
+    lines = ["## Reasoning on minus off", ""]
+    if change.empty:
         lines += ["No model has both a reasoning-off and a reasoning-on run in this panel.", ""]
     else:
         lines += [
@@ -251,7 +272,7 @@ def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
             "amplified / dampened: the CI of the |s| change lies above / below 0.",
             "",
         ]
-        both = res.change[res.change["direction"] == "both"]
+        both = change[change["direction"] == "both"]
         show = both[
             [
                 "benchmark",
@@ -270,9 +291,4 @@ def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
             ]
         ]
         lines += [md_table(show, nan="–"), ""]
-    lines += [
-        "## |Asym| against |baseline bias|",
-        "",
-        *asym_md(res.fits, res.asym_model),
-    ]
     return lines
