@@ -141,7 +141,6 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
     """The summary after its header (the panel) and before its figures."""
     from analysis.common.report import dropped_md
 
-    pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
     lines = [*dropped_md(res.dropped, len(res.items), "dilemmas"), ""]
     lines += [
         f"Headline arm: **{res.arm}** against Direct, {res.consequences} consequences. Net bias = Favor - Against "
@@ -160,6 +159,29 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
         "Rank 1 = most favorable net bias (Direct, Puzzled) or smallest Gap; rank change = Puzzled rank - Direct rank.",
         "",
     ]
+    lines += _rankings_md(res)
+    lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
+    lines += [md_table(res.kendall, nan="–"), ""]
+    lines += [
+        "## Sign tests across models",
+        "",
+        "Per group: how many runs shift each way (positive Gap / ΔAgainst = adverse shift), two-sided binomial p.",
+        "",
+        md_table(
+            res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]], nan="–"
+        ),
+        "",
+    ]
+    lines += _attributes_md(res)
+    lines += [f"- {n}" for n in res.notes]
+    if res.notes:
+        lines.append("")
+    return lines
+
+
+def _rankings_md(res: CueComparison) -> list[str]:
+    """The ranking table: each run's net bias (Direct, Puzzled), the Gap and their ranks, then the Average rows."""
+    pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
     show = _pp_frame(res.models, pp)
     cols = [
         "name",
@@ -175,24 +197,17 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
         "rank_gap",
     ]
     avg = _pp_frame(res.average, list(AVERAGED))
-    lines += [md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}", nan="–"), ""]
+    lines = [md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}", nan="–"), ""]
     lines += [
         "Average: the mean over the runs (the paper's Average rows); per group in `cue_average_by_group.csv`.",
         "",
     ]
-    lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
-    lines += [md_table(res.kendall, nan="–"), ""]
-    lines += [
-        "## Sign tests across models",
-        "",
-        "Per group: how many runs shift each way (positive Gap / ΔAgainst = adverse shift), two-sided binomial p.",
-        "",
-        md_table(
-            res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]], nan="–"
-        ),
-        "",
-    ]
-    lines += ["## Gap against model attributes", ""]
+    return lines
+
+
+def _attributes_md(res: CueComparison) -> list[str]:
+    """The OLS of the Gap on each model attribute (and how the puzzle solve rate was derived)."""
+    lines = ["## Gap against model attributes", ""]
     if res.ols is None:
         lines += [
             "No attribute table (`--attributes CSV` or `attributes:` in the panel file) and no identity checks.",
@@ -223,7 +238,4 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
                 f"{res.consequences} consequences (derived from the runs).",
                 "",
             ]
-    lines += [f"- {n}" for n in res.notes]
-    if res.notes:
-        lines.append("")
     return lines
