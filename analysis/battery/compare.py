@@ -662,8 +662,9 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
     )
     if off.bt is None or on.bt is None:
         return pd.DataFrame(rows.rows)
-    _channel_differences(rows, a, b, off.bt, on.bt, items, n_boot, seed)
-    _joint_differences(rows, a, b, off.bt, on.bt, items, n_boot, seed)
+    pairing = _Pairing(a, b, off.bt, on.bt, items, n_boot, seed)
+    pairing.channel_differences(rows)
+    pairing.joint_differences(rows)
     return pd.DataFrame(rows.rows)
 
 
@@ -693,78 +694,72 @@ class _DiffRows:
         )
 
 
-def _channel_differences(
-    rows: _DiffRows,
-    a: pd.DataFrame,
-    b: pd.DataFrame,
-    bt_off: pd.DataFrame,
-    bt_on: pd.DataFrame,
-    items: list[Any],
-    n_boot: int,
-    seed: int,
-) -> None:
-    """|m|, m and s of every channel fitted in both runs (on its items in both), both refitted on each resample."""
-    from analysis.battery import fit
+@dataclass(frozen=True)
+class _Pairing:
+    """An off and an on run on the items both hold: theta and sigma_repro (``a`` off, ``b`` on), their binary
+    trials, and the resampling of the items (``n_boot``, ``seed``) every refit shares."""
 
-    for ch in CHANNELS:
-        try:
-            sides_a, sides_b = fit.channel_sides(bt_off, ch), fit.channel_sides(bt_on, ch)
-        except NotComputed:
-            continue
-        common = [i for i in items if i in sides_a.index and i in sides_b.index]
-        if len(common) < 3:
-            continue
-        arrays = []
-        for inc, sides in ((a, sides_a), (b, sides_b)):
-            th = inc.loc[common, "theta"].to_numpy(float)
-            pp, pm = sides.loc[common, "p_plus"].to_numpy(float), sides.loc[common, "p_minus"].to_numpy(float)
-            point = fit.fit_channel(inc.loc[common, "theta"], sides.loc[common], n_boot=0)
-            boots = _boot_fit(th, pp, pm, resample_index(len(common), n_boot, seed), (point.s, point.m))
-            arrays.append((point, boots))
-        (pa, ba), (pb, bb) = arrays
-        n = len(common)
-        rows.add("abs_m", ch, abs(pa.m), abs(pb.m), np.abs(bb[:, 1]) - np.abs(ba[:, 1]), n)
-        rows.add("m", ch, pa.m, pb.m, bb[:, 1] - ba[:, 1], n)
-        rows.add("s", ch, pa.s, pb.s, bb[:, 0] - ba[:, 0], n)
+    a: pd.DataFrame
+    b: pd.DataFrame
+    bt_off: pd.DataFrame
+    bt_on: pd.DataFrame
+    items: list[Any]
+    n_boot: int
+    seed: int
 
+    def channel_differences(self, rows: _DiffRows) -> None:
+        """|m|, m and s of every channel fitted in both runs (on its items in both), both refitted on each resample."""
+        from analysis.battery import fit
 
-def _joint_differences(
-    rows: _DiffRows,
-    a: pd.DataFrame,
-    b: pd.DataFrame,
-    bt_off: pd.DataFrame,
-    bt_on: pd.DataFrame,
-    items: list[Any],
-    n_boot: int,
-    seed: int,
-) -> None:
-    """s, and |m| and m per channel, of every label family's joint fit in both runs, refitted on each resample."""
-    from analysis.battery import fit
+        for ch in CHANNELS:
+            try:
+                sides_a, sides_b = fit.channel_sides(self.bt_off, ch), fit.channel_sides(self.bt_on, ch)
+            except NotComputed:
+                continue
+            common = [i for i in self.items if i in sides_a.index and i in sides_b.index]
+            if len(common) < 3:
+                continue
+            arrays = []
+            for inc, sides in ((self.a, sides_a), (self.b, sides_b)):
+                th = inc.loc[common, "theta"].to_numpy(float)
+                pp, pm = sides.loc[common, "p_plus"].to_numpy(float), sides.loc[common, "p_minus"].to_numpy(float)
+                point = fit.fit_channel(inc.loc[common, "theta"], sides.loc[common], n_boot=0)
+                boots = _boot_fit(th, pp, pm, resample_index(len(common), self.n_boot, self.seed), (point.s, point.m))
+                arrays.append((point, boots))
+            (pa, ba), (pb, bb) = arrays
+            n = len(common)
+            rows.add("abs_m", ch, abs(pa.m), abs(pb.m), np.abs(bb[:, 1]) - np.abs(ba[:, 1]), n)
+            rows.add("m", ch, pa.m, pb.m, bb[:, 1] - ba[:, 1], n)
+            rows.add("s", ch, pa.s, pb.s, bb[:, 0] - ba[:, 0], n)
 
-    for fam in fit.JOINT_CHANNELS:
-        try:
-            ja = fit.joint_cells(a.loc[items, "theta"], bt_off, fam)
-            jb = fit.joint_cells(b.loc[items, "theta"], bt_on, fam)
-        except NotComputed:
-            continue
-        common = [i for i in items if i in ja.items and i in jb.items]
-        if len(common) < 3 or ja.channels != jb.channels:
-            continue
-        joint = []
-        for data in (ja.subset(common), jb.subset(common)):
-            jfit = fit.fit_joint_data(data, n_boot=0)
-            jboots, ok = fit.refit_joint_resamples(
-                data, resample_index(len(common), n_boot, seed), np.array([jfit.s, *jfit.m])
-            )
-            jboots[~ok] = np.nan
-            joint.append((jfit, jboots))
-        (pa_j, ba_j), (pb_j, bb_j) = joint
-        n = len(common)
-        rows.add("s", f"joint:{fam}", pa_j.s, pb_j.s, bb_j[:, 0] - ba_j[:, 0], n)
-        for k, ch in enumerate(ja.channels, start=1):
-            m_a, m_b = pa_j.m[k - 1], pb_j.m[k - 1]
-            rows.add("abs_m", f"joint:{fam}:{ch}", abs(m_a), abs(m_b), np.abs(bb_j[:, k]) - np.abs(ba_j[:, k]), n)
-            rows.add("m", f"joint:{fam}:{ch}", m_a, m_b, bb_j[:, k] - ba_j[:, k], n)
+    def joint_differences(self, rows: _DiffRows) -> None:
+        """s, and |m| and m per channel, of every label family's joint fit in both runs, refitted on each resample."""
+        from analysis.battery import fit
+
+        for fam in fit.JOINT_CHANNELS:
+            try:
+                ja = fit.joint_cells(self.a.loc[self.items, "theta"], self.bt_off, fam)
+                jb = fit.joint_cells(self.b.loc[self.items, "theta"], self.bt_on, fam)
+            except NotComputed:
+                continue
+            common = [i for i in self.items if i in ja.items and i in jb.items]
+            if len(common) < 3 or ja.channels != jb.channels:
+                continue
+            joint = []
+            for data in (ja.subset(common), jb.subset(common)):
+                jfit = fit.fit_joint_data(data, n_boot=0)
+                jboots, ok = fit.refit_joint_resamples(
+                    data, resample_index(len(common), self.n_boot, self.seed), np.array([jfit.s, *jfit.m])
+                )
+                jboots[~ok] = np.nan
+                joint.append((jfit, jboots))
+            (pa_j, ba_j), (pb_j, bb_j) = joint
+            n = len(common)
+            rows.add("s", f"joint:{fam}", pa_j.s, pb_j.s, bb_j[:, 0] - ba_j[:, 0], n)
+            for k, ch in enumerate(ja.channels, start=1):
+                m_a, m_b = pa_j.m[k - 1], pb_j.m[k - 1]
+                rows.add("abs_m", f"joint:{fam}:{ch}", abs(m_a), abs(m_b), np.abs(bb_j[:, k]) - np.abs(ba_j[:, k]), n)
+                rows.add("m", f"joint:{fam}:{ch}", m_a, m_b, bb_j[:, k] - ba_j[:, k], n)
 
 
 @dataclass(frozen=True)

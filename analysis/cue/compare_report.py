@@ -39,13 +39,8 @@ def compare_cue(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, decisio
     """The cue-visibility panel report: its summary, CSV tables and PNG figures (of each source where every run
     has both)."""
     parts = compare_cue_sources(panel, n_boot=n_boot, seed=seed, decision=decision)
-    return sources_panel_body(
-        parts,
-        lambda p: p.dropped,
-        _drawings,
-        partial(_summary_md, panel, n_boot),
-        partial(_sources_summary_md, panel, parts, n_boot),
-    )
+    summaries = partial(_summary_md, panel, n_boot), partial(_sources_summary_md, panel, parts, n_boot)
+    return sources_panel_body(parts, lambda p: p.dropped, _drawings, *summaries)
 
 
 # ---------------------------------------------------------------------------- figures

@@ -35,13 +35,8 @@ def compare_influence(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, a
     """The influence panel report: its summary, CSV tables and PNG figures (of each source where every run has
     both)."""
     parts = compare_sources(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
-    return sources_panel_body(
-        parts,
-        lambda p: p.dropped_items,
-        figures,
-        partial(_summary_md, panel, n_boot),
-        partial(_sources_summary_md, panel, parts, n_boot),
-    )
+    summaries = partial(_summary_md, panel, n_boot), partial(_sources_summary_md, panel, parts, n_boot)
+    return sources_panel_body(parts, lambda p: p.dropped_items, figures, *summaries)
 
 
 # ---------------------------------------------------------------------------- figures

@@ -252,44 +252,36 @@ def _add_run(sub: Any) -> None:
         e.add_argument("--out", required=True, help="run directory (created; reused to resume)")
         add_engine_arguments(e)
         exp.add_arguments(e)
-        _add_run_collection(e)
-        _add_run_execution(e)
-
-
-def _add_run_collection(e: argparse.ArgumentParser) -> None:
-    """A run's options on what to collect: readouts, samples, at which temperature."""
-    g = e.add_argument_group("what to collect")
-    g.add_argument("--samples", type=int, default=0, help="sampled answers per trial (default: 0)")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
-    g.add_argument("--no-readout", action="store_true", help="sample only; do not read the answer slot")
-    g.add_argument(
-        "--sample-only",
-        action="append",
-        metavar="FACTOR=VALUE",
-        help=(
-            "sample only trials with this factor value (repeatable), e.g. instrument=binary; the free-text "
-            "trials it leaves out get one greedy reply"
-        ),
-    )
-
-
-def _add_run_execution(e: argparse.ArgumentParser) -> None:
-    """A run's options on how it executes: shards, chunks, the report, progress, the writer lock."""
-    g = e.add_argument_group("execution")
-    g.add_argument("--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n")
-    g.add_argument(
-        "--chunk-size",
-        type=int,
-        default=None,
-        help="trials per committed chunk (default: the engine's; 4096 for vLLM on a GPU, else 256)",
-    )
-    add_no_report(g, "at the end")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument(
-        "--wait-for-lock",
-        action="store_true",
-        help="if another probe process is writing this --out, wait for it (default: exit 2 naming it)",
-    )
+        g = e.add_argument_group("what to collect")
+        g.add_argument("--samples", type=int, default=0, help="sampled answers per trial (default: 0)")
+        g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+        g.add_argument("--no-readout", action="store_true", help="sample only; do not read the answer slot")
+        g.add_argument(
+            "--sample-only",
+            action="append",
+            metavar="FACTOR=VALUE",
+            help=(
+                "sample only trials with this factor value (repeatable), e.g. instrument=binary; the free-text "
+                "trials it leaves out get one greedy reply"
+            ),
+        )
+        g = e.add_argument_group("execution")
+        g.add_argument(
+            "--shard", default=None, help="run only shard i/n (0-based) of the trials, into OUT/shard-i-of-n"
+        )
+        g.add_argument(
+            "--chunk-size",
+            type=int,
+            default=None,
+            help="trials per committed chunk (default: the engine's; 4096 for vLLM on a GPU, else 256)",
+        )
+        add_no_report(g, "at the end")
+        g.add_argument("--quiet", action="store_true", help="no progress bar")
+        g.add_argument(
+            "--wait-for-lock",
+            action="store_true",
+            help="if another probe process is writing this --out, wait for it (default: exit 2 naming it)",
+        )
 
 
 def _add_readout(sub: Any) -> None:
