@@ -273,15 +273,8 @@ def _cells(spec: BatterySpec, corpus: Mapping[str, Any]) -> list[tuple[dict[str,
             for verb in VERBS:
                 for order in ORDERS:
                     for swapped in maps:
-                        f = {
-                            "instrument": "binary",
-                            "form": form,
-                            "verb": verb,
-                            "order": order,
-                            "labels": pair,
-                            "family": str(labels[pair]["family"]),
-                            "mapping": "swapped" if swapped else "canonical",
-                        }
+                        mapping = "swapped" if swapped else "canonical"
+                        f = binary_factors(form, verb, order, pair, str(labels[pair]["family"]), mapping)
 
                         def build(d: Dilemma, f: dict[str, str] = f, s: bool = swapped) -> Any:
                             text, opts, means, yes = binary_question(
@@ -291,6 +284,19 @@ def _cells(spec: BatterySpec, corpus: Mapping[str, Any]) -> list[tuple[dict[str,
 
                         cells.append((f, build))
     return cells
+
+
+def binary_factors(form: str, verb: str, order: str, pair: str, family: str, mapping: str) -> dict[str, str]:
+    """The factors of one binary cell (the trial adds ``yes_label``, the label that carries yes)."""
+    return {
+        "instrument": "binary",
+        "form": form,
+        "verb": verb,
+        "order": order,
+        "labels": pair,
+        "family": family,
+        "mapping": mapping,
+    }
 
 
 def expand(spec: BatterySpec, count_tokens: Callable[[str], int] | None = None) -> list[Trial]:

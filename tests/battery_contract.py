@@ -14,6 +14,7 @@ from itertools import product
 
 import pandas as pd
 
+from experiments.battery import binary_factors
 from probe import views
 from probe.tables import readout_tables
 from probe.types import Message, Readout, Sample, Trial, make_trial_id
@@ -84,16 +85,7 @@ def binary(
             yes, no = (pos, neg) if mapping == "canonical" else (neg, pos)
             printed = (yes, no) if order == "yes_first" else (no, yes)
             means = ["cbr" if (o == yes) == (verb == "approve") else "anti" for o in printed]
-            f = {
-                "instrument": "binary",
-                "form": form,
-                "verb": verb,
-                "order": order,
-                "labels": pair,
-                "family": family,
-                "mapping": mapping,
-                "yes_label": yes,
-            }
+            f = binary_factors(form, verb, order, pair, family, mapping) | {"yes_label": yes}
             out += [_trial(item, f, printed, means, r) for r in range(salts)]
     return out
 

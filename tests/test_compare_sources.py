@@ -11,7 +11,9 @@ assertion is deterministic (false-failure rate 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -85,11 +87,8 @@ def test_influence_panel_of_runs_with_both_sources_shows_both(runs: dict[str, Pa
 
 def test_influence_panel_with_a_one_source_run_is_compared_as_before(runs: dict[str, Path], tmp_path: Path) -> None:
     panel = panel_from_runs([runs["inf_both_1"], runs["inf_readout_2"]])
-    assert not ci.both_sources(panel)
-    (only,) = ci.compare_sources(panel, n_boot=N_BOOT)
-    assert only.source is None
-    write_report_files(tmp_path, *compare_influence(panel, n_boot=N_BOOT))
-    assert "source" not in _csvs(tmp_path)["by_model.csv"].columns
+    tables = _one_source_report(panel, ci.both_sources, ci.compare_sources, compare_influence, tmp_path)
+    assert "source" not in tables["by_model.csv"].columns
     assert not list(tmp_path.glob("*_readout.png")) and not list(tmp_path.glob("*_samples.png"))
     assert "## Source:" not in (tmp_path / "summary.md").read_text()
 
@@ -115,11 +114,8 @@ def test_cue_panel_of_runs_with_both_sources_shows_both(runs: dict[str, Path], t
 
 def test_cue_panel_with_a_one_source_run_is_compared_as_before(runs: dict[str, Path], tmp_path: Path) -> None:
     panel = panel_from_runs([runs["cue_both_1"], runs["cue_readout_2"]])
-    assert not cc.both_sources(panel)
-    (only,) = cc.compare_cue_sources(panel, n_boot=N_BOOT)
-    assert only.source is None
-    write_report_files(tmp_path, *compare_cue(panel, n_boot=N_BOOT))
-    assert "source" not in _csvs(tmp_path)["cue_rankings.csv"].columns
+    tables = _one_source_report(panel, cc.both_sources, cc.compare_cue_sources, compare_cue, tmp_path)
+    assert "source" not in tables["cue_rankings.csv"].columns
     assert (tmp_path / "fig_cue_rankings.png").exists() and not list(tmp_path.glob("*_readout.png"))
 
 
@@ -160,3 +156,15 @@ def test_the_sources_disagree_only_beyond_a_few_cluster_test(runs: dict[str, Pat
     z = st.z_pvalue(st.z_from_se(agree["diff"], agree["diff_se"]))
     finite = np.isfinite(agree["p"].to_numpy())
     assert np.all(agree["p"].to_numpy()[finite] >= z[finite] - 1e-12)
+
+
+def _one_source_report(
+    panel: Any, both: Callable[..., bool], sources: Callable[..., Any], report: Callable[..., Any], tmp_path: Path
+) -> dict[str, pd.DataFrame]:
+    """Write the report of a panel in which some run holds one source only: one comparison, of no named source;
+    its CSVs."""
+    assert not both(panel)
+    (only,) = sources(panel, n_boot=N_BOOT)
+    assert only.source is None
+    write_report_files(tmp_path, *report(panel, n_boot=N_BOOT))
+    return _csvs(tmp_path)

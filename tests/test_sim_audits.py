@@ -210,10 +210,7 @@ def test_readout_s_covers_the_planted_value() -> None:
     # 0.036; expanded percentile interval over 9 clusters); the same s with the plain percentile interval 0.882
     # (the bootstrap SE is sqrt(8/9) of the unbiased one and the quantile normal, not t_8); the old rule (1/2 per
     # cell, plain interval) 0.748 (it shrinks s toward 0). The bars are regression checks (docs/influence.md).
-    cov, n = _influence_coverage("readout")
-    print(f"readout s coverage over {n}: " + ", ".join(f"{r} {c:.3f}" for r, c in cov.items()))
-    assert cov["expanded"] >= 0.90
-    assert cov["plain"] < cov["expanded"]
+    cov = _expanded_interval_covers("readout")
     assert cov["old"] < 0.80
 
 
@@ -221,10 +218,20 @@ def test_readout_s_covers_the_planted_value() -> None:
 def test_sampled_s_covers_the_planted_value() -> None:
     # 8 draws per trial at tau = 1 (144 answers per arm), the paper's 1/2 per cell; expanded interval COV_SAMPLES,
     # plain percentile interval 0.890 (regression check)
-    cov, n = _influence_coverage("samples")
-    print(f"sampled s coverage over {n}: " + ", ".join(f"{r} {c:.3f}" for r, c in cov.items()))
+    _expanded_interval_covers("samples")
+
+
+def _expanded_interval_covers(source: str) -> dict[str, float]:
+    """The coverage of each interval rule for ``source``, printed; the report's (expanded) rule covers at 0.90 or
+    more and the plain percentile interval less."""
+    cov, n = _influence_coverage(source)
+    print(
+        f"{'sampled' if source == 'samples' else source} s coverage over {n}: "
+        + ", ".join(f"{r} {c:.3f}" for r, c in cov.items())
+    )
     assert cov["expanded"] >= 0.90
     assert cov["plain"] < cov["expanded"]
+    return cov
 
 
 # ================================================================================ cue rates

@@ -232,6 +232,40 @@ def load_humans(path: str | Path) -> pd.DataFrame:
     on line 2).
     """
     p = Path(path)
+    raw = _read_human_csv(p)
+    rows: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str], int] = {}
+    for k, rec in enumerate(raw.to_dict("records"), start=1):
+        where = f"{p}, row {k} (line {k + 1})"
+        item = str(rec["item_id"]).strip()
+        if not item:
+            raise HumanTableError(f"{where}, column item_id: empty")
+        frame = str(rec.get("frame", "")).strip()
+        if "frame" in raw.columns and not frame:
+            raise HumanTableError(f"{where}, column frame: empty (give every row a frame, or drop the column)")
+        if (item, frame) in seen:
+            raise HumanTableError(
+                f"{where}: item {item!r}" + (f" frame {frame!r}" if frame else "") + f" repeats row {seen[item, frame]}"
+            )
+        seen[item, frame] = k
+        found = False
+        if "p_cbr" in raw.columns and str(rec["p_cbr"]).strip():
+            v, n = _choice_rate(p, k, rec, has_n="n" in raw.columns)
+            rows.append({"item_id": item, "frame": frame, "measure": "p_cbr", "raw": v, "value": 2 * v - 1, "n": n})
+            found = True
+        if "rating" in raw.columns and str(rec["rating"]).strip():
+            v, a = _rating(p, k, rec)
+            rows.append(
+                {"item_id": item, "frame": frame, "measure": "rating", "raw": v, "value": 2 * a - 1, "n": np.nan}
+            )
+            found = True
+        if not found:
+            raise HumanTableError(f"{where}: neither p_cbr nor rating has a value")
+    return pd.DataFrame(rows, columns=["item_id", "frame", "measure", "raw", "value", "n"])
+
+
+def _read_human_csv(p: Path) -> pd.DataFrame:
+    """The human table's cells as text, its columns checked: known, and the ones each measure needs."""
     try:
         raw = pd.read_csv(p, dtype=str, keep_default_na=False, skipinitialspace=True)
     except FileNotFoundError:
@@ -253,58 +287,44 @@ def load_humans(path: str | Path) -> pd.DataFrame:
         raise HumanTableError(f"{p}: column `n` counts the respondents behind `p_cbr`, which is missing")
     if raw.empty:
         raise HumanTableError(f"{p}: no data rows")
+    return raw
 
-    def num(row: int, col: str, text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:  # untrusted input: a cell of the human table
-            raise HumanTableError(f"{p}, row {row} (line {row + 1}), column {col}: not a number: {text!r}") from None
-        if not np.isfinite(v):
-            raise HumanTableError(f"{p}, row {row} (line {row + 1}), column {col}: must be finite, got {text!r}")
-        return v
 
-    rows: list[dict[str, Any]] = []
-    seen: dict[tuple[str, str], int] = {}
-    for k, rec in enumerate(raw.to_dict("records"), start=1):
-        where = f"{p}, row {k} (line {k + 1})"
-        item = str(rec["item_id"]).strip()
-        if not item:
-            raise HumanTableError(f"{where}, column item_id: empty")
-        frame = str(rec.get("frame", "")).strip()
-        if "frame" in raw.columns and not frame:
-            raise HumanTableError(f"{where}, column frame: empty (give every row a frame, or drop the column)")
-        if (item, frame) in seen:
-            raise HumanTableError(
-                f"{where}: item {item!r}" + (f" frame {frame!r}" if frame else "") + f" repeats row {seen[item, frame]}"
-            )
-        seen[item, frame] = k
-        found = False
-        if "p_cbr" in raw.columns and str(rec["p_cbr"]).strip():
-            v = num(k, "p_cbr", rec["p_cbr"])
-            if not 0 <= v <= 1:
-                raise HumanTableError(f"{where}, column p_cbr: a choice rate must lie in [0, 1], got {v:g}")
-            n = float("nan")
-            if "n" in raw.columns and str(rec["n"]).strip():
-                n = num(k, "n", rec["n"])
-                if n < 1 or n != int(n):
-                    raise HumanTableError(f"{where}, column n: must be a whole number >= 1, got {rec['n']!r}")
-            rows.append({"item_id": item, "frame": frame, "measure": "p_cbr", "raw": v, "value": 2 * v - 1, "n": n})
-            found = True
-        if "rating" in raw.columns and str(rec["rating"]).strip():
-            v = num(k, "rating", rec["rating"])
-            lo, hi = num(k, "rating_lo", rec["rating_lo"]), num(k, "rating_hi", rec["rating_hi"])
-            if not lo < hi:
-                raise HumanTableError(f"{where}, columns rating_lo/rating_hi: need lo < hi, got {lo:g} and {hi:g}")
-            if not lo <= v <= hi:
-                raise HumanTableError(f"{where}, column rating: {v:g} lies outside its scale [{lo:g}, {hi:g}]")
-            a = (v - lo) / (hi - lo)
-            rows.append(
-                {"item_id": item, "frame": frame, "measure": "rating", "raw": v, "value": 2 * a - 1, "n": np.nan}
-            )
-            found = True
-        if not found:
-            raise HumanTableError(f"{where}: neither p_cbr nor rating has a value")
-    return pd.DataFrame(rows, columns=["item_id", "frame", "measure", "raw", "value", "n"])
+def _human_number(p: Path, row: int, col: str, text: str) -> float:
+    """A finite number in a cell of the human table (untrusted input: the error names file, row and column)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise HumanTableError(f"{p}, row {row} (line {row + 1}), column {col}: not a number: {text!r}") from None
+    if not np.isfinite(v):
+        raise HumanTableError(f"{p}, row {row} (line {row + 1}), column {col}: must be finite, got {text!r}")
+    return v
+
+
+def _choice_rate(p: Path, k: int, rec: dict[str, Any], has_n: bool) -> tuple[float, float]:
+    """Row ``k``'s choice rate ``p_cbr`` in [0, 1] and its respondents ``n`` (NaN when not given)."""
+    where = f"{p}, row {k} (line {k + 1})"
+    v = _human_number(p, k, "p_cbr", rec["p_cbr"])
+    if not 0 <= v <= 1:
+        raise HumanTableError(f"{where}, column p_cbr: a choice rate must lie in [0, 1], got {v:g}")
+    n = float("nan")
+    if has_n and str(rec["n"]).strip():
+        n = _human_number(p, k, "n", rec["n"])
+        if n < 1 or n != int(n):
+            raise HumanTableError(f"{where}, column n: must be a whole number >= 1, got {rec['n']!r}")
+    return v, n
+
+
+def _rating(p: Path, k: int, rec: dict[str, Any]) -> tuple[float, float]:
+    """Row ``k``'s rating and where it lies on its scale, from 0 (rating_lo) to 1 (rating_hi)."""
+    where = f"{p}, row {k} (line {k + 1})"
+    v = _human_number(p, k, "rating", rec["rating"])
+    lo, hi = _human_number(p, k, "rating_lo", rec["rating_lo"]), _human_number(p, k, "rating_hi", rec["rating_hi"])
+    if not lo < hi:
+        raise HumanTableError(f"{where}, columns rating_lo/rating_hi: need lo < hi, got {lo:g} and {hi:g}")
+    if not lo <= v <= hi:
+        raise HumanTableError(f"{where}, column rating: {v:g} lies outside its scale [{lo:g}, {hi:g}]")
+    return v, (v - lo) / (hi - lo)
 
 
 # ------------------------------------------------------------------ statistics
@@ -624,7 +644,6 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
     ``joint:<family>:<channel>``. Items: those with theta and sigma_repro
     (and, for a channel or family, its cells) in both runs.
     """
-    from analysis.battery import fit
 
     if off.inc is None or on.inc is None:
         raise NotComputed("needs theta and sigma_repro (the graded instrument) in both runs")
@@ -633,12 +652,32 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
     items = [i for i in a.index if i in b.index]
     if len(items) < 3:
         raise NotComputed(f"needs at least 3 items with theta in both runs, got {len(items)}")
-    rows = []
+    rows = _DiffRows()
+    sa, sb = a.loc[items, "sigma_repro"].to_numpy(float), b.loc[items, "sigma_repro"].to_numpy(float)
+    ta, tb = a.loc[items, "theta"].to_numpy(float), b.loc[items, "theta"].to_numpy(float)
+    idx = resample_index(len(items), n_boot, seed)
+    rows.add("sigma_repro", "", float(sa.mean()), float(sb.mean()), sb[idx].mean(1) - sa[idx].mean(1), len(items))
+    rows.add(
+        "G", "", float(g_of(ta, sa)), float(g_of(tb, sb)), g_of(tb[idx], sb[idx]) - g_of(ta[idx], sa[idx]), len(items)
+    )
+    if off.bt is None or on.bt is None:
+        return pd.DataFrame(rows.rows)
+    pairing = _Pairing(a, b, off.bt, on.bt, items, n_boot, seed)
+    pairing.channel_differences(rows)
+    pairing.joint_differences(rows)
+    return pd.DataFrame(rows.rows)
 
-    def add(q: str, ch: str, v_off: float, v_on: float, on_minus_off: np.ndarray, n: int) -> None:
+
+class _DiffRows:
+    """The rows of :func:`deliberation_table`: one quantity's off and on values, off - on and its bootstrap CI."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, q: str, ch: str, v_off: float, v_on: float, on_minus_off: np.ndarray, n: int) -> None:
         d_boot = -on_minus_off  # reported off - on, as the paper writes it
         lo, hi = finite_ci(d_boot)
-        rows.append(
+        self.rows.append(
             {
                 "quantity": q,
                 "channel": ch,
@@ -654,58 +693,73 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
             }
         )
 
-    sa, sb = a.loc[items, "sigma_repro"].to_numpy(float), b.loc[items, "sigma_repro"].to_numpy(float)
-    ta, tb = a.loc[items, "theta"].to_numpy(float), b.loc[items, "theta"].to_numpy(float)
-    idx = resample_index(len(items), n_boot, seed)
-    add("sigma_repro", "", float(sa.mean()), float(sb.mean()), sb[idx].mean(1) - sa[idx].mean(1), len(items))
-    add("G", "", float(g_of(ta, sa)), float(g_of(tb, sb)), g_of(tb[idx], sb[idx]) - g_of(ta[idx], sa[idx]), len(items))
-    if off.bt is None or on.bt is None:
-        return pd.DataFrame(rows)
-    for ch in CHANNELS:
-        try:
-            sides_a, sides_b = fit.channel_sides(off.bt, ch), fit.channel_sides(on.bt, ch)
-        except NotComputed:
-            continue
-        common = [i for i in items if i in sides_a.index and i in sides_b.index]
-        if len(common) < 3:
-            continue
-        arrays = []
-        for inc, sides in ((a, sides_a), (b, sides_b)):
-            th = inc.loc[common, "theta"].to_numpy(float)
-            pp, pm = sides.loc[common, "p_plus"].to_numpy(float), sides.loc[common, "p_minus"].to_numpy(float)
-            point = fit.fit_channel(inc.loc[common, "theta"], sides.loc[common], n_boot=0)
-            boots = _boot_fit(th, pp, pm, resample_index(len(common), n_boot, seed), (point.s, point.m))
-            arrays.append((point, boots))
-        (pa, ba), (pb, bb) = arrays
-        n = len(common)
-        add("abs_m", ch, abs(pa.m), abs(pb.m), np.abs(bb[:, 1]) - np.abs(ba[:, 1]), n)
-        add("m", ch, pa.m, pb.m, bb[:, 1] - ba[:, 1], n)
-        add("s", ch, pa.s, pb.s, bb[:, 0] - ba[:, 0], n)
-    for fam in fit.JOINT_CHANNELS:
-        try:
-            ja = fit.joint_cells(a.loc[items, "theta"], off.bt, fam)
-            jb = fit.joint_cells(b.loc[items, "theta"], on.bt, fam)
-        except NotComputed:
-            continue
-        common = [i for i in items if i in ja.items and i in jb.items]
-        if len(common) < 3 or ja.channels != jb.channels:
-            continue
-        joint = []
-        for data in (ja.subset(common), jb.subset(common)):
-            jfit = fit.fit_joint_data(data, n_boot=0)
-            jboots, ok = fit.refit_joint_resamples(
-                data, resample_index(len(common), n_boot, seed), np.array([jfit.s, *jfit.m])
-            )
-            jboots[~ok] = np.nan
-            joint.append((jfit, jboots))
-        (pa_j, ba_j), (pb_j, bb_j) = joint
-        n = len(common)
-        add("s", f"joint:{fam}", pa_j.s, pb_j.s, bb_j[:, 0] - ba_j[:, 0], n)
-        for k, ch in enumerate(ja.channels, start=1):
-            m_a, m_b = pa_j.m[k - 1], pb_j.m[k - 1]
-            add("abs_m", f"joint:{fam}:{ch}", abs(m_a), abs(m_b), np.abs(bb_j[:, k]) - np.abs(ba_j[:, k]), n)
-            add("m", f"joint:{fam}:{ch}", m_a, m_b, bb_j[:, k] - ba_j[:, k], n)
-    return pd.DataFrame(rows)
+
+@dataclass(frozen=True)
+class _Pairing:
+    """An off and an on run on the items both hold: theta and sigma_repro (``a`` off, ``b`` on), their binary
+    trials, and the resampling of the items (``n_boot``, ``seed``) every refit shares."""
+
+    a: pd.DataFrame
+    b: pd.DataFrame
+    bt_off: pd.DataFrame
+    bt_on: pd.DataFrame
+    items: list[Any]
+    n_boot: int
+    seed: int
+
+    def channel_differences(self, rows: _DiffRows) -> None:
+        """|m|, m and s of every channel fitted in both runs (on its items in both), both refitted on each resample."""
+        from analysis.battery import fit
+
+        for ch in CHANNELS:
+            try:
+                sides_a, sides_b = fit.channel_sides(self.bt_off, ch), fit.channel_sides(self.bt_on, ch)
+            except NotComputed:
+                continue
+            common = [i for i in self.items if i in sides_a.index and i in sides_b.index]
+            if len(common) < 3:
+                continue
+            arrays = []
+            for inc, sides in ((self.a, sides_a), (self.b, sides_b)):
+                th = inc.loc[common, "theta"].to_numpy(float)
+                pp, pm = sides.loc[common, "p_plus"].to_numpy(float), sides.loc[common, "p_minus"].to_numpy(float)
+                point = fit.fit_channel(inc.loc[common, "theta"], sides.loc[common], n_boot=0)
+                boots = _boot_fit(th, pp, pm, resample_index(len(common), self.n_boot, self.seed), (point.s, point.m))
+                arrays.append((point, boots))
+            (pa, ba), (pb, bb) = arrays
+            n = len(common)
+            rows.add("abs_m", ch, abs(pa.m), abs(pb.m), np.abs(bb[:, 1]) - np.abs(ba[:, 1]), n)
+            rows.add("m", ch, pa.m, pb.m, bb[:, 1] - ba[:, 1], n)
+            rows.add("s", ch, pa.s, pb.s, bb[:, 0] - ba[:, 0], n)
+
+    def joint_differences(self, rows: _DiffRows) -> None:
+        """s, and |m| and m per channel, of every label family's joint fit in both runs, refitted on each resample."""
+        from analysis.battery import fit
+
+        for fam in fit.JOINT_CHANNELS:
+            try:
+                ja = fit.joint_cells(self.a.loc[self.items, "theta"], self.bt_off, fam)
+                jb = fit.joint_cells(self.b.loc[self.items, "theta"], self.bt_on, fam)
+            except NotComputed:
+                continue
+            common = [i for i in self.items if i in ja.items and i in jb.items]
+            if len(common) < 3 or ja.channels != jb.channels:
+                continue
+            joint = []
+            for data in (ja.subset(common), jb.subset(common)):
+                jfit = fit.fit_joint_data(data, n_boot=0)
+                jboots, ok = fit.refit_joint_resamples(
+                    data, resample_index(len(common), self.n_boot, self.seed), np.array([jfit.s, *jfit.m])
+                )
+                jboots[~ok] = np.nan
+                joint.append((jfit, jboots))
+            (pa_j, ba_j), (pb_j, bb_j) = joint
+            n = len(common)
+            rows.add("s", f"joint:{fam}", pa_j.s, pb_j.s, bb_j[:, 0] - ba_j[:, 0], n)
+            for k, ch in enumerate(ja.channels, start=1):
+                m_a, m_b = pa_j.m[k - 1], pb_j.m[k - 1]
+                rows.add("abs_m", f"joint:{fam}:{ch}", abs(m_a), abs(m_b), np.abs(bb_j[:, k]) - np.abs(ba_j[:, k]), n)
+                rows.add("m", f"joint:{fam}:{ch}", m_a, m_b, bb_j[:, k] - ba_j[:, k], n)
 
 
 @dataclass(frozen=True)

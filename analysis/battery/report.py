@@ -17,7 +17,7 @@ was not run). The yes/no report is made the same way from
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import pandas as pd
@@ -254,25 +254,7 @@ def graded_section(res: BatteryResults, gr: Graded) -> Body:
         f"(the estimator of the uncertainty statements; lower by Jensen's inequality): "
         f"{pooled.mean_item_sigma_repro:.3f}.",
     ]
-    fallback, empty_forms = gr.fallback, gr.empty_forms
-    if len(fallback) or len(empty_forms):
-
-        def name(r: Any) -> str:
-            return f"{r.item_id} {r.scale}/{r.wording}/{r.anchor}/{r.pole}"
-
-        lines += [""]
-        if len(fallback):
-            shown = ", ".join(name(r) for r in fallback.head(5).itertuples())
-            lines.append(
-                f"{len(fallback)} forms had no usable unsalted answer (every draw refused): their value is the mean of "
-                f"their salted replicates (the unsalted policy's fallback), e.g. {shown}."
-            )
-        if len(empty_forms):
-            shown = ", ".join(name(r) for r in empty_forms.head(5).itertuples())
-            lines.append(
-                f"{len(empty_forms)} forms had no usable answer in any replicate and are left out (theta weighs the "
-                f"two poles 1/2 each over the forms that remain), e.g. {shown}."
-            )
+    lines += _left_out_forms_lines(gr)
     if bipolar is not None:
         lines += [
             "",
@@ -309,6 +291,31 @@ def graded_section(res: BatteryResults, gr: Graded) -> Body:
         ),
     )
     return lines, files
+
+
+def _left_out_forms_lines(gr: Graded) -> list[str]:
+    """The forms valued from their salted replicates (no usable unsalted answer) and those left out (none)."""
+    fallback, empty_forms = gr.fallback, gr.empty_forms
+    if not (len(fallback) or len(empty_forms)):
+        return []
+
+    def name(r: Any) -> str:
+        return f"{r.item_id} {r.scale}/{r.wording}/{r.anchor}/{r.pole}"
+
+    lines = [""]
+    if len(fallback):
+        shown = ", ".join(name(r) for r in fallback.head(5).itertuples())
+        lines.append(
+            f"{len(fallback)} forms had no usable unsalted answer (every draw refused): their value is the mean of "
+            f"their salted replicates (the unsalted policy's fallback), e.g. {shown}."
+        )
+    if len(empty_forms):
+        shown = ", ".join(name(r) for r in empty_forms.head(5).itertuples())
+        lines.append(
+            f"{len(empty_forms)} forms had no usable answer in any replicate and are left out (theta weighs the "
+            f"two poles 1/2 each over the forms that remain), e.g. {shown}."
+        )
+    return lines
 
 
 @part_section("Framing susceptibility m and decisiveness s", lambda res: res.fit)
@@ -408,54 +415,17 @@ def calibration_section(res: Calibrated, t: ReadoutTemperature) -> Body:
     """Readout temperature T per instrument (at the slot and on all parsed answers), parse rules, beside s."""
     counts = t.counts
     files = Files({"parse_rules": Table(counts, index=True)})
-    rule_lines = [
-        "Parse rules (probe.parse): how many draws each rule decided, per instrument. exact: the reply's first "
-        "sentence is exactly one option (an answer at the slot); stated: a last line 'Answer: X'; standalone: one "
-        "option found anywhere in the reply; refusal; invalid: none of these.",
-        "",
-        md_table(counts, "{:+.3f}", index=True, iterrows=True),
-    ]
-    if counts["disagree"].sum():
-        rule_lines += [
-            "",
-            f"{int(counts.loc[counts.index[-1], 'disagree'])} stored answers differ from today's parser (a run "
-            "parsed by an older version): the rules above are today's; the 'all' temperatures use the stored answers.",
-        ]
+    rule_lines = _parse_rule_lines(counts)
     if t.table is None:  # no temperature was fitted: the part says why
         return [str(t.why), "", *rule_lines], files
     files += Files({"calibration_T": Table(t.table, float_format="%.6f")})
     tau, rows = t.tau, t.rows
     by = {(r.instrument, r.answers): r for r in rows}
     head = rows[0].instrument
-
-    def _t(instrument: str, answers: str) -> str:
-        r = by.get((instrument, answers))
-        if r is None:
-            return "n/a"
-        c = r.calibration
-        if c is None:
-            return f"not fitted ({r.reason})"
-        return f"{c.T:.3f} [{c.T_lo:.3f}, {c.T_hi:.3f}] ({c.n_samples} answers, {r.n_trials} trials)"
-
+    temp = functools.partial(_temperature, by)  # T at the slot or on all parsed answers of an instrument
     head_cal = by[(head, "all")].calibration
     if t.points is not None and head_cal is not None:
-        points = t.points
-        files += Files(
-            {"calibration": Table(points, float_format="%.6f")},
-            (
-                Drawing(
-                    "fig_calibration.png",
-                    functools.partial(
-                        figures.scatter_xy,
-                        points["p_readout"].to_numpy(),
-                        points["p_sampled"].to_numpy(),
-                        f"{head}: readout vs sampled (tau = {tau:g}, T all parsed = {head_cal.T:.3f})",
-                        "logit readout probability",
-                        "sampled frequency (all parsed answers)",
-                    ),
-                ),
-            ),
-        )
+        files += _calibration_figure(t.points, head, tau, head_cal.T)
     s_line = ""
     fits = res.fits
     if fits is not None and len(fits):
@@ -468,12 +438,12 @@ def calibration_section(res: Calibrated, t: ReadoutTemperature) -> Body:
     lines = [
         f"Readout temperature T = fitted temperature / tau (tau = {tau:g}): T = 1 when sampling at tau draws from "
         f"softmax(readout logits / tau); {level:.0%} profile-likelihood intervals. Headline ({head}):",
-        f"- {head}, answers at the slot: T = {_t(head, 'slot')}: the check that sampling and readout agree "
+        f"- {head}, answers at the slot: T = {temp(head, 'slot')}: the check that sampling and readout agree "
         "(contains 1 for a faithful engine)",
-        f"- {head}, all parsed answers: T = {_t(head, 'all')}: how well the readout predicts behaviour",
+        f"- {head}, all parsed answers: T = {temp(head, 'all')}: how well the readout predicts behaviour",
     ]
     if (POOLED, "all") in by:
-        lines.append(f"- pooled over instruments: at the slot {_t(POOLED, 'slot')}; all parsed {_t(POOLED, 'all')}")
+        lines.append(f"- pooled over instruments: at the slot {temp(POOLED, 'slot')}; all parsed {temp(POOLED, 'all')}")
     show = t.table.set_index("instrument").drop(columns="level")
     for col in ("n_samples", "n_trials", "n_trials_r"):
         show[col] = show[col].map(lambda v: "" if pd.isna(v) else str(int(v)))
@@ -492,6 +462,56 @@ def calibration_section(res: Calibrated, t: ReadoutTemperature) -> Body:
         lines += ["", s_line.strip()]
     lines += ["", *rule_lines]
     return lines, files
+
+
+def _parse_rule_lines(counts: pd.DataFrame) -> list[str]:
+    """How many draws each parse rule decided, per instrument, and how many stored answers today's parser reads
+    otherwise."""
+    rule_lines = [
+        "Parse rules (probe.parse): how many draws each rule decided, per instrument. exact: the reply's first "
+        "sentence is exactly one option (an answer at the slot); stated: a last line 'Answer: X'; standalone: one "
+        "option found anywhere in the reply; refusal; invalid: none of these.",
+        "",
+        md_table(counts, "{:+.3f}", index=True, iterrows=True),
+    ]
+    if counts["disagree"].sum():
+        rule_lines += [
+            "",
+            f"{int(counts.loc[counts.index[-1], 'disagree'])} stored answers differ from today's parser (a run "
+            "parsed by an older version): the rules above are today's; the 'all' temperatures use the stored answers.",
+        ]
+    return rule_lines
+
+
+def _temperature(by: Mapping[tuple[str, str], Any], instrument: str, answers: str) -> str:
+    """A temperature with its interval and counts, or why there is none."""
+    r = by.get((instrument, answers))
+    if r is None:
+        return "n/a"
+    c = r.calibration
+    if c is None:
+        return f"not fitted ({r.reason})"
+    return f"{c.T:.3f} [{c.T_lo:.3f}, {c.T_hi:.3f}] ({c.n_samples} answers, {r.n_trials} trials)"
+
+
+def _calibration_figure(points: pd.DataFrame, head: str, tau: float, T: float) -> Files:
+    """The readout probabilities against the sampled frequencies of the headline instrument (table and figure)."""
+    return Files(
+        {"calibration": Table(points, float_format="%.6f")},
+        (
+            Drawing(
+                "fig_calibration.png",
+                functools.partial(
+                    figures.scatter_xy,
+                    points["p_readout"].to_numpy(),
+                    points["p_sampled"].to_numpy(),
+                    f"{head}: readout vs sampled (tau = {tau:g}, T all parsed = {T:.3f})",
+                    "logit readout probability",
+                    "sampled frequency (all parsed answers)",
+                ),
+            ),
+        ),
+    )
 
 
 @part_section("Convergent validity", lambda res: res.validity)

@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import pandas as pd
 
@@ -260,3 +260,40 @@ def panel_body(
     """A comparison's summary and files: its CSV ``tables``, ``dropped_items.csv`` and the ``figures``; the
     summary is what ``summary`` makes of the figures' file names."""
     return [summary([d.name for d in figures])], Files(tables) + dropped_table(dropped) + Files(figures=tuple(figures))
+
+
+def g6_tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:
+    """CSV tables written with ``%.6g``; a table not computed (None) is not written."""
+    return {stem: Table(t, float_format="%.6g") for stem, t in frames.items() if t is not None}
+
+
+class _SourcePart(Protocol):
+    """One source's comparison (readout or samples) of a panel."""
+
+    @property
+    def source(self) -> Any: ...
+
+    def csv_tables(self) -> Mapping[str, pd.DataFrame | None]: ...
+
+
+S = TypeVar("S", bound=_SourcePart)
+
+
+def sources_panel_body(
+    parts: Sequence[S],
+    dropped: Callable[[S], pd.DataFrame],
+    drawings: Callable[[S, str], Sequence[Drawing]],
+    summary: Callable[[S, list[str]], str],
+    sources_summary: Callable[[list[str]], str],
+) -> Body:
+    """A comparison computed per source (:func:`panel_body`): one source's tables, figures and ``summary``;
+    or, where every run holds both sources, the tables in long form (a ``source`` column), each figure drawn
+    per source (``drawings`` with the source as its tag) and ``sources_summary``."""
+    if len(parts) == 1:
+        one = parts[0]
+        return panel_body(g6_tables(one.csv_tables()), dropped(one), drawings(one, ""), functools.partial(summary, one))
+    from analysis.common.tables import source_tables
+
+    tables, gone = source_tables([(str(p.source), p.csv_tables(), dropped(p)) for p in parts])
+    figures = [d for p in parts for d in drawings(p, str(p.source))]
+    return panel_body(g6_tables(tables), gone, figures, sources_summary)

@@ -13,7 +13,7 @@ summary has a part per source.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Table, panel_body
-from analysis.common.tables import md_table, source_tables
+from analysis.common.report import Body, Drawing, sources_panel_body
+from analysis.common.tables import md_table
 from analysis.cue.compare import (
     AVERAGED,
     MIN_MODELS,
@@ -39,19 +39,8 @@ def compare_cue(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, decisio
     """The cue-visibility panel report: its summary, CSV tables and PNG figures (of each source where every run
     has both)."""
     parts = compare_cue_sources(panel, n_boot=n_boot, seed=seed, decision=decision)
-    if len(parts) == 1:
-        res = parts[0]
-        return panel_body(
-            _tables(res.csv_tables()), res.dropped, _drawings(res), partial(_summary_md, panel, res, n_boot)
-        )
-    tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped) for p in parts])
-    drawings = [d for p in parts for d in _drawings(p, tag=str(p.source))]
-    return panel_body(_tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot))
-
-
-def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:
-    """The comparison's CSV tables (``%.6g``); a table not computed (None) is not written."""
-    return {name: Table(df, float_format="%.6g") for name, df in frames.items() if df is not None}
+    summaries = partial(_summary_md, panel, n_boot), partial(_sources_summary_md, panel, parts, n_boot)
+    return sources_panel_body(parts, lambda p: p.dropped, _drawings, *summaries)
 
 
 # ---------------------------------------------------------------------------- figures
@@ -113,7 +102,7 @@ def _pp_frame(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
     return out
 
 
-def _summary_md(panel: Panel, res: CueComparison, n_boot: int, figures: Sequence[str]) -> str:
+def _summary_md(panel: Panel, n_boot: int, res: CueComparison, figures: Sequence[str]) -> str:
     from analysis.common.report import panel_md
 
     lines = ["# Cue visibility across runs", "", *panel_md(panel), ""]
@@ -147,7 +136,6 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
     """The summary after its header (the panel) and before its figures."""
     from analysis.common.report import dropped_md
 
-    pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
     lines = [*dropped_md(res.dropped, len(res.items), "dilemmas"), ""]
     lines += [
         f"Headline arm: **{res.arm}** against Direct, {res.consequences} consequences. Net bias = Favor - Against "
@@ -166,6 +154,29 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
         "Rank 1 = most favorable net bias (Direct, Puzzled) or smallest Gap; rank change = Puzzled rank - Direct rank.",
         "",
     ]
+    lines += _rankings_md(res)
+    lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
+    lines += [md_table(res.kendall, nan="–"), ""]
+    lines += [
+        "## Sign tests across models",
+        "",
+        "Per group: how many runs shift each way (positive Gap / ΔAgainst = adverse shift), two-sided binomial p.",
+        "",
+        md_table(
+            res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]], nan="–"
+        ),
+        "",
+    ]
+    lines += _attributes_md(res)
+    lines += [f"- {n}" for n in res.notes]
+    if res.notes:
+        lines.append("")
+    return lines
+
+
+def _rankings_md(res: CueComparison) -> list[str]:
+    """The ranking table: each run's net bias (Direct, Puzzled), the Gap and their ranks, then the Average rows."""
+    pp = ["direct_net", "sd_direct_net", "puzzled_net", "sd_puzzled_net", "d_against", "d_favor", "gap", "sd_gap"]
     show = _pp_frame(res.models, pp)
     cols = [
         "name",
@@ -181,24 +192,17 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
         "rank_gap",
     ]
     avg = _pp_frame(res.average, list(AVERAGED))
-    lines += [md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}", nan="–"), ""]
+    lines = [md_table(pd.concat([show[cols], avg.reindex(columns=cols)], ignore_index=True), "{:.1f}", nan="–"), ""]
     lines += [
         "Average: the mean over the runs (the paper's Average rows); per group in `cue_average_by_group.csv`.",
         "",
     ]
-    lines += ["Kendall's tau-b between rankings (scipy; exact p for small panels without ties):", ""]
-    lines += [md_table(res.kendall, nan="–"), ""]
-    lines += [
-        "## Sign tests across models",
-        "",
-        "Per group: how many runs shift each way (positive Gap / ΔAgainst = adverse shift), two-sided binomial p.",
-        "",
-        md_table(
-            res.sign_tests[["value", "attr", "group", "n_models", "positive", "negative", "ties", "p_value"]], nan="–"
-        ),
-        "",
-    ]
-    lines += ["## Gap against model attributes", ""]
+    return lines
+
+
+def _attributes_md(res: CueComparison) -> list[str]:
+    """The OLS of the Gap on each model attribute (and how the puzzle solve rate was derived)."""
+    lines = ["## Gap against model attributes", ""]
     if res.ols is None:
         lines += [
             "No attribute table (`--attributes CSV` or `attributes:` in the panel file) and no identity checks.",
@@ -229,7 +233,4 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
                 f"{res.consequences} consequences (derived from the runs).",
                 "",
             ]
-    lines += [f"- {n}" for n in res.notes]
-    if res.notes:
-        lines.append("")
     return lines

@@ -317,9 +317,6 @@ def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", ben
     from the GLS covariance at the REML optimum (:func:`gls_cov`, a Wald
     interval), not from statsmodels' ``conf_int`` (see ``AsymFit.beta_lo``).
     """
-    import statsmodels.api as sm
-    import statsmodels.formula.api as smf
-
     if structure not in STRUCTURES:
         raise ValueError(f"--asym-model must be one of {', '.join(STRUCTURES)}, got {structure!r}")
     n = len(frame)
@@ -331,51 +328,79 @@ def fit_asym(frame: pd.DataFrame, scope: str, *, structure: str = "crossed", ben
     levels = {g: int(zframe[g].nunique()) for g in VC_FORMULA if g in kw["vc_formula"]}
     if kw["re_formula"] == "1":
         levels["model_reasoning"] = int(frame["model_reasoning"].nunique())
-    attempts: tuple[str, ...] = ()
-    caught: tuple[str, ...] = ()
-    if levels:
-        with warnings.catch_warnings(record=True) as ws:
-            warnings.simplefilter("always")
-            model = smf.mixedlm(formula, frame, **kw)
-        caught = tuple(_first_lines(ws))
-        res, attempts, fit_ws = fit_mixed(model)
-        caught = tuple(dict.fromkeys([*caught, *fit_ws]))
-        fe = res.fe_params
-        vcomp = dict(zip(model.exog_vc.names, map(float, np.atleast_1d(res.vcomp)), strict=True))
-        if kw["re_formula"] == "1":
-            vcomp = {"model_reasoning": float(np.asarray(res.cov_re)[0, 0]), **vcomp}
-        resid, converged = float(res.scale), bool(res.converged) and np.isfinite(res.llf)
-        x = model.exog
-        method = "MixedLM (REML)"
-        ci, p = wald_ci(float(fe["baseline_bias"]), gls_se(x, zframe, vcomp, resid, list(fe.index), "baseline_bias"))
-    else:
-        ols = sm.OLS.from_formula(formula, frame).fit()
-        fe, ci = ols.params, ols.conf_int().loc["baseline_bias"]
-        vcomp, resid, converged, p = {}, float(ols.scale), True, float(ols.pvalues["baseline_bias"])
-        x = ols.model.exog
-        method = "OLS"
-        attempts = ("OLS: closed form",)
+    f = _mixed_fit(frame, formula, kw, zframe) if levels else _ols_fit(frame, formula)
+    fe = f.fe
     beta = float(fe["baseline_bias"])
-    var_fixed = float(np.var(x @ fe.to_numpy(), ddof=1))
+    var_fixed = float(np.var(f.x @ fe.to_numpy(), ddof=1))
     var_bias = float(np.var(beta * frame["baseline_bias"].to_numpy(float), ddof=1))
     return AsymFit(
         scope,
-        method,
+        f.method,
         n,
         levels,
         structure,
         formula,
         intercept=float(fe["Intercept"]),
         beta=beta,
-        beta_lo=float(ci.iloc[0]),
-        beta_hi=float(ci.iloc[1]),
-        p_beta=p,
-        variances=Variances(fixed=var_fixed, bias=var_bias, components=vcomp, residual=resid),
-        converged=converged,
-        attempts=attempts,
-        warnings=caught,
+        beta_lo=float(f.ci.iloc[0]),
+        beta_hi=float(f.ci.iloc[1]),
+        p_beta=f.p,
+        variances=Variances(fixed=var_fixed, bias=var_bias, components=f.vcomp, residual=f.resid),
+        converged=f.converged,
+        attempts=f.attempts,
+        warnings=f.caught,
         note=note[:300],
     )
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """What :func:`fit_asym` keeps of a MixedLM or OLS fit."""
+
+    method: str
+    fe: pd.Series
+    """The fixed effects by name."""
+    ci: pd.Series
+    """beta's CI (lo, hi)."""
+    p: float
+    vcomp: dict[str, float]
+    resid: float
+    converged: bool
+    x: np.ndarray
+    """The fixed-effects design matrix."""
+    attempts: tuple[str, ...]
+    caught: tuple[str, ...]
+
+
+def _mixed_fit(frame: pd.DataFrame, formula: str, kw: dict[str, Any], zframe: pd.DataFrame) -> _Fitted:
+    """The REML MixedLM fit, its variance components, and beta's Wald CI from the GLS covariance."""
+    import statsmodels.formula.api as smf
+
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        model = smf.mixedlm(formula, frame, **kw)
+    caught = tuple(_first_lines(ws))
+    res, attempts, fit_ws = fit_mixed(model)
+    caught = tuple(dict.fromkeys([*caught, *fit_ws]))
+    fe = res.fe_params
+    vcomp = dict(zip(model.exog_vc.names, map(float, np.atleast_1d(res.vcomp)), strict=True))
+    if kw["re_formula"] == "1":
+        vcomp = {"model_reasoning": float(np.asarray(res.cov_re)[0, 0]), **vcomp}
+    resid, converged = float(res.scale), bool(res.converged) and np.isfinite(res.llf)
+    ci, p = wald_ci(
+        float(fe["baseline_bias"]), gls_se(model.exog, zframe, vcomp, resid, list(fe.index), "baseline_bias")
+    )
+    return _Fitted("MixedLM (REML)", fe, ci, p, vcomp, resid, converged, model.exog, attempts, caught)
+
+
+def _ols_fit(frame: pd.DataFrame, formula: str) -> _Fitted:
+    """OLS, where no grouping has two levels."""
+    import statsmodels.api as sm
+
+    ols = sm.OLS.from_formula(formula, frame).fit()
+    ci = ols.conf_int().loc["baseline_bias"]
+    p = float(ols.pvalues["baseline_bias"])
+    return _Fitted("OLS", ols.params, ci, p, {}, float(ols.scale), True, ols.model.exog, ("OLS: closed form",), ())
 
 
 def asym_fits(cond: pd.DataFrame, structures: Sequence[str] = STRUCTURES) -> list[AsymFit]:

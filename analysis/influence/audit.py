@@ -166,12 +166,51 @@ def headline(
     main = (cond["variant"] == "cue").to_numpy()
     c = cond[main]
     eff = effects(c, alpha)
-    rows: list[dict[str, Any]] = []
+    rows = _Rows()
+    rows.add("conditions", len(c))
+    _mean_shift_rows(rows, cond, main, delta_reps)
+    floor = float(noise["abs_diff"].mean()) if noise is not None and len(noise) else math.nan
+    rows.add(
+        "mean |shift| expected from sampling noise alone (pp)",
+        100 * floor,
+        note="the noise floor: mean |f0'(B) - f0(B)| of the baseline re-run"
+        if math.isfinite(floor)
+        else "n/a: no baseline re-run (--controls rerun)",
+    )
+    _significance_rows(rows, eff)
+    _asymmetry_rows(rows, c)
+    lean, asym = c["f0_B"] - 0.5, c["asym"]
+    ok = lean.notna() & asym.notna()
+    r = (
+        float(np.corrcoef(lean[ok], asym[ok])[0, 1])
+        if ok.sum() > 2 and lean[ok].std() > 0 and asym[ok].std() > 0
+        else math.nan
+    )
+    rows.add("signed correlation r(f0(B) - 0.5, Asym)", r, note="negative: easier to push away from the baseline lean")
+    if noise is not None and len(noise):
+        floor = float(noise["abs_diff"].mean())
+        rows.add("noise floor: mean |f0'(B) - f0(B)| of the re-run (pp)", 100 * floor)
+        shift = next(r["value"] for r in rows.rows if r["metric"] == "mean |shift| (pp), all cues")
+        rows.add(
+            "shift-to-noise ratio", shift / (100 * floor) if floor > 0 else math.nan, note="n/a when the floor is 0"
+        )
+    out = pd.DataFrame(rows.rows)
+    out["value"] = pd.Series([r["value"] for r in rows.rows], dtype=object)  # counts stay integers
+    return out
 
-    def add(metric: str, value: float | int, lo: float = math.nan, hi: float = math.nan, note: str = "") -> None:
-        rows.append({"metric": metric, "value": value, "ci_lo": lo, "ci_hi": hi, "note": note})
 
-    add("conditions", len(c))
+class _Rows:
+    """The headline table's rows: metric, value, CI and note."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, metric: str, value: float | int, lo: float = math.nan, hi: float = math.nan, note: str = "") -> None:
+        self.rows.append({"metric": metric, "value": value, "ci_lo": lo, "ci_hi": hi, "note": note})
+
+
+def _mean_shift_rows(rows: _Rows, cond: pd.DataFrame, main: np.ndarray, delta_reps: np.ndarray | None) -> None:
+    """Mean |shift| of all main cues and of the one-sentence ones: percentile CI, then bias-corrected."""
     for label, mask in (
         ("mean |shift| (pp), all cues", main),
         ("mean |shift| (pp), one-sentence user-message cues", main & (cond["kind"] == "sentence").to_numpy()),
@@ -184,37 +223,41 @@ def headline(
             clusters = np.concatenate([_clusters(sub)] * 2)
             ms = _mean_shift(*cluster_bootstrap_reps(vals, clusters)) if len(vals) else MeanShift(*(math.nan,) * 3)
         boot = "item bootstrap" if delta_reps is not None else "cluster bootstrap"
-        add(label, 100 * ms.value, 100 * ms.lo, 100 * ms.hi, boot)
-        add(
+        rows.add(label, 100 * ms.value, 100 * ms.lo, 100 * ms.hi, boot)
+        rows.add(
             f"{label}, bias-corrected",
             100 * ms.corrected,
             100 * ms.corrected_lo,
             100 * ms.corrected_hi,
             f"{boot}, basic CI: 2 x estimate - replicates (the percentile CI above is biased upward with |shift|)",
         )
-    floor = float(noise["abs_diff"].mean()) if noise is not None and len(noise) else math.nan
-    add(
-        "mean |shift| expected from sampling noise alone (pp)",
-        100 * floor,
-        note="the noise floor: mean |f0'(B) - f0(B)| of the baseline re-run"
-        if math.isfinite(floor)
-        else "n/a: no baseline re-run (--controls rerun)",
-    )
+
+
+def _significance_rows(rows: _Rows, eff: pd.DataFrame) -> None:
+    """Shares of effects significant, practically large, and backfiring (overall and by relation)."""
     size = flags.practical_size(eff["delta"])
     thr = f"{100 * flags.PRACTICAL_SHIFT:g} pp"
-    add("effects with significant shift (raw)", share(eff["sig"]), note=flags.practical_note(size))
-    add("effects with significant shift (BH-FDR)", share(eff["sig_bh"]), note=flags.practical_note(size))
-    add(f"effects with |shift| >= {thr} (practical threshold)", size.share, note=f"{size.practical} of {size.effects}")
+    rows.add("effects with significant shift (raw)", share(eff["sig"]), note=flags.practical_note(size))
+    rows.add("effects with significant shift (BH-FDR)", share(eff["sig_bh"]), note=flags.practical_note(size))
+    rows.add(
+        f"effects with |shift| >= {thr} (practical threshold)", size.share, note=f"{size.practical} of {size.effects}"
+    )
     big = eff["delta"].abs() >= flags.PRACTICAL_SHIFT - 1e-12
-    add(f"  significant effects (raw) with |shift| >= {thr}", share(big, eff["sig"]))
-    add("backfire share of significant effects (raw)", share(eff["backfire"], eff["sig"]))
-    add("backfire share of significant effects (BH-FDR)", share(eff["backfire"], eff["sig_bh"]))
+    rows.add(f"  significant effects (raw) with |shift| >= {thr}", share(big, eff["sig"]))
+    rows.add("backfire share of significant effects (raw)", share(eff["backfire"], eff["sig"]))
+    rows.add("backfire share of significant effects (BH-FDR)", share(eff["backfire"], eff["sig_bh"]))
     for rel in ("neutral", "toward_preferred", "away_from_preferred"):
         sub = eff["relation"] == rel
-        add(f"backfire share of significant effects, {rel.replace('_', ' ')}", share(eff["backfire"], eff["sig"] & sub))
+        rows.add(
+            f"backfire share of significant effects, {rel.replace('_', ' ')}", share(eff["backfire"], eff["sig"] & sub)
+        )
+
+
+def _asymmetry_rows(rows: _Rows, c: pd.DataFrame) -> None:
+    """Shares of conditions with significant asymmetry, overall and among the baseline-neutral ones."""
     asym_note = flags.practical_note(flags.practical_size(c["asym"], flags.PRACTICAL_ASYM), unit="log-odds")
-    add("conditions with significant asymmetry (raw)", share(c["sig_asym"]), note=asym_note)
-    add("conditions with significant asymmetry (BH-FDR)", share(c["sig_asym_bh"]), note=asym_note)
+    rows.add("conditions with significant asymmetry (raw)", share(c["sig_asym"]), note=asym_note)
+    rows.add("conditions with significant asymmetry (BH-FDR)", share(c["sig_asym_bh"]), note=asym_note)
     for col, label in (
         ("neutral_binom", "test of f0(B) = 1/2"),
         ("neutral_margin", f"|f0(B) - 0.5| < {MARGIN}"),
@@ -222,29 +265,15 @@ def headline(
     ):
         neutral = c[col].astype(bool)
         note = flags.practical_note(flags.practical_size(c.loc[neutral, "asym"], flags.PRACTICAL_ASYM), "log-odds")
-        add(f"baseline-neutral conditions ({label})", int(neutral.sum()))
-        add(f"  neutral ({label}): share with significant asymmetry (raw)", share(c["sig_asym"], neutral), note=note)
-        add(
+        rows.add(f"baseline-neutral conditions ({label})", int(neutral.sum()))
+        rows.add(
+            f"  neutral ({label}): share with significant asymmetry (raw)", share(c["sig_asym"], neutral), note=note
+        )
+        rows.add(
             f"  neutral ({label}): share with significant asymmetry (BH-FDR)",
             share(c["sig_asym_bh"], neutral),
             note=note,
         )
-    lean, asym = c["f0_B"] - 0.5, c["asym"]
-    ok = lean.notna() & asym.notna()
-    r = (
-        float(np.corrcoef(lean[ok], asym[ok])[0, 1])
-        if ok.sum() > 2 and lean[ok].std() > 0 and asym[ok].std() > 0
-        else math.nan
-    )
-    add("signed correlation r(f0(B) - 0.5, Asym)", r, note="negative: easier to push away from the baseline lean")
-    if noise is not None and len(noise):
-        floor = float(noise["abs_diff"].mean())
-        add("noise floor: mean |f0'(B) - f0(B)| of the re-run (pp)", 100 * floor)
-        shift = next(r["value"] for r in rows if r["metric"] == "mean |shift| (pp), all cues")
-        add("shift-to-noise ratio", shift / (100 * floor) if floor > 0 else math.nan, note="n/a when the floor is 0")
-    out = pd.DataFrame(rows)
-    out["value"] = pd.Series([r["value"] for r in rows], dtype=object)  # counts stay integers
-    return out
 
 
 def _clusters(cond: pd.DataFrame) -> np.ndarray:

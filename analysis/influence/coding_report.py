@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Files, Table
+from analysis.common.report import Body, Drawing, Files, g6_tables
 from analysis.influence.coding import CodedTask
 from analysis.influence.tables import table_md, table_section
 
@@ -73,7 +73,7 @@ def _short(df: pd.DataFrame, limit: int = 40) -> pd.DataFrame:
 
 def _tables(tables: dict[str, pd.DataFrame | None]) -> Files:
     """The coded CSVs, as the influence report writes its own (``%.6g``)."""
-    return Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items() if t is not None})
+    return Files(g6_tables(tables))
 
 
 def task_md(t: CodedTask) -> Body:

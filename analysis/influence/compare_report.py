@@ -14,7 +14,7 @@ gives two comparisons), every CSV holds both in long form (a ``source`` column,
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.figures import pyplot
-from analysis.common.report import Body, Drawing, Table, panel_body
-from analysis.common.tables import md_table, source_tables
+from analysis.common.report import Body, Drawing, sources_panel_body
+from analysis.common.tables import md_table
 from analysis.influence.asym import AsymFit
 from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_sources
 from analysis.influence.flags import PRACTICAL_SHIFT
@@ -35,19 +35,8 @@ def compare_influence(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED, a
     """The influence panel report: its summary, CSV tables and PNG figures (of each source where every run has
     both)."""
     parts = compare_sources(panel, n_boot=n_boot, seed=seed, asym_model=asym_model)
-    if len(parts) == 1:
-        res = parts[0]
-        return panel_body(
-            _tables(res.csv_tables()), res.dropped_items, figures(res), partial(_summary_md, panel, res, n_boot)
-        )
-    tables, dropped = source_tables([(str(p.source), p.csv_tables(), p.dropped_items) for p in parts])
-    drawings = [d for p in parts for d in figures(p, tag=str(p.source))]
-    return panel_body(_tables(tables), dropped, drawings, partial(_sources_summary_md, panel, parts, n_boot))
-
-
-def _tables(frames: Mapping[str, pd.DataFrame | None]) -> dict[str, Table]:
-    """The comparison's CSV tables (``%.6g``); a table no source computed (None) is not written."""
-    return {stem: Table(t, float_format="%.6g") for stem, t in frames.items() if t is not None}
+    summaries = partial(_summary_md, panel, n_boot), partial(_sources_summary_md, panel, parts, n_boot)
+    return sources_panel_body(parts, lambda p: p.dropped_items, figures, *summaries)
 
 
 # ---------------------------------------------------------------------------- figures
@@ -156,7 +145,7 @@ _BY = ["conditions", "f0_B", "|delta|", "|steer|", "steer", "|asym|", "sig", "pr
 ``sig``."""
 
 
-def _summary_md(panel: Panel, res: InfluenceComparison, n_boot: int, figures: Sequence[str]) -> str:
+def _summary_md(panel: Panel, n_boot: int, res: InfluenceComparison, figures: Sequence[str]) -> str:
     from analysis.common.report import panel_md
 
     lines = ["# Influence audit across runs", "", *panel_md(panel), ""]
@@ -189,9 +178,35 @@ def _sources_summary_md(panel: Panel, parts: Sequence[InfluenceComparison], n_bo
 
 def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
     """The summary from its matching section on (the header and the figure list are the caller's)."""
+    t = res.tables
+    lines = _matching_md(res, n_boot)
+    lines += _headline_md(t["headline"])
+    lines += [
+        "## Per model and reasoning mode (main cues)",
+        "",
+        md_table(t["by_model"][["benchmark", "model", "think", *_BY]], nan="–"),
+        "",
+    ]
+    lines += ["## Per reasoning mode", "", md_table(t["by_reasoning"][["benchmark", "think", *_BY]], nan="–"), ""]
+    lines += [
+        "## Per influence type and reasoning mode",
+        "",
+        md_table(t["by_influence_reasoning"][["benchmark", "influence", "think", *_BY]], nan="–"),
+        "",
+    ]
+    lines += _reasoning_change_md(res.change)
+    lines += [
+        "## |Asym| against |baseline bias|",
+        "",
+        *asym_md(res.fits, res.asym_model),
+    ]
+    return lines
+
+
+def _matching_md(res: InfluenceComparison, n_boot: int) -> list[str]:
+    """How the runs were matched on items and conditions, and how the conditions are recomputed on them."""
     from analysis.common.report import dropped_md
 
-    t = res.tables
     lines = ["## Matching", ""]
     if res.imported:
         lines += [
@@ -214,40 +229,35 @@ def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
         "toward d (+1/2 continuity correction), Asym = s(B) - s(A); BH-FDR within benchmark x variant x test family "
         f"over all runs; CIs from {n_boot} cluster-bootstrap replicates of the items.",
         "",
-        "## Headline per benchmark",
-        "",
     ]
-    head = t["headline"]
-    if len(head):
-        keep = head[
-            head["metric"].isin(
-                [
-                    "conditions",
-                    "mean |shift| (pp), all cues",
-                    "mean |shift| (pp), all cues, bias-corrected",
-                    "effects with significant shift (BH-FDR)",
-                    f"effects with |shift| >= {100 * PRACTICAL_SHIFT:g} pp (practical threshold)",
-                    "conditions with significant asymmetry (BH-FDR)",
-                ]
-            )
-        ]
-        cols = ["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]
-        lines += [md_table(keep[cols].astype({"value": float}), nan="–"), ""]
-    lines += [
-        "## Per model and reasoning mode (main cues)",
-        "",
-        md_table(t["by_model"][["benchmark", "model", "think", *_BY]], nan="–"),
-        "",
+    return lines
+
+
+def _headline_md(head: pd.DataFrame) -> list[str]:
+    """The headline rows the summary shows, per benchmark."""
+    lines = ["## Headline per benchmark", ""]
+    if not len(head):
+        return lines
+    keep = head[
+        head["metric"].isin(
+            [
+                "conditions",
+                "mean |shift| (pp), all cues",
+                "mean |shift| (pp), all cues, bias-corrected",
+                "effects with significant shift (BH-FDR)",
+                f"effects with |shift| >= {100 * PRACTICAL_SHIFT:g} pp (practical threshold)",
+                "conditions with significant asymmetry (BH-FDR)",
+            ]
+        )
     ]
-    lines += ["## Per reasoning mode", "", md_table(t["by_reasoning"][["benchmark", "think", *_BY]], nan="–"), ""]
-    lines += [
-        "## Per influence type and reasoning mode",
-        "",
-        md_table(t["by_influence_reasoning"][["benchmark", "influence", "think", *_BY]], nan="–"),
-        "",
-    ]
-    lines += ["## Reasoning on minus off", ""]
-    if res.change.empty:
+    cols = ["benchmark", "metric", "value", "ci_lo", "ci_hi", "note"]
+    return [*lines, md_table(keep[cols].astype({"value": float}), nan="–"), ""]
+
+
+def _reasoning_change_md(change: pd.DataFrame) -> list[str]:
+    """Reasoning on minus off per model and influence type (both cue directions)."""
+    lines = ["## Reasoning on minus off", ""]
+    if change.empty:
         lines += ["No model has both a reasoning-off and a reasoning-on run in this panel.", ""]
     else:
         lines += [
@@ -257,7 +267,7 @@ def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
             "amplified / dampened: the CI of the |s| change lies above / below 0.",
             "",
         ]
-        both = res.change[res.change["direction"] == "both"]
+        both = change[change["direction"] == "both"]
         show = both[
             [
                 "benchmark",
@@ -276,9 +286,4 @@ def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
             ]
         ]
         lines += [md_table(show, nan="–"), ""]
-    lines += [
-        "## |Asym| against |baseline bias|",
-        "",
-        *asym_md(res.fits, res.asym_model),
-    ]
     return lines

@@ -221,7 +221,45 @@ def flags_md(f: Flags, source: str = "readout") -> list[str]:
 def summary_md(res: InfluenceResults, src: SourceResults, figures: Sequence[str]) -> list[str]:
     """The summary of one source's audit ``src`` of the run: what it rests on, the flags and the headline, the
     tables by influence, pair and condition, the controls, and the ``figures``."""
-    man, audit, tables = res.manifest, src.audit, src.tables
+    audit, tables = src.audit, src.tables
+    c = audit.conditions
+    checks = flags_md(src.flags, audit.source)
+    lines = _summary_head(res, audit)
+    lines += [
+        "",
+        "## Headline",
+        "",
+        *checks,
+        *([""] if checks else []),
+        table_md(tables["headline"]),
+        "",
+    ]
+    lines += _order_section(tables["order_readouts"])
+    lines += table_section("## By influence type", tables["by_influence"])
+    lines += table_section("## By pair (factor / sub-experiment / value)", tables["by_pair"])
+    lines += table_section("## Conditions (main cues)", c[c["variant"] == "cue"][_SHOW].head(60))
+    if len(c[c["variant"] == "cue"]) > 60:
+        lines += [f"(first 60 of {int((c['variant'] == 'cue').sum())}; all in conditions.csv)", ""]
+    lines += _noise_section(tables["noise_floor"], audit.source)
+    for key, title in (
+        ("controls_placebo", "Placebo cues (irrelevant, same form)"),
+        ("controls_negated", "Negated cues"),
+        ("flip_rates", "Sample-level flip rates"),
+    ):
+        if key in tables:
+            lines += table_section(f"## {title}", tables[key])
+    lines += table_section("## Response quality", tables["response_quality"])
+    if figures:
+        lines += [
+            "Figures (f_A(B), f_0(B), f_B(B) per condition; s(A) vs s(B)): " + ", ".join(f"`{f}`" for f in figures),
+            "",
+        ]
+    return lines
+
+
+def _summary_head(res: InfluenceResults, audit: Audit) -> list[str]:
+    """The summary's title and what it rests on: the run, its conditions, how frequencies and tests are taken."""
+    man = res.manifest
     plan = man.plan or Plan()
     c = audit.conditions
     name = BENCHMARKS[audit.benchmark]
@@ -240,7 +278,6 @@ def summary_md(res: InfluenceResults, src: SourceResults, figures: Sequence[str]
             "for f0(B) = 1/2, pooled two-proportion z for each shift, Wald z for Asym (baseline variance counted "
             f"four times); CIs from {res.n_boot} cluster-bootstrap replicates of the items."
         )
-    head = tables["headline"]
     lines = [
         f"# Influence audit, {name}: {audit.info['model']}",
         "",
@@ -259,60 +296,41 @@ def summary_md(res: InfluenceResults, src: SourceResults, figures: Sequence[str]
             "- DailyDilemmas conditions are per value: A = the option whose primary value it is, B = the other "
             "option of the same dilemma."
         )
-    checks = flags_md(src.flags, audit.source)
-    lines += [
+    return lines
+
+
+def _order_section(orders: pd.DataFrame) -> list[str]:
+    """Readouts by printed order (none where the source has no readouts)."""
+    if not len(orders):
+        return []
+    confounded = bool(orders["confounded"].iloc[0])
+    return [
+        "## Readouts by printed order",
         "",
-        "## Headline",
+        f"Mean P(first-printed option), mean P(label {orders['label'].iloc[0]}) and mean P(side B) per arm and "
+        "printed order (main cues). A readout that follows the position reads P(first printed) on the same side "
+        f"of 1/2 in both orders (flagged from {flags.FOLLOW_MARGIN:g} away)"
+        + (
+            "; label and position coincide here (the same label is printed first in every trial)."
+            if confounded
+            else "."
+        ),
         "",
-        *checks,
-        *([""] if checks else []),
-        table_md(head),
+        table_md(orders.drop(columns=["label", "confounded"])),
         "",
     ]
-    orders = tables["order_readouts"]
-    if len(orders):
-        confounded = bool(orders["confounded"].iloc[0])
-        lines += [
-            "## Readouts by printed order",
-            "",
-            f"Mean P(first-printed option), mean P(label {orders['label'].iloc[0]}) and mean P(side B) per arm and "
-            "printed order (main cues). A readout that follows the position reads P(first printed) on the same side "
-            f"of 1/2 in both orders (flagged from {flags.FOLLOW_MARGIN:g} away)"
-            + (
-                "; label and position coincide here (the same label is printed first in every trial)."
-                if confounded
-                else "."
-            ),
-            "",
-            table_md(orders.drop(columns=["label", "confounded"])),
-            "",
-        ]
-    lines += table_section("## By influence type", tables["by_influence"])
-    lines += table_section("## By pair (factor / sub-experiment / value)", tables["by_pair"])
-    lines += table_section("## Conditions (main cues)", c[c["variant"] == "cue"][_SHOW].head(60))
-    if len(c[c["variant"] == "cue"]) > 60:
-        lines += [f"(first 60 of {int((c['variant'] == 'cue').sum())}; all in conditions.csv)", ""]
-    noise = tables["noise_floor"]
+
+
+def _noise_section(noise: pd.DataFrame, source: str) -> list[str]:
+    """The baseline re-run's noise floor (none where there was no re-run)."""
+    lines: list[str] = []
     if len(noise):
         lines += table_section("## Noise floor (baseline re-run)", noise)
-        if audit.source == "readout" and float(noise["abs_diff"].max()) == 0.0:
+        if source == "readout" and float(noise["abs_diff"].max()) == 0.0:
             lines += [
                 "A readout is deterministic, so an unsalted re-run is identical; use --rerun-salt for a floor.",
                 "",
             ]
-    for key, title in (
-        ("controls_placebo", "Placebo cues (irrelevant, same form)"),
-        ("controls_negated", "Negated cues"),
-        ("flip_rates", "Sample-level flip rates"),
-    ):
-        if key in tables:
-            lines += table_section(f"## {title}", tables[key])
-    lines += table_section("## Response quality", tables["response_quality"])
-    if figures:
-        lines += [
-            "Figures (f_A(B), f_0(B), f_B(B) per condition; s(A) vs s(B)): " + ", ".join(f"`{f}`" for f in figures),
-            "",
-        ]
     return lines
 
 

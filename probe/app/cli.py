@@ -220,7 +220,25 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    _add_run(sub)
+    _add_readout(sub)
+    _add_run_folder_verbs(sub)
+    _add_compare(sub)
+    t = add_verb(sub, "tiny", cmd_tiny)
+    t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
+    from probe.app import coding  # imports pandas: loaded when the parser is built, not on `import probe.app.cli`
 
+    coding.register(sub)
+    serve.register(sub)
+    importer.register(sub)
+    from probe.app import viewserver  # probe view and probe show
+
+    viewserver.register(sub)
+    return p
+
+
+def _add_run(sub: Any) -> None:
+    """`probe run EXPERIMENT`: one subcommand per experiment, with its own options beside the engine's."""
     r = sub.add_parser(
         "run",
         help="run an experiment into a run directory (resumes if interrupted)",
@@ -265,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="if another probe process is writing this --out, wait for it (default: exit 2 naming it)",
         )
 
+
+def _add_readout(sub: Any) -> None:
     o = add_verb(sub, "readout", cmd_readout)
     o.add_argument("--prompt", required=True, help="the user message")
     o.add_argument("--options", required=True, help="the options, separated by --sep (default ',')")
@@ -274,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.set_defaults(no_readout=False)  # an openai-compatible: model is read through its server (engines.server)
     add_engine_arguments(o)
 
+
+def _add_run_folder_verbs(sub: Any) -> None:
+    """The verbs on one run folder: merge, analyze, check."""
     m = add_verb(sub, "merge", cmd_merge)
     m.add_argument("run", help="the --out folder the shards were written under")
     add_no_report(m, "after merging")
@@ -290,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     k = add_verb(sub, "check", cmd_check)
     k.add_argument("run", help="run directory (or a folder of shard-i-of-n runs)")
 
+
+def _add_compare(sub: Any) -> None:
     c = add_verb(
         sub,
         "compare",
@@ -330,18 +355,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="cue panels: greedy decisions (default, the paper's temperature 0) or expected decisions",
     )
     c.add_argument("--quiet", action="store_true", help="do not print the summary")
-
-    t = add_verb(sub, "tiny", cmd_tiny)
-    t.add_argument("names", nargs="*", help="tiny, tiny-hybrid (default: both)")
-    from probe.app import coding  # imports pandas: loaded when the parser is built, not on `import probe.app.cli`
-
-    coding.register(sub)
-    serve.register(sub)
-    importer.register(sub)
-    from probe.app import viewserver  # probe view and probe show
-
-    viewserver.register(sub)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -284,37 +284,10 @@ def code_run(
     ).hexdigest()[:16]
     out_dir = coding_dir(store.root)
     final, meta_path = out_dir / f"{task}.parquet", out_dir / f"{task}.json"
-    if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        if old.get("key") == key and final.exists():
-            log(f"{final}: already coded ({old['counts']['coded']} texts)")
-            return CodingResult(final, old, pd.read_parquet(final))
-        if not overwrite:
-            raise ValueError(
-                f"{final} holds a coding by another judge, taxonomy or text selection ({old.get('judge', {}).get('name')}); "
-                "pass --overwrite to replace it"
-            )
+    if (finished := _finished_coding(final, meta_path, key, overwrite, log)) is not None:
+        return finished
     parts = out_dir / f".{task}-{key}"
-    bounds = [(lo, min(lo + chunk_size, len(items))) for lo in range(0, len(items), chunk_size)]
-    done = {int(p.stem.split("-")[1]) for p in parts.glob("chunk-*.parquet")} if parts.is_dir() else set()
-    if done:
-        log(f"{parts}: resuming, {len(done)}/{len(bounds)} chunks already coded")
-    for k, (lo, hi) in enumerate(bounds):
-        if k in done:
-            continue
-        trials = [
-            judge_trial(task, it.trial_id, it.draw, p, codes)
-            for it, p in zip(items[lo:hi], prompts[lo:hi], strict=True)
-        ]
-        labels = judge.label(trials)
-        atomic_write_parquet(
-            parts / f"chunk-{k:06d}.parquet", _label_rows(items[lo:hi], prompts[lo:hi], labels, codes, judge.name)
-        )
-    frames = [pd.read_parquet(parts / f"chunk-{k:06d}.parquet") for k in range(len(bounds))]
-    cols = ["trial_id", "draw", "label", *[f"p_{c.id}" for c in codes], "judge", "origin", "status"]
-    cols += ["judge_prompt", "judge_raw", "coverage", "judge_draws"]
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
-    frame["draw"] = frame["draw"].astype(int)
+    frame = _code_chunks(parts, task, items, prompts, codes, judge, chunk_size, log)
     ok, failed = frame[frame["status"] == "ok"].drop(columns="status"), frame[frame["status"] != "ok"]
     meta = {
         "task": task,
@@ -335,13 +308,8 @@ def code_run(
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    atomic_write_parquet(final, ok.reset_index(drop=True))
     failed_path = out_dir / f"{task}.failed.parquet"
-    if len(failed):
-        atomic_write_parquet(failed_path, failed.reset_index(drop=True))
-    else:
-        failed_path.unlink(missing_ok=True)
-    atomic_write_text(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    _write_coding(final, meta_path, failed_path, ok, failed, meta)
     shutil.rmtree(parts, ignore_errors=True)
     log(
         f"coded {len(ok)} texts ({task}) with {judge.name} into {final}"
@@ -353,6 +321,70 @@ def code_run(
         )
     )
     return CodingResult(final, meta, ok.reset_index(drop=True))
+
+
+def _finished_coding(
+    final: Path, meta_path: Path, key: str, overwrite: bool, log: Callable[[str], None]
+) -> CodingResult | None:
+    """The finished coding with this key, if there is one; refuses to replace another coding unless ``overwrite``."""
+    if not meta_path.exists():
+        return None
+    old = json.loads(meta_path.read_text())
+    if old.get("key") == key and final.exists():
+        log(f"{final}: already coded ({old['counts']['coded']} texts)")
+        return CodingResult(final, old, pd.read_parquet(final))
+    if not overwrite:
+        raise ValueError(
+            f"{final} holds a coding by another judge, taxonomy or text selection ({old.get('judge', {}).get('name')}); "
+            "pass --overwrite to replace it"
+        )
+    return None
+
+
+def _code_chunks(
+    parts: Path,
+    task: str,
+    items: Sequence[CodingItem],
+    prompts: Sequence[str],
+    codes: Sequence[Code],
+    judge: Coder,
+    chunk_size: int,
+    log: Callable[[str], None],
+) -> pd.DataFrame:
+    """Label the texts chunk by chunk under ``parts`` (the chunks already there are kept); all the labels."""
+    bounds = [(lo, min(lo + chunk_size, len(items))) for lo in range(0, len(items), chunk_size)]
+    done = {int(p.stem.split("-")[1]) for p in parts.glob("chunk-*.parquet")} if parts.is_dir() else set()
+    if done:
+        log(f"{parts}: resuming, {len(done)}/{len(bounds)} chunks already coded")
+    for k, (lo, hi) in enumerate(bounds):
+        if k in done:
+            continue
+        trials = [
+            judge_trial(task, it.trial_id, it.draw, p, codes)
+            for it, p in zip(items[lo:hi], prompts[lo:hi], strict=True)
+        ]
+        labels = judge.label(trials)
+        atomic_write_parquet(
+            parts / f"chunk-{k:06d}.parquet", _label_rows(items[lo:hi], prompts[lo:hi], labels, codes, judge.name)
+        )
+    frames = [pd.read_parquet(parts / f"chunk-{k:06d}.parquet") for k in range(len(bounds))]
+    cols = ["trial_id", "draw", "label", *[f"p_{c.id}" for c in codes], "judge", "origin", "status"]
+    cols += ["judge_prompt", "judge_raw", "coverage", "judge_draws"]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    frame["draw"] = frame["draw"].astype(int)
+    return frame
+
+
+def _write_coding(
+    final: Path, meta_path: Path, failed_path: Path, ok: pd.DataFrame, failed: pd.DataFrame, meta: dict[str, Any]
+) -> None:
+    """Write the coded texts, the unparsed ones (if any; else remove a stale file) and the metadata."""
+    atomic_write_parquet(final, ok.reset_index(drop=True))
+    if len(failed):
+        atomic_write_parquet(failed_path, failed.reset_index(drop=True))
+    else:
+        failed_path.unlink(missing_ok=True)
+    atomic_write_text(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 # ================================================================ validation

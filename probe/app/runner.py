@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from engines.base import BatchesReplies, CallStats, ChunkSize, CountsTokens, Engine, Journaled, ReadsSlot, SamplesNext
-from experiments import Spec, get_experiment
+from experiments import Experiment, Spec, get_experiment
 from probe.lock import RunLock
 from probe.record import EngineRecord, Manifest, Plan
 from probe.shards import Shard
@@ -146,29 +146,7 @@ def _run_locked(
     if shard is not None:
         trials = shard.select(trials)
         out = Path(out) / shard.folder
-    identity = {
-        "experiment": experiment,
-        "spec": spec.to_dict(),
-        "plan": plan.to_dict(),
-        **engine.identity(),
-        **({"judge": judge.identity()} if judge is not None else {}),
-    }  # the shard is not part of the identity: all shards of one run share its key
-    if "numerics" in identity:  # outside float32 the chunk decides what is batched together (LocalEngine.numerics)
-        identity["numerics"] = {**identity["numerics"], "chunk_size": chunk_size}
-    manifest = Manifest.build(
-        run_key=run_key(identity),
-        identity=identity,
-        experiment=experiment,
-        spec=spec.to_dict(),
-        plan=plan,
-        engine=engine.describe(),
-        packages=package_versions(),
-        project_commit=project_commit(),
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        shard=asdict(shard) if shard else None,
-        n_trials=len(trials),
-        chunk_size=chunk_size,
-    )
+    manifest = _manifest(experiment, spec, engine, plan, judge, shard, len(trials), chunk_size)
     if placed := placement_line(engine.name, manifest.engine):
         log(placed)
     read = [t for t in trials if not is_generative(t)] if plan.readout else []  # the trials whose slots are read
@@ -177,10 +155,7 @@ def _run_locked(
     if isinstance(engine, Journaled):  # engines that persist per call (api: a journal of paid responses)
         engine.attach(store)
     bounds = chunk_bounds(len(trials), chunk_size)
-    integrity = store.integrity()
-    done = {c.chunk for c in integrity.verified}
-    for c in integrity.damaged:
-        log(f"{store.root}: {c.describe()}; recomputing it{_replay_note(engine)}")
+    done = _verified_chunks(store, engine, log)
     todo = [k for k in range(len(bounds)) if k not in done]
     n_done = sum(hi - lo for k, (lo, hi) in enumerate(bounds) if k in done)
     if not todo:
@@ -192,81 +167,163 @@ def _run_locked(
         log(f"{store.root}: resuming, {n_done}/{len(trials)} trials already done")
     from tqdm.auto import tqdm
 
-    def calls(t: Trial) -> int:
-        """Progress units of one trial: its readout, its samples, or its generated replies."""
-        if is_generative(t):
-            return plan.samples if plan.samples and plan.samples_for(t) else 1
-        return int(plan.readout) + (plan.samples if plan.samples_for(t) else 0)
-
-    def drawn(t: Trial) -> bool:
-        """A generative trial that gets plan.samples draws at plan.temperature (else one greedy reply)."""
-        return bool(plan.samples) and plan.samples_for(t)
-
-    def reply_count(t: Trial) -> int:
-        return plan.samples if drawn(t) else 1
-
-    reply_rows = int(engine.reply_rows or 0) if isinstance(engine, BatchesReplies) else 0  # 0: each chunk alone
-    cap: dict[str, Any] = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
-    generative = {k: [t for t in trials[slice(*bounds[k])] if is_generative(t)] for k in todo}
-    ahead: dict[str, list[Sample]] = {}  # replies decoded but not yet written, by trial id (a crash loses them)
-    decoded: set[int] = set()  # chunks whose replies have been decoded in this invocation
-
+    chunks = _Chunks(exp, spec, engine, reader, plan, judge, is_generative, trials, bounds, todo)
     started, n_new, tokens = time.perf_counter(), 0, dict.fromkeys(TOKEN_COUNTS, 0)
-    rates = _Rates()
     with tqdm(
-        total=sum(calls(t) for t in trials),
-        initial=sum(calls(t) for k, (lo, hi) in enumerate(bounds) if k in done for t in trials[lo:hi]),
+        total=sum(chunks.calls(t) for t in trials),
+        initial=sum(chunks.calls(t) for k, (lo, hi) in enumerate(bounds) if k in done for t in trials[lo:hi]),
         desc=f"{experiment} ({engine.name})",
         unit="call",
         disable=not progress,
     ) as bar:
         for i, k in enumerate(todo):
-            lo, hi = bounds[k]
-            chunk = [t for t in trials[lo:hi] if not is_generative(t)]
-            generated = generative[k]
-            tables: dict[str, pd.DataFrame] = {}
-            to_sample = [t for t in chunk if plan.samples_for(t)] if plan.samples else []
-            if plan.readout and chunk and to_sample and isinstance(engine, SamplesNext):
-                engine.sample_next(to_sample)  # the readout may keep these prompts' caches for the draws below
-            if plan.readout and chunk and reader is not None:  # plan.readout: the engine reads (checked above)
-                with rates.timing("readouts", len(chunk), bar):
-                    tables.update(readout_tables(reader.readout(chunk, progress=bar.update)))
-            if to_sample:
-                # readout trials ask for one of their options: each reply is parsed up to where its answer
-                # ends, and an engine that can stops the draw there (probe.parse.answer_end)
-                with rates.timing("draws", len(to_sample) * plan.samples, bar):
-                    samples = engine.sample(
-                        to_sample, plan.samples, plan.temperature, progress=bar.update, stop_at_answer=True
-                    )
-                tables["samples"] = sample_table(samples)
-            if generated:  # free text: greedy unless sampling was asked for (and --sample-only selects it), judged
-                if k not in decoded:
-                    group = todo[i : i + plan_replies([generative[j] for j in todo[i:]], reply_count, reply_rows)]
-                    decoded.update(group)
-                    batch = [t for j in group for t in generative[j]]
-                    with rates.timing("replies", sum(reply_count(t) for t in batch), bar):
-                        for part, n, temp in (
-                            ([t for t in batch if drawn(t)], plan.samples, plan.temperature),
-                            ([t for t in batch if not drawn(t)], 1, 0.0),
-                        ):
-                            for smp in engine.sample(part, n, temp, progress=None, **cap) if part else []:
-                                ahead.setdefault(smp.trial_id, []).append(smp)
-                    # the bar advances for generated trials here, when their replies are decoded (the chunks
-                    # decoded ahead are not counted again when they are written)
-                    bar.update(sum(calls(t) for t in batch))
-                texts = [smp for t in generated for smp in ahead.pop(t.trial_id)]
-                tables["generations"] = sample_table(texts)
-                if judge is not None:
-                    tables["judgments"] = judge.judge(generated, texts)
+            tables = chunks.tables(i, k, bar)
             store.write_chunk(k, tables)
-            n_new += hi - lo
+            n_new += bounds[k][1] - bounds[k][0]
             tokens = {name: tokens[name] + n for name, n in table_tokens(tables).items()}
-    entry = throughput(n_new, time.perf_counter() - started, tokens, peak_gpu_memory()) | rates.entry()
+    entry = throughput(n_new, time.perf_counter() - started, tokens, peak_gpu_memory()) | chunks.rates.entry()
     store.update_manifest({"throughput": entry})
     log(throughput_line(entry))
     _record_engine_stats(store, engine)
     _record_floor(store, engine, read, log)
     return store
+
+
+def _manifest(
+    experiment: str,
+    spec: Spec,
+    engine: Engine,
+    plan: Plan,
+    judge: Any,
+    shard: Shard | None,
+    n_trials: int,
+    chunk_size: int,
+) -> Manifest:
+    """The run's manifest, keyed by its identity: what was asked of which engine (and judge)."""
+    identity = {
+        "experiment": experiment,
+        "spec": spec.to_dict(),
+        "plan": plan.to_dict(),
+        **engine.identity(),
+        **({"judge": judge.identity()} if judge is not None else {}),
+    }  # the shard is not part of the identity: all shards of one run share its key
+    if "numerics" in identity:  # outside float32 the chunk decides what is batched together (LocalEngine.numerics)
+        identity["numerics"] = {**identity["numerics"], "chunk_size": chunk_size}
+    return Manifest.build(
+        run_key=run_key(identity),
+        identity=identity,
+        experiment=experiment,
+        spec=spec.to_dict(),
+        plan=plan,
+        engine=engine.describe(),
+        packages=package_versions(),
+        project_commit=project_commit(),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        shard=asdict(shard) if shard else None,
+        n_trials=n_trials,
+        chunk_size=chunk_size,
+    )
+
+
+def _verified_chunks(store: RunStore, engine: Engine, log: Callable[[str], None]) -> set[int]:
+    """The chunks already done whose receipts verify; the damaged ones are said to be recomputed."""
+    integrity = store.integrity()
+    for c in integrity.damaged:
+        log(f"{store.root}: {c.describe()}; recomputing it{_replay_note(engine)}")
+    return {c.chunk for c in integrity.verified}
+
+
+class _Chunks:
+    """The tables of the chunks still to do, one chunk at a time: answer-slot readouts, draws of the readout
+    trials, and free-text replies (decoded ahead for the following chunks, see :func:`plan_replies`), judged."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        spec: Spec,
+        engine: Engine,
+        reader: ReadsSlot | None,
+        plan: Plan,
+        judge: Any,
+        is_generative: Callable[[Trial], bool],
+        trials: Sequence[Trial],
+        bounds: Sequence[tuple[int, int]],
+        todo: Sequence[int],
+    ) -> None:
+        self.engine, self.reader, self.plan, self.judge = engine, reader, plan, judge
+        self.is_generative, self.trials, self.bounds, self.todo = is_generative, trials, bounds, todo
+        self.reply_rows = int(engine.reply_rows or 0) if isinstance(engine, BatchesReplies) else 0  # 0: each alone
+        self.cap: dict[str, Any] = {"max_new_tokens": exp.reply_tokens(spec)} if exp.reply_tokens else {}
+        self.generative = {k: [t for t in trials[slice(*bounds[k])] if is_generative(t)] for k in todo}
+        self.ahead: dict[str, list[Sample]] = {}  # replies decoded but not yet written, by trial id (lost on a crash)
+        self.decoded: set[int] = set()  # chunks whose replies have been decoded in this invocation
+        self.rates = _Rates()
+
+    def calls(self, t: Trial) -> int:
+        """Progress units of one trial: its readout, its samples, or its generated replies."""
+        plan = self.plan
+        if self.is_generative(t):
+            return plan.samples if plan.samples and plan.samples_for(t) else 1
+        return int(plan.readout) + (plan.samples if plan.samples_for(t) else 0)
+
+    def drawn(self, t: Trial) -> bool:
+        """A generative trial that gets plan.samples draws at plan.temperature (else one greedy reply)."""
+        return bool(self.plan.samples) and self.plan.samples_for(t)
+
+    def reply_count(self, t: Trial) -> int:
+        return self.plan.samples if self.drawn(t) else 1
+
+    def tables(self, i: int, k: int, bar: Any) -> dict[str, pd.DataFrame]:
+        """The tables of chunk ``k``, the ``i``-th of the chunks to do."""
+        lo, hi = self.bounds[k]
+        tables = self.readouts_and_draws([t for t in self.trials[lo:hi] if not self.is_generative(t)], bar)
+        generated = self.generative[k]
+        if generated:  # free text: greedy unless sampling was asked for (and --sample-only selects it), judged
+            if k not in self.decoded:
+                self.decode_replies(i, bar)
+            texts = [smp for t in generated for smp in self.ahead.pop(t.trial_id)]
+            tables["generations"] = sample_table(texts)
+            if self.judge is not None:
+                tables["judgments"] = self.judge.judge(generated, texts)
+        return tables
+
+    def readouts_and_draws(self, chunk: list[Trial], bar: Any) -> dict[str, pd.DataFrame]:
+        """The readout tables of a chunk's readout trials and the table of their draws."""
+        plan, engine, reader = self.plan, self.engine, self.reader
+        tables: dict[str, pd.DataFrame] = {}
+        to_sample = [t for t in chunk if plan.samples_for(t)] if plan.samples else []
+        if plan.readout and chunk and to_sample and isinstance(engine, SamplesNext):
+            engine.sample_next(to_sample)  # the readout may keep these prompts' caches for the draws below
+        if plan.readout and chunk and reader is not None:  # plan.readout: the engine reads (checked above)
+            with self.rates.timing("readouts", len(chunk), bar):
+                tables.update(readout_tables(reader.readout(chunk, progress=bar.update)))
+        if to_sample:
+            # readout trials ask for one of their options: each reply is parsed up to where its answer
+            # ends, and an engine that can stops the draw there (probe.parse.answer_end)
+            with self.rates.timing("draws", len(to_sample) * plan.samples, bar):
+                samples = engine.sample(
+                    to_sample, plan.samples, plan.temperature, progress=bar.update, stop_at_answer=True
+                )
+            tables["samples"] = sample_table(samples)
+        return tables
+
+    def decode_replies(self, i: int, bar: Any) -> None:
+        """Decode the replies of the ``i``-th chunk to do and of as many following chunks as fit in the engine's
+        reply rows, into ``self.ahead``."""
+        todo, plan = self.todo, self.plan
+        group = todo[i : i + plan_replies([self.generative[j] for j in todo[i:]], self.reply_count, self.reply_rows)]
+        self.decoded.update(group)
+        batch = [t for j in group for t in self.generative[j]]
+        with self.rates.timing("replies", sum(self.reply_count(t) for t in batch), bar):
+            for part, n, temp in (
+                ([t for t in batch if self.drawn(t)], plan.samples, plan.temperature),
+                ([t for t in batch if not self.drawn(t)], 1, 0.0),
+            ):
+                for smp in self.engine.sample(part, n, temp, progress=None, **self.cap) if part else []:
+                    self.ahead.setdefault(smp.trial_id, []).append(smp)
+        # the bar advances for generated trials here, when their replies are decoded (the chunks
+        # decoded ahead are not counted again when they are written)
+        bar.update(sum(self.calls(t) for t in batch))
 
 
 def placement_line(name: str, rec: EngineRecord) -> str | None:

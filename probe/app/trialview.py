@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from probe.app.prompts import Renderer
+from probe.app.prompts import RenderedPrompt, Renderer
 from probe.runs import Run, TrialData
 
 
@@ -49,49 +49,6 @@ def view_of(run: Run, data: TrialData, renderer: Renderer) -> dict[str, Any]:
     readout = data.readout
     prompt_tokens = int(readout["prompt_tokens"]) if readout is not None else None
     rendered = renderer.render(t, prompt_tokens)
-    options: list[dict[str, Any]] = []
-    stored = {r["option"]: r for r in data.options.to_dict("records")} if len(data.options) else {}
-    for i, (opt, meaning) in enumerate(zip(t.options, t.meaning, strict=True)):
-        row = stored.get(opt, {})
-        options.append(
-            {
-                "option": opt,
-                "meaning": meaning,
-                "prob": _num(row.get("prob")),
-                "logprob": _num(row.get("logprob")),
-                "n_tokens": int(row["n_tokens"]) if "n_tokens" in row else None,
-                "token_ids": list(rendered.option_ids[i]) if rendered.option_ids is not None else None,
-                "greedy": bool(row.get("greedy", False)),
-            }
-        )
-    samples = [
-        {
-            "source": str(r["source"]),
-            "draw": int(r["draw"]),
-            "option": _text(r.get("option")),
-            "status": str(r["status"]),
-            "truncated": bool(r.get("truncated", False)),
-            "text": _text(r.get("text")) or "",
-            "reasoning": _text(r.get("reasoning")) or "",
-            "completion_tokens": int(r.get("completion_tokens") or 0),
-        }
-        for r in (data.samples.to_dict("records") if len(data.samples) else [])
-    ]
-    for smp in samples:  # a reply whose text keeps its think block needs no second copy of the reasoning
-        reasoning, text = str(smp["reasoning"]), str(smp["text"])
-        smp["reasoning_in_text"] = bool(reasoning) and reasoning.strip() in text
-    codes = [
-        {
-            "task": str(r["task"]),
-            "draw": int(r["draw"]),
-            "label": _text(r.get("label")),
-            "p_label": _num(r.get("p_label")),
-            "probs": {str(k): _num(v) for k, v in dict(r.get("probs") or {}).items()},
-            "judge": _text(r.get("judge")),
-            "status": _text(r.get("status")),
-        }
-        for r in (data.codes.to_dict("records") if len(data.codes) else [])
-    ]
     return {
         "run": run.name,
         "trial_id": t.trial_id,
@@ -111,23 +68,86 @@ def view_of(run: Run, data: TrialData, renderer: Renderer) -> dict[str, Any]:
             "n_tokens": rendered.n_tokens,
             "note": rendered.note,
         },
-        "readout": None
-        if readout is None
-        else {
-            "coverage": _num(readout.get("coverage")),
-            "greedy_option": _text(readout.get("greedy_option")),
-            "greedy_meaning": _text(readout.get("greedy_meaning")),
-            "prompt_tokens": prompt_tokens,
-            "computed_tokens": int(readout.get("computed_tokens") or 0),
-            "top_other": [[str(tok), _num(p)] for tok, p in (readout.get("top_other") or [])],
-            "reasoning": _text(readout.get("reasoning")) or "",
-            "reasoning_tokens": int(readout.get("reasoning_tokens") or 0),
-            "hit_budget": bool(readout.get("hit_budget", False)),
-        },
-        "options": options,
-        "samples": samples,
-        "codes": codes,
+        "readout": _readout_view(readout, prompt_tokens),
+        "options": _option_views(data, rendered),
+        "samples": _sample_views(data),
+        "codes": _code_views(data),
     }
+
+
+def _readout_view(readout: Any, prompt_tokens: int | None) -> dict[str, Any] | None:
+    """The trial's stored readout: coverage, greedy option, tokens, reasoning (None where it has none)."""
+    if readout is None:
+        return None
+    return {
+        "coverage": _num(readout.get("coverage")),
+        "greedy_option": _text(readout.get("greedy_option")),
+        "greedy_meaning": _text(readout.get("greedy_meaning")),
+        "prompt_tokens": prompt_tokens,
+        "computed_tokens": int(readout.get("computed_tokens") or 0),
+        "top_other": [[str(tok), _num(p)] for tok, p in (readout.get("top_other") or [])],
+        "reasoning": _text(readout.get("reasoning")) or "",
+        "reasoning_tokens": int(readout.get("reasoning_tokens") or 0),
+        "hit_budget": bool(readout.get("hit_budget", False)),
+    }
+
+
+def _option_views(data: TrialData, rendered: RenderedPrompt) -> list[dict[str, Any]]:
+    """Each option with its meaning, stored probabilities and the token ids it renders to."""
+    t = data.trial
+    options: list[dict[str, Any]] = []
+    stored = {r["option"]: r for r in data.options.to_dict("records")} if len(data.options) else {}
+    for i, (opt, meaning) in enumerate(zip(t.options, t.meaning, strict=True)):
+        row = stored.get(opt, {})
+        options.append(
+            {
+                "option": opt,
+                "meaning": meaning,
+                "prob": _num(row.get("prob")),
+                "logprob": _num(row.get("logprob")),
+                "n_tokens": int(row["n_tokens"]) if "n_tokens" in row else None,
+                "token_ids": list(rendered.option_ids[i]) if rendered.option_ids is not None else None,
+                "greedy": bool(row.get("greedy", False)),
+            }
+        )
+    return options
+
+
+def _sample_views(data: TrialData) -> list[dict[str, Any]]:
+    """The trial's sampled replies; each says whether its text keeps its reasoning."""
+    samples = [
+        {
+            "source": str(r["source"]),
+            "draw": int(r["draw"]),
+            "option": _text(r.get("option")),
+            "status": str(r["status"]),
+            "truncated": bool(r.get("truncated", False)),
+            "text": _text(r.get("text")) or "",
+            "reasoning": _text(r.get("reasoning")) or "",
+            "completion_tokens": int(r.get("completion_tokens") or 0),
+        }
+        for r in (data.samples.to_dict("records") if len(data.samples) else [])
+    ]
+    for smp in samples:  # a reply whose text keeps its think block needs no second copy of the reasoning
+        reasoning, text = str(smp["reasoning"]), str(smp["text"])
+        smp["reasoning_in_text"] = bool(reasoning) and reasoning.strip() in text
+    return samples
+
+
+def _code_views(data: TrialData) -> list[dict[str, Any]]:
+    """The judge's codes of the trial's replies."""
+    return [
+        {
+            "task": str(r["task"]),
+            "draw": int(r["draw"]),
+            "label": _text(r.get("label")),
+            "p_label": _num(r.get("p_label")),
+            "probs": {str(k): _num(v) for k, v in dict(r.get("probs") or {}).items()},
+            "judge": _text(r.get("judge")),
+            "status": _text(r.get("status")),
+        }
+        for r in (data.codes.to_dict("records") if len(data.codes) else [])
+    ]
 
 
 def side_by_side(runs: Sequence[Run], view: Mapping[str, Any], here: int) -> list[dict[str, Any]]:

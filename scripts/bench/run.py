@@ -518,6 +518,66 @@ def vllm_notes(got: dict[str, Any] | None, why_not: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
+    a = p.parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # a long run shows each table as it is done, also in a log file
+    names = settle_arguments(p, a)
+
+    from experiments.dilemmas import load_dilemmas
+    from probe.models import resolve_model
+    from scripts.bench.model import ensure_bench_model
+
+    bench = [w for w in names if w in NAMES]
+    model = (a.model or str(ensure_bench_model())) if bench else None
+    smol = resolve_model("smol").path if SMOL_READOUT in names or SMOL_SAMPLE in names else None
+    ids = [d.id for d in load_dilemmas(None)]
+    specs = {
+        w: WorkloadSpec(
+            name="forced_binary" if w == SMOL_READOUT else w,
+            items=tuple(ids[: ITEMS[w][1 if a.quick else 0]]),
+            salts=a.salts if w == "salted" else 1,
+        )
+        for w in names
+        if w != SMOL_SAMPLE
+    }
+    ok_vllm, vllm_info = vllm_status(a.vllm_python) if a.vllm == "auto" else (False, "--vllm off")
+    report = report_head(a, model, smol, ok_vllm, vllm_info)
+    vllm_got = run_vllm_peers(a, names, specs, bench, model, smol, ok_vllm)
+    failed = False
+    for name in names:
+        if name == SMOL_SAMPLE:
+            continue
+        which = "smol" if name == SMOL_READOUT else "bench"
+        got = vllm_got.get(which)
+        why = vllm_info if not ok_vllm else "on the bench model only with --vllm-bench-model: one more engine start"
+        notes = list(NOT_AVAILABLE.get(name, "").splitlines()) + vllm_notes(got, why)
+        rows = (got or {}).get("readout", {}).get(name, {})
+        entry, agreed = readout_workload(name, specs[name], str(smol if which == "smol" else model), a, rows, notes)
+        failed |= not agreed
+        report["workloads"][name] = entry
+    if SMOL_SAMPLE in names:
+        assert smol is not None
+        report["sampling"], agreed = sampling_workload(a, smol, vllm_got.get("smol"), vllm_info)
+        failed |= not agreed
+    report["vllm"]["children"] = {
+        k: {x: v[x] for x in v if x not in ("readout", "sampling")} for k, v in vllm_got.items()
+    }
+    print(
+        "\nprobe x: probe's throughput over the peer's (stop x: probe with stop_at_answer); x @rate: the same, each "
+        "run scaled by the matmul rate measured just before it (the machine is shared); batch: the peer's best batch "
+        "size in the sweep; peak MiB: peak resident memory of the peer's process (vLLM: summed over its processes) "
+        "during the timed run (+run: above its resident memory at the start); of limit: the least FLOPs / matmul "
+        "rate, over the time taken"
+    )
+    report["goals"] = print_goals(report)
+    write_report(report, a.out)
+    if failed:
+        print("error: a peer disagrees with probe (see above); its speed is not comparable", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m scripts.bench",
         description=__doc__.split("\n\n")[0],
@@ -577,9 +637,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="vLLM's tokens per scheduler step (default: 8192)",
     )
     p.add_argument("--out", default=None, help="JSON path (default: runs/bench/bench-<UTC time>.json)")
-    a = p.parse_args(argv)
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(line_buffering=True)  # a long run shows each table as it is done, also in a log file
+    return p
+
+
+def settle_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[str]:
+    """The workloads to run; fills the --quick defaults into `a` and refuses values out of range."""
     names = [w for w in (a.workloads or ",".join(QUICK_WORKLOADS if a.quick else ALL_WORKLOADS)).split(",") if w]
     for w in names:
         if w not in ALL_WORKLOADS:
@@ -593,29 +655,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in ("repeats", "sample_trials", "draws", "max_new_tokens", "threads"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    return names
 
+
+def report_head(
+    a: argparse.Namespace, model: str | None, smol: str | None, ok_vllm: bool, vllm_info: str
+) -> dict[str, Any]:
+    """The report's record of what ran where (commit, engine files, models, parameters, versions), printed too."""
     import torch
     import transformers
 
-    from experiments.dilemmas import load_dilemmas
-    from probe.models import resolve_model
-    from scripts.bench.model import ensure_bench_model
-    from scripts.bench.sampling import TODAY
-
-    bench = [w for w in names if w in NAMES]
-    model = (a.model or str(ensure_bench_model())) if bench else None
-    smol = resolve_model("smol").path if SMOL_READOUT in names or SMOL_SAMPLE in names else None
-    ids = [d.id for d in load_dilemmas(None)]
-    specs = {
-        w: WorkloadSpec(
-            name="forced_binary" if w == SMOL_READOUT else w,
-            items=tuple(ids[: ITEMS[w][1 if a.quick else 0]]),
-            salts=a.salts if w == "salted" else 1,
-        )
-        for w in names
-        if w != SMOL_SAMPLE
-    }
-    ok_vllm, vllm_info = vllm_status(a.vllm_python) if a.vllm == "auto" else (False, "--vllm off")
     report: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": _commit(),
@@ -646,6 +695,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"CPU thread binding off); batch sizes swept {a.sizes}; {a.repeats} timed run(s) per peer at its best size, "
         f"the fastest counts\nvLLM: {vllm_info if ok_vllm else 'not run: ' + vllm_info}"
     )
+    return report
+
+
+def run_vllm_peers(
+    a: argparse.Namespace,
+    names: list[str],
+    specs: dict[str, WorkloadSpec],
+    bench: list[str],
+    model: str | None,
+    smol: str | None,
+    ok_vllm: bool,
+) -> dict[str, dict[str, Any]]:
+    """The vLLM peers' results by model ("smol", "bench"), each model's engines started once in one child."""
     vllm_got: dict[str, dict[str, Any]] = {}
     if ok_vllm and smol:
         smol_specs = {k: s for k, s in specs.items() if k == SMOL_READOUT}
@@ -654,53 +716,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ok_vllm and model and a.vllm_bench_model:
         print("vLLM peers on the bench model ...", flush=True)
         vllm_got["bench"] = run_vllm(vllm_plan(model, {k: specs[k] for k in bench}, False, a), a)
-    failed = False
-    for name in names:
-        if name == SMOL_SAMPLE:
-            continue
-        which = "smol" if name == SMOL_READOUT else "bench"
-        got = vllm_got.get(which)
-        why = vllm_info if not ok_vllm else "on the bench model only with --vllm-bench-model: one more engine start"
-        notes = list(NOT_AVAILABLE.get(name, "").splitlines()) + vllm_notes(got, why)
-        rows = (got or {}).get("readout", {}).get(name, {})
-        entry, agreed = readout_workload(name, specs[name], str(smol if which == "smol" else model), a, rows, notes)
-        failed |= not agreed
-        report["workloads"][name] = entry
-    if SMOL_SAMPLE in names:
-        assert smol is not None
-        config = transformers.AutoConfig.from_pretrained(smol)
-        sizes = {p: sizes_for(a.sizes, sample_units(p, a.sample_trials, a.draws)) for p in SAMPLE_PEERS}
-        results = measure_swept(SAMPLE_PEERS, sizes, a.repeats, lambda peer, b: run_sampler(peer, smol, b, a))
-        got = vllm_got.get("smol")
-        results |= (got or {}).get("sampling", {})
-        probe_prompts = results["probe"]["prompt_ids"]
-        rows = [summarize_sampling(r, config, probe_prompts) for r in results.values()]
-        notes = [f"today's engine: engines/hf.py as committed at {TODAY} (git show {TODAY}:engines/hf.py)"]
-        print_sampling(rows, a, notes + vllm_notes(got, vllm_info))
-        failed |= not all(r["same_prompt_ids"] for r in rows)
-        report["sampling"] = {"model": smol, "today_commit": TODAY, "peers": rows}
-    report["vllm"]["children"] = {
-        k: {x: v[x] for x in v if x not in ("readout", "sampling")} for k, v in vllm_got.items()
-    }
-    print(
-        "\nprobe x: probe's throughput over the peer's (stop x: probe with stop_at_answer); x @rate: the same, each "
-        "run scaled by the matmul rate measured just before it (the machine is shared); batch: the peer's best batch "
-        "size in the sweep; peak MiB: peak resident memory of the peer's process (vLLM: summed over its processes) "
-        "during the timed run (+run: above its resident memory at the start); of limit: the least FLOPs / matmul "
-        "rate, over the time taken"
-    )
-    report["goals"] = print_goals(report)
+    return vllm_got
+
+
+def sampling_workload(
+    a: argparse.Namespace, smol: str, got: dict[str, Any] | None, vllm_info: str
+) -> tuple[dict[str, Any], bool]:
+    """Time the sampling peers on smol, print their table; the report's entry and whether all saw the same prompts."""
+    import transformers
+
+    from scripts.bench.sampling import TODAY
+
+    config = transformers.AutoConfig.from_pretrained(smol)
+    sizes = {p: sizes_for(a.sizes, sample_units(p, a.sample_trials, a.draws)) for p in SAMPLE_PEERS}
+    results = measure_swept(SAMPLE_PEERS, sizes, a.repeats, lambda peer, b: run_sampler(peer, smol, b, a))
+    results |= (got or {}).get("sampling", {})
+    probe_prompts = results["probe"]["prompt_ids"]
+    rows = [summarize_sampling(r, config, probe_prompts) for r in results.values()]
+    notes = [f"today's engine: engines/hf.py as committed at {TODAY} (git show {TODAY}:engines/hf.py)"]
+    print_sampling(rows, a, notes + vllm_notes(got, vllm_info))
+    agreed = all(r["same_prompt_ids"] for r in rows)
+    return {"model": smol, "today_commit": TODAY, "peers": rows}, agreed
+
+
+def write_report(report: dict[str, Any], out_arg: str | None) -> None:
+    """Write the report's JSON to --out (default: runs/bench/bench-<UTC time>.json)."""
     out = (
-        Path(a.out)
-        if a.out
+        Path(out_arg)
+        if out_arg
         else ROOT / "runs" / "bench" / f"bench-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {out}")
-    if failed:
-        print("error: a peer disagrees with probe (see above); its speed is not comparable", file=sys.stderr)
-    return 1 if failed else 0
 
 
 def _commit() -> str | None:

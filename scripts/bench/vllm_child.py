@@ -39,7 +39,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,16 +159,14 @@ def run(plan: dict[str, Any], out: dict[str, Any]) -> None:
     import transformers
     import vllm
 
-    from engines.vllm import VLLMEngine, VLLMSettings, step_batches
-    from scripts.bench.peers import matmul_rate, option_text, render_text, warm_up_trials
-    from scripts.bench.sampling import binary_trials
-    from scripts.bench.workloads import WorkloadSpec, expand_workload
+    from engines.vllm import VLLMEngine, VLLMSettings
+    from scripts.bench.peers import matmul_rate, warm_up_trials
 
     torch.set_num_threads(plan["threads"])
     out["vllm_version"] = vllm.__version__
     out["threads"] = torch.get_num_threads()
     out["env"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")}
-    path, repeats = plan["model"], plan["repeats"]
+    path = plan["model"]
     transformers.logging.set_verbosity_error()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
@@ -184,16 +182,33 @@ def run(plan: dict[str, Any], out: dict[str, Any]) -> None:
     out["startup_seconds"]["probe-vllm"] = time.perf_counter() - start
     engine.readout(warm)
     engine.sample(warm, 2, 1.0, max_new_tokens=4)
-    llm = engine.llm
 
+    time_readouts(plan, out, engine, count, rate)
+    if plan.get("sampling"):
+        time_sampling(plan, out, engine, tok, count, rate)
+    if plan.get("lmeval") and plan["readouts"]:
+        time_lmeval(plan, out, tok, count, rate)
+
+
+def workload_trials(spec: dict[str, Any], count: Callable[[str], int]) -> list[Any]:
+    """The trials of one readout workload of the plan."""
+    from scripts.bench.workloads import WorkloadSpec, expand_workload
+
+    workload = WorkloadSpec(name=spec["name"], items=tuple(spec["items"]), salts=spec["salts"])
+    return expand_workload(workload, count_tokens=count)
+
+
+def time_readouts(
+    plan: dict[str, Any], out: dict[str, Any], engine: Any, count: Callable[[str], int], rate: float
+) -> None:
+    """Time probe's vLLM engine on each readout workload: out["readout"][key]["probe-vllm"]."""
     for spec in plan["readouts"]:
-        workload = WorkloadSpec(name=spec["name"], items=tuple(spec["items"]), salts=spec["salts"])
-        trials = expand_workload(workload, count_tokens=count)
+        trials = workload_trials(spec, count)
         runs: list[dict[str, Any]] = []
         values: list[dict[str, float]] = []
         ids: list[dict[str, str]] = []
-        for _ in range(repeats):
-            res, r = timed(lambda t=trials: engine.readout(t), llm, rate)
+        for _ in range(plan["repeats"]):
+            res, r = timed(lambda t=trials: engine.readout(t), engine.llm, rate)
             values, ids = readout_answers(res)
             runs.append(r)
         out["readout"].setdefault(spec["key"], {})["probe-vllm"] = {
@@ -206,104 +221,117 @@ def run(plan: dict[str, Any], out: dict[str, Any]) -> None:
             "ids": ids,
         }
 
-    sp = plan.get("sampling")
-    if sp:
-        trials = binary_trials(count, sp["trials"])
-        n, max_new = sp["n"], sp["max_new_tokens"]
-        prompts = [list(engine.render(t)) for t in trials]
-        stops = sorted(engine._stop_ids())
-        index = {t.trial_id: i for i, t in enumerate(trials)}
 
-        def probe_run() -> list[dict[str, Any]]:
-            got = engine.sample(trials, n, 1.0, max_new_tokens=max_new)
-            return [{"trial": index[s.trial_id], "tokens": s.completion_tokens, "text": s.text} for s in got]
+def time_sampling(
+    plan: dict[str, Any], out: dict[str, Any], engine: Any, tok: Any, count: Callable[[str], int], rate: float
+) -> None:
+    """Time sampling through probe's vLLM engine and through vLLM's own generate: out["sampling"][peer]."""
+    import vllm
 
-        params = vllm.SamplingParams
-        budget = plan["max_num_batched_tokens"]
+    from engines.vllm import step_batches
+    from scripts.bench.sampling import binary_trials
 
-        def raw_run() -> list[dict[str, Any]]:
-            draws: list[dict[str, Any]] = []
-            for lo, hi in step_batches([len(x) * n for x in prompts], budget, max(1, 256 // n)):
-                reqs = [{"prompt_token_ids": x} for x in prompts[lo:hi]]
-                sps = [
-                    params(
-                        n=n,
-                        temperature=1.0,
-                        top_k=0,
-                        top_p=1.0,
-                        min_p=0.0,
-                        max_tokens=max_new,
-                        seed=sp["seed"] + i,
-                        stop_token_ids=stops,
-                    )
-                    for i in range(lo, hi)
-                ]
-                for i, res in enumerate(llm.generate(reqs, sps, use_tqdm=False)):
-                    for o in res.outputs:
-                        body = [t for t in o.token_ids if t not in stops]
-                        draws.append({"trial": lo + i, "tokens": len(o.token_ids), "text": tok.decode(body)})
-            return draws
+    sp, repeats, llm = plan["sampling"], plan["repeats"], engine.llm
+    trials = binary_trials(count, sp["trials"])
+    n, max_new = sp["n"], sp["max_new_tokens"]
+    prompts = [list(engine.render(t)) for t in trials]
+    stops = sorted(engine._stop_ids())
+    index = {t.trial_id: i for i, t in enumerate(trials)}
 
-        for name, fn in (("probe-vllm", probe_run), ("vllm-generate", raw_run)):
-            runs = []
-            draws: list[dict[str, Any]] = []
-            for _ in range(repeats):
-                draws, r = timed(fn, llm, rate)
-                runs.append(r)
-            out["sampling"][name] = {
-                "peer": name,
-                "trials": len(trials),
-                "n": n,
-                "max_new_tokens": max_new,
-                "threads": out["threads"],
-                "batch_size": None,
-                "note": "",
-                "prompt_ids": prompts,
-                "options": [list(t.options) for t in trials],
-                "draws": draws,
-                "runs": runs,
-            }
+    def probe_run() -> list[dict[str, Any]]:
+        got = engine.sample(trials, n, 1.0, max_new_tokens=max_new)
+        return [{"trial": index[s.trial_id], "tokens": s.completion_tokens, "text": s.text} for s in got]
 
-    if plan.get("lmeval") and plan["readouts"]:
-        try:
-            start = time.perf_counter()
-            lm = lmeval_vllm(path, tok, 2.0)
-            out["startup_seconds"]["lm-eval-vllm"] = time.perf_counter() - start
-        except Exception as e:  # report why it cannot run, as a row, instead of skipping it
-            out["errors"]["lm-eval-vllm"] = error_text(e)
-            return
-        from lm_eval.api.instance import Instance
+    params = vllm.SamplingParams
+    budget = plan["max_num_batched_tokens"]
 
-        from scripts.bench.peers import ids_key
+    def raw_run() -> list[dict[str, Any]]:
+        draws: list[dict[str, Any]] = []
+        for lo, hi in step_batches([len(x) * n for x in prompts], budget, max(1, 256 // n)):
+            reqs = [{"prompt_token_ids": x} for x in prompts[lo:hi]]
+            sps = [
+                params(
+                    n=n,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    min_p=0.0,
+                    max_tokens=max_new,
+                    seed=sp["seed"] + i,
+                    stop_token_ids=stops,
+                )
+                for i in range(lo, hi)
+            ]
+            for i, res in enumerate(llm.generate(reqs, sps, use_tqdm=False)):
+                for o in res.outputs:
+                    body = [t for t in o.token_ids if t not in stops]
+                    draws.append({"trial": lo + i, "tokens": len(o.token_ids), "text": tok.decode(body)})
+        return draws
 
-        for spec in plan["readouts"]:
-            workload = WorkloadSpec(name=spec["name"], items=tuple(spec["items"]), salts=spec["salts"])
-            trials = expand_workload(workload, count_tokens=count)
-            reqs: list[Any] = []
-            for t in trials:
-                ctx = render_text(tok, t)
-                reqs += [Instance("loglikelihood", {}, (ctx, option_text(t, o)), len(reqs)) for o in t.options]
-            runs = []
-            scored: list[Any] = []
-            for _ in range(repeats):
-                lm.seen.clear()
-                scored, r = timed(lambda q=reqs: lm.loglikelihood(q, disable_tqdm=True), lm.model, rate)
-                runs.append(r)
-            values, keys, i = [], [], 0
-            for t in trials:
-                k = len(t.options)
-                values.append({o: float(lp) for o, (lp, _) in zip(t.options, scored[i : i + k], strict=True)})
-                keys.append({o: ids_key(*lm.seen[i + j]) for j, o in enumerate(t.options)})
-                i += k
-            out["readout"].setdefault(spec["key"], {})["lm-eval-vllm"] = {
-                "peer": "lm-eval-vllm",
-                "trials": len(trials),
-                "threads": out["threads"],
-                "batch_size": "auto",
-                "runs": runs,
-                "values": values,
-                "ids": keys,
-            }
+    for name, fn in (("probe-vllm", probe_run), ("vllm-generate", raw_run)):
+        runs: list[dict[str, Any]] = []
+        draws: list[dict[str, Any]] = []
+        for _ in range(repeats):
+            draws, r = timed(fn, llm, rate)
+            runs.append(r)
+        out["sampling"][name] = {
+            "peer": name,
+            "trials": len(trials),
+            "n": n,
+            "max_new_tokens": max_new,
+            "threads": out["threads"],
+            "batch_size": None,
+            "note": "",
+            "prompt_ids": prompts,
+            "options": [list(t.options) for t in trials],
+            "draws": draws,
+            "runs": runs,
+        }
+
+
+def time_lmeval(plan: dict[str, Any], out: dict[str, Any], tok: Any, count: Callable[[str], int], rate: float) -> None:
+    """Time lm-evaluation-harness's vLLM model on each readout workload, or record why it cannot run."""
+    from scripts.bench.peers import option_text, render_text
+
+    path, repeats = plan["model"], plan["repeats"]
+    try:
+        start = time.perf_counter()
+        lm = lmeval_vllm(path, tok, 2.0)
+        out["startup_seconds"]["lm-eval-vllm"] = time.perf_counter() - start
+    except Exception as e:  # report why it cannot run, as a row, instead of skipping it
+        out["errors"]["lm-eval-vllm"] = error_text(e)
+        return
+    from lm_eval.api.instance import Instance
+
+    from scripts.bench.peers import ids_key
+
+    for spec in plan["readouts"]:
+        trials = workload_trials(spec, count)
+        reqs: list[Any] = []
+        for t in trials:
+            ctx = render_text(tok, t)
+            reqs += [Instance("loglikelihood", {}, (ctx, option_text(t, o)), len(reqs)) for o in t.options]
+        runs = []
+        scored: list[Any] = []
+        for _ in range(repeats):
+            lm.seen.clear()
+            scored, r = timed(lambda q=reqs: lm.loglikelihood(q, disable_tqdm=True), lm.model, rate)
+            runs.append(r)
+        values, keys, i = [], [], 0
+        for t in trials:
+            k = len(t.options)
+            values.append({o: float(lp) for o, (lp, _) in zip(t.options, scored[i : i + k], strict=True)})
+            keys.append({o: ids_key(*lm.seen[i + j]) for j, o in enumerate(t.options)})
+            i += k
+        out["readout"].setdefault(spec["key"], {})["lm-eval-vllm"] = {
+            "peer": "lm-eval-vllm",
+            "trials": len(trials),
+            "threads": out["threads"],
+            "batch_size": "auto",
+            "runs": runs,
+            "values": values,
+            "ids": keys,
+        }
 
 
 if __name__ == "__main__":
