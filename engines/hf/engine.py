@@ -4,8 +4,10 @@ Owns: the engine contract (``readout``, ``sample`` and their hooks, :class:`engi
 caches of rendered prompts and encoded options, the manifest and run-key records, and the wiring: one
 :class:`engines.hf.weights.Model` handed to a :class:`engines.hf.readout.Reader`, a
 :class:`engines.hf.reasoning.Reasoner` and a :class:`engines.hf.draws.Sampler`. Every method either belongs to
-the contract or composes the parts; none computes one part's concern. May import every module of
-:mod:`engines.hf`, :mod:`engines.base`, :mod:`engines.local`, :mod:`engines.render`, :mod:`probe.types`.
+the contract or composes the parts; none computes one part's concern (the few that only delegate under their old
+names are there for the device scripts that call them). May import every module of :mod:`engines.hf`,
+:mod:`engines.base`, :mod:`engines.graphs` (a type), :mod:`engines.local`, :mod:`engines.render`,
+:mod:`probe.types`.
 """
 
 from __future__ import annotations
