@@ -141,7 +141,7 @@ class SlotDecoder:
     (``out``), and one recorded graph per (size, span) where ``capture``: ``cuda`` (CUDA graphs), ``fx`` (``torch.fx``
     recordings with the same frozen-number semantics, for tests on a CPU: :meth:`_record`) or None (unrecorded).
 
-    ``call`` runs the model (:meth:`engines.hf.HFEngine._call`), which takes the cache as ``cache_kw``; the buffers
+    ``call`` runs the model (:meth:`engines.hf.weights.Model.call`), which takes the cache as ``cache_kw``; the buffers
     are made at the first :meth:`admit`, shaped after the prefill's cache (heads, head size, dtype and device of
     each layer).
     """

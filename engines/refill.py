@@ -9,7 +9,7 @@ How rows share one cache. The cache holds ``rows`` slots, left-padded: every liv
 same column, and the attention mask hides each row's padding and whatever a previous occupant left in its
 columns. A new trial is prefilled on its own (with the others waiting to be admitted), its first token drawn from
 that prefill, and its cache rows are stacked under the live ones, the narrower side padded on the left
-(:func:`stacked`). Positions come from the mask (:meth:`engines.hf.HFEngine._forward`), so padding moves no RoPE
+(:func:`stacked`). Positions come from the mask (:meth:`engines.hf.weights.Model.forward`), so padding moves no RoPE
 position; a padded column is masked, so it adds exactly zero to every softmax. In float32 a trial's tokens are
 then those of the same trial decoded in any batch, up to the rounding of sums over a different number of columns.
 In bfloat16 that rounding can change a token, so the schedule (which trial shares a step with which) is part of a

@@ -7,7 +7,7 @@ Each piece is small and separately tested:
   whole cache (Transformers' ``DynamicLayer`` concatenates, which on a CPU
   cost a quarter of each decoding step).
 * :func:`gather_tree_cache`: the KV cache of a packed token tree (every shared
-  prompt prefix computed once, :func:`engines.hf.pack_tree`) turned into one
+  prompt prefix computed once, :func:`engines.hf.tokens.pack_tree`) turned into one
   left-padded row per prompt, each row repeated once per draw.
 * :class:`RowSampler`: one generator per (trial, draw), seeded from
   (seed, trial id, draw), and inverse-CDF sampling over the raw distribution

@@ -86,13 +86,13 @@ def test_readouts_read_float64_log_probs_and_draws_float32(engine, path, monkeyp
     (:func:`engines.hf.readout_log_probs`: an option that prefixes longer ones multiplies the normalizer's rounding
     by cont / (1 - cont), 1.1e-4 nats on smol in float32); draws, the tree readout's kept prefill's included,
     sample from float32 log-probs as before, so no seeded draw moves. The run key records it."""
-    from engines.hf import HFEngine
+    from engines.hf import readout
     from engines.sampling import RowSampler
 
     if path == "tree" and engine._tree_unsupported():
         pytest.skip("the tree path needs full attention")
     seen: list[tuple[str, torch.dtype]] = []
-    conditionals, top_other, draw = HFEngine._conditionals, HFEngine._top_other, RowSampler.draw
+    conditionals, top_other, draw = readout.conditionals, readout.Reader.top_other, RowSampler.draw
 
     def read(lp, asks, tries):
         seen.append(("conditionals", lp.dtype))
@@ -106,8 +106,8 @@ def test_readouts_read_float64_log_probs_and_draws_float32(engine, path, monkeyp
         seen.append(("draw", lp.dtype))
         return draw(self, lp)
 
-    monkeypatch.setattr(HFEngine, "_conditionals", staticmethod(read))
-    monkeypatch.setattr(HFEngine, "_top_other", others)
+    monkeypatch.setattr(readout, "conditionals", read)
+    monkeypatch.setattr(readout.Reader, "top_other", others)
     monkeypatch.setattr(RowSampler, "draw", drawn)
     e = engine.variant(readout_path=path)
     trials = [make_trial(SCALE, SCALE_OPTIONS[:21], trial_id="s"), make_trial(YESNO, ["Yes", "No"], trial_id="y")]

@@ -65,7 +65,7 @@ def test_without_reasoning_is_the_engine_outside_think_mode() -> None:
 
 
 def test_half_precision_attention_on_a_cpu_without_avx512_takes_the_math_kernel() -> None:
-    """torch's CPU flash attention fails in bfloat16 over 64+ tokens outside its AVX-512 build (engines/hf.py,
+    """torch's CPU flash attention fails in bfloat16 over 64+ tokens outside its AVX-512 build (engines/hf/weights.py,
     math_attention): there the engine asks for the math kernel; elsewhere nothing changes."""
     import torch
 

@@ -34,9 +34,9 @@ def test_spans_read_at_most_an_eighth_more_and_are_few() -> None:
 
 def _patched_fx(monkeypatch) -> None:
     """Record every slot step with torch.fx (the CPU stand-in for CUDA graph capture)."""
-    from engines.hf import HFEngine
+    from engines.hf.reasoning import Reasoner
 
-    monkeypatch.setattr(HFEngine, "_capture_mode", lambda self: "fx")
+    monkeypatch.setattr(Reasoner, "capture_mode", lambda self: "fx")
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_the_setting_and_what_it_changes_in_the_run_key() -> None:
     assert tiny.variant(decode_graphs="on", reasoning_refill=False).numerics()["reasoning_schedule"] == "buckets"
     hybrid = _engine("tiny-hybrid", think_budget=6, decode_graphs="on")  # a Mamba state has no columns to slot
     assert hybrid.numerics()["reasoning_schedule"] == "buckets"
-    assert tiny.variant(decode_graphs="on")._capture_mode() is None  # a CPU records nothing
+    assert tiny.variant(decode_graphs="on")._reasoner.capture_mode() is None  # a CPU records nothing
 
 
 def test_bfloat16_slots_reason() -> None:

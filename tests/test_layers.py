@@ -159,3 +159,16 @@ def test_the_registry_is_the_only_wiring() -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("analysis.")
     ]
     assert quoted == []
+
+
+HF_PARTS = ("settings", "tokens", "weights", "readout", "reasoning", "draws", "engine")
+"""The modules of the Transformers engine (docs/engines.md), each importing only those before it."""
+
+
+def test_the_transformers_engines_parts_import_only_those_before_them() -> None:
+    """A part of ``engines/hf/`` imports only the parts before it and never the package itself, so the facade
+    (``engine``) composes the parts and no part reaches back into it or into a later one."""
+    order = {f"engines.hf.{p}": k for k, p in enumerate(HF_PARTS)}
+    assert {m for m in MODULES if m.startswith("engines.hf.")} == set(order)
+    upward = [f"{m} -> {t}" for m, k in order.items() for t in GRAPH[m] if t == "engines.hf" or order.get(t, -1) >= k]
+    assert upward == []

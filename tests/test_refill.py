@@ -131,7 +131,7 @@ def test_refilled_think_readouts_equal_bucketed_ones() -> None:
 
 def test_a_hybrid_reasons_in_buckets_and_the_schedule_enters_bfloat16_numerics() -> None:
     hybrid = _engine("tiny-hybrid", think_budget=6)
-    assert hybrid._refills() is False
+    assert hybrid._reasoner.refills() is False
     hybrid.readout([_trial("Is it right to lie? Answer with Yes or No.", 0)])
     assert hybrid.run_stats()["reasoning"]["schedule"] == "buckets"
     assert hybrid.numerics()["reasoning_schedule"] == "buckets"

@@ -150,7 +150,7 @@ def test_grouped_attention_matches_a_cache_row_per_draw(engine):
                 nxt, mask = nxt[keep], mask[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
             lp_a, per_row = engine._forward(nxt, mask, per_row)
-            with engine._grouped_attention(grouped):
+            with engine._sampler.grouped_attention(grouped):
                 lp_b, grouped = engine._forward(nxt, mask, grouped)
             assert (lp_a - lp_b).abs().max().item() < 1e-5, step
     assert engine.model.config._attn_implementation == "sdpa"  # restored after every step
@@ -313,16 +313,16 @@ def test_sampling_flags_reach_the_settings():
 def test_decoding_batches_respect_rows_and_cache_tokens(tiny_engine):
     """Batches hold at most sample_rows draws and sample_cache_tokens cache tokens (a grouped prompt once), and a
     call's draws are cut into as few batches as that allows, evenly."""
-    from engines.hf import _Draw
+    from engines.hf.draws import Draw
 
     trials = _trials()
     prompts = [tiny_engine.render(t) for t in trials]
-    rows = [_Draw(k, d, prompts[k], k * 10 + d, None) for k in range(len(trials)) for d in range(4)]
+    rows = [Draw(k, d, prompts[k], k * 10 + d, None) for k in range(len(trials)) for d in range(4)]
     longest, budget = max(map(len, prompts)), 8
 
     def sizes(**kw):
         e = _engine(tiny_engine, **kw)
-        return sorted((len(b) for b, *_ in e._sample_prefills(rows, 4, e.sample_path(), budget)), reverse=True)
+        return sorted((len(b) for b, *_ in e._sampler.prefills(rows, 4, e.sample_path(), budget)), reverse=True)
 
     assert sizes() == [20]  # 5 trials x 4 draws, one batch
     assert sizes(sample_rows=12) == [12, 8]  # 3 trials a batch at most: two batches
@@ -352,11 +352,11 @@ def test_draws_reuse_the_readout_prefill(tiny_engine):
     alone = _draws(e.sample(trials[:3], 4, 1.0))
     e.sample_next(trials[:3])
     readouts = e.readout(trials)
-    assert set(e._kept) == {e.render(t) for t in trials[:3]}  # only the prompts to be sampled
+    assert set(e._trees.kept) == {e.render(t) for t in trials[:3]}  # only the prompts to be sampled
     for a, b in zip(plain_readouts, readouts, strict=True):
         assert a == b  # the same forward, only its cache kept
     reused = _draws(e.sample(trials[:3], 4, 1.0))
-    assert not e._kept and not e._expect  # consumed
+    assert not e._trees.kept and not e._trees.expected  # consumed
     assert reused == alone
     # a readout that does not hold every prompt of the sample: the sample computes them itself
     e.sample_next(trials[:3])

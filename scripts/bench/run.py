@@ -668,7 +668,14 @@ def report_head(
     report: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": _commit(),
-        "engine_files": _blobs(("engines/hf.py", "engines/sampling.py", "engines/vllm.py", "probe/parse.py")),
+        "engine_files": _blobs(
+            (
+                *sorted(f"engines/hf/{p.name}" for p in (ROOT / "engines/hf").glob("*.py")),
+                "engines/sampling.py",
+                "engines/vllm.py",
+                "probe/parse.py",
+            )
+        ),
         "models": {"bench": model, "smol": smol},
         "parameters": {
             "threads": a.threads,
