@@ -145,7 +145,7 @@ def engine(model: str, device: str, dtype: str, **settings: Any) -> Any:
 
 
 def paths_of(e: Any) -> list[str]:
-    return ["branch", "plain"] if e._tree_unsupported() else ["tree", "branch", "plain"]
+    return ["branch", "plain"] if e.lm.tree_unsupported() else ["tree", "branch", "plain"]
 
 
 def step_parity(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
@@ -206,7 +206,7 @@ def step_sampling(models: Sequence[str], device: str, emit: Callable[[dict[str, 
     problems = []
     for model in models:
         base = engine(model, device, "float32")
-        paths = ["shared", "plain"] if base._tree_unsupported() else ["tree", "shared", "plain"]
+        paths = ["shared", "plain"] if base.lm.tree_unsupported() else ["tree", "shared", "plain"]
         drawn = {}
         for path in paths:
             t0 = time.perf_counter()
@@ -254,22 +254,22 @@ def graphs_logprobs(base: Any, model: str, device: str, emit: Callable[[dict[str
     from engines.graphs import span_of
 
     thinker = base.variant(think=True, think_budget=160, think_temperature=1.0, batch_size=4)
-    if thinker._schedule() == "buckets":
+    if thinker.reasoner.schedule() == "buckets":
         return []
     request = replace(thinker.think_request(parity_trials()[:6]), end_id=-1, stops=frozenset())
     traces = thinker._reason(request)
     slots = thinker.variant(decode_graphs="on")
     prompts, steps = request.prompts, len(traces[0]) - 1
     capacity = max(map(len, prompts)) + len(traces[0])
-    dec = slots._slot_decoder(len(prompts), capacity)
+    dec = slots.reasoner.slot_decoder(len(prompts), capacity)
     gap = 0.0
     with torch.inference_mode():
-        ids, mask = slots._pad_left([(*p, *t[:-1]) for p, t in zip(prompts, traces, strict=True)])
-        out = slots._call(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        ids, mask = slots.lm.pad_left([(*p, *t[:-1]) for p, t in zip(prompts, traces, strict=True)])
+        out = slots.lm.call(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                           logits_to_keep=steps)  # fmt: skip
         reference = torch.log_softmax(out.logits.float(), dim=-1)  # (traces, steps, vocabulary)
-        ids, mask = slots._pad_left(list(prompts))
-        _, cache = slots._forward(ids, mask, None)
+        ids, mask = slots.lm.pad_left(list(prompts))
+        _, cache = slots.lm.forward(ids, mask, None)
         for r, (p, t) in enumerate(zip(prompts, traces, strict=True)):
             dec.admit(r, cache, r, len(p), t[0])
         for k in range(steps):
@@ -347,7 +347,7 @@ def step_split(models: Sequence[str], device: str, emit: Callable[[dict[str, Any
             )
             if d["max_logprob_diff"] > FLOAT32_BOUND:
                 problems.append(f"split {model} readout {path_name}: {d['max_logprob_diff']:.2e}")
-        for path_name in ["shared", "plain"] + ([] if e._tree_unsupported() else ["tree"]):
+        for path_name in ["shared", "plain"] + ([] if e.lm.tree_unsupported() else ["tree"]):
             a = e.variant(sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
             b = whole.variant(sample_path=path_name, max_new_tokens=6).sample(trials[:4], 3, 1.0)
             same = [x.token_ids for x in a] == [y.token_ids for y in b]
@@ -587,13 +587,13 @@ def prefill_seconds(m: Moe, emit: Emit) -> dict[str, float]:
     from scripts.bench.flops import linear_flops_per_token
 
     rows = 4 if m.cpu else 64
-    ids, mask = m.base._pad_left([m.prompt] * rows)
+    ids, mask = m.base.lm.pad_left([m.prompt] * rows)
     flops = linear_flops_per_token(m.config) * ids.numel()
     seconds = {}
     for impl in dm.PREFILL_EXPERTS:
         e = m.base.variant(experts_prefill=impl)
         with torch.inference_mode():
-            _, t = dm.timed(lambda e=e: e._forward(ids, mask, None), m.sync)
+            _, t = dm.timed(lambda e=e: e.lm.forward(ids, mask, None), m.sync)
         seconds[impl] = t["median_s"]
         emit({"check": "moe", "what": f"prefill {rows} x {ids.shape[1]} tokens, experts {impl}", **t,
               "flop_per_s": flops / t["median_s"], "share_of_matmul_rate": flops / t["median_s"] / m.flops_rate})  # fmt: skip
@@ -607,20 +607,20 @@ def eager_decode_seconds(m: Moe, rows: int, emit: Emit) -> tuple[dict[str, float
 
     from scripts import device_moe as dm
 
-    ids, mask = m.base._pad_left([m.prompt] * rows)
+    ids, mask = m.base.lm.pad_left([m.prompt] * rows)
     element = torch.finfo(m.dtype).bits // 8
     seconds: dict[str, float] = {}
     floor_s = 0.0
     for impl in dm.DECODE_EXPERTS:
         e = m.base.variant(experts_decode=impl)
         with torch.inference_mode():
-            lp, cache = e._forward(ids, mask, None)
+            lp, cache = e.lm.forward(ids, mask, None)
             nxt = lp.argmax(-1)[:, None]
             state = {"mask": mask, "cache": cache}
 
             def step(e: Any = e, state: dict[str, Any] = state, nxt: Any = nxt) -> None:
                 state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
-                _, state["cache"] = e._forward(nxt, state["mask"], state["cache"])
+                _, state["cache"] = e.lm.forward(nxt, state["mask"], state["cache"])
 
             _, t = dm.timed(step, m.sync, repeats=8)
         parts = dm.decode_bytes(m.config, rows, state["mask"].shape[1], element)
@@ -719,7 +719,7 @@ def step_graphs(check: Check) -> list[str]:
     config, engine, sync = random_moe(torch.device("cpu" if cpu else check.device), cpu)
     model = engine.model
     rows, short, long = (4, 4, 12) if cpu else (64, 8, 40)
-    ids, mask = engine._pad_left([engine.render(binary_trials()[0])] * rows)
+    ids, mask = engine.lm.pad_left([engine.render(binary_trials()[0])] * rows)
     steps: dict[str, dict[str, Any]] = {}
     for cache in ("dynamic", "static"):
         what = f"generate() decode step batch {rows}, {cache} cache" + (
@@ -735,7 +735,7 @@ def step_graphs(check: Check) -> list[str]:
                 static=cache == "static",
                 short=short,
                 long=long,
-                cache_kw=engine._cache_kw,
+                cache_kw=engine.lm.cache_kw,
             )
         except Exception as e:  # a finding: what Transformers' compiled path does with this model here
             emit(

@@ -279,7 +279,7 @@ def generate_step(
 def slot_step(engine: Any, prompt: Sequence[int], rows: int, room: int) -> tuple[Callable[[], Any], Any]:
     """The engine's slot decoding step (:class:`engines.graphs.SlotDecoder`, ``--hf-decode-graphs on``) at ``rows``
     rows of ``prompt``, each slot with ``room`` columns after it: recorded in a CUDA graph on one GPU (the
-    engine's own :meth:`~engines.hf.HFEngine._capture_mode`), unrecorded on a CPU. Returns the step (each call
+    engine's own :meth:`~engines.hf.reasoning.Reasoner.capture_mode`), unrecorded on a CPU. Returns the step (each call
     rewrites the same column from the same inputs, so repeats time the same work) and the decoder (its
     ``graphs``, ``capture_s`` and ``failed`` are the record)."""
     import torch
@@ -287,10 +287,10 @@ def slot_step(engine: Any, prompt: Sequence[int], rows: int, room: int) -> tuple
     from engines.graphs import span_of
 
     capacity = len(prompt) + room
-    dec = engine._slot_decoder(rows, capacity)
+    dec = engine.reasoner.slot_decoder(rows, capacity)
     with torch.inference_mode():
-        ids, mask = engine._pad_left([prompt])
-        lp, cache = engine._forward(ids, mask, None)
+        ids, mask = engine.lm.pad_left([prompt])
+        lp, cache = engine.lm.forward(ids, mask, None)
         first = int(lp.argmax(-1))
         for slot in range(rows):
             dec.admit(slot, cache, 0, len(prompt), first)

@@ -89,7 +89,7 @@ def test_readouts_read_float64_log_probs_and_draws_float32(engine, path, monkeyp
     from engines.hf import readout
     from engines.sampling import RowSampler
 
-    if path == "tree" and engine._tree_unsupported():
+    if path == "tree" and engine.lm.tree_unsupported():
         pytest.skip("the tree path needs full attention")
     seen: list[tuple[str, torch.dtype]] = []
     conditionals, top_other, draw = readout.conditionals, readout.Reader.top_other, RowSampler.draw

@@ -179,9 +179,9 @@ def test_shrink_moves_the_live_slots_to_the_front_in_place() -> None:
     e = _engine("tiny", batch_size=4)
     prompts = [e.render(_trial(f"Dilemma {k}: is it right to lie?" + " Think." * k, k)) for k in range(4)]
     with torch.inference_mode():
-        ids, mask = e._pad_left(prompts)
-        _, cache = e._forward(ids, mask, None)
-        dec = SlotDecoder(e._call, e.model.config, 4, 200, e.device, capture=None, cache_kw=e._cache_kw)
+        ids, mask = e.lm.pad_left(prompts)
+        _, cache = e.lm.forward(ids, mask, None)
+        dec = SlotDecoder(e.lm.call, e.model.config, 4, 200, e.device, capture=None, cache_kw=e.lm.cache_kw)
         for k, p in enumerate(prompts):
             dec.admit(k, cache, k, len(p), 10 + k)
         full = dec.step(128)[[2, 0]].clone()

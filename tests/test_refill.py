@@ -72,19 +72,19 @@ def test_a_stacked_row_decodes_as_it_does_alone() -> None:
     e = _engine("tiny", batch_size=4)
     prompts = [e.render(_trial(f"Question {k}: is it right to lie?" + " why" * (3 * k), k)) for k in range(4)]
     with torch.inference_mode():
-        ids_a, mask_a = e._pad_left(prompts[:2])
-        _, cache_a = e._forward(ids_a, mask_a, None)
-        ids_b, mask_b = e._pad_left(prompts[2:])
-        _, cache_b = e._forward(ids_b, mask_b, None)
+        ids_a, mask_a = e.lm.pad_left(prompts[:2])
+        _, cache_a = e.lm.forward(ids_a, mask_a, None)
+        ids_b, mask_b = e.lm.pad_left(prompts[2:])
+        _, cache_b = e.lm.forward(ids_b, mask_b, None)
         cache, mask = stacked([(cache_a, mask_a, [1]), (cache_b, mask_b, None)], 4, e.model.config)
         assert mask.shape[0] == 3 and bool(mask[:, 0].any())  # the unused left columns were cut
         step = torch.tensor([[5], [6], [7]])
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        lp, _ = e._forward(step, mask, cache)
+        lp, _ = e.lm.forward(step, mask, cache)
         for row, (prompt, tok) in enumerate(zip([prompts[1], prompts[2], prompts[3]], [5, 6, 7], strict=True)):
-            ids, m = e._pad_left([prompt])
-            _, c = e._forward(ids, m, None)
-            alone, _ = e._forward(torch.tensor([[tok]]), torch.cat([m, torch.ones_like(m[:, :1])], 1), c)
+            ids, m = e.lm.pad_left([prompt])
+            _, c = e.lm.forward(ids, m, None)
+            alone, _ = e.lm.forward(torch.tensor([[tok]]), torch.cat([m, torch.ones_like(m[:, :1])], 1), c)
             assert float((lp[row] - alone[0]).abs().max()) < 1e-5
 
 

@@ -108,17 +108,17 @@ def test_reserved_cache_decodes_like_the_dynamic_cache(engine):
 
     from engines.sampling import reserve_cache
 
-    ids, mask = engine._pad_left([engine.render(t) for t in _trials()[:3]])
+    ids, mask = engine.lm.pad_left([engine.render(t) for t in _trials()[:3]])
     with torch.inference_mode():
-        lp_a, a = engine._forward(ids, mask, None)
-        lp_b, b = engine._forward(ids, mask, None)
+        lp_a, a = engine.lm.forward(ids, mask, None)
+        lp_b, b = engine.lm.forward(ids, mask, None)
         b = reserve_cache(b, 3)  # 3 of room: the 4th and 5th steps grow the buffers
         for _ in range(5):
             nxt = lp_a.argmax(-1)[:, None]
             assert torch.equal(nxt, lp_b.argmax(-1)[:, None])
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            lp_a, a = engine._forward(nxt, mask, a)
-            lp_b, b = engine._forward(nxt, mask, b)
+            lp_a, a = engine.lm.forward(nxt, mask, a)
+            lp_b, b = engine.lm.forward(nxt, mask, b)
             assert (lp_a - lp_b).abs().max().item() < 1e-5
 
 
@@ -131,10 +131,10 @@ def test_grouped_attention_matches_a_cache_row_per_draw(engine):
     from engines.sampling import group_cache, reserve_cache, shared_prompt_layer_class
 
     n = 3
-    ids, mask = engine._pad_left([engine.render(t) for t in _trials()[:3]])  # three prompts, left-padded
+    ids, mask = engine.lm.pad_left([engine.render(t) for t in _trials()[:3]])  # three prompts, left-padded
     with torch.inference_mode():
-        lp, per_row = engine._forward(ids, mask, None)
-        _, grouped = engine._forward(ids, mask, None)
+        lp, per_row = engine.lm.forward(ids, mask, None)
+        _, grouped = engine.lm.forward(ids, mask, None)
         idx = torch.arange(3).repeat_interleave(n)
         per_row.reorder_cache(idx)
         per_row = reserve_cache(per_row, 2)
@@ -149,9 +149,9 @@ def test_grouped_attention_matches_a_cache_row_per_draw(engine):
                 grouped.reorder_cache(keep)
                 nxt, mask = nxt[keep], mask[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            lp_a, per_row = engine._forward(nxt, mask, per_row)
+            lp_a, per_row = engine.lm.forward(nxt, mask, per_row)
             with engine._sampler.grouped_attention(grouped):
-                lp_b, grouped = engine._forward(nxt, mask, grouped)
+                lp_b, grouped = engine.lm.forward(nxt, mask, grouped)
             assert (lp_a - lp_b).abs().max().item() < 1e-5, step
     assert engine.model.config._attn_implementation == "sdpa"  # restored after every step
 
@@ -188,7 +188,7 @@ def _near_tie(engine, trial, draw: int, prefix: tuple[int, ...], a: int, b: int)
     u = torch.rand(len(prefix) + 1, dtype=torch.float64, generator=gen)[-1]
     ids = torch.tensor([[*engine.render(trial), *prefix]])
     with torch.inference_mode():
-        lp, _ = engine._forward(ids, torch.ones_like(ids), None)
+        lp, _ = engine.lm.forward(ids, torch.ones_like(ids), None)
     cdf = (lp[0] - lp[0].max()).exp().double().cumsum(-1)
     target = u * cdf[-1]
     lo, hi = sorted((a, b))

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 
+from engines.batching import balanced, cut_runs, length_batches
 from engines.flags import settings_from_flags
 from engines.hf.draws import GROUP_FROM, Draw
 from engines.hf.engine import HFEngine
@@ -59,9 +60,6 @@ from engines.hf.settings import (
 )
 from engines.hf.tokens import (
     TokenTree,
-    balanced,
-    cut_runs,
-    length_batches,
     pack_tree,
     prefix_groups,
     shared_prefix_lengths,

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.base import ProgressFn, require
+from engines.batching import balanced, length_batches
 from engines.hf.readout import KeptTrees
 from engines.hf.reasoning import Reasoner
 from engines.hf.settings import HFSettings
-from engines.hf.tokens import balanced, fill, length_batches, pack_tree, shared_prefix_lengths, token_rows, tree_paths
+from engines.hf.tokens import fill, pack_tree, shared_prefix_lengths, token_rows, tree_paths
 from engines.hf.weights import Model
 from engines.local import DrawRow
 from engines.refill import ReasoningStats

@@ -4,8 +4,8 @@ Owns: the engine contract (``readout``, ``sample`` and their hooks, :class:`engi
 caches of rendered prompts and encoded options, the manifest and run-key records, and the wiring: one
 :class:`engines.hf.weights.Model` handed to a :class:`engines.hf.readout.Reader`, a
 :class:`engines.hf.reasoning.Reasoner` and a :class:`engines.hf.draws.Sampler`. Every method either belongs to
-the contract or composes the parts; none computes one part's concern (the few that only delegate under their old
-names are there for the device scripts that call them). May import every module of :mod:`engines.hf`,
+the contract or composes the parts; none computes one part's concern (:attr:`HFEngine.lm` and
+:attr:`HFEngine.reasoner` hand two parts to the device check, the bench and the tests that step through them). May import every module of :mod:`engines.hf`,
 :mod:`engines.base`, :mod:`engines.graphs` (a type), :mod:`engines.local`, :mod:`engines.render`,
 :mod:`probe.types`.
 """
@@ -18,7 +18,6 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from engines.base import Draws, ProgressFn
-from engines.graphs import SlotDecoder
 from engines.hf.draws import Sampler
 from engines.hf.readout import KeptTrees, Reader
 from engines.hf.reasoning import Reasoner
@@ -120,7 +119,7 @@ class HFEngine(LocalEngine):
 
     def numerics(self) -> dict[str, Any]:
         s = self.settings
-        reasoning = {"reasoning_schedule": self._schedule(), "reasoning_rows": s.reasoning_rows} if s.think else {}
+        reasoning = {"reasoning_schedule": self._reasoner.schedule(), "reasoning_rows": s.reasoning_rows} if s.think else {}
         experts = {"experts": asdict(self._lm.experts)} if self._lm.experts is not None else {}
         return {
             **reasoning,
@@ -244,26 +243,14 @@ class HFEngine(LocalEngine):
             for row, gen in zip(rows, gens, strict=True)
         ]
 
-    # ------------------------------------------- the parts, as scripts call them
-    # scripts/device_check.py and scripts/device_moe.py call these by their old names; each only delegates.
+    # ------------------------------------------------------------ the parts
     @property
-    def _cache_kw(self) -> str:
-        return self._lm.cache_kw
+    def lm(self) -> Model:
+        """The loaded model part (padding, forwards, whether it is split): what the device check and the bench time,
+        and tests step through, without going through a readout or a draw."""
+        return self._lm
 
-    def _tree_unsupported(self) -> str | None:
-        return self._lm.tree_unsupported()
-
-    def _schedule(self) -> str:
-        return self._reasoner.schedule()
-
-    def _slot_decoder(self, rows: int, capacity: int) -> SlotDecoder:
-        return self._reasoner.slot_decoder(rows, capacity)
-
-    def _pad_left(self, seqs: Sequence[Sequence[int]]) -> tuple[Any, Any]:
-        return self._lm.pad_left(seqs)
-
-    def _call(self, **inputs: Any) -> Any:
-        return self._lm.call(**inputs)
-
-    def _forward(self, ids: Any, mask: Any, cache: Any, *, float64: bool = False) -> tuple[Any, Any]:
-        return self._lm.forward(ids, mask, cache, float64=float64)
+    @property
+    def reasoner(self) -> Reasoner:
+        """The reasoning part (schedules, slot decoders): what the device check times."""
+        return self._reasoner

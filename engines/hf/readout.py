@@ -33,8 +33,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engines.base import ProgressFn, require
+from engines.batching import length_batches
 from engines.hf.settings import HFSettings
-from engines.hf.tokens import length_batches, pack_tree, prefix_groups, shared_prefix_lengths, token_rows, tree_paths
+from engines.hf.tokens import pack_tree, prefix_groups, shared_prefix_lengths, token_rows, tree_paths
 from engines.hf.weights import Model, readout_log_probs
 from engines.local import Prepared, slot_readout
 from engines.trie import Prefix, Trie, build_trie

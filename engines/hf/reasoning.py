@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import require
+from engines.batching import cut_runs, length_batches
 from engines.graphs import SlotDecoder, span_of
 from engines.hf.settings import HFSettings
-from engines.hf.tokens import cut_runs, length_batches
 from engines.hf.weights import Model
 from engines.local import ThinkRequest
 from engines.refill import ReasoningStats, Schedule, stacked, unstackable

@@ -1,62 +1,21 @@
 """Token rows and the token tree: pure functions of token ids, shared by the readout, reasoning and sampling parts.
 
-Owns: cutting items into runs and batches (:func:`cut_runs`, :func:`length_batches`, :func:`token_rows`,
-:func:`balanced`, :func:`fill`), shared prefixes (:func:`shared_prefix_lengths`, :func:`prefix_groups`) and the
+Owns: cutting token rows into batches (:func:`token_rows`, :func:`fill`, on the batching rules every engine shares:
+:func:`engines.batching.cut_runs`, :func:`~engines.batching.length_batches`, :func:`~engines.batching.balanced`,
+imported here under their old names), shared prefixes (:func:`shared_prefix_lengths`, :func:`prefix_groups`) and the
 packed token tree (:class:`TokenTree`, :func:`pack_tree`, :func:`tree_mask`, :func:`tree_paths`). No state, no
-model. May import: :mod:`engines.base` (``require``: torch, lazily, as numpy is); nothing else of the project.
+model. May import: :mod:`engines.base` (``require``: torch, lazily, as numpy is), :mod:`engines.batching`; nothing
+else of the project.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from engines.base import require
-
-T = TypeVar("T")
-
-
-def balanced(count: int, most: int) -> int:
-    """The batch size that cuts ``count`` items into as few batches of at most ``most`` as possible, evenly.
-
-    132 items at most 128 a batch: 66 (two batches of 66, not 128 and a 4-row tail that costs as many
-    decoding steps as the full batch).
-    """
-    if count <= 0:
-        return max(1, most)
-    batches = -(-count // most)
-    return -(-count // batches)
-
-
-def cut_runs(items: Iterable[T], cut: Callable[[list[T], T], int]) -> list[list[T]]:
-    """``items`` cut into consecutive runs, greedily.
-
-    Before each item joins the current run, ``cut(run, item)`` says how many of
-    the run's first items close as a run of their own (0: none, the item joins
-    the run; ``len(run)``: the item starts a new one).
-    """
-    runs: list[list[T]] = []
-    cur: list[T] = []
-    for item in items:
-        at = cut(cur, item) if cur else 0
-        if at:
-            runs.append(cur[:at])
-            cur = cur[at:]
-        cur.append(item)
-    if cur:
-        runs.append(cur)
-    return runs
-
-
-def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[list[int]]:
-    """Group indices into batches of similar length (longest first), bounded in rows and padded tokens."""
-
-    def full(batch: list[int], i: int) -> int:
-        width = lengths[batch[0]]  # longest first: the first row sets the width
-        return len(batch) if len(batch) >= batch_size or width * (len(batch) + 1) > max_tokens else 0
-
-    return cut_runs(sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)), full)
+from engines.batching import cut_runs
 
 
 def shared_prefix_lengths(seqs: Sequence[Sequence[int]]) -> list[int]:

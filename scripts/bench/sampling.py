@@ -137,7 +137,7 @@ class GenerateSampler:
         out: list[tuple[int, int, str]] = []
         for lo in range(0, len(trials), self.batch_size):
             batch = trials[lo : lo + self.batch_size]
-            ids, mask = self.engine._pad_left([self.engine.render(t) for t in batch])  # on the model's device
+            ids, mask = self.engine.lm.pad_left([self.engine.render(t) for t in batch])  # on the model's device
             width = ids.shape[1]
             gen = self.model.generate(
                 input_ids=ids,
