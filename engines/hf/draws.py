@@ -18,7 +18,7 @@ from typing import Any
 from engines.base import ProgressFn, require
 from engines.batching import balanced, length_batches
 from engines.hf.readout import KeptTrees
-from engines.hf.reasoning import Reasoner
+from engines.hf.reasoning import Generation, Reasoner
 from engines.hf.settings import HFSettings
 from engines.hf.tokens import fill, pack_tree, shared_prefix_lengths, token_rows, tree_paths
 from engines.hf.weights import Model
@@ -132,14 +132,10 @@ class Sampler:
         gens: list[list[int]] = [[] for _ in rows]
         prompts = [r.prompt for r in rows]
         try:
-            for i, gen in self._reasoner.decoder()(
-                prompts,
-                lambda run: RowSampler([rows[j].seed for j in run], temperature),
-                budget,
-                stops,
-                capacity,
-                stats,
-            ):
+            job = Generation(
+                prompts, lambda run: RowSampler([rows[j].seed for j in run], temperature), budget, stops, capacity
+            )
+            for i, gen in self._reasoner.decoder()(job, stats):
                 stats.took(gen)
                 gens[i] = gen
                 if progress:

@@ -119,7 +119,9 @@ class HFEngine(LocalEngine):
 
     def numerics(self) -> dict[str, Any]:
         s = self.settings
-        reasoning = {"reasoning_schedule": self._reasoner.schedule(), "reasoning_rows": s.reasoning_rows} if s.think else {}
+        reasoning = (
+            {"reasoning_schedule": self._reasoner.schedule(), "reasoning_rows": s.reasoning_rows} if s.think else {}
+        )
         experts = {"experts": asdict(self._lm.experts)} if self._lm.experts is not None else {}
         return {
             **reasoning,

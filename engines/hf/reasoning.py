@@ -49,6 +49,20 @@ Decoded = Iterator[tuple[int, list[int]]]
 """``(index, tokens)`` of each generation as it ends."""
 
 
+@dataclass(frozen=True)
+class Generation:
+    """What a refilled decoding generates (:meth:`Reasoner.decode_refilled`, :meth:`Reasoner.decode_slots`: one
+    schedule, two ways to decode it): each of ``prompts`` continued until one of ``ends`` (kept) or ``budget``
+    tokens, up to ``rows`` at once, each admitted run's rows drawn by ``sampler_of(indices)`` (one seeded generator
+    per row)."""
+
+    prompts: Sequence[tuple[int, ...]]
+    sampler_of: Callable[[Sequence[int]], RowSampler]
+    budget: int
+    ends: set[int] | frozenset[int]
+    rows: int
+
+
 @dataclass
 class _Traces:
     """The generations of a refilled decoding in progress, by index: each ends at one of ``ends`` (kept) or at
@@ -155,7 +169,7 @@ class Reasoner:
             return "buckets"
         return "slots" if self.settings.decode_graphs == "on" else "refill"
 
-    def decoder(self) -> Callable[..., Decoded]:
+    def decoder(self) -> Callable[[Generation, ReasoningStats], Decoded]:
         """The refilled decoding of this engine's schedule: :meth:`decode_slots` or :meth:`decode_refilled`."""
         return self.decode_slots if self.schedule() == "slots" else self.decode_refilled
 
@@ -210,30 +224,21 @@ class Reasoner:
 
     def _refill(self, request: ThinkRequest, rows: int, stats: ReasoningStats) -> Decoded:
         """Up to ``rows`` traces at once, a finished row given to the next waiting trial (:meth:`decoder`)."""
-        yield from self.decoder()(
-            request.prompts, lambda run: self._sampler(request, run), request.budget, request.ends, rows, stats
-        )
+        job = Generation(request.prompts, lambda run: self._sampler(request, run), request.budget, request.ends, rows)
+        yield from self.decoder()(job, stats)
 
-    def decode_refilled(
-        self,
-        prompts: Sequence[tuple[int, ...]],
-        sampler_of: Callable[[Sequence[int]], RowSampler],
-        budget: int,
-        ends: set[int] | frozenset[int],
-        rows: int,
-        stats: ReasoningStats,
-    ) -> Decoded:
-        """``(index, tokens)`` for each of ``prompts`` as its generation ends (at one of ``ends``, kept, or at
-        ``budget`` tokens), up to ``rows`` at once, a finished row given to the next waiting prompt
-        (:mod:`engines.refill`): think mode's reasoning, and its draws.
+    def decode_refilled(self, job: Generation, stats: ReasoningStats) -> Decoded:
+        """``(index, tokens)`` for each of the job's prompts as its generation ends, a finished row given to the
+        next waiting prompt (:mod:`engines.refill`): think mode's reasoning, and its draws.
 
         Prompts are admitted in order; an admitted group is prefilled on its own (:meth:`_prefilled`), its first
-        tokens drawn from that prefill by ``sampler_of(indices)`` (one seeded generator per row), and its cache
+        tokens drawn from that prefill by ``job.sampler_of(indices)``, and its cache
         stacked under the rows that go on (:func:`engines.refill.stacked`).
         """
         torch = require("torch", "hf")
-        plan = Schedule(range(len(prompts)), rows)
-        traces = _Traces(ends, budget)
+        prompts, sampler_of, budget = job.prompts, job.sampler_of, job.budget
+        plan = Schedule(range(len(prompts)), job.rows)
+        traces = _Traces(job.ends, budget)
         cache: Any = None
         mask: Any = None
         nxt: Any = None
@@ -293,16 +298,8 @@ class Reasoner:
             stats.prefills += 1
             yield run, lp, c, m, [where[prompts[i]] for i in run]
 
-    def decode_slots(
-        self,
-        prompts: Sequence[tuple[int, ...]],
-        sampler_of: Callable[[Sequence[int]], RowSampler],
-        budget: int,
-        ends: set[int] | frozenset[int],
-        rows: int,
-        stats: ReasoningStats,
-    ) -> Decoded:
-        """What :meth:`decode_refilled` yields, in the same schedule, decoded in ``rows`` slots of fixed shape
+    def decode_slots(self, job: Generation, stats: ReasoningStats) -> Decoded:
+        """What :meth:`decode_refilled` yields, in the same schedule, decoded in ``job.rows`` slots of fixed shape
         (:mod:`engines.graphs`), each step recorded in a CUDA graph where :meth:`capture_mode` says so.
 
         A trace keeps its slot from admission to its end (or until the last traces move to the front:
@@ -311,10 +308,11 @@ class Reasoner:
         held), and only the live slots draw, each from its own generator.
         """
         torch = require("torch", "hf")
+        prompts, sampler_of, rows = job.prompts, job.sampler_of, job.rows
         plan = Schedule(range(len(prompts)), rows)
-        capacity = max(len(p) for p in prompts) + budget
+        capacity = max(len(p) for p in prompts) + job.budget
         dec = self.slot_decoder(rows, capacity)
-        traces, slots = _Traces(ends, budget), _Slots(rows)
+        traces, slots = _Traces(job.ends, job.budget), _Slots(rows)
         sampler = sampler_of([])
         try:
             while plan.live or plan.waiting:
