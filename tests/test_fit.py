@@ -479,7 +479,7 @@ def test_one_unfittable_channel_does_not_hide_the_others():
     assert why.startswith(f"2 of {len(ITEMS)} stories have every cell usable (2 with theta; the fit needs 3)")
     # the cells printed first with CBR: (approve, yes_first) and (oppose, no_first), either mapping
     assert f"verb=approve, order=yes_first, mapping=canonical empty in {len(ITEMS) - 2}" in why
-    assert fit.fit_channels(th, bt, n_boot=0)["channel"].tolist() == ["order", "lexical"]
+    assert fit.fit_each_channel(th, bt, n_boot=0)[0]["channel"].tolist() == ["order", "lexical"]
 
 
 def test_joint_near_tie_counts_only_complete_stories():

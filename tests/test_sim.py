@@ -252,7 +252,7 @@ def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     assert floor.within_sd_mean < floor.between_sd_mean
     b = fit.binary_trials(opts, per)
     assert set(b["family"]) == {"yesno", "arbitrary", "mark", "foreign"}
-    fits = fit.fit_channels(th, b, n_boot=50, seed=0).set_index("channel")
+    fits = fit.fit_each_channel(th, b, n_boot=50, seed=0)[0].set_index("channel")
     assert list(fits.index) == ["order", "lexical", "logic", "label"]
     assert fits.loc["order", "m"] == pytest.approx(-0.1, abs=0.05)
     judgments = store.load("judgments").merge(open_run(store.root).trial_meta()[["trial_id", "item_id"]], on="trial_id")

@@ -675,18 +675,6 @@ def fit_each_channel(
     return pd.DataFrame(rows), tuple(unfitted)
 
 
-def fit_channels(
-    theta: pd.Series,
-    binary: pd.DataFrame,
-    channels: tuple[str, ...] = ("order", "lexical", "logic", "label"),
-    *,
-    n_boot: int = N_BOOT,
-    seed: int = SEED,
-) -> pd.DataFrame:
-    """The fitted rows of :func:`fit_each_channel` (channels that cannot be fitted are left out, not raised)."""
-    return fit_each_channel(theta, binary, channels, n_boot=n_boot, seed=seed)[0]
-
-
 # ------------------------------------------------------------ the joint fit
 JOINT_CHANNELS: dict[str, tuple[str, ...]] = {"yesno": ("order", "lexical"), "arbitrary": ("order", "logic", "label")}
 """Label family -> the channels fitted together in it (a channel the design does not identify is left out)."""
