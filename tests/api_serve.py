@@ -52,10 +52,35 @@ def stop_process(proc: subprocess.Popen, *, sig: int = signal.SIGTERM, grace: fl
             proc.wait(timeout=kill_wait)
 
 
+PORTS_PER_WORKER = 400
+"""Under pytest-xdist, worker gwK hands out the ports 20000 + 400 K onwards (below Linux's ephemeral range)."""
+_next_port: dict[str, int] = {}
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 that is free now, for a server a test is about to start.
+
+    In one process the OS picks it (``bind`` to port 0). Under pytest-xdist each worker takes the ports of its own
+    block, in turn, skipping any that is busy: a server takes seconds to bind the port it was given, and in that
+    time the OS could hand the same port to another worker (two servers on one port: one of them fails to start).
+    Within a worker, servers start one after another.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    first = 20000 + PORTS_PER_WORKER * int(worker[2:])
+    for _ in range(PORTS_PER_WORKER):
+        port = _next_port.get(worker, first)
+        _next_port[worker] = first + (port + 1 - first) % PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # busy: another program's, or a stopped server's still closing
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_WORKER - 1} for pytest worker {worker}")
 
 
 def serving_folder(model_path: Path, root: Path) -> Path:
