@@ -42,7 +42,7 @@ PROBE_DEPS := $(STAMP) $(if $(WANTS_VLLM),$(VENV)/.vllm-installed)
 
 help:
 	@echo "make probe [MODEL=smol|tiny|tiny-hybrid|<hf id>|<path>|<file.gguf>] [ENGINE=auto|hf|vllm] [RUN=runs/NAME] [ARGS='--think --salts 4']"
-	@echo "make test        fast tests (CI)"
+	@echo "make test        fast tests (CI), on TEST_WORKERS pytest-xdist workers (auto: one a core; 0: one process)"
 	@echo "make test-slow   slow tests too"
 	@echo "make test-kernels the tests that rest on the trained tiny model (and the tiny build's long checks), on a tiny built from an empty cache under ATEN_CPU_CAPABILITY=$(KERNELS)"
 	@echo "make test-repeat every test that samples answers, REPEAT=20 times (the flake hunt; REPEAT_MARK=draws for all draws)"
