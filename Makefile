@@ -82,7 +82,7 @@ probe: $(PROBE_DEPS)
 # --dist loadfile keeps a file's tests on one worker, so a module's fixture (a run, a server) is built once.
 # TEST_WORKERS=0 runs the suite in this process, as before (for -x, pdb or print debugging).
 TEST_WORKERS ?= auto
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) --durations=25
 

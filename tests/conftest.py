@@ -10,9 +10,6 @@ import inspect
 import math
 import os
 import re
-import subprocess
-import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -165,8 +162,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     pattern (:data:`DRAW_SOURCES`, :data:`SAMPLE_SOURCES`), or if it talks to the live server.
     ``make test-repeat`` runs the ``samples`` tests many times (``REPEAT_MARK=draws`` widens it).
     """
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        order_for_workers(items)
     for item in items:
         fn = getattr(item, "function", None)
         if fn is None:
@@ -177,65 +172,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for mark, pattern in (("draws", DRAW_SOURCES), ("samples", SAMPLE_SOURCES)):
             if live or _matches(fn, pattern) or any(_matches(f, pattern, 1) for f in fixtures):
                 item.add_marker(getattr(pytest.mark, mark))
-
-
-# ------------------------------------------------------------------ the tiny build under pytest-xdist
-#: What in a test file's source says it may load a locally built model (the tiny ones, smol); so does using one of
-#: :data:`MODEL_FIXTURES`. A file misjudged as loading none only waits on the build's lock, as every file did before.
-MODEL_USERS = re.compile(r"tiny|smol|HFEngine|ensure_tiny|hf_engine|engines\.hf")
-MODEL_FIXTURES = frozenset({"engine", "tiny_engine", "smol_engine", "server"})
-
-
-def _controller(config: pytest.Config) -> bool:
-    """Whether this process hands tests to pytest-xdist workers (rather than running them itself)."""
-    return bool(getattr(config.option, "numprocesses", None)) and not os.environ.get("PYTEST_XDIST_WORKER")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, build the tiny models in the background from the start (about 50 s on one core).
-
-    Otherwise the first worker to need one builds it while the other waits on the build's lock, a core idle for
-    most of a minute on an empty cache. The workers run the files that load no model first
-    (:func:`pytest_collection_modifyitems`), so the build and those tests share the cores; a worker that needs a
-    model before the build ends waits on the same lock (:func:`probe.tiny.ensure_tiny`). A failed build here
-    leaves the workers to build, and report, as without it.
-    """
-    if _controller(config):
-        config.stash[_BUILD] = subprocess.Popen(
-            [sys.executable, "-m", "probe", "tiny"],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    build = config.stash.get(_BUILD, None)
-    if build is not None:
-        try:
-            build.wait(timeout=900)  # a deadlock bound: it ended long before the suite did
-        except subprocess.TimeoutExpired:
-            build.kill()
-            build.wait()
-
-
-_BUILD = pytest.StashKey[subprocess.Popen]()
-
-
-def _loads_models(path: Path, seen: dict[Path, bool] = {}) -> bool:  # noqa: B006 - a cache, by design
-    if path not in seen:
-        try:
-            seen[path] = bool(MODEL_USERS.search(path.read_text()))
-        except OSError:
-            seen[path] = True
-    return seen[path]
-
-
-def order_for_workers(items: list[pytest.Item]) -> None:
-    """Sort ``items`` in place by file: the files that load no model first, then the rest, each group largest first
-    (the order pytest-xdist would give them, ``--loadscope-reorder``, which make test turns off for this one); a
-    file's tests keep their order. The same files give the same order in every worker, as xdist requires."""
-    size = Counter(item.path for item in items)
-    first = {item.path: i for i, item in reversed(list(enumerate(items)))}
-    fixtures = {item.path for item in items if MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    items.sort(key=lambda it: (it.path in fixtures or _loads_models(it.path), -size[it.path], first[it.path]))
