@@ -711,12 +711,11 @@ def step_graphs(check: Check) -> list[str]:
     with CUDA graphs) against its dynamic cache (eager), warm, at one batch (:func:`scripts.device_moe.
     generate_step`), with the share of tokens the two agree on. Run only when named (compiling can take minutes).
     A failure is a finding, not a problem (returns none)."""
-    import torch
 
     from scripts import device_moe as dm
 
-    cpu, emit = check.cpu, check.emit
-    config, engine, sync = random_moe(torch.device("cpu" if cpu else check.device), cpu)
+    cpu, emit, m = check.cpu, check.emit, check.moe()
+    config, engine, sync = m.config, m.base, m.sync
     model = engine.model
     rows, short, long = (4, 4, 12) if cpu else (64, 8, 40)
     ids, mask = engine.lm.pad_left([engine.render(binary_trials()[0])] * rows)
@@ -793,19 +792,24 @@ class Step:
     run: Callable[[Check], list[str]]
     gpu_s: float
     cpu_s: float
+    moe: bool = False
+    """Whether it reads the shared random Qwen3-MoE (:meth:`Check.moe`), which the first such step builds."""
     gpu_only: bool = False
     default: bool = True
 
+    def seconds(self, cpu: bool) -> float:
+        return self.cpu_s if cpu else self.gpu_s
+
 
 STEPS: tuple[Step, ...] = (
-    Step("moe-readouts", moe_readouts, gpu_s=15, cpu_s=4),
-    Step("moe-decode", moe_decode, gpu_s=20, cpu_s=4),
-    Step("moe-draws", moe_draws, gpu_s=10, cpu_s=3),
-    Step("moe-reasoning", moe_reasoning, gpu_s=35, cpu_s=4),
+    Step("moe-readouts", moe_readouts, gpu_s=15, cpu_s=4, moe=True),
+    Step("moe-decode", moe_decode, gpu_s=20, cpu_s=4, moe=True),
+    Step("moe-draws", moe_draws, gpu_s=10, cpu_s=3, moe=True),
+    Step("moe-reasoning", moe_reasoning, gpu_s=35, cpu_s=4, moe=True),
     Step("parity", tiny_parity, gpu_s=20, cpu_s=5),
     Step("sampling", tiny_sampling, gpu_s=15, cpu_s=6),
     Step("split", tiny_split, gpu_s=10, cpu_s=0, gpu_only=True),
-    Step("graphs", step_graphs, gpu_s=120, cpu_s=8, default=False),
+    Step("graphs", step_graphs, gpu_s=120, cpu_s=8, moe=True, default=False),
 )
 """Every step, in the order they run: the moe steps first, since they need no tiny model (device_check.sh builds
 those meanwhile)."""
@@ -821,12 +825,9 @@ def estimates(steps: Sequence[Step], cpu: bool) -> list[tuple[str, float]]:
     step."""
     mode = "cpu" if cpu else "gpu"
     out = [("start (python, torch" + ("" if cpu else ", CUDA") + ")", START_S[mode])]
-    if any(s.run in MOE_STEPS for s in steps):
+    if any(s.moe for s in steps):
         out.append(("build the random Qwen3-MoE", MOE_BUILD_S[mode]))
-    return out + [(s.name, s.cpu_s if cpu else s.gpu_s) for s in steps if not (cpu and s.gpu_only)]
-
-
-MOE_STEPS = (moe_readouts, moe_decode, moe_draws, moe_reasoning, step_graphs)
+    return out + [(s.name, s.seconds(cpu)) for s in steps if not (cpu and s.gpu_only)]
 
 
 @dataclass
@@ -876,13 +877,12 @@ def run_steps(steps: Sequence[Step], check: Check, record: Record, budget: float
     import traceback
 
     mode = "cpu" if check.cpu else "gpu"
-    for step in steps:
+    last_moe = max((k for k, s in enumerate(steps) if s.moe), default=-1)
+    for k, step in enumerate(steps):
         if check.cpu and step.gpu_only:
             record.mark(step.name, "skipped", why="needs a GPU (a model split over cuda:0 and the CPU)")
             continue
-        estimate = (step.cpu_s if check.cpu else step.gpu_s) + (
-            MOE_BUILD_S[mode] if step.run in MOE_STEPS and check._moe is None else 0
-        )
+        estimate = step.seconds(check.cpu) + (MOE_BUILD_S[mode] if step.moe and check._moe is None else 0)
         left = None if budget is None else budget - (time.perf_counter() - started)
         if left is not None and estimate > left:
             record.mark(step.name, "skipped", why=f"over the budget: estimated {estimate:.0f} s, {left:.0f} s left")
@@ -896,7 +896,7 @@ def run_steps(steps: Sequence[Step], check: Check, record: Record, budget: float
             record.problems.append(f"{step.name}: raised {type(e).__name__}: {str(e).strip()[:300]}")
             record.mark(step.name, "failed", why=f"raised {type(e).__name__}", seconds=time.perf_counter() - t0)
             continue
-        if step.run in MOE_STEPS and not any(s.run in MOE_STEPS for s in steps[steps.index(step) + 1 :]):
+        if k == last_moe:
             check.release_moe()
         record.problems += found
         record.mark(step.name, "ran", seconds=time.perf_counter() - t0, problems=len(found))

@@ -54,7 +54,8 @@ def stop_process(proc: subprocess.Popen, *, sig: int = signal.SIGTERM, grace: fl
 
 PORTS_PER_WORKER = 400
 """Under pytest-xdist, worker gwK hands out the ports 20000 + 400 K onwards (below Linux's ephemeral range)."""
-_next_port: dict[str, int] = {}
+_next_port: int | None = None
+"""This worker's next port to try (a process is one worker)."""
 
 
 def free_port() -> int:
@@ -65,6 +66,7 @@ def free_port() -> int:
     time the OS could hand the same port to another worker (two servers on one port: one of them fails to start).
     Within a worker, servers start one after another.
     """
+    global _next_port
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not (worker.startswith("gw") and worker[2:].isdigit()):
         with socket.socket() as s:
@@ -72,8 +74,8 @@ def free_port() -> int:
             return int(s.getsockname()[1])
     first = 20000 + PORTS_PER_WORKER * int(worker[2:])
     for _ in range(PORTS_PER_WORKER):
-        port = _next_port.get(worker, first)
-        _next_port[worker] = first + (port + 1 - first) % PORTS_PER_WORKER
+        port = first if _next_port is None else _next_port
+        _next_port = first + (port + 1 - first) % PORTS_PER_WORKER
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -104,16 +104,19 @@ class _Blocks:
 
     @staticmethod
     def of(logprobs: Sequence[np.ndarray], counts: Sequence[np.ndarray]) -> _Blocks:
-        widths: dict[int, list[int]] = {}
+        blocks: list[list[int]] = []  # the trials of each option count, in order of first appearance
+        block_of: dict[int, int] = {}
         rows = []
         for i, lv in enumerate(logprobs):
-            members = widths.setdefault(len(lv), [])
-            rows.append((list(widths).index(len(lv)), len(members)))
-            members.append(i)
+            b = block_of.setdefault(len(lv), len(blocks))
+            if b == len(blocks):
+                blocks.append([])
+            rows.append((b, len(blocks[b])))
+            blocks[b].append(i)
         return _Blocks(
             tuple(rows),
-            tuple(np.stack([np.asarray(logprobs[i], dtype=np.float64) for i in m]) for m in widths.values()),
-            tuple(np.stack([np.asarray(counts[i], dtype=np.float64) for i in m]) for m in widths.values()),
+            tuple(np.stack([np.asarray(logprobs[i], dtype=np.float64) for i in m]) for m in blocks),
+            tuple(np.stack([np.asarray(counts[i], dtype=np.float64) for i in m]) for m in blocks),
         )
 
     def loglik(self, temperature: float) -> float:
