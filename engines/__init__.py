@@ -102,7 +102,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "recommended temperature 0.6, top-p 0.95, top-k 20, seeded per trial); --think-temperature, --think-top-p "
         "and --think-top-k after it override one setting",
     )
-    add_flags(g, EngineSettings, ("think_temperature", "think_top_p", "think_top_k", "system_prompt"))
+    add_flags(g, EngineSettings, ("think_temperature", "think_top_p", "think_top_k", "system_prompt", "frame"))
     add_loading_arguments(g)
     for module in available_modules():
         module.add_arguments(p)

@@ -23,7 +23,6 @@ sends single-turn trials through the providers' batch interfaces
 (:mod:`engines.api_batch`).
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -118,14 +117,20 @@ def settings_from_model(model: str, a: argparse.Namespace) -> ApiSettings:
 
 
 def from_args(model: str, a: argparse.Namespace) -> ApiEngine:
-    return ApiEngine(settings_from_model(model, a))
+    s = settings_from_model(model, a)
+    if s.frame == "plain":
+        raise ValueError(
+            f"--frame plain needs the prompt rendered to token ids here, and the API engine sends chat messages that "
+            f"{s.provider} renders with its own template; read a base model with the Transformers or vLLM engine, or "
+            "through a server that returns log probabilities (docs/engines.md)"
+        )
+    return ApiEngine(s)
 
 
 def call_seed(seed: int, trial_id: str, draw: int) -> int:
     """A 31-bit seed per (run seed, trial, draw): the top bits of :func:`engines.base.draw_seed`, so
     replicates differ and a re-sent call asks for the same draw."""
     return draw_seed(seed, trial_id, draw) >> 32
-
 
 
 # ----------------------------------------------------------------- engine

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from engines.api_providers import HOST_KEY_ENV, KEY_ENV, PROVIDERS
-from engines.base import EngineSettings
+from engines.base import EngineSettings, check_frame
 from engines.flags import NO_FLAG, flag
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -113,6 +113,7 @@ class ApiSettings(EngineSettings):
             raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
         if not self.model:
             raise ValueError("the model name is empty")
+        check_frame(self)
         if self.provider == "openai-compatible" and not self.base_url:
             raise ValueError("an openai-compatible model needs a base URL: openai-compatible:<name>@<base_url>")
         for name in ("max_new_tokens", "think_budget", "concurrency"):
@@ -163,5 +164,3 @@ class ApiSettings(EngineSettings):
         if host in HOST_KEY_ENV:
             return HOST_KEY_ENV[host], True
         return "OPENAI_API_KEY", False  # a self-hosted server usually wants no key
-
-

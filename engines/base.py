@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engines.flags import NO_FLAG, flag
+from engines.render import FRAMES
 from probe.errors import ProbeError
 from probe.types import Readout, Sample, Trial
 
@@ -76,6 +77,12 @@ class EngineSettings:
     """Top-k of sampled reasoning: the most likely tokens it draws from; 0: all tokens."""
     system_prompt: str | None = field(default=None, metadata=flag(name="system"))
     """System prompt, added as a system turn to every trial that has none."""
+    frame: str = field(default="auto", metadata=flag(choices=FRAMES))
+    """Prompt frame: chat (the model's chat template), plain (the documented plain-text frame, for a base model
+    without a template) or auto (chat where the tokenizer has a template, else plain).
+
+    The plain frame (:func:`engines.render.plain_text`, docs/methods.md) writes the system text, each turn under
+    ``Question:``/``Answer:`` and ends in ``Answer:``; a plain run says so in its run key and report."""
     max_new_tokens: int = 32
     """Reply tokens when sampling, after any reasoning.
 
@@ -109,6 +116,17 @@ def reasoning_seed(seed: int, trial_id: str) -> int:
 THINK_SAMPLING = {"greedy": (0.0, 1.0, 0), "qwen3": (0.6, 0.95, 20)}
 """``--think-sampling`` presets: (temperature, top-p, top-k). qwen3: the thinking-mode settings of Qwen3's model card
 (which warns that greedy decoding in thinking mode can loop); greedy: the paper's."""
+
+
+def check_frame(s: EngineSettings) -> None:
+    """Refuse an unknown ``frame``, and think mode in the plain frame (a base model has no reasoning tags)."""
+    if s.frame not in FRAMES:
+        raise ValueError(f"frame must be one of {', '.join(FRAMES)}, got {s.frame!r}")
+    if s.think and s.frame == "plain":
+        raise ValueError(
+            "--think needs a chat template with reasoning tags, and the plain frame has none; drop --think, or use "
+            "--frame chat with a reasoning model"
+        )
 
 
 def check_reasoning(s: EngineSettings) -> None:

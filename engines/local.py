@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.base import Draws, Engine, EngineSettings, draw_seed, reasoning_record, reasoning_seed
-from engines.render import close_reasoning, option_ids, render_ids, stop_ids, think_end_id
+from engines.render import (
+    close_reasoning,
+    option_ids,
+    plain_cut,
+    render_ids,
+    rendered_system_prompt,
+    resolve_frame,
+    stop_ids,
+    think_end_id,
+)
 from engines.trie import Prefix, Trie, normalize, option_logprobs
 from probe.models import folder_fingerprint
 from probe.models.gguf import manifest_record
@@ -82,6 +91,8 @@ class RendersLocally:
     _generation_eos: Any = None
     """The eos id(s) of the model's generation config, where the engine reads them at load; None: the tokenizer's
     eos alone ends a turn."""
+    _frame: str | None = None
+    """The frame resolved against the tokenizer (:meth:`_check_frame`, at load)."""
 
     @property
     def tokenizer(self) -> Any:
@@ -94,18 +105,62 @@ class RendersLocally:
         """Load the tokenizer into ``_tok``."""
         raise NotImplementedError
 
+    def _decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens kept (as every reply is decoded)."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` in the model's tokenizer (special tokens not added)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
+    @property
+    def frame(self) -> str:
+        """The frame every prompt is rendered in, ``chat`` or ``plain`` (``--frame`` with auto resolved against the
+        tokenizer: :func:`engines.render.resolve_frame`)."""
+        if self._frame is None:
+            self._check_frame(self.tokenizer)
+        assert self._frame is not None
+        return self._frame
+
+    def _check_frame(self, tok: Any) -> None:
+        """Resolve the frame against the loaded tokenizer ``tok``, refusing ``--frame chat`` without a template and
+        think mode in the plain frame, in one line each."""
+        s = self.settings
+        frame = resolve_frame(tok, s.frame, s.model)
+        if frame == "plain" and s.think:
+            raise ValueError(
+                f"model {s.model!r} is read in the plain frame ({'it has no chat template' if s.frame == 'auto' else '--frame plain'}), "
+                "which has no reasoning tags, so --think cannot run; drop --think"
+            )
+        self._frame = frame
+
+    def frame_record(self) -> dict[str, Any]:
+        """The frame for the manifest: ``{"frame": {"used", "asked"}}``."""
+        return {"frame": {"used": self.frame, "asked": self.settings.frame}}
+
+    def frame_identity(self) -> dict[str, Any]:
+        """The frame for the run key: ``{"frame": "plain"}`` in the plain frame, nothing in the chat frame (so a chat
+        run keeps the key it had before frames existed)."""
+        return {"frame": "plain"} if self.frame == "plain" else {}
+
+    def system_prompt_record(self) -> dict[str, str | None]:
+        """What trials without a system turn are rendered with (:func:`engines.render.rendered_system_prompt`); in
+        the plain frame only ``--system``, since no template adds its own there."""
+        s = self.settings
+        if self.frame == "plain":
+            return {"text": s.system_prompt, "source": "--system" if s.system_prompt is not None else None}
+        return rendered_system_prompt(self.tokenizer, s.system_prompt)
+
     def render(self, trial: Trial, *, think: bool | None = None) -> tuple[int, ...]:
         """The prompt token ids up to the answer slot (or to where reasoning starts; ``think``: the settings')."""
         think = self.settings.think if think is None else think
-        return render_ids(self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt)
+        return render_ids(
+            self.tokenizer, trial, think=think, system_prompt=self.settings.system_prompt, frame=self.frame
+        )
 
     def option_ids(self, trial: Trial) -> tuple[tuple[int, ...], ...]:
         """Each option as the token ids the model would emit at the slot (:func:`engines.render.option_ids`)."""
-        return option_ids(self.tokenizer, trial)
+        return option_ids(self.tokenizer, trial, self.frame)
 
     def _stop_ids(self) -> set[int]:
         """The ids that end the model's turn (:func:`engines.render.stop_ids`)."""
@@ -177,6 +232,7 @@ class LocalEngine(RendersLocally, Engine):
             "model_fingerprint": d.get("fingerprint") or d.get("commit_hash"),
             **{k: getattr(self.settings, k) for k in self.value_settings},
             **reasoning_record(self.settings),
+            **self.frame_identity(),
             **({"numerics": numerics} if numerics else {}),
         }
 
@@ -217,28 +273,26 @@ class LocalEngine(RendersLocally, Engine):
         stop_at_answer: bool,
     ) -> Sample:
         """The parsed :class:`Sample` of the reply ``gen`` generated for ``row`` (its stop tokens dropped before
-        decoding); ``truncated``: it hit the token cap, not ended by the model."""
+        decoding); ``truncated``: it hit the token cap, not ended by the model. In the plain frame the reply ends at
+        the frame's stops (:func:`engines.render.plain_cut`), wherever the engine stopped generating."""
         body = [g for g in gen if g not in stops]
+        spent = len(gen)
+        if self.frame == "plain":
+            cut = plain_cut(self._decode, body)
+            if cut.stopped:
+                body, spent, truncated = list(cut.ids), cut.spent, False
         text = self.tokenizer.decode(body, skip_special_tokens=False)
         return parsed_sample(
             trial,
             row.draw,
             text,
             len(row.prompt),
-            len(gen),
+            spent,
             think=self.settings.think,
             token_ids=body,
             truncated=truncated,
             stop_at_answer=stop_at_answer,
         )
-
-    def _check_chat_template(self) -> None:
-        """Refuse a tokenizer without a chat template, naming the model and the fix."""
-        if not getattr(self._tok, "chat_template", None):
-            raise ValueError(
-                f"model {self.settings.model!r} has no chat template; probe renders every trial as a chat. "
-                "Use an instruction-tuned model (or add a chat_template to its tokenizer_config.json)."
-            )
 
 
 def slot_readout(

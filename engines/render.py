@@ -23,11 +23,20 @@ tiny tokenizer (``tests/test_vllm_engine.py``).
   what the model saw: Qwen3's template drops the empty ``<think></think>``
   block and any reasoning from turns before the last user message, and
   re-tokenizing sampled text need not give back the sampled ids.
+* A prompt is rendered in one of two **frames**: the model's chat template
+  (``chat``), or, for a model without one (a pretrained base checkpoint), the
+  documented plain-text frame (``plain``, :func:`plain_text`): the system
+  text, each turn under a role label (``Question:`` / ``Answer:``, the
+  convention of lm-evaluation-harness), turns separated by a blank line, and
+  the prompt ending in the answer label ``Answer:``, so the slot is read where
+  a chat template's generation prompt would put it. ``--frame auto`` (the
+  default) takes the chat template where the tokenizer has one
+  (:func:`resolve_frame`). Every rule above holds in both frames.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -36,8 +45,11 @@ from probe.parse import split_reasoning
 from probe.types import Message, Trial
 
 __all__ = [
+    "FRAMES",
+    "PLAIN_STOPS",
     "KeptParts",
     "OptionError",
+    "PlainReply",
     "Reasoned",
     "checked_option_ids",
     "close_reasoning",
@@ -45,13 +57,104 @@ __all__ = [
     "kept_parts",
     "option_ids",
     "option_texts",
+    "plain_cut",
+    "plain_stop",
+    "plain_text",
     "render_ids",
     "render_kept",
     "rendered_system_prompt",
+    "resolve_frame",
     "stop_ids",
     "template_system_prompt",
     "think_end_id",
 ]
+
+
+FRAMES: Final[tuple[str, ...]] = ("auto", "chat", "plain")
+"""``--frame`` values: ``auto`` takes the chat template where the tokenizer has one, else the plain frame."""
+
+PLAIN_USER: Final[str] = "Question:"
+"""The plain frame's label of a user turn (lm-evaluation-harness's ``Question:``/``Answer:``)."""
+PLAIN_ASSISTANT: Final[str] = "Answer:"
+"""The plain frame's label of an assistant turn, and the answer prefix every plain prompt ends in."""
+PLAIN_SEP: Final[str] = "\n\n"
+"""What separates the plain frame's blocks (the system text, each turn): a blank line."""
+PLAIN_STOPS: Final[tuple[str, ...]] = (PLAIN_SEP, "\n" + PLAIN_USER, "\n" + PLAIN_ASSISTANT)
+"""Where a reply sampled in the plain frame ends: at a blank line, or at a role label that starts a line (a base
+model runs on into the next turn where a chat model would end its own)."""
+
+
+def has_chat_template(tok: Any) -> bool:
+    """Whether the tokenizer carries a chat template."""
+    return bool(getattr(tok, "chat_template", None))
+
+
+def resolve_frame(tok: Any, asked: str, model: str) -> str:
+    """The frame a run renders in: ``chat`` or ``plain``, from ``--frame`` (``asked``) and the tokenizer.
+
+    ``auto`` is the chat template where the tokenizer has one, else the plain
+    frame; ``chat`` on a tokenizer without a template is refused in one line that
+    names ``--frame plain``.
+    """
+    if asked not in FRAMES:
+        raise ValueError(f"unknown frame {asked!r}; choose from {', '.join(FRAMES)}")
+    if asked == "auto":
+        return "chat" if has_chat_template(tok) else "plain"
+    if asked == "chat" and not has_chat_template(tok):
+        raise ValueError(
+            f"model {model!r} has no chat template, so --frame chat cannot render it; use --frame plain (or auto) "
+            "to read it in the plain-text frame, or add a chat_template to its tokenizer_config.json"
+        )
+    return asked
+
+
+def plain_text(trial: Trial, system_prompt: str | None = None) -> str:
+    """The plain frame of ``trial`` up to its generation prompt: the text the slot follows, less the trial's
+    assistant prefix (:func:`answer_suffix` adds it).
+
+    The system text (the trial's system turn, else ``system_prompt``) comes
+    first as it is; each user turn follows as ``Question: <content>``, each
+    assistant turn as ``Answer: <content>``; blocks are separated by a blank
+    line; the text ends in ``Answer:``. Contents are written verbatim.
+    """
+    blocks: list[str] = []
+    msgs = list(trial.messages)
+    if msgs and msgs[0].role == "system":
+        blocks.append(msgs.pop(0).content)
+    elif system_prompt is not None:
+        blocks.append(system_prompt)
+    for m in msgs:
+        if m.role == "system":
+            raise ValueError(f"trial {trial.trial_id}: a system message after the first turn has no plain rendering")
+        blocks.append(f"{PLAIN_USER if m.role == 'user' else PLAIN_ASSISTANT} {m.content}")
+    blocks.append(PLAIN_ASSISTANT)
+    return PLAIN_SEP.join(blocks)
+
+
+def answer_suffix(trial: Trial, frame: str) -> str:
+    """What follows the generation prompt before the slot: the trial's assistant prefix, after a space in the plain
+    frame (``Answer: The answer is``)."""
+    pre = trial.assistant_prefix
+    return (" " + pre if pre else "") if frame == "plain" else pre
+
+
+def _bos(tok: Any) -> tuple[int, ...]:
+    """The plain frame's first id: the tokenizer's BOS where its own encoding starts with one (Llama's, Gemma's),
+    as the model saw text in pretraining; none where it adds none (Qwen's, SmolLM2's)."""
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        return ()
+    ids = tok.encode("a", add_special_tokens=True)
+    return (int(bos),) if ids and ids[0] == bos else ()
+
+
+def _frame_text(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None, frame: str) -> str:
+    """The prompt text of ``frame`` up to the generation prompt (the trial's assistant prefix not added)."""
+    if frame == "plain":
+        if think:
+            raise ValueError("think mode needs a chat template with reasoning tags; the plain frame has none")
+        return plain_text(trial, system_prompt)
+    return _chat_text(tok, trial, think=think, system_prompt=system_prompt)
 
 
 def _chat_text(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None) -> str:
@@ -100,19 +203,23 @@ def rendered_system_prompt(tok: Any, system_prompt: str | None) -> dict[str, str
     return {"text": default, "source": "chat template default" if default is not None else None}
 
 
-def render_ids(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None = None) -> tuple[int, ...]:
-    """The prompt token ids up to the answer slot (or, with ``think``, to where reasoning starts).
+def render_ids(
+    tok: Any, trial: Trial, *, think: bool, system_prompt: str | None = None, frame: str = "chat"
+) -> tuple[int, ...]:
+    """The prompt token ids up to the answer slot (or, with ``think``, to where reasoning starts), in ``frame``
+    (``chat`` or ``plain``: :func:`resolve_frame` resolves ``auto``).
 
     A trial holding a kept reply (an assistant message with ``reply_ids``) is
     rendered by :func:`render_kept` instead.
     """
     kept = [i for i, m in enumerate(trial.messages) if m.reply_ids is not None]
     if kept:
-        return render_kept(tok, trial, kept[-1], think=think, system_prompt=system_prompt)
-    text = _chat_text(tok, trial, think=think, system_prompt=system_prompt)
+        return render_kept(tok, trial, kept[-1], think=think, system_prompt=system_prompt, frame=frame)
+    text = _frame_text(tok, trial, think=think, system_prompt=system_prompt, frame=frame)
     if not think:
-        text += trial.assistant_prefix
-    return tuple(tok.encode(text, add_special_tokens=False))
+        text += answer_suffix(trial, frame)
+    head = _bos(tok) if frame == "plain" else ()
+    return (*head, *tok.encode(text, add_special_tokens=False))
 
 
 KEPT_MARK: Final[str] = "PROBEKEPTREPLYMARK"
@@ -131,7 +238,9 @@ class KeptParts:
     """End of that turn, the turns after it and the new generation prompt, from the chat template."""
 
 
-def kept_parts(tok: Any, trial: Trial, index: int, *, think: bool, system_prompt: str | None = None) -> KeptParts:
+def kept_parts(
+    tok: Any, trial: Trial, index: int, *, think: bool, system_prompt: str | None = None, frame: str = "chat"
+) -> KeptParts:
     """Split the rendering of ``trial`` around its kept reply ``trial.messages[index]``.
 
     The reply's text is its ``content``; the generated ids decode to the end of
@@ -156,27 +265,27 @@ def kept_parts(tok: Any, trial: Trial, index: int, *, think: bool, system_prompt
         )
     prefix = msg.content[: len(msg.content) - len(text)]
     first = replace(trial, messages=trial.messages[:index], assistant_prefix=prefix)
-    head = render_ids(tok, first, think=think, system_prompt=system_prompt)
+    head = render_ids(tok, first, think=think, system_prompt=system_prompt, frame=frame)
     if think and prefix:
         head = (*head, *tok.encode(prefix, add_special_tokens=False))
     marked = replace(
         trial, messages=(*trial.messages[:index], Message("assistant", KEPT_MARK), *trial.messages[index + 1 :])
     )
-    full = _chat_text(tok, marked, think=think, system_prompt=system_prompt)
+    full = _frame_text(tok, marked, think=think, system_prompt=system_prompt, frame=frame)
     if full.count(KEPT_MARK) != 1:
         raise ValueError(
             f"trial {trial.trial_id}: the chat template does not render an assistant turn's content verbatim "
             f"(the marker appears {full.count(KEPT_MARK)} times); a kept reply cannot be placed"
         )
-    after = full.split(KEPT_MARK, 1)[1] + ("" if think else trial.assistant_prefix)
+    after = full.split(KEPT_MARK, 1)[1] + ("" if think else answer_suffix(trial, frame))
     return KeptParts(tuple(head), tuple(ids), tuple(tok.encode(after, add_special_tokens=False)))
 
 
 def render_kept(
-    tok: Any, trial: Trial, index: int, *, think: bool, system_prompt: str | None = None
+    tok: Any, trial: Trial, index: int, *, think: bool, system_prompt: str | None = None, frame: str = "chat"
 ) -> tuple[int, ...]:
     """The prompt ids of a trial whose message ``index`` is a kept reply (see :func:`kept_parts`)."""
-    p = kept_parts(tok, trial, index, think=think, system_prompt=system_prompt)
+    p = kept_parts(tok, trial, index, think=think, system_prompt=system_prompt, frame=frame)
     return (*p.head, *p.reply, *p.tail)
 
 
@@ -184,14 +293,15 @@ class OptionError(ProbeError, ValueError):
     """An option string that the tokenizer cannot encode faithfully."""
 
 
-def option_texts(trial: Trial) -> tuple[str, ...]:
+def option_texts(trial: Trial, frame: str = "chat") -> tuple[str, ...]:
     """Each option as the text the model would write at the slot.
 
     After an assistant prefix that does not end in whitespace (``Answer:``) the
     option gets a leading space (``Answer: Yes``), because that is how the model
-    would continue; right after the template's newline it is bare.
+    would continue; right after the template's newline it is bare. The plain
+    frame's prompt always ends in ``Answer:`` (and the trial's prefix after it).
     """
-    pre = trial.assistant_prefix
+    pre = PLAIN_ASSISTANT + answer_suffix(trial, frame) if frame == "plain" else trial.assistant_prefix
     sep = " " if pre and not pre[-1].isspace() else ""
     for opt in trial.options:
         if not opt:
@@ -218,9 +328,9 @@ def checked_option_ids(trial: Trial, encoded: Sequence[tuple[int, ...] | str]) -
     return tuple(out)
 
 
-def option_ids(tok: Any, trial: Trial) -> tuple[tuple[int, ...], ...]:
+def option_ids(tok: Any, trial: Trial, frame: str = "chat") -> tuple[tuple[int, ...], ...]:
     """Each option as the token ids the model would emit at the slot; refuses options the tokenizer loses."""
-    return checked_option_ids(trial, [encode_option(tok, text) for text in option_texts(trial)])
+    return checked_option_ids(trial, [encode_option(tok, text) for text in option_texts(trial, frame)])
 
 
 def think_end_id(tok: Any, model: str) -> int:
@@ -279,3 +389,48 @@ def close_reasoning(
     text = tok.decode(body + ([] if closed else [end_id]), skip_special_tokens=False)
     reasoning, _ = split_reasoning(text, think=True)
     return Reasoned(tuple(int(i) for i in full), reasoning, len(gen), not closed and len(gen) >= budget)
+
+
+def plain_stop(text: str) -> int | None:
+    """Where the first of :data:`PLAIN_STOPS` starts in ``text`` (None: none does)."""
+    found = [i for i in (text.find(stop) for stop in PLAIN_STOPS) if i >= 0]
+    return min(found) if found else None
+
+
+@dataclass(frozen=True)
+class PlainReply:
+    """A reply sampled in the plain frame, cut at its stop (:func:`plain_cut`)."""
+
+    ids: tuple[int, ...]
+    """The answer's ids: those whose text ends before the stop."""
+    stopped: bool
+    """A stop was found: the reply ended (it was not cut off by the token cap)."""
+    spent: int
+    """Tokens generated up to the one at which the stop is complete (all of them where none is): what an engine
+    that stops there generates."""
+
+
+def plain_cut(decode: Callable[[Sequence[int]], str], gen: Sequence[int]) -> PlainReply:
+    """The part of a reply sampled in the plain frame that is its answer.
+
+    A reply ends where the first of :data:`PLAIN_STOPS` starts in its decoded
+    text (a blank line, a role label at the start of a line). Its ids are the
+    longest run of leading ids whose text ends before that point, so the
+    answer's text is exactly ``decode(ids)`` (a follow-up keeps them) and
+    holds nothing of the stop; a token that straddles the stop is dropped
+    whole. Every engine cuts its replies here, whatever it generated past the
+    stop, so they agree on the ids and the token count.
+    """
+    ids = tuple(int(g) for g in gen)
+    full = decode(ids)
+    end = plain_stop(full)
+    if end is None:
+        return PlainReply(ids, False, len(ids))
+    keep = 0
+    while keep < len(ids):
+        head = decode(ids[: keep + 1])
+        if len(head) > end or not full.startswith(head):
+            break
+        keep += 1
+    spent = next(k for k in range(1, len(ids) + 1) if plain_stop(decode(ids[:k])) is not None)
+    return PlainReply(ids[:keep], True, spent)

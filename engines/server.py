@@ -74,7 +74,7 @@ from engines.local import (
     top_others,
     with_stop,
 )
-from engines.render import rendered_system_prompt
+from engines.render import plain_cut
 from engines.server_canary import CANARY_OPTIONS, CANARY_PROMPT, Canary
 from engines.server_journal import JOURNAL, ReadoutJournal
 from engines.server_replies import (
@@ -253,8 +253,7 @@ class ServerEngine(RendersLocally, Engine):
                 "the prompt here: pass --tokenizer with the model's folder (or tiny, smol, a cached hub id)"
             ) from e
         self._tok_path = ref.path
-        if not getattr(self._tok, "chat_template", None):
-            raise ValueError(f"the tokenizer at {ref.path} has no chat template; probe renders every trial as a chat")
+        self._check_frame(self._tok)
         gen = Path(ref.path) / "generation_config.json"
         self._generation_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
 
@@ -315,6 +314,7 @@ class ServerEngine(RendersLocally, Engine):
             **request_identity(self.name, s, self.value_settings),
             "readout_mode": self.mode,
             **reasoning_record(s),
+            **self.frame_identity(),
             "tokenizer": (folder_info(self._tok_path) or {}).get("fingerprint") or s.tokenizer or s.model,
         }
 
@@ -332,8 +332,8 @@ class ServerEngine(RendersLocally, Engine):
             "path": self._tok_path,
             **folder_info(self._tok_path),
         }
-        d["system_prompt"] = rendered_system_prompt(self.tokenizer, s.system_prompt)
-        return d
+        d["system_prompt"] = self.system_prompt_record()
+        return {**d, **self.frame_record()}
 
     def run_stats(self) -> dict[str, Any]:
         """The sampler's totals, and the readout requests' under ``readout`` (:meth:`_readout_record`)."""
@@ -446,22 +446,27 @@ class ServerEngine(RendersLocally, Engine):
 
     def _ask_draw(self, body: Mapping[str, Any]) -> Reply:
         """One draw: the completion, checked for its prompt count, as the draw's reply (the text decoded here from
-        the generated ids, stop tokens dropped, as the local engines do)."""
+        the generated ids, stop tokens dropped and, in the plain frame, cut at its stops, as the local engines
+        do)."""
         raw = self.transport.completion(body)
         reply = parse_completion(raw)
         check_prompt_count(len(body["prompt"]), reply, "a sampling request")
         stops = self._stop_ids()
         text = raw["choices"][0].get("text") or ""
-        if reply.generated:
-            text = self.tokenizer.decode([t for t in reply.generated if t not in stops], skip_special_tokens=False)
         usage = raw.get("usage") or {}
+        finish, spent = reply.finish, _count(usage.get("completion_tokens"))
+        if reply.generated:
+            ids = [t for t in reply.generated if t not in stops]
+            if self.frame == "plain":  # the reply ends at the frame's stops, as every engine cuts it
+                cut = plain_cut(self._decode, ids)
+                if cut.stopped:
+                    ids, finish, spent = list(cut.ids), "stop", cut.spent
+            text = self._decode(ids)
         return Reply(
             text=str(text or ""),
-            finish=reply.finish,
+            finish=finish,
             refused=reply.finish == "content_filter",
-            usage=Usage(
-                input_tokens=_count(usage.get("prompt_tokens")), output_tokens=_count(usage.get("completion_tokens"))
-            ),
+            usage=Usage(input_tokens=_count(usage.get("prompt_tokens")), output_tokens=spent),
             response_id=str(raw.get("id") or ""),
             served_model=str(raw.get("model") or ""),
         )

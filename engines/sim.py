@@ -114,7 +114,6 @@ NONCOMMIT_TEXT = "Both courses carry grave costs, and there is no clear answer h
 """Names no course and no option: the parser calls it invalid, the rule judge NONCOMMIT."""
 
 
-
 @lru_cache(maxsize=65536)
 def _parse(text: str, options: tuple[str, ...]) -> Parsed:
     return parse_answer(text, options, think=False)  # the sim has no think mode
@@ -483,4 +482,8 @@ def from_args(model: str, a: argparse.Namespace) -> SimEngine:
         params = replace(params, seed=a.sim_seed)
     if getattr(a, "think", False):
         raise ValueError("the sim engine has no think mode; drop --think")
+    if getattr(a, "frame", "auto") == "plain":
+        raise ValueError(
+            "the sim engine renders no prompt (it reads trials as data), so it has no plain frame; drop --frame"
+        )
     return SimEngine(params, model=model, seed=getattr(a, "seed", 0))

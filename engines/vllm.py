@@ -34,7 +34,6 @@ the rounds that read a trie (:mod:`engines.vllm_requests`), and the data-paralle
 (:mod:`engines.vllm_replicas`). Their public names are importable from here too.
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -49,7 +48,6 @@ from engines.base import Draws, ProgressFn, require
 from engines.batching import split_even, step_batches
 from engines.flags import add_flags, flagged, settings_from_flags
 from engines.local import LocalEngine, Prepared, ThinkRequest, folder_info, reasoning_sampling, slot_readout, top_others
-from engines.render import rendered_system_prompt
 from engines.trie import Prefix, Trie, build_trie
 from engines.vllm_process import (
     START_INTERRUPT_GRACE_S,
@@ -154,7 +152,6 @@ GPU_CHUNK = 4096
 """The vLLM engine's chunk on a GPU: the default battery is 4,600 trials, one or two chunks instead of 19."""
 
 
-
 # ------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """vLLM's own flags, from :class:`VLLMSettings` (the shared ones, like --dtype and --think, live in
@@ -238,7 +235,7 @@ class VLLMEngine(LocalEngine):
                     "Pass a built-in name (tiny, tiny-hybrid), a local model folder, or a Hugging Face id "
                     "that is in the local hub cache (compute nodes usually run with HF_HUB_OFFLINE=1)."
                 ) from e
-        self._check_chat_template()
+        self._check_frame(self._tok)
         if self._generation_eos is None:
             self._generation_eos = self._read_generation_eos()
         if s.data_parallel_size > 1:
@@ -348,8 +345,8 @@ class VLLMEngine(LocalEngine):
         }
         local = folder_info(self._path)
         info.update(local or {"commit_hash": _hub_commit(str(self._path), self.settings.revision)})
-        info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
-        return info
+        info["system_prompt"] = self.system_prompt_record()
+        return {**info, **self.frame_record()}
 
     def _logprob_kind(self) -> Kind:
         want = self.settings.logprob_request
@@ -489,4 +486,3 @@ class VLLMEngine(LocalEngine):
         if progress:
             progress(len(rows))
         return samples
-

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.base import EngineSettings, check_reasoning
+from engines.base import EngineSettings, check_frame, check_reasoning
 from engines.flags import NO_FLAG, flag
 from probe.errors import ProbeError
 
@@ -104,6 +104,7 @@ class VLLMSettings(EngineSettings):
         _choice("mamba_cache_dtype", self.mamba_cache_dtype, MAMBA_DTYPES)
         _choice("logprob_request", self.logprob_request, LOGPROB_REQUESTS)
         check_reasoning(self)
+        check_frame(self)
         for name in ("tensor_parallel_size", "data_parallel_size", "think_budget", "max_new_tokens", "max_logprobs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -225,4 +226,3 @@ def check_engine_kwargs(kw: Mapping[str, Any], supported: Iterable[str], version
             "or leave those options at their defaults"
         )
     return out
-

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable
@@ -180,3 +181,32 @@ def inside(root: Path, *parts: str) -> Path:
 
 def canonical_json(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+CHAT_TEMPLATE_FILES: tuple[str, ...] = ("chat_template.jinja", "chat_template.json")
+"""Where a Transformers folder may keep its chat template, beside the ``chat_template`` key of tokenizer_config.json."""
+
+
+def copy_without_chat_template(src: str | Path, dest: str | Path) -> Path:
+    """Copy the model folder ``src`` to ``dest`` (created, must not exist) with its chat template removed: the
+    state of a base checkpoint, which ``--frame auto`` reads in the plain frame. Weights are hard-linked where the
+    file system allows it (copied otherwise); every other file is copied, tokenizer_config.json without its
+    ``chat_template`` key."""
+    src, dest = Path(src), Path(dest)
+    dest.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        if not f.is_file() or f.name in CHAT_TEMPLATE_FILES:
+            continue
+        out = dest / f.name
+        if f.name == "tokenizer_config.json":
+            cfg = json.loads(f.read_text())
+            cfg.pop("chat_template", None)
+            out.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        elif f.suffix in (".safetensors", ".bin"):
+            try:
+                os.link(f, out)
+            except OSError:
+                shutil.copy2(f, out)
+        else:
+            shutil.copy2(f, out)
+    return dest

@@ -62,6 +62,9 @@ class PanelRun:
     experiment: str
     consensus: bool | None = None
     """Whether the run belongs to the consensus reference set (None: the comparison's default rule)."""
+    frame: str = "chat"
+    """The prompt frame its trials were rendered in (``chat``, or ``plain`` for a model read without its chat
+    template)."""
 
     def run(self) -> Run:
         """The run, opened (:func:`probe.runs.open_run`); a PanelError naming it if it disappeared since."""
@@ -107,14 +110,20 @@ class Panel:
                 pairs.append((off[0], on[0]))
         return pairs
 
+    @property
+    def framed(self) -> bool:
+        """Whether any run was read in the plain frame (then the panel's tables say each run's frame)."""
+        return any(r.frame != "chat" for r in self.runs)
+
     def table(self) -> pd.DataFrame:
-        """One row per run: name, model, reasoning, experiment, path."""
+        """One row per run: name, model, reasoning, (where a run is in the plain frame) frame, experiment, path."""
         return pd.DataFrame(
             [
                 {
                     "name": r.name,
                     "model": r.model,
                     "reasoning": r.reasoning,
+                    **({"frame": r.frame} if self.framed else {}),
                     "experiment": r.experiment,
                     "run": str(r.path),
                 }
@@ -139,8 +148,17 @@ def _entry(
     man = _manifest(path)
     mod = model or man.model
     think = man.think if reasoning is None else bool(reasoning)
-    shown = name or display_name(mod, think)
-    return PanelRun(path=path, name=shown, model=mod, reasoning=think, experiment=man.experiment, consensus=consensus)
+    frame = man.engine.frame
+    shown = name or display_name(mod, think) + (f" {frame}" if frame != "chat" else "")
+    return PanelRun(
+        path=path,
+        name=shown,
+        model=mod,
+        reasoning=think,
+        experiment=man.experiment,
+        consensus=consensus,
+        frame=frame,
+    )
 
 
 def _unique_names(runs: Sequence[PanelRun], explicit: Sequence[bool]) -> tuple[PanelRun, ...]:
@@ -244,4 +262,3 @@ def shared_items(panel: Panel, items: Mapping[str, Sequence[str]]) -> tuple[list
                 absent = [m for m in names if i not in sets[m]]
                 rows.append({"run": n, "item_id": i, "reason": "not in run(s): " + ", ".join(absent)})
     return shared, pd.DataFrame(rows, columns=["run", "item_id", "reason"])
-

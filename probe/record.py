@@ -200,6 +200,19 @@ class EngineRecord:
         return bool(self.settings.get("think", False))
 
     @property
+    def frame(self) -> str:
+        """The prompt frame the trials were rendered in: ``plain`` or ``chat`` (``chat`` where none is recorded: every
+        run before frames existed, and engines that render no tokens)."""
+        rec = self.raw.get("frame")
+        return str(rec.get("used", "chat")) if isinstance(rec, Mapping) else "chat"
+
+    @property
+    def frame_asked(self) -> str | None:
+        """What ``--frame`` asked for (``auto``, ``chat``, ``plain``), where recorded."""
+        rec = self.raw.get("frame")
+        return str(rec["asked"]) if isinstance(rec, Mapping) and "asked" in rec else None
+
+    @property
     def system_prompt(self) -> Mapping[str, Any] | None:
         """What trials without a system turn were rendered with (``{"text", "source"}``), where recorded."""
         sp = self.raw.get("system_prompt")

@@ -10,6 +10,10 @@ stand-ins from scratch, offline, in well under a minute on a laptop CPU:
     slot it puts most of its mass on the labels the prompt offers ("Yes"/"No",
     "A"/"B", a number on a scale). Its answers are format-correct but
     *meaningless*: the gold labels in the corpus are random.
+``tiny-base``
+    ``tiny`` without its chat template (the same files, the template removed):
+    the state of a pretrained base checkpoint, which ``--frame auto`` reads in
+    the plain-text frame (:func:`engines.render.plain_text`).
 ``tiny-hybrid``
     A ``NemotronHForCausalLM`` with Mamba2, attention, MoE and MLP layers and
     seeded random weights. It exists to exercise the hybrid/stateful code
@@ -65,7 +69,7 @@ import numpy as np
 import torch
 
 from probe import tiny_corpus
-from probe.files import build_once
+from probe.files import build_once, copy_without_chat_template
 from probe.tiny_tokenizer import (
     CHAT_TEMPLATE,
     CORPUS_SEED,
@@ -84,7 +88,11 @@ if TYPE_CHECKING:  # transformers is imported lazily: `import probe.tiny` stays 
 
 #: Bump whenever the build code changes in a way that changes the output.
 BUILD_VERSION = "4"
-TINY_NAMES: tuple[str, ...] = ("tiny", "tiny-hybrid", "tiny-hybrid-dense")
+TINY_NAMES: tuple[str, ...] = ("tiny", "tiny-base", "tiny-hybrid", "tiny-hybrid-dense")
+#: Variants copied from another tiny model's build, not built: ``tiny-base`` is ``tiny`` without a chat template.
+DERIVED: dict[str, str] = {"tiny-base": "tiny"}
+#: The models built (trained or initialized) here, not copied.
+BUILT_NAMES: tuple[str, ...] = tuple(n for n in TINY_NAMES if n not in DERIVED)
 #: Threads used while building. Fixed because CPU float reductions (and so
 #: the trained weights) can depend on how work is split across threads; one,
 #: because these tensors are too small to gain from more, and OpenMP threads
@@ -176,6 +184,9 @@ def _corpus_digest() -> str:
 def fingerprint(name: str) -> str:
     """Short hash of everything that determines the built files of ``name``."""
     _check_name(name)
+    if name in DERIVED:
+        made = {"build_version": BUILD_VERSION, "name": name, "from": fingerprint(DERIVED[name]), "chat_template": None}
+        return hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:10]
     recipe = {
         "build_version": BUILD_VERSION,
         "name": name,
@@ -251,6 +262,10 @@ def _publish(tmp: pathlib.Path, dest: pathlib.Path) -> None:
 
 def _build_files(name: str, out: pathlib.Path, progress: bool) -> dict[str, Any]:
     """Write tokenizer + model of ``name`` into ``out``; return marker info."""
+    if name in DERIVED:  # a copy of its base's build, the chat template removed
+        copy_without_chat_template(ensure_tiny(DERIVED[name], out.parent.parent, progress=progress), out)
+        (out / MARKER).unlink(missing_ok=True)
+        return {"from": DERIVED[name]}
     with deterministic(seed=TRAIN.seed), _progress_bars(progress):
         tokenizer = build_tokenizer()
         if name == "tiny":

@@ -10,6 +10,7 @@ only through its build contract (``tiny_train.CONTRACT``), which holds on every 
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import time
@@ -197,7 +198,7 @@ def test_chat_template_matches_qwen3(tokenizer: Any) -> None:
 # --------------------------------------------------------------------------- models
 
 
-@pytest.mark.parametrize("name", tiny.TINY_NAMES)
+@pytest.mark.parametrize("name", tiny.BUILT_NAMES)
 def test_models_load_and_give_finite_logits(name: str, models: dict[str, Any], tokenizer: Any) -> None:
     model = models[name]
     expected = {"tiny": "Qwen3MoeForCausalLM"}.get(name, "NemotronHForCausalLM")
@@ -208,6 +209,17 @@ def test_models_load_and_give_finite_logits(name: str, models: dict[str, Any], t
         logits = model(**batch).logits
     assert logits.shape[-1] == len(tokenizer)
     assert torch.isfinite(logits).all()
+
+
+def test_tiny_base_is_tiny_without_its_chat_template(built: dict[str, pathlib.Path]) -> None:
+    """``tiny-base`` keeps tiny's weights and tokenizer and loses only the chat template (a base model's state)."""
+    base, chat = built["tiny-base"], built["tiny"]
+    assert (base / "model.safetensors").read_bytes() == (chat / "model.safetensors").read_bytes()
+    assert (base / "tokenizer.json").read_bytes() == (chat / "tokenizer.json").read_bytes()
+    assert not (base / "chat_template.jinja").exists() and (chat / "chat_template.jinja").exists()
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    assert not tok.chat_template
+    assert json.loads((base / tiny.MARKER).read_text())["from"] == "tiny"
 
 
 def test_hybrid_mixes_layer_kinds(models: dict[str, Any]) -> None:
@@ -221,13 +233,13 @@ def test_dense_hybrid_has_no_moe_layer(models: dict[str, Any]) -> None:
     assert {"linear_attention", "full_attention"} <= kinds and "moe" not in kinds, kinds
 
 
-@pytest.mark.parametrize("name", tiny.TINY_NAMES)
+@pytest.mark.parametrize("name", tiny.BUILT_NAMES)
 def test_attention_heads_fit_vllm_cpu(name: str, models: dict[str, Any]) -> None:
     """vLLM's CPU attention supports head sizes 32 to 512 (``Unsupported CPU attention configuration`` otherwise)."""
     assert 32 <= models[name].config.head_dim <= 512
 
 
-@pytest.mark.parametrize("name", tiny.TINY_NAMES)
+@pytest.mark.parametrize("name", tiny.BUILT_NAMES)
 def test_left_padded_batch_matches_single(name: str, models: dict[str, Any], built: dict[str, pathlib.Path]) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(built[name], padding_side="left")
     prompts = [

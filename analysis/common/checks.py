@@ -306,8 +306,29 @@ def system_prompt_line(manifest: Manifest) -> str:
     if sp is None:
         return "- system prompt: not recorded by this engine"
     if sp.get("text") is None:
-        return f"- system prompt: {sp.get('source') or 'none (the chat template adds none and --system was not given)'}"
+        none = (
+            "none (--system was not given)"
+            if manifest.engine.frame == "plain"
+            else ("none (the chat template adds none and --system was not given)")
+        )
+        return f"- system prompt: {sp.get('source') or none}"
     return f"- system prompt ({sp.get('source')}): {sp['text']!r}"
+
+
+def frame_line(manifest: Manifest) -> str | None:
+    """The report's line on the prompt frame, for a run read in the plain frame (None in the chat frame, the
+    default before frames existed: those reports stay as they were)."""
+    if manifest.engine.frame != "plain":
+        return None
+    why = (
+        "the model has no chat template, so --frame auto fell back to it"
+        if manifest.engine.frame_asked == "auto"
+        else "--frame plain"
+    )
+    return (
+        f"- prompt frame: plain ({why}): every prompt is Question:/Answer: text ending in 'Answer:', not the "
+        "model's chat template (docs/methods.md); compare it with a chat-frame run only as a different prompt"
+    )
 
 
 def floor_line(floor: Mapping[str, Any] | None) -> str | None:
@@ -332,6 +353,8 @@ def checks_section(
 ) -> tuple[list[str], dict[str, pd.DataFrame]]:
     """The Markdown lines of the report's "What the numbers rest on" section, and its CSV tables by file stem."""
     lines = ["## What the numbers rest on", "", system_prompt_line(manifest)]
+    if frame := frame_line(manifest):
+        lines.append(frame)
     if floor := floor_line(manifest.numeric_floor):
         lines.append(floor)
     tables: dict[str, pd.DataFrame] = {}

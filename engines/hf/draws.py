@@ -24,6 +24,7 @@ from engines.hf.tokens import fill, pack_tree, shared_prefix_lengths, token_rows
 from engines.hf.weights import Model
 from engines.local import DrawRow
 from engines.refill import ReasoningStats
+from engines.render import plain_stop
 from engines.sampling import (
     GROUPED_ATTENTION,
     RowSampler,
@@ -51,6 +52,9 @@ class Draw(DrawRow):
     """The options, when the draw stops once its answer is over; None: it runs to a stop token or the budget."""
     prefix: str = ""
     """The assistant prefix the parser puts back in front of the reply (outside think mode)."""
+    plain: bool = False
+    """The draw ends at the plain frame's stops (:func:`engines.render.plain_stop`): a base model runs on into the
+    next turn."""
 
 
 class Sampler:
@@ -71,9 +75,12 @@ class Sampler:
         allows it, else shared)."""
         return self.lm.tree_where_possible("sample_path", "shared", ("shared", "plain"))
 
-    def rows(self, trials: Sequence[Trial], seeded: Sequence[DrawRow], stop_at_answer: bool) -> list[Draw]:
+    def rows(
+        self, trials: Sequence[Trial], seeded: Sequence[DrawRow], stop_at_answer: bool, *, plain: bool = False
+    ) -> list[Draw]:
         """The draws of ``seeded`` (:meth:`engines.local.LocalEngine._seeded_rows`), each with its trial's options
-        where it stops once its answer is over (``stop_at_answer``, outside think mode) and its assistant prefix."""
+        where it stops once its answer is over (``stop_at_answer``, outside think mode), its assistant prefix, and
+        whether it stops at the plain frame's stops (``plain``)."""
         answer_stop = stop_at_answer and not self.settings.think
         return [
             Draw(
@@ -83,6 +90,7 @@ class Sampler:
                 r.seed,
                 tuple(trials[r.trial].options) if answer_stop else None,
                 trials[r.trial].assistant_prefix,
+                plain,
             )
             for r in seeded
         ]
@@ -314,6 +322,11 @@ class Sampler:
                 gens[i].append(toks[j])
                 if toks[j] in stops or step == budget - 1:
                     done[i] = True
+                elif (
+                    rows[i].plain
+                    and plain_stop(self.lm.tokenizer.decode(gens[i], skip_special_tokens=False)) is not None
+                ):
+                    done[i] = True  # the reply is over (plain_cut keeps what came before the stop)
                 elif watch[i]:
                     opts = rows[i].options
                     assert opts is not None

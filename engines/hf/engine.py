@@ -24,7 +24,7 @@ from engines.hf.reasoning import Reasoner
 from engines.hf.settings import HFSettings
 from engines.hf.weights import READOUT_SOFTMAX, Experts, Model, Weights, model_experts
 from engines.local import LocalEngine, Prepared, ThinkRequest
-from engines.render import checked_option_ids, encode_option, option_texts, rendered_system_prompt, stop_ids
+from engines.render import checked_option_ids, encode_option, option_texts, stop_ids
 from probe.types import Readout, Sample, Trial
 
 
@@ -59,9 +59,9 @@ class HFEngine(LocalEngine):
         return self
 
     def _tokenizer_loaded(self, tok: Any) -> None:
-        """The model part loaded ``tok``: the engine renders with it, so it must have a chat template."""
+        """The model part loaded ``tok``: the engine renders with it, in the frame resolved here."""
         self._tok = tok
-        self._check_chat_template()
+        self._check_frame(tok)
 
     @property
     def model(self) -> Any:
@@ -80,8 +80,8 @@ class HFEngine(LocalEngine):
     def describe(self) -> dict[str, Any]:
         """Model, revision, dtype and settings for the manifest."""
         info: dict[str, Any] = {"engine": self.name, "settings": asdict(self.settings), **self._lm.describe()}
-        info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
-        return info
+        info["system_prompt"] = self.system_prompt_record()
+        return {**info, **self.frame_record()}
 
     def variant(self, **settings: Any) -> HFEngine:
         """An engine on the same loaded weights with other settings (no second load): what loading decided (the
@@ -149,7 +149,7 @@ class HFEngine(LocalEngine):
     def option_ids(self, trial: Trial) -> tuple[tuple[int, ...], ...]:
         """Each option as the token ids the model would emit at the slot (rules: :func:`engines.render.option_texts`)."""
         encoded = []
-        for text in option_texts(trial):
+        for text in option_texts(trial, self.frame):
             if text not in self._encodings:
                 self._encodings[text] = encode_option(self.tokenizer, text)
             encoded.append(self._encodings[text])
@@ -231,7 +231,9 @@ class HFEngine(LocalEngine):
         draws.check()
         budget = self._reply_budget(draws)
         stops = self._stop_ids()
-        rows = self._sampler.rows(trials, self._seeded_rows(trials, draws.n), draws.stop_at_answer)
+        rows = self._sampler.rows(
+            trials, self._seeded_rows(trials, draws.n), draws.stop_at_answer, plain=self.frame == "plain"
+        )
         gens = self._sampler.generate(rows, draws.n, draws.temperature, budget, stops, progress)
         return [
             self._parsed_reply(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from engines.base import EngineSettings, check_reasoning
+from engines.base import EngineSettings, check_frame, check_reasoning
 from engines.flags import NO_FLAG, add_flags, flag
 from engines.placement import check_device_arg
 
@@ -163,6 +163,7 @@ class HFSettings(EngineSettings):
             raise ValueError(f"reasoning_rows must be >= 0 (0: auto), got {self.reasoning_rows}")
         check_device_arg(self.device)
         check_reasoning(self)
+        check_frame(self)
         if self.head_dtype not in HEAD_DTYPES:
             raise ValueError(f"head_dtype must be one of {HEAD_DTYPES}, got {self.head_dtype!r}")
         for name in ("experts_prefill", "experts_decode"):

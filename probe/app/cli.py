@@ -88,7 +88,8 @@ def _warn_coverage(store: Any) -> None:
 def cmd_readout(a: argparse.Namespace) -> int:
     """print the answer-slot distribution of one prompt
 
-    Render one prompt through the model's chat template and print the probability of each option at the answer slot.
+    Render one prompt through the model's chat template (or, for a model without one, the plain-text frame:
+    --frame) and print the probability of each option at the answer slot.
     """
     options = tuple(o for o in a.options.split(a.sep))
     if not a.options or any(not o for o in options):
@@ -108,6 +109,7 @@ def cmd_readout(a: argparse.Namespace) -> int:
             "model": a.model,
             "model_path": engine.describe()["model_path"],
             "think": a.think,
+            "frame": getattr(engine, "frame", None),
             "prompt_token_ids": list(r.prompt_ids),
             "options": [
                 {"option": s.option, "token_ids": list(s.token_ids), "logprob": s.logprob, "prob": s.prob}
@@ -134,6 +136,9 @@ def cmd_readout(a: argparse.Namespace) -> int:
     for s in r.scores:
         print(f"{s.option:<{width}}  {s.prob:8.4f}  {s.logprob:10.4f}  {list(s.token_ids)}")
     print(f"coverage {r.coverage:.4f}; greedy option {r.greedy_option!r}; prompt {r.prompt_tokens} tokens")
+    if getattr(engine, "frame", "chat") == "plain":
+        why = "the model has no chat template" if a.frame == "auto" else "--frame plain"
+        print(f"frame: plain ({why}): Question:/Answer: text, read after 'Answer:' (docs/methods.md)")
     if r.top_other:
         print("most likely non-option tokens: " + ", ".join(f"{t!r} {p:.4f}" for t, p in r.top_other))
     if warning:

@@ -74,6 +74,7 @@ class Renderer:
         self.engine = rec.kind
         self.model_path = rec.model_path or ""
         self.think = rec.think
+        self.frame = rec.frame
         sp = rec.setting("system_prompt")
         self.system_prompt = str(sp) if sp is not None else None
         self._tok: Any = None
@@ -109,10 +110,10 @@ class Renderer:
         from engines.render import option_ids, render_ids
 
         with self._lock:
-            ids = render_ids(tok, trial, think=self.think, system_prompt=self.system_prompt)
+            ids = render_ids(tok, trial, think=self.think, system_prompt=self.system_prompt, frame=self.frame)
             text = tok.decode(list(ids), skip_special_tokens=False)
             try:
-                opts: tuple[tuple[int, ...], ...] | None = option_ids(tok, trial)
+                opts: tuple[tuple[int, ...], ...] | None = option_ids(tok, trial, self.frame)
             except ValueError:
                 opts = None
         note = ""
@@ -128,7 +129,8 @@ class Renderer:
                 f"{len(ids)} tokens up to where the reasoning starts; the reasoning, the closing of the think block and "
                 "the assistant prefix follow it, shown below as text: their ids are not stored"
             )
-        source = f"decode of the rendered token ids (chat template and tokenizer of {self.model_path})"
+        how = "chat template" if self.frame == "chat" else "plain frame (Question:/Answer:, no chat template)"
+        source = f"decode of the rendered token ids ({how} and tokenizer of {self.model_path})"
         return RenderedPrompt(text, source, True, len(ids), opts, note)
 
 
