@@ -68,4 +68,3 @@ def folder_fingerprint(path: str | Path) -> str:
         elif f.suffix in (".safetensors", ".bin", ".json", ".model") and f.is_file():
             h.update(f"{f.name}:{f.stat().st_size}".encode())
     return h.hexdigest()[:16]
-
