@@ -306,3 +306,46 @@ def test_sampled_reasoning_goes_to_the_server_with_each_trials_seed(fake, tok): 
     plain = [b for b in fake.bodies.values() if b["max_tokens"] == 7]
     assert plain and all(b["temperature"] == 0.0 and "seed" not in b for b in plain)
     assert "think_sampling" not in greedy.identity()
+
+
+# ----------------------------------------------------------------- the plain frame
+def test_the_plain_frame_reads_as_the_in_process_vllm_engine(fake, tok):  # noqa: F811
+    """``--frame plain`` through a server: the ids rendered here in the plain frame, and the whole record equal to the
+    in-process vLLM engine's in the plain frame on the same table (and to brute force)."""
+    from engines.render import render_ids
+
+    local, _ = make_engine(tok, frame="plain")
+    e = server_engine(fake.v1, tok, readout_mode="token_ids", frame="plain")
+    assert e.frame == local.frame == "plain" and e.identity()["frame"] == "plain"
+    trials = [make_trial(u, o, prefix=p, trial_id=f"t{i}") for i, (u, o, p) in enumerate(CASES)]
+    want, got = local.readout(trials), e.readout(trials)
+    for t, a, b in zip(trials, got, want, strict=True):
+        assert a.prompt_ids == b.prompt_ids == render_ids(tok, t, think=False, frame="plain")
+        assert tok.decode(list(a.prompt_ids)).endswith(
+            "\n\nAnswer:" + (" " + t.assistant_prefix if t.assistant_prefix else "")
+        )
+        np.testing.assert_allclose([s.logprob for s in a.scores], [s.logprob for s in b.scores], rtol=0, atol=1e-12)
+        ref = brute_force(fake.llm, a.prompt_ids, [s.token_ids for s in a.scores])
+        np.testing.assert_allclose([s.logprob for s in a.scores], ref, rtol=0, atol=1e-12)
+
+
+def test_plain_frame_draws_through_a_server_are_cut_at_the_frames_stops(fake, tok):  # noqa: F811
+    """Each draw's text is the plain cut (:func:`engines.render.plain_cut`) of what the server generated to its cap
+    (regenerated here from the same seeded body: the fake's draws are deterministic)."""
+    from engines.render import plain_cut
+
+    e = server_engine(fake.v1, tok, max_new_tokens=16, frame="plain")
+    trial = make_trial(PROMPT, ["Yes", "No"])
+    samples = e.sample([trial], n=12, temperature=1.5)
+    bodies = sorted((b for b in fake.bodies.values() if b.get("seed") is not None), key=lambda b: b["seed"])
+    by_seed = {b["seed"]: b for b in bodies}
+    stops = e._stop_ids()
+    from engines.base import draw_seed
+
+    for s in samples:
+        body = by_seed[draw_seed(0, trial.trial_id, s.replicate)]
+        gen = fake._reply(tuple(body["prompt"]), body)["choices"][0]["token_ids"]
+        cut = plain_cut(
+            lambda ids: tok.decode(list(ids), skip_special_tokens=False), [t for t in gen if t not in stops]
+        )
+        assert s.text == tok.decode(list(cut.ids), skip_special_tokens=False)

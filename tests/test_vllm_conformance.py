@@ -156,6 +156,28 @@ def test_float32_readouts_equal_the_transformers_engine(model, engines):
     assert [r.trial_id for r in v.readout(ts[::-1])] == [t.trial_id for t in ts[::-1]]  # input order
 
 
+def test_the_plain_frame_reads_and_stops_as_the_transformers_engine(engines):
+    """``tiny-base`` (tiny without its chat template) is read in the plain frame by both engines: the same prompt ids
+    and option ids, the readouts within the float32 parity bound; vLLM's replies, drawn to the token cap, are cut at
+    the frame's stops (:func:`engines.render.plain_cut`) as the Transformers engine's are. The draws are seeded per
+    (trial, draw), so the assertions on them are deterministic."""
+    from engines.render import plain_stop
+
+    v, hf = engines("tiny-base")
+    assert v.frame == hf.frame == "plain" and v.identity()["frame"] == "plain"
+    ts = trials()
+    got, ref = v.readout(ts), hf.readout(ts)
+    diff = max_logprob_diff(got, ref)
+    print(f"\nparity tiny-base (plain frame) float32 on {DEVICE}: max |dlogprob| = {diff:.2e}")
+    assert diff <= parity("tiny"), diff
+    assert [r.greedy_option for r in got] == [r.greedy_option for r in ref]
+    samples = v.sample(ts[:2], n=8, temperature=1.0, max_new_tokens=24)
+    for s in samples:
+        assert plain_stop(s.text) is None
+        assert v.tokenizer.decode(list(s.token_ids), skip_special_tokens=False) == s.text
+    assert any(not s.truncated and s.completion_tokens < 24 for s in samples)  # some replies ended at a stop
+
+
 def float64_logprobs(model, prompt, options) -> list[float]:
     """log P(option is the whole answer) from full-sequence float64 forwards of ``model`` (no cache, no trie).
 
