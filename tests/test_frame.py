@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -280,3 +282,91 @@ def test_vllm_and_server_engines_render_the_plain_frame_as_the_transformers_engi
         for t in trials:
             assert other.render(t) == base_engine.render(t)
             assert other.option_ids(t) == base_engine.option_ids(t)
+
+
+# ------------------------------------------------------------------ runs, reports, comparisons, the trial view
+RUN = ["--items", "pond_child", "--forms", "acceptable", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    """A yes/no run on ``tiny-base`` under ``--frame auto`` (so in the plain frame), with its report."""
+    from probe.app.cli import main
+
+    out = tmp_path_factory.mktemp("frame") / "plain"
+    assert main(["run", "yesno", "--model", "tiny-base", *RUN, "--out", str(out)]) == 0
+    return out
+
+
+def test_a_run_says_its_frame_in_the_manifest_and_the_report(plain_run):
+    from probe.runs import open_run
+
+    run = open_run(plain_run)
+    assert run.manifest.engine.frame == "plain" and run.manifest.engine.frame_asked == "auto"
+    identity = json.loads((plain_run / "manifest.json").read_text())["identity"]
+    assert identity["frame"] == "plain"
+    summary = (plain_run / "report" / "summary.md").read_text()
+    assert "- prompt frame: plain (the model has no chat template, so --frame auto fell back to it)" in summary
+    assert "- system prompt: none (--system was not given)" in summary
+
+
+def test_frame_chat_on_a_model_without_a_template_writes_nothing(tmp_path, capsys):
+    from probe.app.cli import main
+
+    out = tmp_path / "chat"
+    assert main(["run", "yesno", "--model", "tiny-base", "--frame", "chat", *RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "use --frame plain" in err[0]
+    assert not out.exists()
+
+
+def test_compare_and_the_trial_view_show_the_frame(plain_run, tmp_path):
+    from probe.app.cli import main
+    from probe.app.prompts import Renderer
+    from probe.runs import open_run
+
+    chat = tmp_path / "chat"
+    assert main(["run", "yesno", "--model", "tiny", *RUN, "--out", str(chat), "--no-report"]) == 0
+    cmp = tmp_path / "cmp"
+    assert main(["compare", str(chat), str(plain_run), "--out", str(cmp), "--quiet"]) == 0
+    summary = (cmp / "summary.md").read_text()
+    assert "| name | model | reasoning | frame | experiment | run |" in summary
+    assert (
+        "| tiny-base plain | tiny-base | off | plain | yesno |" in summary and "| tiny | tiny | off | chat |" in summary
+    )
+    run = open_run(plain_run)
+    renderer = Renderer(run.manifest)
+    row = next(run.readouts.itertuples())
+    shown = renderer.render(run.trial(row.trial_id), row.prompt_tokens)
+    assert shown.exact and "plain frame" in shown.source and shown.text.endswith("\n\nAnswer:")
+    assert shown.text.startswith("Question: ") and shown.n_tokens == row.prompt_tokens
+
+
+def test_a_follow_up_in_the_plain_frame_keeps_the_first_replys_ids(tmp_path):
+    """Deterministic (draws seeded per trial and draw). The follow-up prompt is the first prompt, the sampled reply's
+    ids, then ``\\n\\nQuestion: ...\\n\\nAnswer:``, read after those exact ids."""
+    from engines.hf import HFEngine, HFSettings
+    from probe.app.cli import main
+    from probe.store import RunStore
+
+    src, fu = tmp_path / "src", tmp_path / "fu"
+    triage = ["--factors", "gender", "--sizes", "1-2", "--influences", "survey", "--controls", "none"]
+    args = ["run", "influence-triage", "--model", "tiny-base", *triage, "--samples", "2", "--quiet", "--no-report"]
+    assert main([*args, "--out", str(src)]) == 0
+    pick = ["--select", "no_effect,baseline,backfire,compliance", "--per-cell", "2", "--max-new-tokens", "8"]
+    assert main(["run", "followup", "--model", "tiny-base", "--source", str(src), "--out", str(fu), "--quiet",
+                 "--no-report", *pick]) == 0  # fmt: skip
+    store = RunStore(fu)
+    e = HFEngine(HFSettings(model="tiny-base")).load()
+    checked = 0
+    for t in store.trials():
+        at = next(i for i, m in enumerate(t.messages) if m.reply_ids is not None)
+        kept = t.messages[at]
+        if not kept.reply_ids:
+            continue
+        first = render.render_ids(e.tokenizer, replace(t, messages=t.messages[:at]), think=False, frame="plain")
+        ids = e.render(t)
+        assert ids[: len(first)] == first and ids[len(first) : len(first) + len(kept.reply_ids)] == kept.reply_ids
+        assert e.tokenizer.decode(list(ids[len(first) + len(kept.reply_ids) :])).startswith("\n\nQuestion: ")
+        checked += 1
+    assert checked
