@@ -127,10 +127,10 @@ class RendersLocally:
         think mode in the plain frame, in one line each."""
         s = self.settings
         frame = resolve_frame(tok, s.frame, s.model)
-        if frame == "plain" and s.think:
+        if frame == "plain" and s.think:  # --frame plain with --think is refused by the settings already
             raise ValueError(
-                f"model {s.model!r} is read in the plain frame ({'it has no chat template' if s.frame == 'auto' else '--frame plain'}), "
-                "which has no reasoning tags, so --think cannot run; drop --think"
+                f"model {s.model!r} is read in the plain frame (it has no chat template), which has no reasoning "
+                "tags, so --think cannot run; drop --think"
             )
         self._frame = frame
 
