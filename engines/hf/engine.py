@@ -114,8 +114,12 @@ class HFEngine(LocalEngine):
         under which a value change stays out of the key. So the key changed with it, in every dtype, and a run begun on float32
         readouts is never resumed or merged with float64 ones (``probe run`` names ``readout_softmax`` as what
         differs). Draws did not change; a run that only samples gets a new key all the same.
+
+        ``--layers`` adds its spec (``layers``): a run with layers stores a table a run without has not, so they
+        never resume or merge into each other; a run without it keeps the key it had before layers existed.
         """
-        return {**super().identity(), "readout_softmax": READOUT_SOFTMAX}
+        layers = {"layers": self.settings.layers} if self.settings.layers is not None else {}
+        return {**super().identity(), "readout_softmax": READOUT_SOFTMAX, **layers}
 
     def numerics(self) -> dict[str, Any]:
         s = self.settings
