@@ -79,7 +79,10 @@ class HFEngine(LocalEngine):
 
     def describe(self) -> dict[str, Any]:
         """Model, revision, dtype and settings for the manifest."""
-        info: dict[str, Any] = {"engine": self.name, "settings": asdict(self.settings), **self._lm.describe()}
+        settings = asdict(self.settings)
+        if settings["layers"] is None:  # a run without --layers records its settings as before layers existed
+            del settings["layers"]
+        info: dict[str, Any] = {"engine": self.name, "settings": settings, **self._lm.describe()}
         info["system_prompt"] = rendered_system_prompt(self.tokenizer, self.settings.system_prompt)
         return info
 
