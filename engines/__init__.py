@@ -145,9 +145,9 @@ def make_engine(args: argparse.Namespace) -> Any:
     return engine_module(kind).from_args(args.model, args)
 
 
-LAYER_ENGINES = ("hf",)
+LAYER_ENGINES = ("hf", "sim")
 """The engines that read the slot at chosen layers (``--layers``): the Transformers engine, which has the model's
-hidden states."""
+hidden states, and the synthetic subject, which reads its planted layer profile."""
 
 
 def check_layers(kind: str, layers: str | None) -> None:
