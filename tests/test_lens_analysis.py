@@ -116,3 +116,30 @@ def test_sim_layer_profile_is_validated_and_recorded_only_when_planted():
     )
     with pytest.raises(SimParamsError, match=r"layers\.order = 30 is past layers\.n_blocks = 24"):
         LayerPlant(order=30)
+
+
+@pytest.mark.draws
+def test_compare_shows_the_layer_profiles_side_by_side(tmp_path: Path, params: Path):
+    from probe.app.cli import main
+
+    other = tmp_path / "other.yaml"
+    other.write_text(PARAMS.replace("stance: 8", "stance: 12"))
+    runs = []
+    for name, p in (("a", params), ("b", other)):
+        out = tmp_path / name
+        args = ["run", "yesno", "--model", f"sim:{p}", "--items", ITEMS, "--layers", "every:4", "--out", str(out)]
+        assert main([*args, "--quiet", "--no-report"]) == 0
+        runs.append(str(out))
+    plain = tmp_path / "plain"  # a run without layers stays out of the section
+    assert (
+        main(["run", "yesno", "--model", "sim", "--items", ITEMS, "--out", str(plain), "--quiet", "--no-report"]) == 0
+    )
+    cmp = tmp_path / "cmp"
+    assert main(["compare", *runs, str(plain), "--names", "a,b,plain", "--out", str(cmp), "--quiet"]) == 0
+    assert "## Where the readout forms, side by side" in (cmp / "summary.md").read_text()
+    wide = pd.read_csv(cmp / "layer_profiles.csv", index_col=0)
+    assert list(wide.index) == [0, 4, 8, 12, 16, 20, 24]
+    assert {"a: z", "b: z", "a: order", "b: lexical"} <= set(wide.columns)
+    assert not any(c.startswith("plain") for c in wide.columns)
+    formed = pd.read_csv(cmp / "layer_formed.csv", index_col=0)
+    assert formed.loc["a", "z"] == 8 and formed.loc["b", "z"] == 12  # the planted stance depths
