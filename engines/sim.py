@@ -221,6 +221,8 @@ class SimEngine(Engine):
         self.model = model
         self.seed = seed
         """Seed of the sampled draws (the shared ``--seed``); the planted ones use ``params.seed``."""
+        if layers is not None:  # resolved on the planted profile now: a layer past its last fails before any readout
+            parse_layers(layers).resolve(self.params.layers.n_blocks)
         self.layers = parse_layers(layers).text if layers is not None else None
         """``--layers``: the layers of the planted profile (``params.layers``) each readout also reads."""
 

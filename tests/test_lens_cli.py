@@ -56,3 +56,11 @@ def test_a_bad_layer_spec_is_refused_before_loading(tmp_path, capsys):
     assert main(["run", "yesno", "--model", "tiny", "--layers", "every:0", "--out", str(out)]) == 2
     assert "every:K needs a whole number K >= 1" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("model", "last"), [("tiny", 2), ("sim", 24)])
+def test_a_layer_past_the_model_is_refused_before_the_run_folder_is_written(model, last, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "yesno", "--model", model, "--layers", f"0,{last + 1}", "--out", str(out)]) == 2
+    assert f"past this model's last layer {last}" in capsys.readouterr().err
+    assert not out.exists()

@@ -56,6 +56,7 @@ class HFEngine(LocalEngine):
         (:meth:`engines.hf.weights.Model.load`); an engine built on loaded :class:`Weights` (:meth:`variant`) only
         derives."""
         self._lm.load()
+        self._reader.lens()  # --layers: resolved on the model now, so a layer past its last fails before any readout
         return self
 
     def _tokenizer_loaded(self, tok: Any) -> None:
