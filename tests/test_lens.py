@@ -205,7 +205,9 @@ def test_a_subset_of_layers_reads_those_layers_with_the_same_values(tiny_lens):
     some = tiny_lens.variant(readout_path="plain", layers="0").readout(trials)
     for a, b in zip(every, some, strict=True):
         assert [lay.layer for lay in b.layers] == [0]  # a list reads the layers it names, no more
-        assert b.layers[0] == a.layers[0]
+        # the same values, up to float32 rounding: the lens takes several layers in one matrix product
+        assert b.layers[0].logprobs == pytest.approx(a.layers[0].logprobs, abs=1e-9, rel=1e-6)
+        assert b.layers[0].greedy_option == a.layers[0].greedy_option
 
 
 def test_without_layers_a_readout_has_none_and_its_run_key_is_unchanged(tiny_lens):

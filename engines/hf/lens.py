@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from engines.base import require
-from engines.hf.weights import readout_log_probs
+from engines.hf.weights import READOUT_ROWS, readout_log_probs
 from probe.errors import ModelError
 from probe.layers import LayerSpec
 
@@ -35,6 +35,9 @@ BLOCK_LISTS = ("layers", "h", "blocks")
 """Names of the list of blocks in a Transformers decoder (Llama, Qwen, Nemotron-H: ``layers``; GPT-2: ``h``)."""
 FINAL_NORMS = ("norm", "norm_f", "final_layernorm", "ln_f")
 """Names of the final norm in a Transformers decoder (Llama, Qwen: ``norm``; Nemotron-H: ``norm_f``)."""
+LENS_ROWS = 512
+"""Most residual-stream rows (layers x read rows) one norm-and-head call of the lens takes: bounds its float32
+logits (rows x vocabulary: 100 MB at smol's 49,152 tokens, 310 MB at Qwen3's 151,936)."""
 LAST_LAYER_TOLERANCE = {"float32": 1e-5, "model": 2**-6}
 """How far the lens recomputed at the last layer may stray from the final readout's log-probs, relative to
 (1 + the largest magnitude among them), by head dtype: float32 rounds differently only in the head's
@@ -85,14 +88,50 @@ class Taps:
         self.lens = lens
         self.kept: dict[int, Any] = {}
 
-    def log_probs(self, final: Any) -> Iterator[tuple[int, Any]]:
-        """(layer, float64 log-probs at the read rows) for each layer read, ascending, one layer at a time (each
-        rows x vocabulary, so only one is held); the last layer's are ``final``, the forward's own, after the
-        check that the lens recomputes them (:data:`LAST_LAYER_TOLERANCE`)."""
+    def gathered(self, final: Any, rows: Sequence[int], toks: Sequence[int]) -> Iterator[tuple[int, list[float]]]:
+        """(layer, the float64 log-probs ``lp[rows[i], toks[i]]``) for each layer read, ascending: the trie's
+        conditionals at that layer. The last layer's come from ``final``, the forward's own log-probs, after the
+        check that the lens recomputes them (:data:`LAST_LAYER_TOLERANCE`).
+
+        The layers below go through the norm and head together, :data:`LENS_ROWS` rows at a time (one larger
+        matrix product instead of one per layer), and each row is normalized in float64 by its log-sum-exp
+        (:func:`log_normalizers`), the same normalizer as :func:`engines.hf.weights.readout_log_probs`'s, without
+        writing out the rows x vocabulary log-probs only a few entries of which are read.
+        """
+        torch = require("torch", "hf")
         last = self.lens.n_blocks
         self.lens.check_last(self.kept[last], final)
-        for layer in self.lens.layers:
-            yield layer, final if layer == last else readout_log_probs(self.lens.logits(self.kept[layer]))
+        below = [layer for layer in self.lens.layers if layer != last]
+        n = len(self.kept[last])
+        per = max(1, LENS_ROWS // max(n, 1))  # layers per head call
+        for lo in range(0, len(below), per):
+            chunk = below[lo : lo + per]
+            logits = self.lens.logits(torch.cat([self.kept[layer] for layer in chunk]))
+            lse = log_normalizers(logits)
+            r = torch.tensor(rows, device=logits.device)
+            t = torch.tensor(toks, device=logits.device)
+            for k, layer in enumerate(chunk):
+                at = r + k * n
+                yield layer, (logits[at, t].double() - lse[at]).tolist()
+        if last in self.lens.layers:
+            yield last, final[torch.tensor(rows, device=final.device), torch.tensor(toks, device=final.device)].tolist()
+
+
+def log_normalizers(logits: Any, rows: int = READOUT_ROWS) -> Any:
+    """The float64 log-sum-exp of each row of ``logits`` (rows x vocabulary), ``rows`` rows at a time: the
+    normalizer :func:`engines.hf.weights.readout_log_probs` subtracts, so ``logits[r, t] - lse[r]`` is its log-prob
+    of token t, without the rows x vocabulary float64 output a log-softmax writes.
+
+    float64 for the reason the final readout's is (its docstring): a float32 sum over the vocabulary moves the
+    normalizer by up to 1e-6 nats here, which the trie's ``log1p(-cont)`` multiplies by ``cont / (1 - cont)``. On a
+    CPU it costs about as much as the head (measured on smol: a float32 log-sum-exp is 3x faster), the price of
+    exact layers.
+    """
+    torch = require("torch", "hf")
+    out = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
+    for lo in range(0, logits.shape[0], rows):
+        out[lo : lo + rows] = torch.logsumexp(logits[lo : lo + rows].double(), dim=-1)
+    return out
 
 
 class Lens:

@@ -77,14 +77,17 @@ class KeptTrees:
         return kept
 
 
-def conditionals(
-    lp: Any, asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]
-) -> list[dict[Prefix, dict[int, float]]]:
-    """``cond[b][node][t] = lp[row, t]`` for each ask (row, trial b, trie node) and child t, in one gather."""
-    torch = require("torch", "hf")
+def ask_index(asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]) -> tuple[list[int], list[int]]:
+    """The (row, token) pairs a gather of the conditionals reads: each ask's row, once per child of its node."""
     rows = [r for r, b, node in asks for _ in tries[b][node]]
     toks = [t for _, b, node in asks for t in tries[b][node]]
-    vals = lp[torch.tensor(rows, device=lp.device), torch.tensor(toks, device=lp.device)].tolist()
+    return rows, toks
+
+
+def spread(
+    vals: Sequence[float], asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]
+) -> list[dict[Prefix, dict[int, float]]]:
+    """``cond[b][node][t]`` from the values gathered at :func:`ask_index`'s pairs, in its order."""
     cond: list[dict[Prefix, dict[int, float]]] = [{} for _ in tries]
     i = 0
     for _, b, node in asks:
@@ -92,6 +95,15 @@ def conditionals(
         cond[b][node] = dict(zip(kids, vals[i : i + len(kids)], strict=True))
         i += len(kids)
     return cond
+
+
+def conditionals(
+    lp: Any, asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]
+) -> list[dict[Prefix, dict[int, float]]]:
+    """``cond[b][node][t] = lp[row, t]`` for each ask (row, trial b, trie node) and child t, in one gather."""
+    torch = require("torch", "hf")
+    rows, toks = ask_index(asks, tries)
+    return spread(lp[torch.tensor(rows, device=lp.device), torch.tensor(toks, device=lp.device)].tolist(), asks, tries)
 
 
 class LayerConditionals:
@@ -116,8 +128,9 @@ class LayerConditionals:
         trial b of ``tries`` is (default: itself)."""
         if taps is None:
             return
-        for layer, lp in taps.log_probs(final):
-            for b, found in enumerate(conditionals(lp, asks, tries)):
+        rows, toks = ask_index(asks, tries)
+        for layer, vals in taps.gathered(final, rows, toks):
+            for b, found in enumerate(spread(vals, asks, tries)):
                 self.cond[layer][owners[b] if owners is not None else b].update(found)
 
     def readouts(self, trial: Trial, prep: Prepared, trie: Trie, b: int) -> tuple[LayerReadout, ...]:
