@@ -106,7 +106,8 @@ class Taps:
         per = max(1, LENS_ROWS // max(n, 1))  # layers per head call
         for lo in range(0, len(below), per):
             chunk = below[lo : lo + per]
-            logits = self.lens.logits(torch.cat([self.kept[layer] for layer in chunk]))
+            dev = self.lens.device  # a split model's layers live on several devices
+            logits = self.lens.logits(torch.cat([self.kept[layer].to(dev) for layer in chunk]))
             lse = log_normalizers(logits)
             r = torch.tensor(rows, device=logits.device)
             t = torch.tensor(toks, device=logits.device)
@@ -146,11 +147,15 @@ class Lens:
         self.head_dtype = head_dtype
         self.model_name = model_name
 
+    @property
+    def device(self) -> Any:
+        """Where the final norm lives (where the kept rows go before it)."""
+        return next(self.norm.parameters()).device
+
     def logits(self, hidden: Any) -> Any:
         """float32 logits of the residual-stream rows ``hidden`` (rows x hidden): the final norm on its device,
         then the head (:func:`head_logits`)."""
-        device = next(self.norm.parameters()).device if any(True for _ in self.norm.parameters()) else hidden.device
-        return head_logits(self.module, self.norm(hidden.to(device)))
+        return head_logits(self.module, self.norm(hidden.to(self.device)))
 
     def check_last(self, hidden: Any, final: Any) -> None:
         """Refuse a lens that does not recompute the final readout's log-probs ``final`` from the last block's
