@@ -141,4 +141,20 @@ def make_engine(args: argparse.Namespace) -> Any:
     kind = engine_kind(args.model, getattr(args, "engine", "auto"))
     if kind == "api" and wants_server_readout(args.model, args):
         kind = "server"
+    check_layers(kind, getattr(args, "layers", None))
     return engine_module(kind).from_args(args.model, args)
+
+
+LAYER_ENGINES = ("hf", "sim")
+"""The engines that read the slot at chosen layers (``--layers``): the Transformers engine, which has the model's
+hidden states, and the synthetic subject, which reads its planted layer profile."""
+
+
+def check_layers(kind: str, layers: str | None) -> None:
+    """Refuse ``--layers`` on an engine without hidden states (vLLM, a server, an API model), in one line that
+    names the engine that has them, before anything is loaded or written."""
+    if layers is not None and kind not in LAYER_ENGINES:
+        raise ValueError(
+            f"--layers {layers}: the {kind} engine has no hidden states to read; layer-wise readouts need the "
+            "Transformers engine (a local model folder or Hugging Face id, --engine hf), or drop --layers"
+        )

@@ -56,7 +56,7 @@ from engines.api_pricing import Price, PriceTable, Usage, estimate_prompt_tokens
 from engines.api_providers import Reply, TransportError, anthropic_body, openai_body, parse_reply
 from engines.api_settings import EFFORTS, LOCAL_HOSTS, ApiSettings, ModelSpec, parse_model_spec
 from engines.api_transport import ClientFactory, Transport, TransportGaveUp
-from engines.base import Draws, Engine, ProgressFn, draw_seed
+from engines.base import Draws, Engine, ProgressFn, draw_seed, recorded_settings
 from engines.flags import add_flags, settings_from_flags
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
@@ -301,7 +301,7 @@ class ApiEngine(Engine):
                 versions[pkg] = None
         return {
             "engine": self.name,
-            "settings": {**asdict(s), "extra_body": dict(s.extra_body)},
+            "settings": {**recorded_settings(s), "extra_body": dict(s.extra_body)},
             "model_path": f"{s.provider}:{s.model}" + (f"@{s.base_url}" if s.base_url else ""),
             "max_tokens_sent": s.max_tokens,
             "key_env": var,

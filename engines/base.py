@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engines.flags import NO_FLAG, flag
@@ -116,6 +116,18 @@ def reasoning_seed(seed: int, trial_id: str) -> int:
 THINK_SAMPLING = {"greedy": (0.0, 1.0, 0), "qwen3": (0.6, 0.95, 20)}
 """``--think-sampling`` presets: (temperature, top-p, top-k). qwen3: the thinking-mode settings of Qwen3's model card
 (which warns that greedy decoding in thinking mode can loop); greedy: the paper's."""
+
+
+UNRECORDED_DEFAULTS: Mapping[str, Any] = {"frame": "auto", "layers": None}
+"""Settings the manifest leaves out at these values: fields added later whose default keeps a run as it was before
+they existed (the chat template where the model has one; no layer readouts), so such a run records what it recorded
+then. A run that sets one records it."""
+
+
+def recorded_settings(s: EngineSettings) -> dict[str, Any]:
+    """The settings as the manifest records them: every field (``asdict``), less those at their
+    :data:`UNRECORDED_DEFAULTS` value."""
+    return {k: v for k, v in asdict(s).items() if not (k in UNRECORDED_DEFAULTS and v == UNRECORDED_DEFAULTS[k])}
 
 
 def check_frame(s: EngineSettings) -> None:

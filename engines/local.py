@@ -135,7 +135,10 @@ class RendersLocally:
         self._frame = frame
 
     def frame_record(self) -> dict[str, Any]:
-        """The frame for the manifest: ``{"frame": {"used", "asked"}}``."""
+        """The frame for the manifest, ``{"frame": {"used", "asked"}}``; nothing for the chat template under
+        ``--frame auto``, which records what a run recorded before frames existed."""
+        if self.frame == "chat" and self.settings.frame == "auto":
+            return {}
         return {"frame": {"used": self.frame, "asked": self.settings.frame}}
 
     def frame_identity(self) -> dict[str, Any]:

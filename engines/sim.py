@@ -75,14 +75,16 @@ from engines.sim_params import (
     THETA_SIGNS,
     CuePlant,
     InfluencePlant,
+    LayerPlant,
     RefusalRule,
     SimParams,
     SimParamsError,
     load_params,
 )
 from engines.sim_random import _digest, _draw_uniforms, _normal, _uniform
+from probe.layers import parse_layers
 from probe.parse import Parsed, parse_answer
-from probe.types import OptionScore, Readout, Sample, Trial
+from probe.types import LayerReadout, OptionScore, Readout, Sample, Trial
 
 __all__ = [
     "NONCOMMIT_TEXT",
@@ -90,6 +92,7 @@ __all__ = [
     "THETA_SIGNS",
     "CuePlant",
     "InfluencePlant",
+    "LayerPlant",
     "RefusalRule",
     "SimEngine",
     "SimParams",
@@ -210,11 +213,17 @@ class SimEngine(Engine):
 
     name = "sim"
 
-    def __init__(self, params: SimParams | None = None, *, model: str = "sim", seed: int = 0) -> None:
+    def __init__(
+        self, params: SimParams | None = None, *, model: str = "sim", seed: int = 0, layers: str | None = None
+    ) -> None:
         self.params = params or SimParams()
         self.model = model
         self.seed = seed
         """Seed of the sampled draws (the shared ``--seed``); the planted ones use ``params.seed``."""
+        if layers is not None:  # resolved on the planted profile now: a layer past its last fails before any readout
+            parse_layers(layers).resolve(self.params.layers.n_blocks)
+        self.layers = parse_layers(layers).text if layers is not None else None
+        """``--layers``: the layers of the planted profile (``params.layers``) each readout also reads."""
 
     # ------------------------------------------------------------- contract
     reply_rows = 64
@@ -238,7 +247,8 @@ class SimEngine(Engine):
         }
 
     def identity(self) -> dict[str, Any]:
-        return {"engine": self.name, "model": self.model, "seed": self.seed, "params": self.params.to_dict()}
+        layers = {"layers": self.layers} if self.layers is not None else {}
+        return {"engine": self.name, "model": self.model, "seed": self.seed, "params": self.params.to_dict(), **layers}
 
     # ------------------------------------------------------------- the model
     def _ctx(self, t: Trial) -> float:
@@ -248,6 +258,11 @@ class SimEngine(Engine):
 
     def binary_pull(self, t: Trial) -> float:
         """The planted offset toward the CBR option of a forced-binary trial (sum of m_c * sgn_c)."""
+        order, word, logic = self.pull_terms(t)
+        return order + word + logic
+
+    def pull_terms(self, t: Trial) -> tuple[float, float, float]:
+        """The order, word (label) and logic terms m_c * sgn_c of :meth:`binary_pull`."""
         p = self.params
         cbr = t.options[t.meaning.index("cbr")]
         labels = t.factors.get("labels", "/".join(t.options) if len(t.options) == 2 else "")
@@ -261,7 +276,7 @@ class SimEngine(Engine):
         canonical = affirmative == (t.factors.get("mapping", "canonical") != "swapped")
         m_word = p.m_label.get(labels, p.m_word)
         sgn = {True: 1.0, False: -1.0}
-        return p.m_order * sgn[t.meaning[0] == "cbr"] + m_word * sgn[canonical] + p.m_logic * sgn[affirmative]
+        return p.m_order * sgn[t.meaning[0] == "cbr"], m_word * sgn[canonical], p.m_logic * sgn[affirmative]
 
     def cbr_margin(self, t: Trial, inst: str) -> float:
         """The readout logit of CBR minus anti for a two-option trial."""
@@ -326,6 +341,49 @@ class SimEngine(Engine):
         # no planted structure: fixed pseudo-random logits
         return np.array([_normal(self.params.seed, "other", t.trial_id, o) for o in t.options])
 
+    def layer_logits(self, t: Trial, layer: int) -> np.ndarray:
+        """The option logits the readout at ``layer`` reads (:class:`engines.sim_params.LayerPlant`): the stance
+        terms scaled by the stance ramp, the order pull by the order ramp, the word and logic pulls by the lexical
+        ramp; a graded trial's centre by the stance ramp; any other trial's logits by the stance ramp."""
+        p, plant = self.params, self.params.layers
+        r_s, r_o, r_x = (plant.scale(formed, layer) for formed in (plant.stance, plant.order, plant.lexical))
+        inst = _instrument(t)
+        if inst in ("binary", "choice"):
+            self.logits(t)  # the final readout's checks of the trial
+            theta = p.item_theta(t.item_id)
+            scatter = p.sigma_binary * _normal(p.seed, "form", *_form_key(t)) if p.sigma_binary else 0.0
+            stance = (theta + scatter + self._ctx(t)) * r_s
+            if inst == "choice":
+                pull = p.m_choice_order * (1.0 if t.meaning[0] == "cbr" else -1.0)
+                margin = (stance + pull * r_o) / (p.s_choice or p.s)
+            else:
+                order, word, logic = self.pull_terms(t)
+                margin = (stance + order * r_o + (word + logic) * r_x) / p.s
+            return np.array([margin / 2 if m == "cbr" else -margin / 2 for m in t.meaning])
+        if inst == "graded":
+            x = np.array([float(m) for m in t.meaning])
+            return graded_logits(x, self.graded_centre(t) * r_s, p.width)
+        return self.logits(t) * r_s
+
+    def layer_readouts(self, t: Trial, final: Readout) -> tuple[LayerReadout, ...]:
+        """The readout of ``t`` at each layer of ``--layers`` on the planted profile; the last layer's is the
+        final readout ``final``."""
+        if self.layers is None:
+            return ()
+        cov, last = self.params.coverage, self.params.layers.n_blocks
+        out = []
+        for layer in parse_layers(self.layers).resolve(last):
+            if layer == last:
+                scores = final.scores
+                logp, prob = [s.logprob for s in scores], [s.prob for s in scores]
+            else:
+                z = self.layer_logits(t, layer)
+                prob = _softmax(z).tolist()
+                logp = (z - (z.max() + math.log(np.exp(z - z.max()).sum())) + math.log(cov)).tolist()
+            best = t.options[int(np.argmax(prob))]
+            out.append(LayerReadout(layer, tuple(logp), tuple(prob), cov, best))
+        return tuple(out)
+
     def influence_margin(self, t: Trial) -> float:
         """The readout log-odds of side B of an influence-audit trial (:class:`InfluencePlant`)."""
         plant = self.params.influence
@@ -389,6 +447,8 @@ class SimEngine(Engine):
                     computed_tokens=n_prompt + sum(len(s.token_ids) for s in scores),
                 )
             )
+            if self.layers is not None:
+                out[-1] = replace(out[-1], layers=self.layer_readouts(t, out[-1]))
             if progress:
                 progress(1)
         return out
@@ -486,4 +546,4 @@ def from_args(model: str, a: argparse.Namespace) -> SimEngine:
         raise ValueError(
             "the sim engine renders no prompt (it reads trials as data), so it has no plain frame; drop --frame"
         )
-    return SimEngine(params, model=model, seed=getattr(a, "seed", 0))
+    return SimEngine(params, model=model, seed=getattr(a, "seed", 0), layers=getattr(a, "layers", None))

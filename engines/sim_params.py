@@ -145,7 +145,9 @@ class InfluencePlant:
     def __post_init__(self) -> None:
         object.__setattr__(self, "lean", _rate_map("influence.lean", self.lean))
         if not isinstance(self.steer, Mapping):
-            raise SimParamsError(f"sim parameter influence.steer must be a mapping of key: [s_A, s_B], got {self.steer!r}")
+            raise SimParamsError(
+                f"sim parameter influence.steer must be a mapping of key: [s_A, s_B], got {self.steer!r}"
+            )
         steer = {}
         for k, v in sorted(self.steer.items(), key=lambda kv: str(kv[0])):
             ok = isinstance(v, (list, tuple)) and len(v) == 2
@@ -248,6 +250,41 @@ def _plant(cls: type[Any], name: str, raw: object) -> Any:
 
 
 @dataclass(frozen=True)
+class LayerPlant:
+    """The planted layer profile a layer-wise readout (``--layers``) of the synthetic subject reads: a network of
+    ``n_blocks`` blocks in which the stance forms by layer ``stance``, the order pull by ``order`` and the lexical
+    pulls (``m_word``, ``m_label``, ``m_logic``: toward a label or the affirmative verdict) by ``lexical``. Each
+    grows linearly over the ``ramp`` layers before its own, from nothing to its full size, and stays full after
+    it, so at layer l the readout is the final readout's response model with each term scaled by its ramp
+    (:meth:`scale`); the last layer is the final readout. In YAML::
+
+        layers: {n_blocks: 24, stance: 8, order: 18, lexical: 22, ramp: 4}
+    """
+
+    n_blocks: int = 24
+    stance: int = 8
+    order: int = 18
+    lexical: int = 22
+    ramp: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("n_blocks", "stance", "order", "lexical", "ramp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SimParamsError(f"sim parameter layers.{name} must be a whole number >= 1, got {v!r}")
+        for name in ("stance", "order", "lexical"):
+            if getattr(self, name) > self.n_blocks:
+                raise SimParamsError(
+                    f"sim parameter layers.{name} = {getattr(self, name)} is past layers.n_blocks = {self.n_blocks}"
+                )
+
+    def scale(self, formed: int, layer: int) -> float:
+        """How much of a term that forms by layer ``formed`` the readout at ``layer`` holds: 0 up to
+        ``formed - ramp``, then linear, 1 from ``formed`` on."""
+        return min(1.0, max(0.0, (layer - (formed - self.ramp)) / self.ramp))
+
+
+@dataclass(frozen=True)
 class SimParams:
     """The planted parameters of the synthetic subject (all recorded in the run manifest)."""
 
@@ -300,10 +337,13 @@ class SimParams:
     """The influence audit's planted lean and steerabilities (:class:`InfluencePlant`)."""
     cue: CuePlant = field(default_factory=CuePlant)
     """The cue-visibility audit's planted In-favor and Against rates (:class:`CuePlant`)."""
+    layers: LayerPlant = field(default_factory=LayerPlant)
+    """The layer profile a layer-wise readout (``--layers``) reads (:class:`LayerPlant`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "influence", _plant(InfluencePlant, "influence", self.influence))
         object.__setattr__(self, "cue", _plant(CuePlant, "cue", self.cue))
+        object.__setattr__(self, "layers", _plant(LayerPlant, "layers", self.layers))
         object.__setattr__(self, "theta", {str(k): float(v) for k, v in sorted(dict(self.theta).items())})
         object.__setattr__(self, "m_label", {str(k): float(v) for k, v in sorted(dict(self.m_label).items())})
         if not isinstance(self.refusal_rules, (list, tuple)):
@@ -348,6 +388,8 @@ class SimParams:
             "steer": {k: list(v) for k, v in self.influence.steer.items()},
         }
         d["cue"] = {**asdict(self.cue), "favor": dict(self.cue.favor), "against": dict(self.cue.against)}
+        if self.layers == LayerPlant():  # the default profile: recorded as before layers existed (same run key)
+            del d["layers"]
         return d
 
     def refusal_rate(self, t: Trial) -> float:
@@ -376,7 +418,7 @@ def load_params(path: str | Path) -> SimParams:
     unknown = sorted(set(doc) - known)
     if unknown:
         raise SimParamsError(f"{p}: unknown sim parameters {unknown}; known: {sorted(known)}")
-    for key in ("theta", "m_label", "influence", "cue"):
+    for key in ("theta", "m_label", "influence", "cue", "layers"):
         if key in doc and not isinstance(doc[key], dict):
             raise SimParamsError(f"{p}: {key} must be a mapping (id: value), got {doc[key]!r}")
     if "refusal_rules" in doc and not isinstance(doc["refusal_rules"], list):

@@ -40,11 +40,11 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 from engines import LOADING
-from engines.base import Draws, ProgressFn, require
+from engines.base import Draws, ProgressFn, recorded_settings, require
 from engines.batching import split_even, step_batches
 from engines.flags import add_flags, flagged, settings_from_flags
 from engines.local import LocalEngine, Prepared, ThinkRequest, folder_info, reasoning_sampling, slot_readout, top_others
@@ -336,7 +336,7 @@ class VLLMEngine(LocalEngine):
         self.tokenizer  # noqa: B018 - resolves the path
         info: dict[str, Any] = {
             "engine": self.name,
-            "settings": asdict(self.settings),
+            "settings": recorded_settings(self.settings),
             "model_path": str(self._path),
             "dtype": self._pool.info["dtype"] if self._pool is not None else self._dtype(),
             "logprob_request": self._pool.info["logprob_request"] if self._pool is not None else self._logprob_kind(),

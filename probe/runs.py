@@ -299,6 +299,17 @@ class Run:
         return self._frame("options", _option_columns(raw, readouts, self.trial_index.meanings))
 
     @functools.cached_property
+    def layers(self) -> pd.DataFrame:
+        """One row per (trial, layer, option) of a run with ``--layers``, layers ascending, options in print order:
+        the trial columns, then :data:`COLUMNS` ``["layers"]`` (empty without ``--layers``)."""
+        raw = self.store.load("readout_layers")
+        if not raw.empty:
+            raw = raw.copy()
+            meanings = self.trial_index.meanings
+            raw["meaning"] = [meanings.get(t, {}).get(o) for t, o in zip(raw["trial_id"], raw["option"], strict=True)]
+        return self._frame("layers", raw)
+
+    @functools.cached_property
     def samples(self) -> pd.DataFrame:
         """One row per sampled reply (draws of readout trials and free-text replies): trial columns, then the
         samples' (``option`` is missing where the reply parsed into no option)."""
@@ -335,7 +346,7 @@ class Run:
         out = body.merge(trials, on="trial_id", how="left", validate="many_to_one", sort=False)
         keys = list(trials.columns)
         out = out[keys + [c for c in own]]
-        out = out.sort_values(["position", *(c for c in ("option_index", "draw") if c in own)], kind="stable")
+        out = out.sort_values(["position", *(c for c in ("layer", "option_index", "draw") if c in own)], kind="stable")
         return out.reset_index(drop=True)
 
     # ------------------------------------------------------------ pages of trials (probe.query)

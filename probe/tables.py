@@ -33,6 +33,7 @@ __all__ = [
     "FILTER_KEYS",
     "FRAMES",
     "JUDGMENTS",
+    "READOUT_LAYERS",
     "READOUT_OPTIONS",
     "READOUT_TRIALS",
     "RESERVED",
@@ -171,6 +172,26 @@ READOUT_OPTIONS: Final = Table(
 )
 """One row per (read trial, option), in print order."""
 
+READOUT_LAYERS: Final = Table(
+    "readout_layers",
+    columns(
+        f"""
+        {_TRIAL_ID}
+        layer             int64     the layer read: 0 the embeddings, l after block l (`--layers`)
+        option            string    the printed option
+        option_index      int64     print position
+        logprob           float64   log P(option is the whole answer) through the final norm and head at this layer
+        prob              float64   normalized over the options at this layer
+        layer_coverage    float64   option mass at this layer before normalizing
+        layer_greedy      bool      the most likely option at this layer
+        """
+    ),
+    derived=columns("meaning string what the option stands for"),
+    frame=("layer", "option", "option_index", "meaning", "logprob", "prob", "layer_coverage", "layer_greedy"),
+)
+"""One row per (read trial, layer, option) of a run with ``--layers`` (the logit lens, docs/methods.md); a run
+without it has no such table. The last layer's rows equal the trial's ``readout_options`` rows."""
+
 SAMPLES: Final = Table(
     "samples",
     columns(
@@ -248,6 +269,7 @@ FRAMES: Final[dict[str, Table]] = {
     "options": READOUT_OPTIONS,
     "samples": SAMPLES,
     "codes": CODES,
+    "layers": READOUT_LAYERS,
 }
 """The notebook frame each table is read into (:class:`probe.runs.Run`)."""
 
@@ -286,7 +308,8 @@ class TrialData:
 
 # ------------------------------------------------------------------ writers
 def readout_tables(readouts: Sequence[Readout]) -> dict[str, pd.DataFrame]:
-    """The long per-option table and the per-trial table of a list of readouts."""
+    """The long per-option table and the per-trial table of a list of readouts, and with ``--layers`` the
+    per-(trial, layer, option) table."""
     opts = READOUT_OPTIONS.write(
         {
             "trial_id": r.trial_id,
@@ -313,7 +336,24 @@ def readout_tables(readouts: Sequence[Readout]) -> dict[str, pd.DataFrame]:
         }
         for r in readouts
     )
-    return {READOUT_OPTIONS.name: opts, READOUT_TRIALS.name: trials}
+    out = {READOUT_OPTIONS.name: opts, READOUT_TRIALS.name: trials}
+    if any(r.layers for r in readouts):  # --layers: a table of its own, so a run without it is written as before
+        out[READOUT_LAYERS.name] = READOUT_LAYERS.write(
+            {
+                "trial_id": r.trial_id,
+                "layer": lay.layer,
+                "option": s.option,
+                "option_index": i,
+                "logprob": lay.logprobs[i],
+                "prob": lay.probs[i],
+                "layer_coverage": lay.coverage,
+                "layer_greedy": s.option == lay.greedy_option,
+            }
+            for r in readouts
+            for lay in r.layers
+            for i, s in enumerate(r.scores)
+        )
+    return out
 
 
 def sample_table(samples: Sequence[Sample]) -> pd.DataFrame:

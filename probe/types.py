@@ -138,6 +138,23 @@ class OptionScore:
 
 
 @dataclass(frozen=True)
+class LayerReadout:
+    """The answer-slot readout at one layer (the logit lens, :mod:`engines.hf.lens`): the model's final norm and
+    head applied to the residual stream after block ``layer`` (0: the embeddings, :mod:`probe.layers`) at every
+    position the option trie reads, the options scored as the final readout scores them."""
+
+    layer: int
+    logprobs: tuple[float, ...]
+    """log P(option is the whole answer) at this layer, in the trial's option order."""
+    probs: tuple[float, ...]
+    """Normalized over the options."""
+    coverage: float
+    """The options' mass before normalization."""
+    greedy_option: str
+    """The most probable option at this layer (the first of them on a tie)."""
+
+
+@dataclass(frozen=True)
 class Readout:
     """The answer-slot distribution for one trial."""
 
@@ -162,6 +179,8 @@ class Readout:
     """Think mode: the reasoning ran out of ``--think-budget`` before the model closed it."""
     prompt_ids: tuple[int, ...] = field(default=(), repr=False)
     """The token ids the slot was read after (local engines)."""
+    layers: tuple[LayerReadout, ...] = field(default=(), repr=False)
+    """``--layers``: the readout at each layer asked for, ascending (the last equals this readout); empty without."""
 
     def prob(self, option: str) -> float:
         for s in self.scores:

@@ -87,3 +87,13 @@ def test_answer_shares_parse_each_reply_against_its_trial_s_options():
     shares = answer_shares(options, ["Yes", "No.", "I cannot answer that.", "Yes, because"])
     assert shares["first"] == pytest.approx(0.5) and shares["second"] == pytest.approx(0.25)
     assert shares["other"] == pytest.approx(0.25)
+
+
+def test_layers_goal_is_the_slowdown_of_reading_every_layer_with_memory_beside_it(capsys):
+    from scripts.bench.run import LAYERS_SLOWDOWN, layers_goal
+
+    plain = {"trials_per_s": 10.0, "peak_rss_mib": 900.0, "peak_growth_mib": 40.0, "batch_size": 16}
+    row = layers_goal(plain, {**plain, "trials_per_s": 8.0, "peak_rss_mib": 950.0, "peak_growth_mib": 90.0})
+    assert row["ratio"] == pytest.approx(1.25) and row["met"] and row["target"] == LAYERS_SLOWDOWN
+    assert "growth during the run 90 vs 40 MiB" in row["why"] and "met" in capsys.readouterr().out
+    assert not layers_goal(plain, {**plain, "trials_per_s": 7.0})["met"]  # 1.43x the time

@@ -227,7 +227,12 @@ def test_the_frame_enters_the_run_key_only_when_plain(base_engine, tiny_engine):
     assert "frame" not in tiny_engine.identity()  # a chat run keeps the key it had before frames existed
     assert base_engine.identity()["frame"] == "plain"
     assert base_engine.describe()["frame"] == {"used": "plain", "asked": "auto"}
-    assert tiny_engine.describe()["frame"] == {"used": "chat", "asked": "auto"}
+    assert "frame" not in tiny_engine.describe() and "frame" not in tiny_engine.describe()["settings"]
+    chat = tiny_engine.variant(frame="chat")  # asked for by name: recorded
+    assert (
+        chat.describe()["frame"] == {"used": "chat", "asked": "chat"} and chat.describe()["settings"]["frame"] == "chat"
+    )
+    assert "frame" not in chat.identity()
     assert base_engine.describe()["system_prompt"] == {"text": None, "source": None}
 
 

@@ -161,7 +161,7 @@ def test_the_registry_is_the_only_wiring() -> None:
     assert quoted == []
 
 
-HF_PARTS = ("settings", "tokens", "weights", "readout", "reasoning", "draws", "engine")
+HF_PARTS = ("settings", "tokens", "weights", "lens", "readout", "reasoning", "draws", "engine")
 """The modules of the Transformers engine (docs/engines.md), each importing only those before it."""
 
 

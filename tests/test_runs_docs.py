@@ -48,7 +48,7 @@ def test_the_worked_example_runs_as_written(
 
 def test_the_column_table_is_the_contract() -> None:
     text = DOC.read_text()
-    rows = re.findall(r"^\| (all|readouts|options|samples|codes) \| `([a-z_]+)` \| ([a-z0-9]+) \|", text, flags=re.M)
+    rows = re.findall(r"^\| (all|readouts|options|samples|codes|layers) \| `([a-z_]+)` \| ([a-z0-9]+) \|", text, flags=re.M)
     documented: dict[str, dict[str, str]] = {}
     for frame, column, dtype in rows:
         documented.setdefault(frame, {})[column] = dtype
@@ -59,7 +59,7 @@ def test_the_column_table_is_the_contract() -> None:
 def test_the_column_table_says_what_the_declaration_says() -> None:
     """The "what" of each documented column is the doc of its one declaration (probe.tables)."""
     rows = re.findall(
-        r"^\| (all|readouts|options|samples|codes) \| `([a-z_]+)` \| [a-z0-9]+ \| (.*) \|$", DOC.read_text(), flags=re.M
+        r"^\| (all|readouts|options|samples|codes|layers) \| `([a-z_]+)` \| [a-z0-9]+ \| (.*) \|$", DOC.read_text(), flags=re.M
     )
     declared = {("all", c.name): c.doc for c in tables.TRIAL_COLUMNS}
     declared |= {(kind, n): c.doc for kind, t in tables.FRAMES.items() for n, c in t.columns().items()}

@@ -20,7 +20,7 @@ figures); its module docstring lists the sections.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -546,6 +546,9 @@ class Context:
     """r^2 of the planted thetas of the sim runs (:func:`planted_r2`)."""
     z_agreement: Part[ZAgreement] = field(default_factory=Part)
     """The agreement of the story stance z of a yes/no panel (:func:`compute_z_agreement`)."""
+    layers: Mapping[str, Any] = field(default_factory=dict)
+    """Run -> its layer profile on the shared items (:func:`layer_profiles`); only the runs made with
+    ``--layers``, empty when none was."""
 
     def theta_table(self) -> pd.DataFrame:
         return theta_table(self.runs, self.shared)
@@ -1096,7 +1099,26 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
         anchors=attempt(compute_anchors, c),
         logit_sampled=attempt(compute_logit_sampled, list(runs.values())),
         planted=planted_r2(c),
+        layers=layer_profiles(runs, shared, n_boot=n_boot, seed=seed),
     )
+
+
+def layer_profiles(runs: Mapping[str, RunData], shared: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
+    """Each readout run's layer profile (:func:`analysis.battery.layers.layer_profile`) on the shared items, for
+    the runs made with ``--layers``; a run whose profile cannot be computed is left out."""
+    from analysis.battery.layers import layer_profile
+    from analysis.battery.results import counterbalanced_pairs
+
+    out = {}
+    for name, d in runs.items():
+        layers = d.opened.load("readout_layers") if d.source == "readout" else pd.DataFrame()
+        if layers.empty:
+            continue
+        per = d.per_trial[d.per_trial["item_id"].isin(shared)]
+        pairs = counterbalanced_pairs(d.opened.manifest) if "instrument" in per else set()
+        with contextlib.suppress(NotComputed):
+            out[name] = layer_profile(d.options, per, layers, d.source, pairs, n_boot=n_boot, seed=seed)
+    return out
 
 
 def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
@@ -1129,6 +1151,7 @@ def yesno_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
         yesno=cells,
         logit_sampled=attempt(compute_logit_sampled, list(runs.values())),
         z_agreement=attempt(compute_z_agreement, runs),
+        layers=layer_profiles(runs, shared, n_boot=n_boot, seed=seed),
     )
 
 

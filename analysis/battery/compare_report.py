@@ -494,6 +494,50 @@ def _humans_figure(by_item: pd.DataFrame, per_item: pd.DataFrame, runs: list[str
     return _finish(fig, "Models against the human anchors")
 
 
+@titled("Where the readout forms, side by side")
+def layers_section(c: Context) -> Body:
+    """The layer profiles of the runs made with ``--layers``, on the shared items; no section when none was."""
+    if not c.layers:
+        return [], Files()
+    from analysis.battery.layers import QUANTITIES, WITHIN, profiles_side_by_side
+
+    wide = profiles_side_by_side(c.layers)
+    flat = wide.copy()
+    flat.columns = [f"{run}: {q}" for run, q in wide.columns]
+    formed = pd.DataFrame({name: p.formed for name, p in c.layers.items()}).T.rename_axis("run")
+    formed = formed[[q for q in QUANTITIES if q in formed]]
+    lines = [
+        "Each quantity at each layer the run read (`--layers`; the logit lens at the answer slot, docs/methods.md), "
+        "story-averaged on the shared dilemmas, runs side by side (`layer_profiles.csv`; each run's intervals are "
+        "in its own report). Layers are the runs' own: a deeper model has more.",
+        "",
+        md_table(flat.reset_index(), "{:+.3f}", nan="–"),
+        "",
+        f"The first layer from which each stays within {WITHIN:.0%} of its final value:",
+        "",
+        md_table(formed.reset_index(), "{}", nan="–"),
+    ]
+    figure = Drawing("fig_layer_profiles.png", functools.partial(_layers_figure, c))
+    return lines, Files({"layer_profiles": _table(flat), "layer_formed": _table(formed)}, (figure,))
+
+
+def _layers_figure(c: Context) -> Any:
+    """One panel per quantity: layer on x, one line per run."""
+    from analysis.battery.layers import QUANTITIES
+
+    quantities = [q for q in QUANTITIES if any(q in set(p.table["quantity"]) for p in c.layers.values())]
+    fig, axes = pyplot().subplots(1, len(quantities), figsize=(3.2 * len(quantities), 3.2), squeeze=False)
+    for ax, q in zip(axes[0], quantities, strict=True):
+        for name, p in c.layers.items():
+            d = p.table[p.table["quantity"] == q].sort_values("layer")
+            ax.plot(d["layer"], d["mean"], marker="o", ms=2, label=name)
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_title(q, fontsize=9)
+        ax.set_xlabel("layer", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    return _finish(fig, "Where the readout forms")
+
+
 # ------------------------------------------------------------------ entry points
 SECTIONS: list[Callable[[Context], Section]] = [
     matching_section,
@@ -505,6 +549,7 @@ SECTIONS: list[Callable[[Context], Section]] = [
     humans_section,
     logit_sampled_section,
     planted_section,
+    layers_section,
 ]
 
 
@@ -559,6 +604,6 @@ def compare_yesno(panel: Panel, *, n_boot: int = N_BOOT, seed: int = SEED) -> Bo
     """The yes/no comparison: cells and decomposition side by side, agreement of z, logit vs sampled."""
     c = yesno_context(panel, n_boot=n_boot, seed=seed)
     head = [f"# Yes/no battery: comparison of {len(panel.runs)} runs", "", f"- {len(c.shared)} shared dilemmas", ""]
-    sections = [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section]
+    sections = [matching_section, yesno_cells_section, yesno_agreement_section, logit_sampled_section, layers_section]
     body, files = run_sections(sections, c)
     return head + body, files

@@ -568,6 +568,22 @@ def dropped_section(res: BatteryResults) -> Body:
     return lines, Files({"dropped_stories": Table(table)})
 
 
+@titled("Where the readout forms")
+def layers_section(res: BatteryResults | YesNoResults) -> Body:
+    """Each quantity at each layer of ``--layers`` with its interval, where each formed, a figure and a CSV; no
+    section without ``--layers``."""
+    if res.layers.absent:
+        return [], Files()
+    from analysis.battery.layers import profile_figure, profile_lines
+
+    profile = res.layers.get()
+    files = Files(
+        {"layer_profile": Table(profile.table, float_format="%.6f")},
+        (Drawing("layer_profile.png", lambda: profile_figure(profile)),),
+    )
+    return profile_lines(profile), files
+
+
 SECTIONS: list[SectionFn] = [
     graded_section,
     verbflip_section,
@@ -578,6 +594,7 @@ SECTIONS: list[SectionFn] = [
     validity_section,
     dropped_section,
     planted_section,
+    layers_section,
 ]
 
 
@@ -666,6 +683,10 @@ def yesno_summary(run: Run, res: YesNoResults) -> tuple[list[str], Files]:
         body, calibration_files = run_sections([calibration_section], res, why=True)
         lines += body
         files += calibration_files
+    if not res.layers.absent:
+        body, layer_files = run_sections([layers_section], res, why=True)
+        lines += body
+        files += layer_files
     return lines, files
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -49,6 +49,8 @@ class Frames:
     meta: pd.DataFrame
     """One row per trial of the run (all instruments), with its factors."""
     trial_list: list[Any]
+    layers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The run's ``readout_layers`` table (``--layers``); empty without."""
 
     def instrument(self, name: str) -> pd.DataFrame:
         if "instrument" not in self.per_trial:
@@ -68,6 +70,7 @@ def load_frames(run: Run) -> Frames:
         readout_options=run.load("readout_options"),
         meta=run.trial_meta(),
         trial_list=run.trial_list,
+        layers=run.load("readout_layers"),
     )
 
 
@@ -483,6 +486,8 @@ class BatteryResults:
     calibration: Part[ReadoutTemperature] = Part()
     validity: Part[Validity] = Part()
     planted: Part[Planted] = Part()
+    layers: Part[Any] = Part()
+    """Where the readout forms (:class:`analysis.battery.layers.LayerProfile`); absent without ``--layers``."""
 
     @property
     def theta(self) -> pd.Series | None:
@@ -519,6 +524,28 @@ class BatteryResults:
     def dropped(self) -> list[Dropped]:
         """The stories the parts left out, in section order."""
         return [*self.verbflip.dropped, *self.labelmap.dropped, *self.fit.dropped]
+
+
+def compute_layers(
+    options: pd.DataFrame, per_trial: pd.DataFrame, layers: pd.DataFrame, source: str, label_pairs: set[str]
+) -> Part[Any]:
+    """Where the readout forms (:func:`analysis.battery.layers.layer_profile`): absent without ``--layers``, and
+    for answers from samples (the layers are the readout's)."""
+    from analysis.battery.layers import layer_profile
+
+    if layers.empty:
+        return Part(absent="Not in this run (run it with --layers).")
+    if source != "readout":
+        return Part(absent="The layer profile is the readout's; this report reads sampled answers.")
+    return Part(layer_profile(options, per_trial, layers, source, label_pairs, n_boot=N_BOOT, seed=SEED))
+
+
+def counterbalanced_pairs(manifest: Manifest) -> set[str]:
+    """The label pairs whose mapping the battery's corpus counterbalances (their label projection is identified)."""
+    from experiments.battery import BatterySpec, load_corpus
+
+    labels = load_corpus(manifest.spec_as(BatterySpec).corpus)["binary"]["labels"]
+    return {k for k, v in labels.items() if v.get("counterbalance")}
 
 
 def compute_validity(res: BatteryResults) -> Part[Validity]:
@@ -632,6 +659,9 @@ def battery_results(f: Frames) -> BatteryResults:
         fit=attempt(compute_fits, f, theta),
         calibration=attempt(compute_calibration, f.samples, f.readout_options, f.trial_list, f.manifest),
     )
+    if not f.layers.empty:
+        pairs = counterbalanced_pairs(f.manifest)
+        res = replace(res, layers=attempt(compute_layers, f.options, f.per_trial, f.layers, f.source, pairs))
     return replace(res, validity=attempt(compute_validity, res), planted=attempt(compute_planted, f.manifest, res))
 
 
@@ -663,6 +693,8 @@ class YesNoResults:
     """None with one replicate."""
     calibration: Part[ReadoutTemperature]
     """Absent unless the run holds both samples and readouts; the report then shows no temperature."""
+    layers: Part[Any] = Part(absent="Not in this run (run it with --layers).")
+    """Where the readout forms (:class:`analysis.battery.layers.LayerProfile`); absent without ``--layers``."""
 
     @property
     def fits(self) -> None:
@@ -692,4 +724,10 @@ def yesno_results(run: Run) -> YesNoResults:
     calibration: Part[ReadoutTemperature] = Part(absent="Needs samples and readouts.")
     if not samples.empty and not readouts.empty:  # a run that reads the slot and samples: the battery's calibration
         calibration = attempt(compute_calibration, samples, readouts, run.trial_list, run.manifest)
-    return YesNoResults(source, table, dropped, cov.mean(), cov.min(), salt, calibration)
+    layered = run.load("readout_layers")
+    layers = (
+        attempt(compute_layers, opts, per_trial, layered, source, set())
+        if not layered.empty
+        else Part(absent="Not in this run (run it with --layers).")
+    )
+    return YesNoResults(source, table, dropped, cov.mean(), cov.min(), salt, calibration, layers)

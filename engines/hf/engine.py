@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from engines.base import Draws, ProgressFn
+from engines.base import Draws, ProgressFn, recorded_settings
 from engines.hf.draws import Sampler
 from engines.hf.readout import KeptTrees, Reader
 from engines.hf.reasoning import Reasoner
@@ -56,6 +56,7 @@ class HFEngine(LocalEngine):
         (:meth:`engines.hf.weights.Model.load`); an engine built on loaded :class:`Weights` (:meth:`variant`) only
         derives."""
         self._lm.load()
+        self._reader.lens()  # --layers: resolved on the model now, so a layer past its last fails before any readout
         return self
 
     def _tokenizer_loaded(self, tok: Any) -> None:
@@ -79,7 +80,11 @@ class HFEngine(LocalEngine):
 
     def describe(self) -> dict[str, Any]:
         """Model, revision, dtype and settings for the manifest."""
-        info: dict[str, Any] = {"engine": self.name, "settings": asdict(self.settings), **self._lm.describe()}
+        info: dict[str, Any] = {
+            "engine": self.name,
+            "settings": recorded_settings(self.settings),
+            **self._lm.describe(),
+        }
         info["system_prompt"] = self.system_prompt_record()
         return {**info, **self.frame_record()}
 
@@ -114,8 +119,12 @@ class HFEngine(LocalEngine):
         under which a value change stays out of the key. So the key changed with it, in every dtype, and a run begun on float32
         readouts is never resumed or merged with float64 ones (``probe run`` names ``readout_softmax`` as what
         differs). Draws did not change; a run that only samples gets a new key all the same.
+
+        ``--layers`` adds its spec (``layers``): a run with layers stores a table a run without has not, so they
+        never resume or merge into each other; a run without it keeps the key it had before layers existed.
         """
-        return {**super().identity(), "readout_softmax": READOUT_SOFTMAX}
+        layers = {"layers": self.settings.layers} if self.settings.layers is not None else {}
+        return {**super().identity(), "readout_softmax": READOUT_SOFTMAX, **layers}
 
     def numerics(self) -> dict[str, Any]:
         s = self.settings

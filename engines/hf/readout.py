@@ -23,23 +23,31 @@ models; in bfloat16 they differ by up to 0.25 nats on smol, docs/gpu.md) and dif
 - ``plain``: every prompt whole, then the trie one token per step (the reference the others are tested against).
 
 The positions a readout reads are normalized in float64 (:func:`engines.hf.weights.readout_log_probs`).
+
+With ``--layers`` each forward of a path runs under the lens's hooks (:class:`engines.hf.lens.Lens`), which keep
+the residual stream at the rows that forward reads, and the conditionals are gathered at every layer read from
+the same rows and scored by the same trie (:class:`LayerConditionals`), so every path reads the same layers.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from engines.base import ProgressFn, require
 from engines.batching import length_batches
+from engines.hf.lens import Lens, Taps, last_rows, tree_rows
 from engines.hf.settings import HFSettings
 from engines.hf.tokens import pack_tree, prefix_groups, shared_prefix_lengths, token_rows, tree_paths
 from engines.hf.weights import Model, readout_log_probs
 from engines.local import Prepared, slot_readout
-from engines.trie import Prefix, Trie, build_trie
-from probe.types import Readout, Trial
+from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
+from probe.layers import parse_layers
+from probe.types import LayerReadout, Readout, Trial
 
 
 class KeptTrees:
@@ -69,14 +77,17 @@ class KeptTrees:
         return kept
 
 
-def conditionals(
-    lp: Any, asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]
-) -> list[dict[Prefix, dict[int, float]]]:
-    """``cond[b][node][t] = lp[row, t]`` for each ask (row, trial b, trie node) and child t, in one gather."""
-    torch = require("torch", "hf")
+def ask_index(asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]) -> tuple[list[int], list[int]]:
+    """The (row, token) pairs a gather of the conditionals reads: each ask's row, once per child of its node."""
     rows = [r for r, b, node in asks for _ in tries[b][node]]
     toks = [t for _, b, node in asks for t in tries[b][node]]
-    vals = lp[torch.tensor(rows, device=lp.device), torch.tensor(toks, device=lp.device)].tolist()
+    return rows, toks
+
+
+def spread(
+    vals: Sequence[float], asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]
+) -> list[dict[Prefix, dict[int, float]]]:
+    """``cond[b][node][t]`` from the values gathered at :func:`ask_index`'s pairs, in its order."""
     cond: list[dict[Prefix, dict[int, float]]] = [{} for _ in tries]
     i = 0
     for _, b, node in asks:
@@ -84,6 +95,54 @@ def conditionals(
         cond[b][node] = dict(zip(kids, vals[i : i + len(kids)], strict=True))
         i += len(kids)
     return cond
+
+
+def conditionals(
+    lp: Any, asks: Sequence[tuple[int, int, Prefix]], tries: Sequence[Trie]
+) -> list[dict[Prefix, dict[int, float]]]:
+    """``cond[b][node][t] = lp[row, t]`` for each ask (row, trial b, trie node) and child t, in one gather."""
+    torch = require("torch", "hf")
+    rows, toks = ask_index(asks, tries)
+    return spread(lp[torch.tensor(rows, device=lp.device), torch.tensor(toks, device=lp.device)].tolist(), asks, tries)
+
+
+class LayerConditionals:
+    """The trie's conditionals at every layer read, per trial of one batch, gathered as the forwards' taps come in
+    (:meth:`add`), scored as the final readout scores them (:meth:`readouts`)."""
+
+    def __init__(self, layers: Sequence[int], n_trials: int) -> None:
+        self.cond: dict[int, list[dict[Prefix, dict[int, float]]]] = {
+            layer: [{} for _ in range(n_trials)] for layer in layers
+        }
+
+    def add(
+        self,
+        taps: Taps | None,
+        final: Any,
+        asks: Sequence[tuple[int, int, Prefix]],
+        tries: Sequence[Trie],
+        owners: Sequence[int] | None = None,
+    ) -> None:
+        """The conditionals at each layer from one forward's ``taps`` (``final``: its own log-probs), for ``asks``
+        (row, trial of ``tries``, node) as :func:`conditionals` takes them; ``owners[b]``: the batch's trial that
+        trial b of ``tries`` is (default: itself)."""
+        if taps is None:
+            return
+        rows, toks = ask_index(asks, tries)
+        for layer, vals in taps.gathered(final, rows, toks):
+            for b, found in enumerate(spread(vals, asks, tries)):
+                self.cond[layer][owners[b] if owners is not None else b].update(found)
+
+    def readouts(self, trial: Trial, prep: Prepared, trie: Trie, b: int) -> tuple[LayerReadout, ...]:
+        """Trial ``b``'s readout at each layer: the trie's option log-probs, normalized, coverage and greedy
+        option, as :func:`engines.local.assembled_readout` computes them at the final layer."""
+        out = []
+        for layer, cond in self.cond.items():
+            lps = option_logprobs(prep.options, trie, cond[b])
+            probs, mass = normalize(lps)
+            best = max(range(len(lps)), key=lambda i: (lps[i], -i))
+            out.append(LayerReadout(layer, tuple(lps), tuple(probs), mass, trial.options[best]))
+        return tuple(out)
 
 
 class Reader:
@@ -96,6 +155,25 @@ class Reader:
         self._trees = trees
         self._path: str | None = None  # the resolved readout path, once asked
         self._token_texts: dict[int, str] = {}
+        self._lens: Lens | None = None  # the logit lens of --layers, made at the first readout
+        self._layers: LayerConditionals | None = None  # the batch being read's conditionals per layer
+
+    def lens(self) -> Lens | None:
+        """The logit lens of ``settings.layers`` on this model (None without ``--layers``)."""
+        s = self.settings
+        if s.layers is not None and self._lens is None:
+            self._lens = Lens(parse_layers(s.layers), self.lm.module, self.lm.head, s.model)
+        return self._lens
+
+    @contextmanager
+    def _tapped(self, pick: Any) -> Iterator[Taps | None]:
+        """The lens's hooks around one forward, keeping the rows ``pick`` chooses (nothing without ``--layers``)."""
+        lens = self.lens()
+        if lens is None:
+            yield None
+            return
+        with lens.capture(pick) as taps:
+            yield taps
 
     def path(self) -> str:
         """The readout path this engine takes on this model (``settings.readout_path`` with auto resolved).
@@ -129,6 +207,8 @@ class Reader:
             for group, prepared in groups:
                 for batch in self._batches([trials[i] for i in group], prepared, path):
                     rows = [group[j] for j in batch]
+                    lens = self.lens()
+                    self._layers = LayerConditionals(lens.layers, len(batch)) if lens is not None else None
                     outs = read([trials[i] for i in rows], [prepared[j] for j in batch])
                     for i, r in zip(rows, outs, strict=True):
                         results[i] = r
@@ -169,7 +249,8 @@ class Reader:
         keep = sorted(set(tree.ends))
         row = {node: r for r, node in enumerate(keep)}
         wanted = [k for k, (b, node) in enumerate(asks) if node == () and prepared[b].ids in self._trees.expected]
-        logits, cache = self.lm.tree_logits(tree, keep, use_cache=bool(wanted))
+        with self._tapped(tree_rows(keep) if self._layers is not None else None) as taps:
+            logits, cache = self.lm.tree_logits(tree, keep, use_cache=bool(wanted))
         lp = readout_log_probs(logits)
         if wanted:  # a sample() of these prompts follows: keep the tree's cache for it (sample_next), and the
             # float32 log-probs its draws start from, as the draws' own prefill computes them (:meth:`engines.hf.weights.Model.forward_tree`)
@@ -177,7 +258,10 @@ class Reader:
             paths = tree_paths(tree)
             for k in wanted:
                 self._trees.kept[prepared[asks[k][0]].ids] = (cache, paths[k], drawn[row[tree.ends[k]]])
-        cond = conditionals(lp, [(row[e], b, node) for e, (b, node) in zip(tree.ends, asks, strict=True)], tries)
+        read = [(row[e], b, node) for e, (b, node) in zip(tree.ends, asks, strict=True)]
+        cond = conditionals(lp, read, tries)
+        if self._layers is not None:
+            self._layers.add(taps, lp, read, tries)
         roots = lp[[row[e] for e, (_, node) in zip(tree.ends, asks, strict=True) if node == ()]]
         computed = [0] * len(prepared)  # the nodes each trial's sequences added (the first sharer pays the prefix)
         added = [0] * len(tree.shared)
@@ -210,9 +294,13 @@ class Reader:
             branch.reorder_cache(idx)
             sub_mask = torch.cat([mask[idx], mask.new_ones((len(pairs), length))], dim=1)
             suffix = torch.tensor([prepared[b].ids[groups[g][0] :] for b, g in pairs], device=mask.device)
-            lp, branch = self.lm.forward(suffix, sub_mask, branch, float64=True)
+            with self._tapped(last_rows) as taps:
+                lp, branch = self.lm.forward(suffix, sub_mask, branch, float64=True)
             members = [b for b, _ in pairs]
-            sub_cond, expanded = self._expand(lp, branch, sub_mask, [tries[b] for b in members])
+            sub_tries = [tries[b] for b in members]
+            if self._layers is not None:
+                self._layers.add(taps, lp, [(j, j, ()) for j in range(len(members))], sub_tries, members)
+            sub_cond, expanded = self._expand(lp, branch, sub_mask, sub_tries, members)
             for j, b in enumerate(members):
                 cond[b], roots[b] = sub_cond[j], lp[j]
                 computed[b] += length + expanded[j]
@@ -221,20 +309,24 @@ class Reader:
     def _plain(self, trials: Sequence[Trial], prepared: Sequence[Prepared]) -> list[Readout]:
         """Every prompt whole (left-padded), then the trie one token per step on its cache."""
         ids, mask = self.lm.pad_left([p.ids for p in prepared])
-        root_lp, cache = self.lm.forward(ids, mask, None, float64=True)
+        with self._tapped(last_rows) as taps:
+            root_lp, cache = self.lm.forward(ids, mask, None, float64=True)
         tries = [build_trie(p.options) for p in prepared]
+        if self._layers is not None:
+            self._layers.add(taps, root_lp, [(b, b, ()) for b in range(len(tries))], tries)
         cond, expanded = self._expand(root_lp, cache, mask, tries)
         computed = [len(p.ids) + e for p, e in zip(prepared, expanded, strict=True)]
         return self._finish(trials, prepared, tries, cond, root_lp, computed)
 
     def _expand(
-        self, root_lp: Any, cache: Any, mask: Any, tries: Sequence[Trie]
+        self, root_lp: Any, cache: Any, mask: Any, tries: Sequence[Trie], owners: Sequence[int] | None = None
     ) -> tuple[list[dict[Prefix, dict[int, float]]], list[int]]:
         """Conditionals at every internal trie node, breadth-first, one token per step on the prompts' cache.
 
         Row r of the cache (and of ``root_lp``) is the prompt of ``tries[r]``;
         each step gathers one cache row per node to expand (all trials at once).
-        Returns the conditionals and the nodes expanded per trial.
+        Returns the conditionals and the nodes expanded per trial. With ``--layers`` each step's conditionals are
+        gathered at every layer too, ``owners[b]`` the batch's trial that ``tries[b]`` is (default: itself).
         """
         torch = require("torch", "hf")
         cond = conditionals(root_lp, [(b, b, ()) for b in range(len(tries))], tries)
@@ -248,9 +340,13 @@ class Reader:
             cache.reorder_cache(idx)
             mask = torch.cat([mask[idx], mask.new_ones((len(nxt), 1))], dim=1)
             step = torch.tensor([[p[-1]] for _, _, p in nxt], device=mask.device)
-            lp, cache = self.lm.forward(step, mask, cache, float64=True)
-            for b, found in enumerate(conditionals(lp, [(r, b, p) for r, (_, b, p) in enumerate(nxt)], tries)):
+            with self._tapped(last_rows) as taps:
+                lp, cache = self.lm.forward(step, mask, cache, float64=True)
+            read = [(r, b, p) for r, (_, b, p) in enumerate(nxt)]
+            for b, found in enumerate(conditionals(lp, read, tries)):
                 cond[b].update(found)
+            if self._layers is not None:
+                self._layers.add(taps, lp, read, tries, owners)
             for _, b, _ in nxt:
                 expanded[b] += 1
             rows = [(b, p) for _, b, p in nxt]
@@ -266,9 +362,16 @@ class Reader:
         computed: Sequence[int],
     ) -> list[Readout]:
         others = self.top_other(roots, tries)
-        return [
+        out = [
             slot_readout(t, p, trie, c, top_other=o, computed=n)
             for t, p, trie, c, o, n in zip(trials, prepared, tries, cond, others, computed, strict=True)
+        ]
+        if self._layers is None:
+            return out
+        at = self._layers
+        return [
+            replace(r, layers=at.readouts(t, p, trie, b))
+            for b, (r, t, p, trie) in enumerate(zip(out, trials, prepared, tries, strict=True))
         ]
 
     def top_other(self, roots: Any, tries: Sequence[Trie]) -> list[tuple[tuple[str, float], ...]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from engines.base import EngineSettings, check_frame, check_reasoning
 from engines.flags import NO_FLAG, add_flags, flag
 from engines.placement import check_device_arg
+from probe.layers import parse_layers
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 READOUT_PATHS = ("auto", "tree", "branch", "plain")
@@ -139,7 +140,16 @@ class HFSettings(EngineSettings):
     Attention-only models (a Mamba hybrid reasons in buckets). Speed only in float32; outside it the schedule
     (``slots``) enters the run key."""
 
+    layers: str | None = field(default=None, metadata=flag(name="layers"))
+    """Also read the answer slot at these layers (the logit lens: the final norm and head applied to the residual
+    stream after each block, docs/methods.md): all, a list (0,6,12), every:K or last:K; 0 is the embeddings.
+
+    Stored as the run's ``readout_layers`` table; the layer set enters the run key. Off by default: a run without
+    it reads the final layer only, as before."""
+
     def __post_init__(self) -> None:
+        if self.layers is not None:
+            object.__setattr__(self, "layers", parse_layers(self.layers).text)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.readout_path not in READOUT_PATHS:
@@ -174,6 +184,7 @@ class HFSettings(EngineSettings):
 
 
 OWN_FLAGS = (
+    "layers",
     "readout_path",
     "tree_tokens",
     "sample_path",

@@ -85,6 +85,21 @@ def _warn_coverage(store: Any) -> None:
         print(warning, file=sys.stderr)
 
 
+def layer_table(r: Any) -> str:
+    """The readout at each layer of ``--layers`` as text: one row a layer, each option's normalized probability,
+    the coverage and the greedy option (the last row is the final readout)."""
+    names = [s.option for s in r.scores]
+    widths = [max(8, len(n)) for n in names]
+    head = "layer  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)) + "  coverage  greedy"
+    rows = [
+        f"{lay.layer:>5}  "
+        + "  ".join(f"{p:>{w}.4f}" for p, w in zip(lay.probs, widths, strict=True))
+        + f"  {lay.coverage:8.2e}  {lay.greedy_option}"
+        for lay in r.layers
+    ]
+    return "\n".join(["readout by layer (logit lens; normalized over the options)", head, *rows])
+
+
 def cmd_readout(a: argparse.Namespace) -> int:
     """print the answer-slot distribution of one prompt
 
@@ -123,6 +138,17 @@ def cmd_readout(a: argparse.Namespace) -> int:
             "hit_budget": r.hit_budget,
             "warning": warning or None,
         }
+        if r.layers:  # --layers: the readout at each layer (the last is the readout above)
+            doc["layers"] = [
+                {
+                    "layer": lay.layer,
+                    "logprobs": list(lay.logprobs),
+                    "probs": list(lay.probs),
+                    "coverage": lay.coverage,
+                    "greedy_option": lay.greedy_option,
+                }
+                for lay in r.layers
+            ]
         text = json.dumps(json_ready(doc), ensure_ascii=False, indent=2, allow_nan=False)  # strict JSON: -inf -> null
         # keep token-id lists on one line each: readable, and still valid JSON
         text = re.sub(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
@@ -141,6 +167,8 @@ def cmd_readout(a: argparse.Namespace) -> int:
         print(f"frame: plain ({why}): Question:/Answer: text, read after 'Answer:' (docs/methods.md)")
     if r.top_other:
         print("most likely non-option tokens: " + ", ".join(f"{t!r} {p:.4f}" for t, p in r.top_other))
+    if r.layers:
+        print("\n" + layer_table(r))
     if warning:
         print(warning, file=sys.stderr)
     return 0

@@ -7,7 +7,8 @@ empty think block of Qwen3 included), the option the printed answer string.
 * ``probe``: :class:`engines.hf.HFEngine.readout` (log P(option is the whole
   answer) per option); ``probe-plain`` is the same engine on its plain path
   (every prompt whole, then the trie), the reference the speed work is
-  measured against.
+  measured against; ``probe-layers`` is the same engine reading every layer
+  too (``--layers all``, the logit lens: what layer-wise readouts cost).
 * ``lm-eval``: lm-evaluation-harness's Hugging Face backend,
   ``HFLM.loglikelihood`` on ``(context, continuation)`` string requests. One
   override: ``loglikelihood`` moves the context's trailing whitespace into
@@ -48,7 +49,7 @@ from typing import Any, TypeVar
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PEERS = ("probe", "probe-plain", "lm-eval", "transformers-decision")
+PEERS = ("probe", "probe-plain", "probe-layers", "lm-eval", "transformers-decision")
 T = TypeVar("T")
 
 
@@ -78,12 +79,13 @@ def option_text(trial: Any, option: str) -> str:
 
 
 class ProbePeer:
-    def __init__(self, model: Any, tok: Any, path: str, batch_size: int, readout_path: str) -> None:
+    def __init__(
+        self, model: Any, tok: Any, path: str, batch_size: int, readout_path: str, layers: str | None = None
+    ) -> None:
         from engines.hf import HFEngine, HFSettings
 
-        self.engine = HFEngine(
-            HFSettings(model=path, batch_size=batch_size, readout_path=readout_path), model=model, tokenizer=tok
-        ).load()
+        settings = HFSettings(model=path, batch_size=batch_size, readout_path=readout_path, layers=layers)
+        self.engine = HFEngine(settings, model=model, tokenizer=tok).load()
 
     def run(self, trials: Sequence[Any]) -> list[Answer]:
         out = []
@@ -183,6 +185,8 @@ def make_peer(name: str, model: Any, tok: Any, path: str, batch_size: int) -> An
         return ProbePeer(model, tok, path, batch_size, "auto")
     if name == "probe-plain":
         return ProbePeer(model, tok, path, batch_size, "plain")
+    if name == "probe-layers":
+        return ProbePeer(model, tok, path, batch_size, "auto", layers="all")
     if name == "lm-eval":
         return LMEvalPeer(model, tok, batch_size)
     if name == "transformers-decision":

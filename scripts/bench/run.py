@@ -30,7 +30,9 @@ reported on its own) and times ``--repeats`` runs on it. Then, in this order:
    memory, and the fraction of the compute limit: the FLOPs the workload needs
    at the least (:mod:`scripts.bench.flops`) over the matmul rate measured in
    the same process just before the timed run, divided by the time taken.
-4. **Goals**: the ratios issue 17 sets, from this run, each marked met or not.
+4. **Goals**: the ratios issue 17 sets, from this run, each marked met or not; and issue 54's: readouts on
+   smol with ``--layers all`` (``probe-layers``) take at most 1.3 times as long as without, with each one's
+   peak memory and its growth during the run (at its best batch size) beside it.
 
 A peer that fails 1 or 2 is reported, its speed flagged, and the exit status
 is 1. Results go to ``runs/bench/bench-<UTC time>.json`` (or ``--out``).
@@ -64,7 +66,7 @@ PEERS_FOR = {
     "forced_binary": ("probe", "probe-plain", "lm-eval", "transformers-decision"),
     "graded": ("probe", "probe-plain", "lm-eval"),
     "salted": ("probe", "probe-plain", "lm-eval", "transformers-decision"),
-    SMOL_READOUT: ("probe", "lm-eval"),
+    SMOL_READOUT: ("probe", "probe-layers", "lm-eval"),
 }
 SAMPLE_PEERS = ("probe", "probe-stop", "today", "generate")
 NOT_AVAILABLE = {
@@ -80,6 +82,7 @@ LABELS = {
     "probe": "probe",
     "probe-stop": "probe stop_at_answer",
     "probe-plain": "probe plain path",
+    "probe-layers": "probe --layers all",
     "lm-eval": "lm-eval HF",
     "transformers-decision": "transformers decision",
     "today": "today's engine",
@@ -395,6 +398,33 @@ def memory_goal(text: str, ours: float | None, theirs: float | None) -> dict[str
     return {"goal": text, "probe_mib": ours, "peer_mib": theirs, "met": met}
 
 
+LAYERS_SLOWDOWN = 1.3
+"""Issue 54's goal: readouts with every layer read (the logit lens) take at most this many times as long."""
+
+
+def layers_goal(plain: dict[str, Any], layered: dict[str, Any]) -> dict[str, Any]:
+    """The cost of ``--layers all`` on smol's readouts: the slowdown against the same engine without it, and the
+    peak memory of each (and its growth during the timed run, the per-batch activations and the lens's rows)."""
+    slowdown = plain["trials_per_s"] / layered["trials_per_s"]
+    met = slowdown <= LAYERS_SLOWDOWN
+    memory = (
+        f"peak {layered['peak_rss_mib']:.0f} MiB vs {plain['peak_rss_mib']:.0f} MiB, growth during the run "
+        f"{layered['peak_growth_mib']:.0f} vs {plain['peak_growth_mib']:.0f} MiB at batch sizes "
+        f"{layered['batch_size']} and {plain['batch_size']}"
+    )
+    print(
+        f"  readouts on smol, --layers all vs without: {slowdown:.2f}x the time "
+        f"(goal <= {LAYERS_SLOWDOWN:g}x: {'met' if met else 'NOT met'}); {memory}"
+    )
+    return {
+        "goal": "readouts on smol, --layers all vs without (slowdown)",
+        "ratio": slowdown,
+        "target": LAYERS_SLOWDOWN,
+        "met": met,
+        "why": memory,
+    }
+
+
 def print_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The goal rows of issue 17, as ratios from this run's tables."""
     print("\n== goals (ratios measured side by side in this run) ==")
@@ -439,6 +469,8 @@ def print_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
                 readout["lm-eval"]["peak_rss_mib"],
             )
         )
+    if "probe" in readout and "probe-layers" in readout:
+        goals.append(layers_goal(readout["probe"], readout["probe-layers"]))
     if "probe" in sampling and "generate" in sampling:
         for ours in ("probe", "probe-stop"):
             goals.append(
