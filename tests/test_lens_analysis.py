@@ -98,12 +98,15 @@ def test_the_yesno_report_recovers_the_planted_layer_profile(tmp_path: Path, par
     assert "layer 22 of 24" in summary
 
 
-def test_a_report_without_layers_has_no_layer_section(tmp_path: Path):
+@pytest.mark.parametrize("experiment", ["yesno", "battery"])
+def test_a_report_without_layers_has_no_layer_section(tmp_path: Path, experiment: str):
+    """No section, not even a "not computed" line: the report is the one made before layers existed."""
     from probe.app.cli import main
 
     out = tmp_path / "plain"
-    assert main(["run", "yesno", "--model", "sim", "--items", "pond_child", "--out", str(out), "--quiet"]) == 0
-    assert "Where the readout forms" not in (out / "report" / "summary.md").read_text()
+    assert main(["run", experiment, "--model", "sim", "--items", "pond_child", "--out", str(out), "--quiet"]) == 0
+    summary = (out / "report" / "summary.md").read_text()
+    assert "Where the readout forms" not in summary and "## Layers" not in summary and "--layers" not in summary
     assert not (out / "report" / "layer_profile.csv").exists()
 
 

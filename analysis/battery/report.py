@@ -594,8 +594,9 @@ SECTIONS: list[SectionFn] = [
     validity_section,
     dropped_section,
     planted_section,
-    layers_section,
 ]
+"""The battery report's sections, in order; :func:`layers_section` follows them in a run with ``--layers`` (a report
+without layers is the report it was before they existed)."""
 
 
 def battery_head(run: Run, f: Frames) -> list[str]:
@@ -616,7 +617,8 @@ def battery_head(run: Run, f: Frames) -> list[str]:
 def battery_report(run: Run) -> Body:
     """The battery report: every section's lines, tables and figures, from results computed once."""
     f = load_frames(run)
-    body, files = run_sections(SECTIONS, battery_results(f), why=True)
+    res = battery_results(f)
+    body, files = run_sections(SECTIONS if res.layers.absent else [*SECTIONS, layers_section], res, why=True)
     return battery_head(run, f) + body, files
 
 

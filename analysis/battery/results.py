@@ -486,7 +486,7 @@ class BatteryResults:
     calibration: Part[ReadoutTemperature] = Part()
     validity: Part[Validity] = Part()
     planted: Part[Planted] = Part()
-    layers: Part[Any] = Part()
+    layers: Part[Any] = Part(absent="Not in this run (run it with --layers).")
     """Where the readout forms (:class:`analysis.battery.layers.LayerProfile`); absent without ``--layers``."""
 
     @property
