@@ -20,7 +20,16 @@ from probe.layers import LayerSpec, parse_layers
 from tests.conftest import make_trial
 
 TOL = 1e-5
-"""Nats: the lens against the brute force, float32, on the tiny models."""
+"""Nats: the lens against the brute force, float32, on the tiny models, for a log-probability near 0; one of size
+|l| is held to TOL x (1 + |l|) (:func:`nats_off`). float32 keeps a log-probability to a relative 6e-8 and two
+summation orders drift by a few of those: an option at -23 nats (an early layer, think mode) came out 1.04e-5 from the
+brute force under ``ATEN_CPU_CAPABILITY=default`` (4.3e-7 relative), under 1e-5 with this CPU's AVX-512 kernels."""
+
+
+def nats_off(got: float, want: float) -> float:
+    """|got - want| in units of (1 + |want|) nats: float32's rounding of a log-probability grows with its size (the
+    logit and the log-sum-exp it is taken from both scale with it), as the vLLM conformance suite measures it."""
+    return abs(got - want) / (1 + abs(want))
 SMOL_TOL = 5e-5
 """Nats: the same on smol. Its log-probs differ from the brute force's by up to 4.2e-5 at middle layers (options at
 -40 to -60 nats: a middle layer's logits spread wider than the final ones) and by up to 1.7e-5 at the last layer,
@@ -140,11 +149,11 @@ def _check_against_brute_force(engine, trials, brute_every: int = 1, tol: float 
                 if got == exp:  # both -inf included: an option's continuations took all of the mass in float64
                     continue
                 assert math.isfinite(got) and math.isfinite(exp), (lay.layer, got, exp)
-                worst = max(worst, abs(got - exp))
+                worst = max(worst, nats_off(got, exp))
             assert lay.probs == pytest.approx(probs, abs=TOL)
             assert lay.coverage == pytest.approx(mass, abs=TOL)
             assert lay.greedy_option == t.options[max(range(len(want)), key=lambda i: (want[i], -i))]
-    assert worst <= tol, f"lens vs brute force: {worst:.3g} nats"
+    assert worst <= tol, f"lens vs brute force: {worst:.3g} nats per (1 + |log p|)"
     return readouts
 
 
@@ -181,7 +190,7 @@ def test_lens_in_think_mode_reads_the_slot_after_the_reasoning(tiny_lens):
     for t, r in zip(trials, readouts, strict=True):  # the brute force reads after the same prompt ids
         brute = brute_force_layers(_Rendered(bare, t, r.prompt_ids), t)
         for lay in r.layers:
-            assert max(abs(a - b) for a, b in zip(lay.logprobs, brute[lay.layer], strict=True)) <= TOL
+            assert max(nats_off(a, b) for a, b in zip(lay.logprobs, brute[lay.layer], strict=True)) <= TOL
 
 
 class _Rendered:
