@@ -357,6 +357,69 @@ def step_split(models: Sequence[str], device: str, emit: Callable[[dict[str, Any
     return problems
 
 
+def layer_difference(a: Sequence[Any], b: Sequence[Any]) -> float:
+    """Largest |logprob| difference at any layer of any option of any trial (readouts with ``--layers``)."""
+    return max(
+        abs(x - y)
+        for r, s in zip(a, b, strict=True)
+        for la, lb in zip(r.layers, s.layers, strict=True)
+        for x, y in zip(la.logprobs, lb.logprobs, strict=True)
+    )
+
+
+def step_lens_frame(models: Sequence[str], device: str, emit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Issues 54 and 55 on the device: readouts with ``--layers all`` and readouts in the plain frame, each against
+    the CPU's float32 on every readout path (float32 within :data:`FLOAT32_BOUND` at every layer; bfloat16 with the
+    float32 head recorded), the last layer equal to the final readout; on a GPU also the lens on the model split
+    over cuda:0 and the CPU (its kept rows move to the norm's device)."""
+    import transformers
+
+    from engines.hf import HFEngine, HFSettings
+    from probe.models import resolve_model
+
+    trials = parity_trials()[:9]
+    problems = []
+    for model in models:
+        for what, kw in (("layers all", {"layers": "all"}), ("plain frame", {"frame": "plain"})):
+            ref = engine(model, "cpu", "float32", readout_path="plain", **kw).readout(trials)
+            for dtype in ("float32", "bfloat16"):
+                e = engine(model, device, dtype, **kw)
+                for path in paths_of(e):
+                    got = e.variant(readout_path=path).readout(trials)
+                    d = difference(got, ref)
+                    row = {"check": "lens-frame", "what": what, "model": model, "device": device, "dtype": dtype,
+                           "path": path, **d}  # fmt: skip
+                    if "layers" in kw:
+                        row["max_layer_logprob_diff"] = layer_difference(got, ref)
+                        row["last_is_final"] = all(
+                            r.layers[-1].logprobs == tuple(x.logprob for x in r.scores) for r in got
+                        )
+                        if not row["last_is_final"]:
+                            problems.append(f"lens {model} {dtype} {path}: the last layer is not the final readout")
+                    worst = max(row["max_logprob_diff"], row.get("max_layer_logprob_diff", 0.0))
+                    if dtype == "float32":
+                        row["bound"], row["within"] = FLOAT32_BOUND, worst <= FLOAT32_BOUND
+                        if not row["within"]:
+                            problems.append(f"{what} {model} {device} float32 {path}: {worst:.2e}")
+                    emit(row)
+        if not device.startswith("cuda"):
+            continue
+        whole = engine(model, device, "float32", layers="all")
+        where = resolve_model(model).path
+        dmap = split_map(transformers.AutoModelForCausalLM.from_pretrained(where, dtype="float32"))
+        split = transformers.AutoModelForCausalLM.from_pretrained(where, dtype="float32", device_map=dmap).eval()
+        e = HFEngine(HFSettings(model=model, dtype="float32", layers="all"), model=split, tokenizer=whole.tokenizer)
+        for path in paths_of(e):
+            diff = layer_difference(
+                e.variant(readout_path=path).readout(trials), whole.variant(readout_path=path).readout(trials)
+            )
+            emit({"check": "lens-frame", "what": "layers all, split", "model": model, "path": path,
+                  "max_layer_logprob_diff": diff})  # fmt: skip
+            if diff > FLOAT32_BOUND:
+                problems.append(f"lens {model} split {path}: {diff:.2e}")
+    return problems
+
+
 REAL_WIDTHS: dict[str, int] = dict(
     hidden_size=2048,
     num_attention_heads=32,
@@ -781,6 +844,10 @@ def tiny_split(check: Check) -> list[str]:
     return step_split(check.models, check.device, check.emit)
 
 
+def tiny_lens_frame(check: Check) -> list[str]:
+    return step_lens_frame(check.models, check.device, check.emit)
+
+
 @dataclass(frozen=True)
 class Step:
     """One step of the check: its name, what it runs, and its estimated seconds on one H100 or H200 (``gpu_s``) and
@@ -809,6 +876,7 @@ STEPS: tuple[Step, ...] = (
     Step("parity", tiny_parity, gpu_s=20, cpu_s=5),
     Step("sampling", tiny_sampling, gpu_s=15, cpu_s=6),
     Step("split", tiny_split, gpu_s=10, cpu_s=0, gpu_only=True),
+    Step("lens-frame", tiny_lens_frame, gpu_s=15, cpu_s=2),
     Step("graphs", step_graphs, gpu_s=120, cpu_s=8, moe=True, default=False),
 )
 """Every step, in the order they run: the moe steps first, since they need no tiny model (device_check.sh builds

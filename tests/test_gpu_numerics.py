@@ -147,7 +147,7 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "device_check.json").read_text())
     summary = report["summary"]
     assert summary["problems"] == []
-    ran = ["moe-readouts", "moe-decode", "moe-draws", "moe-reasoning", "parity", "sampling"]
+    ran = ["moe-readouts", "moe-decode", "moe-draws", "moe-reasoning", "parity", "sampling", "lens-frame"]
     assert [v.split()[0] for v in summary["verified"]] == ran
     assert [n for n, s in summary["steps"].items() if s["status"] == "ran"] == ran
     assert summary["steps"]["split"] == {
@@ -158,7 +158,10 @@ def test_device_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     assert any(s.startswith("split: needs a GPU") for s in summary["not_verified"])
     rows = report["rows"]
     checks = {r["check"] for r in rows}
-    assert {"parity", "paths", "heads", "sampling", "think", "moe", "target"} <= checks
+    assert {"parity", "paths", "heads", "sampling", "think", "moe", "target", "lens-frame"} <= checks
+    lens = [r for r in rows if r["check"] == "lens-frame" and r["dtype"] == "float32"]
+    assert {r["what"] for r in lens} == {"layers all", "plain frame"} and all(r["within"] for r in lens)
+    assert all(r["last_is_final"] for r in rows if r["check"] == "lens-frame" and r["what"] == "layers all")
     # the two heads of a bfloat16 engine read differently: a variant derives its head (issue 44)
     heads = {
         (r["model"], r["head"]): r["max_logprob_diff"]
