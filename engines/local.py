@@ -29,7 +29,7 @@ from engines.trie import Prefix, Trie, normalize, option_logprobs
 from probe.models import folder_fingerprint
 from probe.models.gguf import manifest_record
 from probe.parse import parsed_sample
-from probe.types import OptionScore, Readout, Sample, Trial
+from probe.types import LayerReadout, OptionScore, Readout, Sample, Trial
 
 IDENTITY_SETTINGS = ("model", "think", "think_budget", "system_prompt", "revision", "trust_remote_code", "seed")
 """Settings that change the values of both engines (the rest, like batch size and device, only change speed)."""
@@ -329,7 +329,7 @@ def assembled_readout(
     engine assembles its readouts here. ``coverage``: the option mass, unless the engine knows only a lower bound
     of it (readouts through a server with bounded options). Ties in the greedy option go to the first option."""
     probs, mass = normalize(lps)
-    best = max(range(len(lps)), key=lambda i: (lps[i], -i))
+    best = greedy_index(lps)
     return Readout(
         trial_id=trial.trial_id,
         scores=tuple(
@@ -345,6 +345,18 @@ def assembled_readout(
         hit_budget=prep.hit_budget,
         prompt_ids=prep.ids,
     )
+
+
+def greedy_index(lps: Sequence[float]) -> int:
+    """The most likely option's index among log probabilities ``lps``; ties go to the first option."""
+    return max(range(len(lps)), key=lambda i: (lps[i], -i))
+
+
+def layer_readout(layer: int, trial: Trial, lps: Sequence[float]) -> LayerReadout:
+    """The readout of ``trial`` at ``layer`` from its options' log probabilities there, normalized, with its
+    coverage and greedy option as :func:`assembled_readout` gives them at the final layer."""
+    probs, mass = normalize(lps)
+    return LayerReadout(layer, tuple(lps), tuple(probs), mass, trial.options[greedy_index(lps)])
 
 
 def top_others(

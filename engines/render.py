@@ -426,11 +426,11 @@ def plain_cut(decode: Callable[[Sequence[int]], str], gen: Sequence[int]) -> Pla
     end = plain_stop(full)
     if end is None:
         return PlainReply(ids, False, len(ids))
-    keep = 0
-    while keep < len(ids):
-        head = decode(ids[: keep + 1])
-        if len(head) > end or not full.startswith(head):
-            break
-        keep += 1
-    spent = next(k for k in range(1, len(ids) + 1) if plain_stop(decode(ids[:k])) is not None)
-    return PlainReply(ids[:keep], True, spent)
+    keep, fits = 0, True
+    for k in range(1, len(ids) + 1):  # the stop is complete at or after the first token that crosses ``end``
+        head = decode(ids[:k])
+        fits = fits and len(head) <= end and full.startswith(head)
+        keep = k if fits else keep
+        if plain_stop(head) is not None:
+            return PlainReply(ids[:keep], True, k)
+    raise AssertionError("the whole reply holds a stop, so one of its prefixes does")  # pragma: no cover

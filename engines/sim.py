@@ -220,10 +220,11 @@ class SimEngine(Engine):
         self.model = model
         self.seed = seed
         """Seed of the sampled draws (the shared ``--seed``); the planted ones use ``params.seed``."""
-        if layers is not None:  # resolved on the planted profile now: a layer past its last fails before any readout
-            parse_layers(layers).resolve(self.params.layers.n_blocks)
-        self.layers = parse_layers(layers).text if layers is not None else None
+        spec = parse_layers(layers) if layers is not None else None
+        self.layers = spec.text if spec is not None else None
         """``--layers``: the layers of the planted profile (``params.layers``) each readout also reads."""
+        self._read: tuple[int, ...] = spec.resolve(self.params.layers.n_blocks) if spec is not None else ()
+        """Those layers resolved on the planted profile, at once: a layer past its last fails before any readout."""
 
     # ------------------------------------------------------------- contract
     reply_rows = 64
@@ -372,7 +373,7 @@ class SimEngine(Engine):
             return ()
         cov, last = self.params.coverage, self.params.layers.n_blocks
         out = []
-        for layer in parse_layers(self.layers).resolve(last):
+        for layer in self._read:
             if layer == last:
                 scores = final.scores
                 logp, prob = [s.logprob for s in scores], [s.prob for s in scores]

@@ -187,15 +187,12 @@ def write_report_files(out: Path, summary: Sequence[str], files: Files) -> list[
 
 def panel_md(panel: Panel) -> list[str]:
     """The Markdown lines describing the panel (one row per run)."""
-    if panel.framed:  # a run read in the plain frame: say each run's frame (chat-only panels read as before)
-        lines = ["| name | model | reasoning | frame | experiment | run |", "|---|---|---|---|---|---|"]
-        for r in panel.runs:
-            on = "on" if r.reasoning else "off"
-            lines.append(f"| {r.name} | {r.model} | {on} | {r.frame} | {r.experiment} | `{r.path}` |")
-        return lines + reasoning_md(panel)
-    lines = ["| name | model | reasoning | experiment | run |", "|---|---|---|---|---|"]
+    frame = panel.framed  # a run read in the plain frame: say each run's frame (chat-only panels read as before)
+    head = ["name", "model", "reasoning", *(["frame"] if frame else []), "experiment", "run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in panel.runs:
-        lines.append(f"| {r.name} | {r.model} | {'on' if r.reasoning else 'off'} | {r.experiment} | `{r.path}` |")
+        cells = [r.name, r.model, "on" if r.reasoning else "off", *([r.frame] if frame else []), r.experiment]
+        lines.append("| " + " | ".join(cells) + f" | `{r.path}` |")
     return lines + reasoning_md(panel)
 
 

@@ -44,8 +44,8 @@ from engines.hf.lens import Lens, Taps, last_rows, tree_rows
 from engines.hf.settings import HFSettings
 from engines.hf.tokens import pack_tree, prefix_groups, shared_prefix_lengths, token_rows, tree_paths
 from engines.hf.weights import Model, readout_log_probs
-from engines.local import Prepared, slot_readout
-from engines.trie import Prefix, Trie, build_trie, normalize, option_logprobs
+from engines.local import Prepared, layer_readout, slot_readout
+from engines.trie import Prefix, Trie, build_trie, option_logprobs
 from probe.layers import parse_layers
 from probe.types import LayerReadout, Readout, Trial
 
@@ -136,13 +136,9 @@ class LayerConditionals:
     def readouts(self, trial: Trial, prep: Prepared, trie: Trie, b: int) -> tuple[LayerReadout, ...]:
         """Trial ``b``'s readout at each layer: the trie's option log-probs, normalized, coverage and greedy
         option, as :func:`engines.local.assembled_readout` computes them at the final layer."""
-        out = []
-        for layer, cond in self.cond.items():
-            lps = option_logprobs(prep.options, trie, cond[b])
-            probs, mass = normalize(lps)
-            best = max(range(len(lps)), key=lambda i: (lps[i], -i))
-            out.append(LayerReadout(layer, tuple(lps), tuple(probs), mass, trial.options[best]))
-        return tuple(out)
+        return tuple(
+            layer_readout(layer, trial, option_logprobs(prep.options, trie, cond[b])) for layer, cond in self.cond.items()
+        )
 
 
 class Reader:
