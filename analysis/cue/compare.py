@@ -43,15 +43,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from analysis.cue.metrics import Decision
-
-if TYPE_CHECKING:
-    from analysis.cue.panel_tables import PaperTables
+from analysis.cue.panel_tables import PaperTables, paper_tables
 from probe.panel import Panel, PanelError, PanelRun, shared_items
 from probe.views import SOURCES
 
@@ -476,8 +473,6 @@ def compare_cue_frames(
         cols = [c for c in attrs.columns if c != "name"]
         ols = ols_gap(models[["name", "gap"]].merge(attrs, on="name", how="left"), cols)
     by_group = net_by_group(runs, arm, cons)
-    from analysis.cue.panel_tables import paper_tables
-
     paper = paper_tables(runs, {r.run.name: run_shape(r.run) for r in runs}, arm, cons)
     return CueComparison(
         runs=tuple(runs),

@@ -34,12 +34,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
-from analysis.cue.compare import CueRun
-from probe.panel import PanelError
+from probe.panel import PanelError, PanelRun
+
+
+class CueRun(Protocol):
+    """One run's tables on the matched dilemmas, as :class:`analysis.cue.compare.CueRun` holds them."""
+
+    @property
+    def run(self) -> PanelRun: ...
+    @property
+    def bias(self) -> pd.DataFrame: ...
+    @property
+    def gap(self) -> pd.DataFrame: ...
+    @property
+    def solve(self) -> pd.DataFrame | None: ...
+    @property
+    def status(self) -> pd.DataFrame | None: ...
+    @property
+    def topic(self) -> pd.DataFrame | None: ...
+    @property
+    def wordings(self) -> pd.DataFrame | None: ...
+
 
 MACRO = "macro"
 DIRECT = "direct"
