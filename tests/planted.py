@@ -155,3 +155,33 @@ class PlantedCue(_Planted):
             return self.neutral
         key = (f["condition"], f["x_gender"])
         return float(self.p[key] if key in self.p else self.p[f["condition"]])
+
+
+class PlantedCueStatus(PlantedCue):
+    """:class:`PlantedCue` whose could-be answers are planted too: P(yes) = ``yes[(arm, status, x_gender)]``
+    (arm ``direct``, ``puzzled-hard``, ...), ``default`` elsewhere. The sim (``engines/sim.py``) plants no
+    could-be answers (they get fixed pseudo-random logits), so the status-bias tables are tested on this one."""
+
+    def __init__(
+        self,
+        model: str,
+        p: Mapping[Any, float],
+        yes: Mapping[tuple[str, str, str], float],
+        default: float = 0.5,
+    ) -> None:
+        super().__init__(model, p)
+        self.yes = dict(yes)
+        self.default = default
+
+    def params(self) -> object:
+        return super().params(), sorted(self.yes.items()), self.default
+
+    def side(self, t: Trial) -> str:
+        return "yes" if t.factors["probe"] == "could_be" else "benefit"
+
+    def prob(self, t: Trial) -> float:
+        f = t.factors
+        if f["probe"] != "could_be":
+            return super().prob(t)
+        arm = f"{f['condition']}-{f['difficulty']}" if f.get("difficulty") else str(f["condition"])
+        return float(self.yes.get((arm, str(f["status"]), str(f["x_gender"])), self.default))

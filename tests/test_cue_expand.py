@@ -77,9 +77,10 @@ def _direct_labels(text: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def test_same_assignment_under_direct_puzzled_and_named() -> None:
+@pytest.mark.parametrize("shape", ["random", "sol1", "sol2"])
+def test_same_assignment_under_direct_puzzled_and_named(shape: str) -> None:
     """The Direct labels, the puzzle's unique solution and the names all encode the item's one assignment."""
-    spec = CueSpec(combos=2, difficulties=("easy", "hard"), shape="random")
+    spec = CueSpec(combos=2, difficulties=("easy", "hard"), shape=shape)
     design = build_design(spec)
     trials = expand(spec)
     by_key = collections.defaultdict(list)

@@ -215,6 +215,20 @@ def test_random_shapes_use_each_cell_once_and_differ_from_canonical() -> None:
     assert len(seen) == 5  # the other five structures all occur
 
 
+def test_fixed_alternative_shapes_are_balanced_and_unlike_the_canonical_one() -> None:
+    """App. N's sol1 and sol2: each (gender, race) cell once, and three different structures with the canonical."""
+    from experiments.cue.design import FIXED_SHAPES, slot_shapes
+    from experiments.cue.puzzles import SOL1_SHAPE, SOL2_SHAPE
+
+    for s in (SOL1_SHAPE, SOL2_SHAPE):
+        assert sorted(zip(*s, strict=True)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert len({shape_structure(s) for s in (CANONICAL_SHAPE, SOL1_SHAPE, SOL2_SHAPE)}) == 3
+    assert slot_shapes(4, "sol1", 0) == (SOL1_SHAPE,) * 4 and FIXED_SHAPES["sol2"] == SOL2_SHAPE
+    for difficulty in ("easy", "hard"):
+        p = generate_puzzle(SOL2_SHAPE, difficulty, "fixed")
+        assert solutions(p.clues) == [SOL2_SHAPE]
+
+
 # --------------------------------------------------------------------------- text
 
 

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.cue.metrics import Decision
+from analysis.cue.panel_tables import PaperTables, paper_tables
 from probe.panel import Panel, PanelError, PanelRun, shared_items
 from probe.views import SOURCES
 
@@ -66,6 +67,15 @@ class CueRun:
     bias: pd.DataFrame
     gap: pd.DataFrame
     solve: pd.DataFrame | None
+    status: pd.DataFrame | None = None
+    """Could-be status bias per (arm, consequences, status, attr, group) (:func:`analysis.cue.metrics.status_bias`);
+    None without annotated could-be trials."""
+    topic: pd.DataFrame | None = None
+    """Decision bias per (arm, consequences, topic) (:func:`analysis.cue.metrics.breakdown_tables`); None without
+    topics."""
+    wordings: pd.DataFrame | None = None
+    """Macro Favor / Against / Net per what-if wording and arm (:func:`analysis.cue.metrics.wording_table`); None
+    without paraphrased wordings."""
 
 
 def run_frames(run: PanelRun, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -99,7 +109,26 @@ def run_tables(
     bias, gap = cue.decision_bias(opts, pt, decision=decision, n_boot=n_boot, seed=seed)
     checks, _ = cue.identity_checks(run.run(), opts, pt, _labels(run))  # JSON replies when the run has them
     checks = checks[checks["item_id"].isin(keep)]
-    return CueRun(run, bias, gap, cue.solve_rates(checks) if not checks.empty else None)
+    solve = cue.solve_rates(checks) if not checks.empty else None
+    return CueRun(run, bias, gap, solve, *_paper_tables(opts, pt, n_boot=n_boot, seed=seed, decision=decision))
+
+
+def _paper_tables(
+    options: pd.DataFrame, per_trial: pd.DataFrame, *, n_boot: int, seed: int, decision: Decision
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None, pd.DataFrame | None]:
+    """(status, topic, wordings) of one run for the paper's cross-model tables (:mod:`analysis.cue.panel_tables`);
+    each None where the run lacks what it needs."""
+    from analysis.cue import metrics as cue
+
+    status = None
+    if (per_trial["probe"] == "could_be").any():
+        sb = cue.status_bias(options, per_trial, decision=decision, n_boot=n_boot, seed=seed)
+        status = sb if not sb.empty else None
+    topic, _ = cue.breakdown_tables(options, per_trial, "topic", decision=decision, n_boot=n_boot, seed=seed)
+    wordings = None
+    if "wording" in per_trial.columns and per_trial["wording"].fillna("").astype(str).ne("").any():
+        wordings = cue.wording_table(options, per_trial, decision=decision, n_boot=n_boot, seed=seed)
+    return status, (topic if not topic.empty else None), wordings
 
 
 def _labels(run: PanelRun) -> dict[str, tuple[str, ...]]:
@@ -383,6 +412,8 @@ class CueComparison:
     capability_arms: tuple[str, ...] = ()
     source: str | None = None
     """The source every run was read from (``readout``, ``samples``); None: each run's own."""
+    paper: PaperTables | None = None
+    """The paper's cross-model tables at every arm (:mod:`analysis.cue.panel_tables`)."""
 
     def csv_tables(self) -> dict[str, pd.DataFrame | None]:
         """The comparison's tables by CSV name (``cue_<name>.csv``; None: not computed, no file)."""
@@ -395,6 +426,7 @@ class CueComparison:
             "cue_average_by_group": self.average_by_group,
             "cue_attributes": self.attributes,
             "cue_gap_ols": self.ols,
+            **(self.paper.csv_tables() if self.paper is not None else {}),
         }
 
 
@@ -441,6 +473,7 @@ def compare_cue_frames(
         cols = [c for c in attrs.columns if c != "name"]
         ols = ols_gap(models[["name", "gap"]].merge(attrs, on="name", how="left"), cols)
     by_group = net_by_group(runs, arm, cons)
+    paper = paper_tables(runs, {r.run.name: run_shape(r.run) for r in runs}, arm, cons)
     return CueComparison(
         runs=tuple(runs),
         items=tuple(items),
@@ -460,7 +493,15 @@ def compare_cue_frames(
         capability=capability,
         capability_arms=_capability_arms(runs, arm, cons, capability) if solve is not None else (),
         source=source,
+        paper=paper,
     )
+
+
+def run_shape(run: PanelRun) -> str:
+    """The puzzle solution shape a cue run was made with (``--shape``)."""
+    from experiments.cue import CueSpec
+
+    return run.run().manifest.spec_as(CueSpec).shape
 
 
 def _capability_arms(runs: Sequence[CueRun], arm: str, cons: str, capability: str) -> tuple[str, ...]:

@@ -51,6 +51,10 @@ def _drawings(res: CueComparison, tag: str = "") -> list[Drawing]:
     if res.attributes is not None and res.ols is not None:
         draw = partial(plot_gap_vs_attributes, res.models, res.attributes, res.ols, pre)
         out.append(Drawing(f"fig_cue_gap_vs_attributes{sfx}.png", draw))
+    if res.paper is not None:
+        from analysis.cue.paper_report import paper_drawings
+
+        out += paper_drawings(res.paper, res.sign_tests, res.average_by_group, res.arm, tag)
     return out
 
 
@@ -168,6 +172,10 @@ def _summary_body(res: CueComparison, n_boot: int) -> list[str]:
         "",
     ]
     lines += _attributes_md(res)
+    if res.paper is not None:
+        from analysis.cue.paper_report import paper_md
+
+        lines += paper_md(res.paper, res.arm, res.consequences)
     lines += [f"- {n}" for n in res.notes]
     if res.notes:
         lines.append("")

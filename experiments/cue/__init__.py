@@ -102,7 +102,7 @@ class CueSpec:
     puzzle_reuse: int = 5
     """Dilemmas that share one puzzle per level (the paper: 5), each with its own combinations."""
     shape: str = "canonical"
-    """Puzzle solution shape: the paper's canonical one or a random one per puzzle slot."""
+    """Puzzle solution shape: the paper's canonical one, App. N's fixed ``sol1`` / ``sol2``, or a random one per slot."""
     seed: int = 0
     """Seed of the combinations, shapes, puzzles and names."""
     genders: tuple[str, ...] = DEFAULT_GENDERS
@@ -315,7 +315,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--puzzle-reuse", type=int, default=5, help="dilemmas sharing one puzzle per level (default: 5, as the paper)"
     )
-    g.add_argument("--shape", default="canonical", choices=SHAPES, help="puzzle solution shape (default: canonical)")
+    g.add_argument(
+        "--shape",
+        default="canonical",
+        choices=SHAPES,
+        help="puzzle solution shape: canonical (the paper's), sol1 / sol2 (App. N's fixed alternatives), random (default: canonical)",
+    )
     g.add_argument("--cue-seed", type=int, default=0, help="seed of combinations, shapes, puzzles, names (default: 0)")
     g.add_argument("--genders", default=",".join(DEFAULT_GENDERS), help="gender categories, comma-separated")
     g.add_argument("--races", default=",".join(DEFAULT_RACES), help="race categories, comma-separated")

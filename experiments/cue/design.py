@@ -28,6 +28,8 @@ from experiments.cue.puzzles import (
     ATTRIBUTES,
     CANONICAL_SHAPE,
     INDIVIDUALS,
+    SOL1_SHAPE,
+    SOL2_SHAPE,
     Assignment,
     Binding,
     Puzzle,
@@ -37,7 +39,9 @@ from experiments.cue.puzzles import (
 )
 from experiments.cue.schema import CueDilemma
 
-SHAPES = ("canonical", "random")
+SHAPES = ("canonical", "sol1", "sol2", "random")
+FIXED_SHAPES: dict[str, Assignment] = {"canonical": CANONICAL_SHAPE, "sol1": SOL1_SHAPE, "sol2": SOL2_SHAPE}
+"""The shapes every puzzle of a run shares: the paper's canonical one and App. N's two fixed alternatives."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,11 @@ def n_slots(n_dilemmas: int, reuse: int) -> int:
 
 
 def slot_shapes(n: int, shape: str, seed: int) -> tuple[Assignment, ...]:
-    """The solution shape of each puzzle slot: the paper's canonical one, or a random one per slot."""
+    """The solution shape of each puzzle slot: a fixed one (canonical, sol1, sol2) for all, or a random one per slot."""
     if shape not in SHAPES:
         raise ValueError(f"unknown puzzle shape {shape!r}; choose from {list(SHAPES)}")
-    if shape == "canonical":
-        return (CANONICAL_SHAPE,) * n
+    if shape in FIXED_SHAPES:
+        return (FIXED_SHAPES[shape],) * n
     return tuple(random_shape(f"{seed}:{s}") for s in range(n))
 
 

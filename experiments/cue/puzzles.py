@@ -464,6 +464,12 @@ def domain_sentence(b: Binding, attributes: Sequence[Attribute]) -> str:
 
 #: The paper's solution shape: A and B share gender slot 0, C and D slot 1; A and C share race slot 0, B and D slot 1.
 CANONICAL_SHAPE: Final[Assignment] = ((0, 0, 1, 1), (0, 1, 0, 1))
+#: App. N's fixed alternative solutions (Table 35's sol1 and sol2; the paper's own two are not printed in our copy,
+#: so these are ours): each uses every (gender, race) cell once, as the canonical shape does, and pairs the
+#: individuals differently from it and from each other. sol1: A and C share gender, A and D race; sol2: A and D
+#: share gender, A and B race.
+SOL1_SHAPE: Final[Assignment] = ((0, 1, 0, 1), (0, 1, 1, 0))
+SOL2_SHAPE: Final[Assignment] = ((0, 1, 1, 0), (0, 0, 1, 1))
 
 
 def _pairing(row: Sequence[int]) -> frozenset[frozenset[str]]:
