@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -33,12 +35,36 @@ def probe_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``probe ARGS`` in a fresh process (``env`` adds variables, e.g. PYTHONHASHSEED); fails with its stderr."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    p = subprocess.run(probe_cmd(*args), capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    """``probe ARGS``: in this process, or in a fresh one where ``env`` adds variables (e.g. PYTHONHASHSEED).
+
+    In process, ``main`` runs as ``python -m probe`` would (the same parser, the same exit statuses, ``--help``'s
+    SystemExit caught), without a new interpreter importing torch, Transformers and the analysis stack again: about
+    4 s of CPU a call, which over the suite's few dozen runs was a tenth of ``make test``. The tests that need a
+    process of their own (SIGKILL mid-run, the hash seed, the ``-m probe`` entry point) start one. Fails with stderr.
+    """
+    p = inprocess_cli(*args) if env is None else subprocess_cli(*args, env=env)
     if check and p.returncode != 0:
         raise AssertionError(f"probe {' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return p
+
+
+def subprocess_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m probe ARGS`` in a fresh process, ``env`` added to this one's environment."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(probe_cmd(*args), capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+
+
+def inprocess_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``probe.app.cli.main(ARGS)`` in this process, its stdout and stderr captured, as a finished process."""
+    from probe.app.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess(probe_cmd(*args), rc, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
