@@ -33,7 +33,7 @@ NUMERICAL_ZERO = 1e-6
 
 def _boot_fit(th: np.ndarray, pp: np.ndarray, pm: np.ndarray, idx: np.ndarray, x0: tuple[float, float]) -> np.ndarray:
     """(s, m) refitted on every resample (rows of ``idx``); NaN rows where the fit did not converge."""
-    from analysis.battery.fit import refit_resamples
+    from analysis.battery.channel_fit import refit_resamples
 
     boots, ok = refit_resamples(th, pp, pm, idx, x0)
     boots[~ok] = np.nan
@@ -49,7 +49,7 @@ def deliberation_table(off: RunData, on: RunData, *, n_boot: int = N_BOOT, seed:
 
     Rows: ``sigma_repro`` (mean over items), ``G``, per channel fitted in
     both runs ``|m|``, ``m`` and ``s`` (both runs refitted on each resample),
-    and per label family the joint fit (:func:`analysis.battery.fit.fit_joint`):
+    and per label family the joint fit (:func:`analysis.battery.joint_fit.fit_joint`):
     ``s`` with channel ``joint:<family>``, ``abs_m`` and ``m`` with channel
     ``joint:<family>:<channel>``. Items: those with theta and sigma_repro
     (and, for a channel or family, its cells) in both runs.
@@ -119,7 +119,7 @@ class _Pairing:
 
     def channel_differences(self, rows: _DiffRows) -> None:
         """|m|, m and s of every channel fitted in both runs (on its items in both), both refitted on each resample."""
-        from analysis.battery import fit
+        from analysis.battery import channel_fit, fit
 
         for ch in CHANNELS:
             try:
@@ -133,7 +133,7 @@ class _Pairing:
             for inc, sides in ((self.a, sides_a), (self.b, sides_b)):
                 th = inc.loc[common, "theta"].to_numpy(float)
                 pp, pm = sides.loc[common, "p_plus"].to_numpy(float), sides.loc[common, "p_minus"].to_numpy(float)
-                point = fit.fit_channel(inc.loc[common, "theta"], sides.loc[common], n_boot=0)
+                point = channel_fit.fit_channel(inc.loc[common, "theta"], sides.loc[common], n_boot=0)
                 boots = _boot_fit(th, pp, pm, resample_index(len(common), self.n_boot, self.seed), (point.s, point.m))
                 arrays.append((point, boots))
             (pa, ba), (pb, bb) = arrays
@@ -144,12 +144,12 @@ class _Pairing:
 
     def joint_differences(self, rows: _DiffRows) -> None:
         """s, and |m| and m per channel, of every label family's joint fit in both runs, refitted on each resample."""
-        from analysis.battery import fit
+        from analysis.battery import joint_fit
 
-        for fam in fit.JOINT_CHANNELS:
+        for fam in joint_fit.JOINT_CHANNELS:
             try:
-                ja = fit.joint_cells(self.a.loc[self.items, "theta"], self.bt_off, fam)
-                jb = fit.joint_cells(self.b.loc[self.items, "theta"], self.bt_on, fam)
+                ja = joint_fit.joint_cells(self.a.loc[self.items, "theta"], self.bt_off, fam)
+                jb = joint_fit.joint_cells(self.b.loc[self.items, "theta"], self.bt_on, fam)
             except NotComputed:
                 continue
             common = [i for i in self.items if i in ja.items and i in jb.items]
@@ -157,8 +157,8 @@ class _Pairing:
                 continue
             joint = []
             for data in (ja.subset(common), jb.subset(common)):
-                jfit = fit.fit_joint_data(data, n_boot=0)
-                jboots, ok = fit.refit_joint_resamples(
+                jfit = joint_fit.fit_joint_data(data, n_boot=0)
+                jboots, ok = joint_fit.refit_joint_resamples(
                     data, resample_index(len(common), self.n_boot, self.seed), np.array([jfit.s, *jfit.m])
                 )
                 jboots[~ok] = np.nan

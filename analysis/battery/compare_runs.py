@@ -48,11 +48,11 @@ class RunData:
     """Binary trials of the shared items (:func:`analysis.battery.fit.binary_trials`)."""
     fits: pd.DataFrame | None = None
     joint: pd.DataFrame | None = None
-    """The joint (s, m) fit per label family (:func:`analysis.battery.fit.fit_joints`), one row per (family, channel)."""
+    """The joint (s, m) fit per label family (:func:`analysis.battery.joint_fit.fit_joints`), one row per (family, channel)."""
     why: dict[str, str] = field(default_factory=dict)
     """Quantity -> why it is missing for this run."""
     unfitted: tuple[Any, ...] = ()
-    """Channels the (s, m) fit could not fit on this run (:class:`analysis.battery.fit.Unfitted`), with the reason."""
+    """Channels the (s, m) fit could not fit on this run (:class:`analysis.battery.channel_fit.Unfitted`), with the reason."""
     dropped: list[Any] = field(default_factory=list)
     """Stories a table left out for an empty cell (:class:`analysis.battery.yesno.Dropped`): label map, (s, m) fit."""
 
@@ -129,10 +129,10 @@ def verbflip_cells(per_trial: pd.DataFrame, options: pd.DataFrame, battery: bool
 def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed: int = SEED) -> RunData:
     """``d`` with theta / incoherence, the decomposition, the logical pull and (s, m) computed on ``items`` only.
 
-    The (s, m) fits are the report's (:func:`analysis.battery.fit.fit_run`); a quantity that cannot be
+    The (s, m) fits are the report's (:func:`analysis.battery.run_fits.fit_run`); a quantity that cannot be
     computed is None, with the reason under its name in ``why``.
     """
-    from analysis.battery import fit, stance
+    from analysis.battery import fit, run_fits, stance
     from analysis.battery.binary import cell_events, incomplete_stories, projections
     from analysis.battery.yesno import decompose
 
@@ -170,7 +170,7 @@ def compute_run(d: RunData, items: Sequence[str], *, n_boot: int = N_BOOT, seed:
     fitted = None
     if inc is not None and bt is not None:
         try:
-            fitted = fit.fit_run(inc["theta"], bt, n_boot=n_boot, seed=seed)
+            fitted = run_fits.fit_run(inc["theta"], bt, n_boot=n_boot, seed=seed)
             if fitted.fits is None:
                 why["fit"] = "no channel could be fitted"
             dropped += fitted.dropped

@@ -5,7 +5,7 @@ Computation apart from presentation (scikit-learn's estimators compute, its
 Displays only draw): :func:`battery_results` reads the run's :class:`Frames`
 and computes every part of :mod:`analysis.battery.report` once, each a
 function of named inputs (the graded stance theta feeds the label map and
-the (s, m) fit, whose loop :func:`analysis.battery.fit.fit_run` ``probe
+the (s, m) fit, whose loop :func:`analysis.battery.run_fits.fit_run` ``probe
 compare`` shares; the convergent validity and the planted parameters read the
 other parts), into a frozen :class:`BatteryResults`. A part is its value,
 or the line saying its instrument is absent, or the NotComputed it raised
@@ -26,7 +26,8 @@ import pandas as pd
 
 from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 from analysis.battery.calibration import TemperatureRow
-from analysis.battery.fit import N_BOOT, SEED, RunFits
+from analysis.battery.fit import N_BOOT, SEED
+from analysis.battery.run_fits import RunFits
 from analysis.battery.yesno import CELLS, Dropped, Resampling, decompose
 from analysis.common.results import Part, attempt
 from probe.errors import NotComputed
@@ -267,7 +268,7 @@ class LabelMap:
 
 def compute_labelmap(f: Frames, theta: pd.Series | None) -> Part[LabelMap]:
     """Order / logic / label projections per label pair, the lexicality gradient, and m_label with ``theta``."""
-    from analysis.battery import fit
+    from analysis.battery import fit, joint_fit
     from analysis.battery.binary import label_pull
     from analysis.battery.yesno import story_mean_ci
     from experiments.battery import BatterySpec, load_corpus
@@ -303,7 +304,7 @@ def compute_labelmap(f: Frames, theta: pd.Series | None) -> Part[LabelMap]:
             m_label = {}
             for pair in by_pair.index:
                 try:
-                    pf = fit.fit_pair(theta, bt, str(pair), n_boot=0)
+                    pf = joint_fit.fit_pair(theta, bt, str(pair), n_boot=0)
                 except NotComputed:
                     continue
                 if "label" not in pf.channels:
@@ -369,15 +370,15 @@ class Fits:
 
 
 def compute_fits(f: Frames, theta: pd.Series | None) -> Part[Fits]:
-    """The (s, m) fit per channel and per label family against ``theta`` (:func:`analysis.battery.fit.fit_run`),
+    """The (s, m) fit per channel and per label family against ``theta`` (:func:`analysis.battery.run_fits.fit_run`),
     and each fitted channel's sides beside theta."""
-    from analysis.battery import fit
+    from analysis.battery import fit, run_fits
 
     b = f.instrument("binary")
     if theta is None or b.empty:
         return Part(absent="Needs the graded and binary instruments.")
     bt = fit.binary_trials(f.options[f.options["trial_id"].isin(b["trial_id"])], b)
-    cf = fit.fit_run(theta, bt, n_boot=N_BOOT, seed=SEED)
+    cf = run_fits.fit_run(theta, bt, n_boot=N_BOOT, seed=SEED)
     sides = {}
     for ch in [] if cf.fits is None else cf.fits.index:
         try:
