@@ -243,8 +243,8 @@ def panel_context(panel: Panel, *, n_boot: int, seed: int) -> Context:
 def layer_profiles(runs: Mapping[str, RunData], shared: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
     """Each readout run's layer profile (:func:`analysis.battery.layers.layer_profile`) on the shared items, for
     the runs made with ``--layers``; a run whose profile cannot be computed is left out."""
+    from analysis.battery.frames import counterbalanced_pairs
     from analysis.battery.layers import layer_profile
-    from analysis.battery.results import counterbalanced_pairs
 
     out = {}
     for name, d in runs.items():

@@ -25,22 +25,9 @@ import pandas as pd
 from analysis.battery import figures
 from analysis.battery.calibration import POOLED
 from analysis.battery.fit import N_BOOT, SEED
-from analysis.battery.results import (
-    BatteryResults,
-    Choice,
-    Fits,
-    Frames,
-    Graded,
-    LabelMap,
-    Planted,
-    ReadoutTemperature,
-    Validity,
-    VerbFlip,
-    YesNoResults,
-    battery_results,
-    load_frames,
-    yesno_results,
-)
+from analysis.battery.frames import Frames, load_frames
+from analysis.battery.instrument_parts import Choice, Fits, Graded, LabelMap, ReadoutTemperature, VerbFlip
+from analysis.battery.results import BatteryResults, Planted, Validity, YesNoResults, battery_results, yesno_results
 from analysis.common.report import Body, Drawing, Files, Section, Table, run_sections, titled
 from analysis.common.results import Part
 from analysis.common.tables import md_table
