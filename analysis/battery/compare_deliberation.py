@@ -26,8 +26,6 @@ CHANNELS = ("order", "lexical", "logic", "label")
 
 # ------------------------------------------------------------------ deliberation
 NUMERICAL_ZERO = 1e-6
-
-
 """Differences smaller than this are round-off of the fits (m and s are reported to 3 decimals)."""
 
 

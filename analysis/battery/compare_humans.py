@@ -150,8 +150,6 @@ def mad_ci(a: pd.Series, b: pd.Series, *, n_boot: int = N_BOOT, seed: int = SEED
 
 # ------------------------------------------------------------------ humans
 HUMAN_VS: dict[str, tuple[str, ...]] = {"rating": ("theta",), "p_cbr": ("theta", "z")}
-
-
 """Which model quantities a human measure is compared with. The paper's anchor (Fig. 1a, "r^2 of per-item
 theta ... frontier-human") sets the human choice rate, as 2 P - 1, beside the model's graded theta: first row.
 A choice rate is also shown against the forced-binary story stance z = mean(2 P(CBR) - 1) (both choice

@@ -125,8 +125,6 @@ SECTIONS: list[SectionFn] = [
     dropped_section,
     planted_section,
 ]
-
-
 """The battery report's sections, in order; :func:`layers_section` follows them in a run with ``--layers`` (a report
 without layers is the report it was before they existed)."""
 

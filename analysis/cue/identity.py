@@ -54,8 +54,6 @@ def check_frame(options: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFrame:
 
 
 IDENTITY_SOURCES = ("json", "check")
-
-
 """Where identity recovery is read: the JSON of the could-be reply (the paper's, the default when the run has
 ``could_be_json``), or the separate check probe."""
 

@@ -210,8 +210,6 @@ def bias_tables(
 
 
 MACRO_NEEDS: dict[str, tuple[str, ...]] = {"bias": ("favor", "against"), "gap": ("d_favor", "d_against")}
-
-
 """The columns a group must have defined to enter the macro row of each table (net and gap follow from them)."""
 
 
@@ -271,8 +269,6 @@ def decision_bias(
 
 
 BREAKDOWNS: dict[str, str] = {"topic": "topic", "intersection": "gender x race"}
-
-
 """The breakdowns of the decision bias beside the per-group tables: by dilemma topic (App. R), by X's gender x race (App. L)."""
 
 
