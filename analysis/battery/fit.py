@@ -59,7 +59,6 @@ from probe.errors import NotComputed
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-
 SIDES: dict[str, str] = {
     "order": "cbr_first",
     "lexical": "cbr_affirmative",
@@ -67,18 +66,12 @@ SIDES: dict[str, str] = {
     "label": "cbr_canonical",
 }
 """Channel -> the boolean trial column that puts a cell on the p+ side."""
-
-
 FAMILY: dict[str, str | None] = {"order": "yesno", "lexical": "yesno", "logic": "arbitrary", "label": "arbitrary"}
 """The label family each channel is measured in by default (order and lexical: the verb-flip Yes/No family)."""
-
-
 IDENTIFYING_PAIRS: tuple[str, ...] = ("A/B",)
 """The label pairs the logic and label channels are measured on by default: the paper rests identification
 on the fully arbitrary A/B alone ("The identification claim rests on the fully arbitrary family"); the
 other arbitrary pairs (1/2, $/%, the valenced +/-) are reported per pair by :mod:`analysis.battery.binary`."""
-
-
 LABELS: dict[str, tuple[str, ...] | None] = {
     "order": None,
     "lexical": None,
@@ -86,47 +79,29 @@ LABELS: dict[str, tuple[str, ...] | None] = {
     "label": IDENTIFYING_PAIRS,
 }
 """Channel -> the label pairs of its default selection (None: every pair of the family)."""
-
-
 CELL = ("cbr_first", "cbr_affirmative", "cbr_canonical")
 
-
 S_BOUNDS = (1e-3, 10.0)
-
-
 M_BOUND = 4.0
 """|m| is bounded at 4 (four times the whole theta axis; a fit there is degenerate)."""
-
-
 THETA_SPREAD_MIN = 0.1
 """Range of theta over items (on its -1..1 scale) below which s and m cannot be told apart: with every item at the
 same stance, p+ = sigmoid((theta + m)/s) and p- fix only (theta +/- m)/s, one ratio for two unknowns."""
 
-
 N_BOOT = 2000
 """Bootstrap resamples over items of both fits (:func:`~analysis.battery.channel_fit.fit_channel`, :func:`~analysis.battery.joint_fit.fit_joint_data`), and of every CI of the
 battery report and the battery comparison (one place for them)."""
-
-
 SEED = 0
 """The seed of those bootstraps."""
-
-
 LEVEL = 0.95
 """The level of their percentile CIs."""
-
-
 TIE = 0.9
 """An item is near the tie when its story stance has |z| below this (where m is identified)."""
-
-
 CLIP = 0.02
 """A fitted P within this of 0 or 1 counts as saturated (:attr:`~analysis.battery.fit_solve.FitQuality.frac_saturated`)."""
 
 
 S_STARTS = (0.1, 0.3, 1.0)
-
-
 M_STARTS = (-0.2, 0.0, 0.2)
 """Start values of both least-squares fits: every (s, m) of this grid (m the same for every channel of a joint fit)."""
 

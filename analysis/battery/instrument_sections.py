@@ -24,11 +24,7 @@ from analysis.common.tables import md_table
 
 # ------------------------------------------------------------------- sections
 R = TypeVar("R")
-
-
 V = TypeVar("V")
-
-
 SectionFn = Callable[[BatteryResults], Section]
 
 

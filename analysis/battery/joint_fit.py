@@ -37,8 +37,6 @@ from probe.errors import NotComputed
 # ------------------------------------------------------------ the joint fit
 JOINT_CHANNELS: dict[str, tuple[str, ...]] = {"yesno": ("order", "lexical"), "arbitrary": ("order", "logic", "label")}
 """Label family -> the channels fitted together in it (a channel the design does not identify is left out)."""
-
-
 JOINT_LABELS: dict[str, tuple[str, ...] | None] = {"yesno": None, "arbitrary": IDENTIFYING_PAIRS}
 """Label family -> the pairs its joint fit uses by default (the arbitrary family: A/B alone, as the paper)."""
 

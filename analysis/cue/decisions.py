@@ -17,17 +17,9 @@ import pandas as pd
 from probe.errors import NotComputed
 
 Decision = Literal["expected", "greedy"]
-
-
 Denominator = Literal["eligible", "all"]
-
-
 REFERENCE = "direct"
-
-
 CELL = ["arm", "consequences", "attr", "group"]
-
-
 ATTRS = ("gender", "race")
 
 
