@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.battery.compare_runs import RunData, _count, _samples, verbflip_cells
+from analysis.battery.compare_runs import RunData, count_trials, run_samples, verbflip_cells
 from analysis.common.results import Part
 from probe.errors import NotComputed
 from probe.record import Plan
@@ -77,8 +77,8 @@ def logit_sampled_rows(r: RunData, s: RunData) -> tuple[dict[str, Any], pd.DataF
     if not ids:
         raise NotComputed(f"runs {r.name!r} and {s.name!r} share no trial id; were they run with the same spec?")
     keep = set(ids)
-    samples = _samples(s.opened)
-    sopts, sper = _count(samples[samples["trial_id"].isin(keep)], s.opened.trial_list)
+    samples = run_samples(s.opened)
+    sopts, sper = count_trials(samples[samples["trial_id"].isin(keep)], s.opened.trial_list)
     ropts, rper = r.options[r.options["trial_id"].isin(keep)], r.per_trial[r.per_trial["trial_id"].isin(keep)]
     ro = r.opened.load("readout_options")
     meaning = "cbr" if "cbr" in set(sopts["meaning"]) else None

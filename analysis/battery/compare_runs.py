@@ -70,12 +70,12 @@ def load_run(run: PanelRun) -> RunData:
     opened = run.run()
     trials = opened.trial_list
     has_readouts = not opened.load("readout_options").empty
-    samples = _samples(opened)
+    samples = run_samples(opened)
     if has_readouts:  # the same choice as Run.choice_probs: readouts when the run has them
         opts, per_trial = opened.readout_frames()
         source = "readout"
     elif not samples.empty:
-        opts, per_trial = _count(samples, trials)
+        opts, per_trial = count_trials(samples, trials)
         source = "samples"
     else:
         raise ValueError(f"run {run.name!r} ({run.path}) has neither readouts nor samples; finish it first")
@@ -91,13 +91,14 @@ def load_run(run: PanelRun) -> RunData:
     )
 
 
-def _samples(run: Run) -> pd.DataFrame:
+def run_samples(run: Run) -> pd.DataFrame:
     """The run's samples, trial ids as plain Python strings (fast set membership)."""
     s = run.load("samples")
     return s.astype({"trial_id": object}) if not s.empty else s
 
 
-def _count(samples: pd.DataFrame, trials: Sequence[Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def count_trials(samples: pd.DataFrame, trials: Sequence[Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(options, per_trial) counted from ``samples`` over the ``trials`` they hold (:func:`probe.views.count_samples`)."""
     from probe.views import count_samples
 
     ids = set(samples["trial_id"])

@@ -53,13 +53,6 @@ def load_frames(run: Run) -> Frames:
     )
 
 
-def _with_mean(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with a last row ``mean``: the mean of each numeric column over the rows (the items)."""
-    out = df.copy()
-    out.loc["mean"] = df.mean(numeric_only=True)
-    return out
-
-
 def corpus_form_order(corpus: str | None, forms: set[str]) -> list[str]:
     """The run's verb-flip forms in corpus order (the order of ``binary.forms`` in the corpus file).
 

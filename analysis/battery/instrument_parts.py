@@ -20,13 +20,20 @@ import pandas as pd
 from analysis.battery.binary import cell_events, incomplete_stories, lexicality_gradient, projections
 from analysis.battery.calibration import TemperatureRow
 from analysis.battery.fit import N_BOOT, SEED
-from analysis.battery.frames import Frames, _with_mean, corpus_form_order
+from analysis.battery.frames import Frames, corpus_form_order
 from analysis.battery.run_fits import RunFits
 from analysis.battery.yesno import CELLS, Dropped, Resampling, decompose
 from analysis.common.results import Part, attempt
 from probe.errors import NotComputed
 from probe.record import Manifest, Plan
 from probe.types import Trial
+
+
+def _with_mean(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a last row ``mean``: the mean of each numeric column over the rows (the items)."""
+    out = df.copy()
+    out.loc["mean"] = df.mean(numeric_only=True)
+    return out
 
 
 # ------------------------------------------------------------------- parts
