@@ -14,7 +14,7 @@ from pathlib import Path
 
 from analysis.common.report import Files, Table, write_report_files
 from analysis.cue.compare_report import compare_cue
-from analysis.cue.metrics import Decision
+from analysis.cue.decisions import Decision
 from analysis.influence.compare_report import compare_influence
 from analysis.registry import COMPARISONS, Compare, comparable
 from probe.panel import Panel, PanelError

@@ -90,7 +90,7 @@ def test_answer_shares_parse_each_reply_against_its_trial_s_options():
 
 
 def test_layers_goal_is_the_slowdown_of_reading_every_layer_with_memory_beside_it(capsys):
-    from scripts.bench.run import LAYERS_SLOWDOWN, layers_goal
+    from scripts.bench.goals import LAYERS_SLOWDOWN, layers_goal
 
     plain = {"trials_per_s": 10.0, "peak_rss_mib": 900.0, "peak_growth_mib": 40.0, "batch_size": 16}
     row = layers_goal(plain, {**plain, "trials_per_s": 8.0, "peak_rss_mib": 950.0, "peak_growth_mib": 90.0})

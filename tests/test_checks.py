@@ -128,7 +128,7 @@ def test_correlations_need_items_and_spread():
 def test_sm_fit_without_theta_spread_is_unidentified_though_not_clip_limited():
     from scipy.special import expit
 
-    from analysis.battery.fit import fit_channel
+    from analysis.battery.channel_fit import fit_channel
 
     rng = np.random.default_rng(0)
     idx = [f"i{k}" for k in range(10)]

@@ -17,13 +17,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.battery.compare import (
-    HumanTableError,
-    agreement,
-    framing_shift,
-    g_of,
-    load_humans,
-)
+from analysis.battery.compare_agreement import agreement, g_of
+from analysis.battery.compare_humans import HumanTableError, framing_shift, load_humans
 from analysis.battery.compare_report import compare_battery
 from analysis.common.report import write_report_files
 from engines.sim import SimEngine, SimParams
@@ -368,7 +363,7 @@ def test_joint_fit_shows_no_change_of_s_where_only_m_order_changed(report: Path)
 
 def test_consensus_reference_set_from_the_panel_file_or_the_papers_default(runs: Path, tmp_path: Path):
     """Issue 18, point 5: the panel file marks the reference runs; by default the sampled (frontier) runs."""
-    from analysis.battery.compare import consensus_reference
+    from analysis.battery.compare_agreement import consensus_reference
 
     lines = [
         "runs:",
@@ -395,7 +390,7 @@ def test_consensus_reference_set_from_the_panel_file_or_the_papers_default(runs:
 
 def test_mean_r2_summaries_by_hand():
     """Table S2 (issue 18): mean pairwise r^2 within the reference set, with the humans, and for the other runs."""
-    from analysis.battery.compare import mean_r2_summary
+    from analysis.battery.compare_agreement import mean_r2_summary
 
     t = pd.DataFrame(
         {"a": [0.5, -0.2, 0.1, 0.7], "b": [0.4, 0.0, 0.2, 0.5], "c": [0.1, 0.3, -0.5, 0.0], "d": [0, 1, 0, 1.0]},

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from analysis.common.report import write_report_files
-from analysis.cue.metrics import correct_only_keep, identity_checks, parse_identity
+from analysis.cue.identity import correct_only_keep, identity_checks, parse_identity
 from analysis.cue.report import cue_report
 from experiments.cue import CueSpec
 from probe.app.runner import run

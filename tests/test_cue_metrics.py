@@ -9,22 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.cue.metrics import (
-    by_group,
-    cell_sums,
-    check_frame,
-    cluster_bootstrap,
-    correct_only_keep,
-    decision_bias,
-    decision_frame,
-    greedy_is,
-    sign_test,
-    sign_tests,
-    solve_rates,
-    stack_models,
-    status_bias,
-    with_baseline,
-)
+from analysis.cue.across_models import sign_test, sign_tests, stack_models
+from analysis.cue.cell_stats import cell_sums, cluster_bootstrap
+from analysis.cue.decisions import by_group, decision_frame, greedy_is, with_baseline
+from analysis.cue.identity import check_frame, correct_only_keep, solve_rates, status_bias
+from analysis.cue.metrics import decision_bias
 
 GENDERS = ("man", "woman", "non-binary")
 RACES = ("Asian", "Black", "Hispanic", "Muslim", "White")
@@ -305,7 +294,9 @@ def test_macro_identities_hold_on_every_row_and_bootstrap_draw() -> None:
     """Greedy decisions on random probabilities leave some group rates undefined (empty denominators), in the
     point estimate and in bootstrap draws: Net = Favor - Against and Gap = DeltaAgainst - DeltaFavor on every macro
     row, in every reading, and in every resampling of the dilemmas."""
-    from analysis.cue.metrics import BiasPlan, by_group, cell_sums, event_terms, macro_left_out
+    from analysis.cue.cell_stats import cell_sums
+    from analysis.cue.decisions import by_group, event_terms
+    from analysis.cue.metrics import BiasPlan, macro_left_out
 
     rng = np.random.default_rng(38)
     others = [x for x in RACES if x != "Muslim"]

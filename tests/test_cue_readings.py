@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from analysis.cue import compare as cc
-from analysis.cue.metrics import decision_bias, status_bias
+from analysis.cue.identity import status_bias
+from analysis.cue.metrics import decision_bias
 from probe.panel import PanelRun
 from tests.test_cue_metrics import Run, _row
 

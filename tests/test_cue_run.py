@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.cue.metrics import decision_frame, run_gap_table
+from analysis.cue.across_models import run_gap_table
+from analysis.cue.decisions import decision_frame
 from probe.app.cli import main
 from probe.runs import open_run
 from tests.cue_store import sampled_cue_report

@@ -17,7 +17,7 @@ from scipy import optimize
 from scipy.special import expit
 
 import tests.battery_contract as bc
-from analysis.battery import fit, stance
+from analysis.battery import channel_fit, fit, joint_fit, stance
 from analysis.battery.binary import cell_events, projections
 from analysis.battery.yesno import decompose
 from engines.sim import SimEngine, SimParams
@@ -169,7 +169,7 @@ def test_unbalanced_or_confounded_designs_are_refused():
 # ------------------------------------------------------------------- the fit
 def _sides(theta, s, m, noise=0.0, seed=0):
     rng = np.random.default_rng(seed)
-    pp, pm = fit.predict(theta, s, m)
+    pp, pm = channel_fit.predict(theta, s, m)
     pp = np.clip(pp + noise * rng.normal(size=len(theta)), 0, 1)
     pm = np.clip(pm + noise * rng.normal(size=len(theta)), 0, 1)
     idx = [f"i{k}" for k in range(len(theta))]
@@ -178,7 +178,7 @@ def _sides(theta, s, m, noise=0.0, seed=0):
 
 def test_noiseless_sides_give_back_s_and_m_exactly():
     th, sides = _sides(np.linspace(-0.8, 0.8, 12), 0.25, -0.12)
-    f = fit.fit_channel(th, sides, n_boot=50, seed=1)
+    f = channel_fit.fit_channel(th, sides, n_boot=50, seed=1)
     assert f.s == pytest.approx(0.25, abs=1e-8) and f.m == pytest.approx(-0.12, abs=1e-8)
     assert f.r2 == pytest.approx(1.0) and f.rmse < 1e-8
     assert f.s_lo == pytest.approx(0.25, abs=1e-6) and f.m_hi == pytest.approx(-0.12, abs=1e-6)
@@ -187,7 +187,7 @@ def test_noiseless_sides_give_back_s_and_m_exactly():
 
 def test_fit_matches_an_independent_optimizer_and_hand_r2():
     th, sides = _sides(np.linspace(-0.9, 0.9, 15), 0.3, 0.2, noise=0.05, seed=3)
-    f = fit.fit_channel(th, sides, n_boot=0)
+    f = channel_fit.fit_channel(th, sides, n_boot=0)
     pp, pm = sides["p_plus"].to_numpy(), sides["p_minus"].to_numpy()
     t = th.to_numpy()
 
@@ -203,9 +203,9 @@ def test_fit_matches_an_independent_optimizer_and_hand_r2():
 
 def test_bootstrap_is_a_percentile_over_items_with_a_fixed_seed():
     th, sides = _sides(np.linspace(-0.9, 0.9, 10), 0.3, 0.1, noise=0.04, seed=4)
-    a = fit.fit_channel(th, sides, n_boot=120, seed=9)
-    assert a == fit.fit_channel(th, sides, n_boot=120, seed=9)
-    assert a != fit.fit_channel(th, sides, n_boot=120, seed=10)
+    a = channel_fit.fit_channel(th, sides, n_boot=120, seed=9)
+    assert a == channel_fit.fit_channel(th, sides, n_boot=120, seed=9)
+    assert a != channel_fit.fit_channel(th, sides, n_boot=120, seed=10)
     # brute force: refit each resample with an independent optimizer, same item draws
     idx = np.random.default_rng(9).integers(0, 10, size=(120, 10))
     t, pp, pm = th.to_numpy(), sides["p_plus"].to_numpy(), sides["p_minus"].to_numpy()
@@ -226,24 +226,24 @@ def test_bootstrap_is_a_percentile_over_items_with_a_fixed_seed():
 def test_flags_saturated_degenerate_and_items_near_the_tie():
     # a decisive model far from its tie: almost every p is clipped at 0 or 1
     th, sides = _sides(np.array([-0.9, -0.8, -0.7, 0.7, 0.8, 0.9]), 0.05, 0.02)
-    f = fit.fit_channel(th, sides, n_boot=0)
+    f = channel_fit.fit_channel(th, sides, n_boot=0)
     assert f.quality.saturated and f.clip_limited and f.n_near_tie == 0
     # a model whose verdict ignores its scale: flat at 0.5, s runs to its bound
     th2, _ = _sides(np.linspace(-0.9, 0.9, 8), 1.0, 0.0)
     flat = pd.DataFrame({"p_plus": 0.5, "p_minus": 0.5, "z": 0.0}, index=th2.index)
-    g = fit.fit_channel(th2, flat, n_boot=0)
+    g = channel_fit.fit_channel(th2, flat, n_boot=0)
     assert g.quality.degenerate and g.s == pytest.approx(fit.S_BOUNDS[1], rel=0.02)
     # |z| < 0.9 by hand: z = 0.95, -0.5, 0.89, -0.95 -> two items near the tie
     th3 = pd.Series([0.1, 0.2, 0.3, 0.4], index=list("abcd"))
     s3 = pd.DataFrame({"p_plus": [0.98, 0.3, 0.95, 0.02], "p_minus": [0.97, 0.2, 0.94, 0.03]}, index=list("abcd"))
     s3["z"] = s3["p_plus"] + s3["p_minus"] - 1
-    assert fit.fit_channel(th3, s3, n_boot=0).n_near_tie == 2
+    assert channel_fit.fit_channel(th3, s3, n_boot=0).n_near_tie == 2
 
 
 def test_fit_needs_three_items():
     th, sides = _sides(np.array([0.1, 0.2]), 0.3, 0.0)
     with pytest.raises(ValueError, match="at least 3 items"):
-        fit.fit_channel(th, sides)
+        channel_fit.fit_channel(th, sides)
 
 
 # --------------------------------------------------------------- recovery
@@ -266,14 +266,14 @@ def _theta(seed: int, scales: tuple[str, ...]) -> pd.Series:
     return th
 
 
-def _recover(seed: int, channel: str, n_boot: int, scales: tuple[str, ...]) -> tuple[fit.ChannelFit, float, float]:
+def _recover(seed: int, channel: str, n_boot: int, scales: tuple[str, ...]) -> tuple[channel_fit.ChannelFit, float, float]:
     m = {"order": 0.15, "lexical": -0.2}[channel]
     p = SimParams(
         seed=seed, m_order=m if channel == "order" else 0.0, m_word=m if channel == "lexical" else 0.0, **STUDY
     )
     opts, per = bc.frames_readout(BINARY, SimEngine(p).readout(BINARY))
     sides = fit.channel_sides(fit.binary_trials(opts, per), channel)
-    return fit.fit_channel(_theta(seed, scales), sides, channel=channel, n_boot=n_boot, seed=seed), p.s, m
+    return channel_fit.fit_channel(_theta(seed, scales), sides, channel=channel, n_boot=n_boot, seed=seed), p.s, m
 
 
 def _study(seeds, channel, n_boot, scales=("0-10", "0-100")):
@@ -311,7 +311,7 @@ def test_cross_channel_offset_inflates_s():
     p = SimParams(seed=0, s=0.3, m_word=0.3)
     opts, per = bc.frames_readout(BINARY, SimEngine(p).readout(BINARY))
     th = pd.Series({i: p.item_theta(i) for i in ITEMS})
-    f = fit.fit_channel(th, fit.channel_sides(fit.binary_trials(opts, per), "order"), n_boot=0)
+    f = channel_fit.fit_channel(th, fit.channel_sides(fit.binary_trials(opts, per), "order"), n_boot=0)
     t = th.to_numpy()
     mix = (expit((t + 0.3) / 0.3) + expit((t - 0.3) / 0.3)) / 2  # both order sides: m_order = 0
 
@@ -340,7 +340,7 @@ def test_joint_fit_equals_least_squares_on_an_independent_cell_frame():
     bt = _joint_binary(5, ("Yes/No", "A/B"), sigma_binary=0.1)
     th = _theta(5, ("0-10",))
     for family, cols in (("yesno", ["cbr_first", "cbr_affirmative"]), ("arbitrary", [*fit.CELL])):
-        f = fit.fit_joint(th, bt, family, n_boot=0)
+        f = joint_fit.fit_joint(th, bt, family, n_boot=0)
         fam = bt[(bt["family"] == family) & (bt["replicate"] == 0)]
         cells = fam.groupby(["item_id", *cols])["p_cbr"].mean().reset_index()
         t = cells["item_id"].map(th).to_numpy()
@@ -363,23 +363,23 @@ def test_joint_fit_equals_least_squares_on_an_independent_cell_frame():
 def test_joint_fit_recovers_s_where_the_per_channel_fit_reads_high():
     """Planted s = 0.3, m_order = 0.15, m_word = 0.05 (theta from the sim's own graded answers)."""
     bt, th = _joint_binary(0), _theta(0, ("0-10",))
-    j = fit.fit_joint(th, bt, "yesno", n_boot=500, seed=0)
+    j = joint_fit.fit_joint(th, bt, "yesno", n_boot=500, seed=0)
     assert j.s == pytest.approx(0.3, rel=0.03) and j.s_lo <= 0.3 <= j.s_hi
     for planted, m, lo, hi in zip((0.15, 0.05), j.m, j.m_lo, j.m_hi, strict=True):
         assert lo <= planted <= hi and lo <= m <= hi
-    lexical = fit.fit_channel(th, fit.channel_sides(bt, "lexical"), n_boot=0)
+    lexical = channel_fit.fit_channel(th, fit.channel_sides(bt, "lexical"), n_boot=0)
     assert lexical.s > j.s * 1.04  # its sides average over the order offset: flatter, larger s
     assert j.quality.converged and not j.clip_limited and j.quality.n_boot_failed == 0 and j.excluded == ()
 
 
 def test_joint_bootstrap_is_seeded_and_matches_refits_by_least_squares():
     bt, th = _joint_binary(2, sigma_binary=0.1), _theta(2, ("0-10",))
-    a = fit.fit_joint(th, bt, "yesno", n_boot=100, seed=4)
-    assert a == fit.fit_joint(th, bt, "yesno", n_boot=100, seed=4)
-    assert a != fit.fit_joint(th, bt, "yesno", n_boot=100, seed=5)
-    data = fit.joint_cells(th, bt, "yesno")
+    a = joint_fit.fit_joint(th, bt, "yesno", n_boot=100, seed=4)
+    assert a == joint_fit.fit_joint(th, bt, "yesno", n_boot=100, seed=4)
+    assert a != joint_fit.fit_joint(th, bt, "yesno", n_boot=100, seed=5)
+    data = joint_fit.joint_cells(th, bt, "yesno")
     idx = np.random.default_rng(4).integers(0, len(data.items), size=(100, len(data.items)))
-    refits = np.array([fit._joint_solve(data.theta[r], data.p[r], data.x, [np.array([a.s, *a.m])])[0] for r in idx])
+    refits = np.array([joint_fit._joint_solve(data.theta[r], data.p[r], data.x, [np.array([a.s, *a.m])])[0] for r in idx])
     lo, hi = np.quantile(refits, [0.025, 0.975], axis=0)
     assert (a.s_lo, *a.m_lo) == pytest.approx(tuple(lo), abs=1e-6)
     assert (a.s_hi, *a.m_hi) == pytest.approx(tuple(hi), abs=1e-6)
@@ -388,31 +388,31 @@ def test_joint_bootstrap_is_seeded_and_matches_refits_by_least_squares():
 def test_joint_fit_names_the_channels_the_design_does_not_identify():
     bt, th = _joint_binary(1, ("Yes/No", "A/B")), _theta(1, ("0-10",))
     # the CBR option always printed first: the order channel has no variation, lexical is still fitted
-    f = fit.fit_joint(th, bt[bt["cbr_first"]], "yesno", n_boot=0)
+    f = joint_fit.fit_joint(th, bt[bt["cbr_first"]], "yesno", n_boot=0)
     assert f.channels == ("lexical",) and f.excluded[0][0] == "order" and "no variation" in f.excluded[0][1]
     rows = pd.DataFrame(f.rows()).set_index("channel")
     assert list(rows.index) == ["order", "lexical"]
     assert np.isnan(rows.loc["order", "m"]) and "not fitted" in rows.loc["order", "note"]
     # Yes always printed first: CBR is first exactly when it is Yes, so lexical is confounded with order
-    h = fit.fit_joint(th, bt[bt["order"] == "yes_first"], "yesno", n_boot=0)
+    h = joint_fit.fit_joint(th, bt[bt["order"] == "yes_first"], "yesno", n_boot=0)
     assert h.channels == ("order",) and h.excluded[0][0] == "lexical" and "confounded with order" in h.excluded[0][1]
     assert h.m[0] == pytest.approx(0.15 + 0.05, abs=0.01)  # the one offset the design sees is their sum
     # a fixed label-to-verdict mapping: label moves with logic and is left out, logic carries both
     fixed = bt[bt["mapping"] == "canonical"]
-    g = fit.fit_joint(th, fixed, "arbitrary", n_boot=0)
+    g = joint_fit.fit_joint(th, fixed, "arbitrary", n_boot=0)
     assert g.channels == ("order", "logic") and g.excluded[0][0] == "label"
     assert "confounded with logic" in g.excluded[0][1] and "counterbalanced" in g.excluded[0][1]
     assert g.m[1] == pytest.approx(0.05, abs=0.01)  # planted m_word reaches the logic cells
     # nothing varies: one cell per item
     one_cell = bt[(bt["order"] == "yes_first") & (bt["verb"] == "approve") & (bt["family"] == "yesno")]
     with pytest.raises(ValueError, match="no channel varies"):
-        fit.fit_joint(th, one_cell, "yesno")
+        joint_fit.fit_joint(th, one_cell, "yesno")
     with pytest.raises(ValueError, match="at least 3 items"):
-        fit.fit_joint(th.iloc[:2], bt, "yesno")
+        joint_fit.fit_joint(th.iloc[:2], bt, "yesno")
     with pytest.raises(ValueError, match="unknown label family"):
-        fit.fit_joint(th, bt, "mark")
+        joint_fit.fit_joint(th, bt, "mark")
     # fit_joints reports a family it cannot fit in a row instead of failing the others
-    table = fit.fit_joints(th, pd.concat([one_cell, bt[bt["family"] == "arbitrary"]]), n_boot=0)
+    table = joint_fit.fit_joints(th, pd.concat([one_cell, bt[bt["family"] == "arbitrary"]]), n_boot=0)
     assert list(table["family"]) == ["yesno", "arbitrary", "arbitrary", "arbitrary"]
     assert "no channel varies" in table["note"].iloc[0]
 
@@ -427,7 +427,7 @@ def _label_pull_study(seeds, n_boot):
         opts, per = bc.frames_readout(trials, SimEngine(p).readout(trials))
         bt = fit.binary_trials(opts, per)
         for pair, m in pulls.items():
-            pf = fit.fit_pair(_theta(seed, ("0-10",)), bt, pair, n_boot=n_boot, seed=seed)
+            pf = joint_fit.fit_pair(_theta(seed, ("0-10",)), bt, pair, n_boot=n_boot, seed=seed)
             k = pf.channels.index("label")
             hits += pf.m_lo[k] <= m <= pf.m_hi[k]
     return hits / (2 * len(seeds))
@@ -469,9 +469,9 @@ def test_one_unfittable_channel_does_not_hide_the_others():
     th = _theta(5, ("0-10",))
     refused = (bt["labels"] == "A/B") & ~bt["item_id"].isin(ITEMS[:2]) & (bt["cbr_first"])
     bt.loc[refused, "p_cbr"] = np.nan
-    fits, unfitted = fit.fit_each_channel(th, bt, n_boot=0)
+    fits, unfitted = channel_fit.fit_each_channel(th, bt, n_boot=0)
     assert fits["channel"].tolist() == ["order", "lexical"]
-    alone = fit.fit_channel(th, fit.channel_sides(bt, "order"), channel="order", n_boot=0)
+    alone = channel_fit.fit_channel(th, fit.channel_sides(bt, "order"), channel="order", n_boot=0)
     assert fits.set_index("channel").loc["order", "s"] == pytest.approx(alone.s, abs=1e-12)
     assert fits.set_index("channel").loc["order", "n_items"] == len(ITEMS)
     assert [u.channel for u in unfitted] == ["logic", "label"]
@@ -479,7 +479,7 @@ def test_one_unfittable_channel_does_not_hide_the_others():
     assert why.startswith(f"2 of {len(ITEMS)} stories have every cell usable (2 with theta; the fit needs 3)")
     # the cells printed first with CBR: (approve, yes_first) and (oppose, no_first), either mapping
     assert f"verb=approve, order=yes_first, mapping=canonical empty in {len(ITEMS) - 2}" in why
-    assert fit.fit_each_channel(th, bt, n_boot=0)[0]["channel"].tolist() == ["order", "lexical"]
+    assert channel_fit.fit_each_channel(th, bt, n_boot=0)[0]["channel"].tolist() == ["order", "lexical"]
 
 
 def test_joint_near_tie_counts_only_complete_stories():
@@ -487,7 +487,7 @@ def test_joint_near_tie_counts_only_complete_stories():
     # its three others (0.99, 0.01, 0.5) average to z = 0 unbalanced: it must not count (n_near_tie 1, not 2)
     x = np.array([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])
     p = np.array([[0.5] * 4, [0.99] * 4, [0.99, 0.01, 0.5, np.nan]])
-    data = fit.JointData("yesno", ("order", "lexical"), (), ("a", "b", "c"), np.array([0.0, 0.9, 0.1]), p, x)
-    f = fit.fit_joint_data(data, n_boot=0)
+    data = joint_fit.JointData("yesno", ("order", "lexical"), (), ("a", "b", "c"), np.array([0.0, 0.9, 0.1]), p, x)
+    f = joint_fit.fit_joint_data(data, n_boot=0)
     assert f.n_near_tie == 1
     assert f.n_cells == 11

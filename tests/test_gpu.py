@@ -31,7 +31,7 @@ def test_gpu_fp32_matches_cpu_and_bf16_is_close(model: str) -> None:
 
 def test_split_model_runs_every_readout_and_sampling_path() -> None:
     """Norm and lm_head on the CPU, the layers on the GPU: every path equals the model in one place."""
-    from scripts.device_check import step_split
+    from scripts.device.tiny_steps import step_split
 
     rows: list[dict] = []
     assert step_split(["tiny", "tiny-hybrid"], "cuda:0", rows.append) == []
@@ -41,8 +41,9 @@ def test_split_model_runs_every_readout_and_sampling_path() -> None:
 def test_slots_recorded_in_cuda_graphs_read_what_whole_forwards_read(device: str = "cuda") -> None:
     """float32 think mode on one GPU with --hf-decode-graphs on: slot steps recorded in CUDA graphs (none failed,
     two spans), teacher forced through the refilled stack's traces, read the whole-sequence forwards' log-probs
-    within the device check's bound (:func:`scripts.device_check.graphs_logprobs`)."""
-    from scripts.device_check import engine, graphs_logprobs
+    within the device check's bound (:func:`scripts.device.tiny_steps.graphs_logprobs`)."""
+    from scripts.device.tiny_steps import graphs_logprobs
+    from scripts.device.trials import engine
 
     rows: list[dict] = []
     assert graphs_logprobs(engine("tiny", device, "float32"), "tiny", device, rows.append) == []

@@ -209,7 +209,7 @@ def test_device_check_dry_run_fits_a_lease(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     total = [line for line in done.stdout.splitlines() if "estimated in all" in line]
     assert len(total) == 1 and int(total[0].split()[0]) <= 240, done.stdout
-    from scripts.device_check import STEPS
+    from scripts.device.steps import STEPS
 
     assert all(s.name in done.stdout for s in STEPS if s.default)
 

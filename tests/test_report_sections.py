@@ -116,9 +116,9 @@ def test_probe_analyze_fails_naming_the_section_of_a_planted_bug(
 def test_a_bug_in_a_computed_part_names_the_part(
     battery_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from analysis.battery import results
+    from analysis.battery import instrument_parts
 
-    monkeypatch.setattr(results, "decompose", lambda cells: pd.DataFrame(_broadcast()))
+    monkeypatch.setattr(instrument_parts, "decompose", lambda cells: pd.DataFrame(_broadcast()))
     assert "report section compute_verbflip failed" in _analyze_error(battery_run, capsys)
 
 

@@ -230,7 +230,7 @@ def test_yesno_run_through_the_store_gives_eq1_to_machine_precision(tmp_path):
 
 def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     """The lead's real battery, run by the real runner on the sim (readouts, greedy free choice judged by rule)."""
-    from analysis.battery import fit, stance
+    from analysis.battery import channel_fit, fit, stance
     from experiments.battery import REDUCED, BatterySpec
     from experiments.judge import RuleJudge
     from probe.app.runner import run
@@ -252,7 +252,7 @@ def test_battery_run_on_the_sim_feeds_every_estimator(tmp_path):
     assert floor.within_sd_mean < floor.between_sd_mean
     b = fit.binary_trials(opts, per)
     assert set(b["family"]) == {"yesno", "arbitrary", "mark", "foreign"}
-    fits = fit.fit_each_channel(th, b, n_boot=50, seed=0)[0].set_index("channel")
+    fits = channel_fit.fit_each_channel(th, b, n_boot=50, seed=0)[0].set_index("channel")
     assert list(fits.index) == ["order", "lexical", "logic", "label"]
     assert fits.loc["order", "m"] == pytest.approx(-0.1, abs=0.05)
     judgments = store.load("judgments").merge(open_run(store.root).trial_meta()[["trial_id", "item_id"]], on="trial_id")
@@ -307,7 +307,7 @@ def test_planted_per_pair_label_pulls_are_what_the_gradient_reports():
     per-pair joint fit gives the planted m back in theta units (readouts: no
     sampling noise, so the tolerance is the optimizer's).
     """
-    from analysis.battery import fit
+    from analysis.battery import fit, joint_fit
     from analysis.battery.binary import cell_events, lexicality_gradient, projections
 
     items = [f"i{k:02d}" for k in range(12)]
@@ -331,7 +331,7 @@ def test_planted_per_pair_label_pulls_are_what_the_gradient_reports():
         assert by_pair.loc[pair, "label_pull"] == pytest.approx(np.mean(b), abs=1e-12)
         assert by_pair.loc[pair, "logic"] != pytest.approx(by_pair.loc[pair, "label_pull"], abs=0.01)
         th = pd.Series({i: p.item_theta(i) for i in items})
-        pf = fit.fit_pair(th, fit.binary_trials(opts, per), pair, n_boot=0)
+        pf = joint_fit.fit_pair(th, fit.binary_trials(opts, per), pair, n_boot=0)
         got = dict(zip(pf.channels, pf.m, strict=True))
         assert got["label"] == pytest.approx(m, abs=1e-6)
         assert got["order"] == pytest.approx(p.m_order, abs=1e-6)

@@ -253,7 +253,7 @@ def _cue_frames(trials: Sequence[Trial], eng: SimEngine, samples: int = 0) -> tu
 
 def _planted_rates(trials: Sequence[Trial], plant: CuePlant, seed: int) -> pd.DataFrame:
     """Per (arm, consequences, attr, group): the expected Favor and Against rate of the run's eligible answers."""
-    from analysis.cue import metrics as cm
+    from analysis.cue.decisions import ATTRS
     from engines.sim import _uniform
 
     rows = []
@@ -265,7 +265,7 @@ def _planted_rates(trials: Sequence[Trial], plant: CuePlant, seed: int) -> pd.Da
         at_benefit = _uniform(seed, "cue-neutral", t.item_id, f.get("consequences", "")) < plant.neutral_benefit
         event = "against" if at_benefit else "favor"
         rate = plant.answer_rate(event, arm, f["x_gender"], f["x_race"])
-        for attr in cm.ATTRS:
+        for attr in ATTRS:
             rows.append(
                 {"arm": arm, "consequences": f["consequences"], "attr": attr, "group": f[f"x_{attr}"],
                  "event": event, "rate": rate}

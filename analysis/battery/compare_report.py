@@ -17,7 +17,7 @@ set in every column), and then:
   paired item-bootstrap differences (off - on, the paper's sign) of mean sigma_repro, G, |m| and
   s per channel and of the joint fit (every resample redraws the same items
   for both runs and refits both);
-* **human anchors** from a user CSV (:func:`analysis.battery.compare.load_humans`), beside the models,
+* **human anchors** from a user CSV (:func:`analysis.battery.compare_humans.load_humans`), beside the models,
   with the model-human agreement and the human framing shift;
 * **logit vs sampled**: a readout run and a sampled-only run of one model,
   matched per trial: the readout temperature (:mod:`analysis.battery.calibration`)
@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.battery.compare import HUMAN_VS, N_OUTLIERS, Context, panel_context, yesno_context
+from analysis.battery.compare import N_OUTLIERS, Context, panel_context, yesno_context
+from analysis.battery.compare_humans import HUMAN_VS
 from analysis.battery.fit import LEVEL, N_BOOT, SEED
 from analysis.common.figures import pyplot
 from analysis.common.report import (

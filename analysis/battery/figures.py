@@ -78,7 +78,7 @@ def scatter_xy(
 def bowtie_ridge(sides: Mapping[str, pd.DataFrame], fits: pd.DataFrame) -> Any:
     """Per fitted channel: the bowtie (bias p+ - p- against the story stance z) and the ridge (bias against
     theta) with the fitted (s, m) curve over each."""
-    from analysis.battery.fit import predict
+    from analysis.battery.channel_fit import predict
 
     plt = pyplot()
     fig, axes = plt.subplots(2, len(sides), figsize=(4 * len(sides), 7), squeeze=False)

@@ -15,7 +15,7 @@
    robust to hiding the label). Kendall's tau-b between the rankings, with
    scipy's p-value (exact for small panels without ties).
 3. **Sign tests across models** of the Gap, Delta Against and Delta Favor per
-   group (:func:`analysis.cue.metrics.sign_tests`).
+   group (:func:`analysis.cue.across_models.sign_tests`).
 4. **Gap against model attributes**: a user table (``--attributes`` CSV,
    column ``model`` matching a run's display name or its model, numeric
    columns); when every run has identity checks, the derived
@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.cue.metrics import Decision
+from analysis.cue.decisions import Decision
 from analysis.cue.panel_tables import PaperTables, paper_tables
 from probe.panel import Panel, PanelError, PanelRun, shared_items
 from probe.views import SOURCES
@@ -68,7 +68,7 @@ class CueRun:
     gap: pd.DataFrame
     solve: pd.DataFrame | None
     status: pd.DataFrame | None = None
-    """Could-be status bias per (arm, consequences, status, attr, group) (:func:`analysis.cue.metrics.status_bias`);
+    """Could-be status bias per (arm, consequences, status, attr, group) (:func:`analysis.cue.identity.status_bias`);
     None without annotated could-be trials."""
     topic: pd.DataFrame | None = None
     """Decision bias per (arm, consequences, topic) (:func:`analysis.cue.metrics.breakdown_tables`); None without
@@ -101,15 +101,16 @@ def run_tables(
     decision: Decision = "greedy",
 ) -> CueRun:
     """Bias, gap and solve-rate tables of one run restricted to ``items``."""
-    from analysis.cue import metrics as cue
+    from analysis.cue.identity import identity_checks, solve_rates
+    from analysis.cue.metrics import decision_bias
 
     keep = set(items)
     pt = per_trial[per_trial["item_id"].isin(keep)]
     opts = options[options["trial_id"].isin(set(pt["trial_id"]))]
-    bias, gap = cue.decision_bias(opts, pt, decision=decision, n_boot=n_boot, seed=seed)
-    checks, _ = cue.identity_checks(run.run(), opts, pt, _labels(run))  # JSON replies when the run has them
+    bias, gap = decision_bias(opts, pt, decision=decision, n_boot=n_boot, seed=seed)
+    checks, _ = identity_checks(run.run(), opts, pt, _labels(run))  # JSON replies when the run has them
     checks = checks[checks["item_id"].isin(keep)]
-    solve = cue.solve_rates(checks) if not checks.empty else None
+    solve = solve_rates(checks) if not checks.empty else None
     return CueRun(run, bias, gap, solve, *_paper_tables(opts, pt, n_boot=n_boot, seed=seed, decision=decision))
 
 
@@ -118,16 +119,17 @@ def _paper_tables(
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None, pd.DataFrame | None]:
     """(status, topic, wordings) of one run for the paper's cross-model tables (:mod:`analysis.cue.panel_tables`);
     each None where the run lacks what it needs."""
-    from analysis.cue import metrics as cue
+    from analysis.cue.identity import status_bias
+    from analysis.cue.metrics import breakdown_tables, wording_table
 
     status = None
     if (per_trial["probe"] == "could_be").any():
-        sb = cue.status_bias(options, per_trial, decision=decision, n_boot=n_boot, seed=seed)
+        sb = status_bias(options, per_trial, decision=decision, n_boot=n_boot, seed=seed)
         status = sb if not sb.empty else None
-    topic, _ = cue.breakdown_tables(options, per_trial, "topic", decision=decision, n_boot=n_boot, seed=seed)
+    topic, _ = breakdown_tables(options, per_trial, "topic", decision=decision, n_boot=n_boot, seed=seed)
     wordings = None
     if "wording" in per_trial.columns and per_trial["wording"].fillna("").astype(str).ne("").any():
-        wordings = cue.wording_table(options, per_trial, decision=decision, n_boot=n_boot, seed=seed)
+        wordings = wording_table(options, per_trial, decision=decision, n_boot=n_boot, seed=seed)
     return status, (topic if not topic.empty else None), wordings
 
 
@@ -168,7 +170,7 @@ def _macro(frame: pd.DataFrame, arm: str, cons: str) -> pd.Series:
 
 def model_table(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
     """One row per run: macro net under Direct and under ``arm``, the deltas and the Gap, with bootstrap SDs."""
-    from analysis.cue.metrics import REFERENCE
+    from analysis.cue.decisions import REFERENCE
 
     rows = []
     for r in runs:
@@ -229,7 +231,7 @@ def kendall(table: pd.DataFrame) -> pd.DataFrame:
 
 def group_sign_tests(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
     """Sign tests across runs of Gap, Delta Against and Delta Favor, per group (and the macro row)."""
-    from analysis.cue.metrics import sign_tests, stack_models
+    from analysis.cue.across_models import sign_tests, stack_models
 
     per_model = stack_models({r.run.name: r.gap[(r.gap["arm"] == arm) & (r.gap["consequences"] == cons)] for r in runs})
     parts = [sign_tests(per_model, value=v).assign(value=v) for v in ("gap", "d_against", "d_favor")]
@@ -238,7 +240,7 @@ def group_sign_tests(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFram
 
 def net_by_group(runs: Sequence[CueRun], arm: str, cons: str) -> pd.DataFrame:
     """Long table: per run and group, net under Direct and under ``arm``, and the gap."""
-    from analysis.cue.metrics import REFERENCE
+    from analysis.cue.decisions import REFERENCE
 
     rows = []
     for r in runs:

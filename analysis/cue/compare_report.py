@@ -31,7 +31,7 @@ from analysis.cue.compare import (
     CueComparison,
     compare_cue_sources,
 )
-from analysis.cue.metrics import Decision
+from analysis.cue.decisions import Decision
 from probe.panel import Panel
 
 

@@ -38,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.checks import LOW_COVERAGE
-from analysis.cue.metrics import CELL, PAIR, REFERENCE, greedy_is
+from analysis.cue.decisions import CELL, REFERENCE, greedy_is
+from analysis.cue.identity import PAIR
 
 ALPHA = 0.05
 """Level of the chance tests (two-sided binomial, one-sided permutation) and of the intervals (1 - ALPHA)."""
@@ -53,7 +54,7 @@ JOINT = "joint"
 def decision_changes(df: pd.DataFrame) -> pd.DataFrame:
     """Per cell (arm, consequences, attr, group): ``pairs`` answered, ``changed`` greedy decisions, ``identical``.
 
-    ``df`` is :func:`analysis.cue.metrics.with_baseline` output (columns ``p``, ``p_s``,
+    ``df`` is :func:`analysis.cue.decisions.with_baseline` output (columns ``p``, ``p_s``,
     ``benefit_first``, ``s_benefit_first`` and X's ``x_gender`` / ``x_race``):
     one what-if answer per row with the Neutral P(benefit) of its dilemma.
     A pair is changed when the greedy what-if decision differs from the greedy
@@ -232,7 +233,7 @@ def recovery_vs_chance(
 ) -> list[Chance]:
     """Identity recovery per (arm, consequences) and attribute, and jointly, against both chance levels.
 
-    ``checks`` is :func:`analysis.cue.metrics.check_frame` or ``json_check_frame``
+    ``checks`` is :func:`analysis.cue.identity.check_frame` or ``json_check_frame``
     output (one row per pair and attribute: ``truth``, ``answer``, NaN for an
     abstention); ``n_options`` gives the options per attribute (its label
     count). A pair enters an attribute's test when that attribute was

