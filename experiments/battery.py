@@ -350,7 +350,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--judge",
         default="rule",
         help="free-choice verdicts: 'rule' (which course the reply names; default), or a logit model spec "
-        "(e.g. tiny, a local folder, a hub id) read over PRO/ANTI/NONCOMMIT",
+        "(e.g. tiny, a local folder, a hub id) read over PRO/ANTI/NONCOMMIT, or an API model sampled on the same "
+        "question (openai:<model>, anthropic:<model>, openai-compatible:<name>@<url>)",
     )
     add_salt_arguments(p)
 

@@ -162,17 +162,23 @@ def judge_engine(spec: str, args: argparse.Namespace | None = None) -> Any:
     return make_engine(a).load()
 
 
-def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge | LogitJudge:
-    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode).
+def make_judge(spec: str, args: argparse.Namespace | None = None) -> Any:
+    """``rule``, a logit model spec (built with the run's engine flags, never in think mode), or an API model spec
+    (sampled: :mod:`experiments.judge_api`).
 
     The judge reads the run's replies in the run's mode (``args.think``): where a reply's think block ends.
     """
     think = bool(getattr(args, "think", False))
     if spec == "rule":
         return RuleJudge(think=think)
+    from experiments.judge_api import is_api_spec, make_api_judge
+
+    if is_api_spec(spec):
+        return make_api_judge(spec, args)
     engine = judge_engine(spec, args)
     if not hasattr(engine, "readout"):
         raise ValueError(
-            f"judge {spec!r} is not a logit engine; use 'rule' or a local model (an API judge comes with the api engine)"
+            f"judge {spec!r} is not a logit engine; use 'rule', a local model, or an API model "
+            "(openai:<model>, anthropic:<model>, openai-compatible:<name>@<url>)"
         )
     return LogitJudge(engine, think=think)
