@@ -43,6 +43,7 @@ import pandas as pd
 
 from analysis.battery.compare import HUMAN_VS, N_OUTLIERS, Context, panel_context, yesno_context
 from analysis.battery.fit import LEVEL, N_BOOT, SEED
+from analysis.battery.panel_figures import SECTIONS as PAPER_SECTIONS
 from analysis.common.figures import pyplot
 from analysis.common.report import (
     Body,
@@ -550,6 +551,7 @@ SECTIONS: list[Callable[[Context], Section]] = [
     logit_sampled_section,
     planted_section,
     layers_section,
+    *PAPER_SECTIONS,  # Figs. 1b, 5, 6 across models (analysis/battery/panel_figures.py)
 ]
 
 
