@@ -379,9 +379,9 @@ def spec_from_args(a: argparse.Namespace) -> BatterySpec:
 
 
 def _judge(a: argparse.Namespace) -> Any:
-    from experiments.judge import make_judge
+    from experiments.judge_api import make_free_choice_judge
 
-    return make_judge(a.judge, a)
+    return make_free_choice_judge(a.judge, a)
 
 
 EXPERIMENTS = (

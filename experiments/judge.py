@@ -162,19 +162,15 @@ def judge_engine(spec: str, args: argparse.Namespace | None = None) -> Any:
     return make_engine(a).load()
 
 
-def make_judge(spec: str, args: argparse.Namespace | None = None) -> Any:
-    """``rule``, a logit model spec (built with the run's engine flags, never in think mode), or an API model spec
-    (sampled: :mod:`experiments.judge_api`).
+def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge | LogitJudge:
+    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode); an API model spec
+    is :func:`experiments.judge_api.make_free_choice_judge`'s.
 
     The judge reads the run's replies in the run's mode (``args.think``): where a reply's think block ends.
     """
     think = bool(getattr(args, "think", False))
     if spec == "rule":
         return RuleJudge(think=think)
-    from experiments.judge_api import is_api_spec, make_api_judge
-
-    if is_api_spec(spec):
-        return make_api_judge(spec, args)
     engine = judge_engine(spec, args)
     if not hasattr(engine, "readout"):
         raise ValueError(

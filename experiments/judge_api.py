@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.judge import VERDICTS, judge_engine, judge_trial
+from experiments.judge import VERDICTS, judge_engine, judge_trial, make_judge
 from probe.tables import JUDGMENTS
 from probe.types import Sample, Trial
 
@@ -129,3 +129,9 @@ def make_api_judge(spec: str, args: argparse.Namespace | None = None) -> ApiJudg
     a.no_readout = True  # sampled, whatever the provider (module docstring)
     engine = judge_engine(spec, a)
     return ApiJudge(engine, spec, think=bool(getattr(args, "think", False)))
+
+
+def make_free_choice_judge(spec: str, args: argparse.Namespace | None = None) -> Any:
+    """The run's ``--judge``: an API model spec gives an :class:`ApiJudge`, anything else
+    :func:`experiments.judge.make_judge` (``rule`` or a logit model)."""
+    return make_api_judge(spec, args) if is_api_spec(spec) else make_judge(spec, args)

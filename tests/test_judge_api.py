@@ -98,9 +98,10 @@ def test_make_judge_builds_a_sampling_api_engine_for_every_api_spec() -> None:
     """``--judge openai-compatible:...`` is the API engine (sampled), even where the run reads the slot."""
     import argparse
 
-    from experiments.judge import make_judge
-    from experiments.judge_api import ApiJudge
+    from experiments.judge import RuleJudge
+    from experiments.judge_api import ApiJudge, make_free_choice_judge
 
-    j = make_judge("openai-compatible:m@http://127.0.0.1:9/v1", argparse.Namespace(no_readout=False))
+    assert isinstance(make_free_choice_judge("rule"), RuleJudge)
+    j = make_free_choice_judge("openai-compatible:m@http://127.0.0.1:9/v1", argparse.Namespace(no_readout=False))
     assert isinstance(j, ApiJudge) and j.engine.name == "api"
     assert j.identity()["provider"] == "openai-compatible" and j.name == "api:openai-compatible:m@http://127.0.0.1:9/v1"
