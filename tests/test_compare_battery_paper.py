@@ -125,6 +125,19 @@ def test_lexicality_contrast_and_collapse_by_hand(panel: Path) -> None:
     assert collapse.loc[RUN["a"], "lexical"] < 0 < collapse.loc[RUN["c"], "lexical"]
 
 
+def test_fig2_decomposition_per_model(panel: Path) -> None:
+    t = pd.read_csv(panel / "fig2_decomposition.csv", index_col="run")
+    items = pd.read_csv(panel / "decomposition_by_item.csv")
+    for name, p in PLANTED.items():
+        row, per = t.loc[RUN[name]], items[items["run"] == RUN[name]]
+        for col in ("apparent", "order", "lexical"):  # the story mean of the per-dilemma table, inside its CI
+            assert row[col] == pytest.approx(per[col].mean(), abs=1e-6)
+            assert row[f"{col}_lo"] <= row[col] <= row[f"{col}_hi"]
+        assert row["apparent"] == pytest.approx(row["order"] + row["lexical"], abs=1e-5)  # the crossing identity
+        assert np.sign(row["order"]) == np.sign(p["m_order"])
+        assert np.sign(row["lexical"]) == np.sign(p["m_word"] + p["m_logic"])  # Yes/No carries word and verdict
+
+
 def test_fig1b_shares_by_hand(panel: Path) -> None:
     t = pd.read_csv(panel / "fig1b_incoherence.csv", index_col="run")
     models = pd.read_csv(panel / "models.csv", index_col="run")
@@ -149,4 +162,5 @@ def test_each_new_figure_is_drawn(panel: Path) -> None:
         assert (panel / name).stat().st_size > 10_000, name
     summary = (panel / "summary.md").read_text()
     assert "## Components of the cross-form incoherence (Fig. 1b)" in summary
+    assert "## The yes/no bias decomposed per model (Fig. 2)" in summary
     assert "## Label pairs across models: projections and the lexicality gradient (Figs. 5-6)" in summary

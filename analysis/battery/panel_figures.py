@@ -1,10 +1,12 @@
-"""Paper 003's cross-model figures in ``probe compare``: Fig. 1b and Figs. 5-6, each a CSV, a Markdown table and a
+"""Paper 003's cross-model figures in ``probe compare``: Figs. 1b, 2, 5 and 6, each a CSV, a Markdown table and a
 PNG drawn from that CSV's frame.
 
 * **Fig. 1b**, the components of the cross-form spread per configuration (:func:`incoherence_components`): the
   pooled sigma_repro of each run (the models table's), its bar split by variance share into the anchor-direction
   and the scale components, which add in quadrature (sigma_repro^2 = sigma_dir^2 + sigma_scale^2: "drawn by
   variance share, never stacked linearly"). ``fig1b_incoherence.csv``, ``fig1b_incoherence.png``.
+* **Fig. 2**, the apparent yes/no bias and its split into order + lexical per configuration, story-averaged with
+  bootstrap CIs (:func:`decomposition_table`). ``fig2_decomposition.csv``, ``fig2_decomposition_models.png``.
 * **Figs. 5 and 6**, the verb x label x order projections of every label pair of every run
   (:func:`label_pairs_table`), on the panel's shared dilemmas, as the battery report computes them per run
   (:func:`analysis.battery.binary.projections`; complete stories only): order, logic, label and the label pull
@@ -103,6 +105,64 @@ def incoherence_section(c: Context) -> Body:
         {"fig1b_incoherence": _table(t, index=True)}, (Drawing("fig1b_incoherence.png", functools.partial(fig1b, t)),)
     )
     return lines, files
+
+
+# ------------------------------------------------------------------ Fig. 2
+DECOMPOSITION = ("apparent", "order", "lexical")
+"""Fig. 2's bars: the apparent yes/no bias and its two parts (apparent = order + lexical)."""
+
+
+def decomposition_table(c: Context) -> pd.DataFrame:
+    """Per run with the yes/no verb flip: the story-averaged apparent, order and lexical bias with bootstrap CIs."""
+    from analysis.battery.yesno import story_mean_ci
+
+    rows = {}
+    for name, d in c.runs.items():
+        if d.dec is None or d.dec.empty:
+            continue
+        ci = story_mean_ci(d.dec[list(DECOMPOSITION)], n_boot=c.n_boot, seed=c.seed)
+        row: dict[str, Any] = {"model": d.run.model, "reasoning": "on" if d.run.reasoning else "off"}
+        for k in DECOMPOSITION:
+            row |= {k: ci.loc[k, "mean"], f"{k}_lo": ci.loc[k, "lo"], f"{k}_hi": ci.loc[k, "hi"]}
+        row["n_items"] = int(ci.loc["apparent", "n"])
+        rows[name] = row
+    if not rows:
+        raise NotComputed("no run has the yes/no verb flip (instrument binary, labels Yes/No)")
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "run"
+    return out
+
+
+def fig2(table: pd.DataFrame) -> Any:
+    """Fig. 2 from ``fig2_decomposition.csv``: per run, apparent, order and lexical bias with 95% CIs."""
+    plt = pyplot()
+    x = np.arange(len(table))
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(table) + 2), 3.6))
+    colors = {"apparent": "#8172b3", "order": "#dd8452", "lexical": "#c44e52"}
+    for k, col in enumerate(DECOMPOSITION):
+        ax.bar(x + (k - 1) * 0.27, table[col], 0.27, yerr=_half(table, col), capsize=2, color=colors[col], label=col)
+    ax.set_xticks(x, [str(i) for i in table.index], rotation=30, ha="right", fontsize=8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel("story-averaged b")
+    ax.set_title("The apparent yes/no bias = order + lexical (Fig. 2)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@titled("The yes/no bias decomposed per model (Fig. 2)")
+def decomposition_section(c: Context) -> Body:
+    t = decomposition_table(c)
+    lines = [
+        f"Per run, on the shared dilemmas: the yes/no verb flip's apparent bias and its exact split into order "
+        f"(toward the first-printed option) + lexical (toward the word yes), story-averaged, with {c.n_boot} "
+        f"percentile bootstrap resamples over dilemmas (seed {c.seed}). Figure `fig2_decomposition_models.png`, "
+        "drawn from `fig2_decomposition.csv`.",
+        "",
+        md_table(t.reset_index(), "{:+.3f}", nan="–"),
+    ]
+    drawing = Drawing("fig2_decomposition_models.png", functools.partial(fig2, t))
+    return lines, Files({"fig2_decomposition": _table(t, index=True)}, (drawing,))
 
 
 # ------------------------------------------------------------------ Figs. 5-6
@@ -350,5 +410,5 @@ def label_pairs_section(c: Context) -> Body:
     return lines, Files(tables, figures)
 
 
-SECTIONS = (incoherence_section, label_pairs_section)
+SECTIONS = (incoherence_section, decomposition_section, label_pairs_section)
 """The sections this module adds to the battery comparison (after the others)."""
