@@ -125,6 +125,13 @@ def make_api_judge(spec: str, args: argparse.Namespace | None = None) -> ApiJudg
             f"{spec!r} is not an API model spec; use openai:<model>, anthropic:<model> or "
             "openai-compatible:<name>@<url>"
         )
+    subject = str(getattr(args, "model", ""))
+    if getattr(args, "dry_run", False) and not is_api_spec(subject):
+        raise ValueError(
+            f"--dry-run estimates an API subject's calls and stops before the first; with the local subject "
+            f"{subject!r} the run would go on and call the judge {spec} for real: drop --dry-run (the judge makes "
+            "one call per free-choice reply)"
+        )
     a = copy.copy(args) if args is not None else argparse.Namespace()
     a.no_readout = True  # sampled, whatever the provider (module docstring)
     engine = judge_engine(spec, a)

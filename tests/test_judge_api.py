@@ -105,3 +105,13 @@ def test_make_judge_builds_a_sampling_api_engine_for_every_api_spec() -> None:
     j = make_free_choice_judge("openai-compatible:m@http://127.0.0.1:9/v1", argparse.Namespace(no_readout=False))
     assert isinstance(j, ApiJudge) and j.engine.name == "api"
     assert j.identity()["provider"] == "openai-compatible" and j.name == "api:openai-compatible:m@http://127.0.0.1:9/v1"
+
+
+def test_a_dry_run_with_a_local_subject_is_refused_before_any_call() -> None:
+    import argparse
+
+    from experiments.judge_api import make_free_choice_judge
+
+    a = argparse.Namespace(model="tiny", dry_run=True)
+    with pytest.raises(ValueError, match="drop --dry-run"):
+        make_free_choice_judge("openai-compatible:m@http://127.0.0.1:9/v1", a)
