@@ -163,7 +163,7 @@ endif
 	touch $@
 
 # The conformance suite runs vLLM on whatever device it has (CPU here); the GPU-only file joins on a CUDA machine.
-VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_real.py tests/test_vllm_conformance.py tests/test_vllm_serve_readout.py $(if $(VLLM_CUDA),tests/test_vllm_gpu.py)
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_real.py tests/test_vllm_conformance.py tests/test_vllm_serve_readout.py tests/test_judge_api_vllm.py $(if $(VLLM_CUDA),tests/test_vllm_gpu.py)
 
 # `make test-vllm MODEL=smol` (a model, or a comma list, given on the command line): every per-model check of the
 # conformance suite on that model only, its figures printed (-s; vLLM's INFO logs held back). The tests read the

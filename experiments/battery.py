@@ -350,7 +350,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--judge",
         default="rule",
         help="free-choice verdicts: 'rule' (which course the reply names; default), or a logit model spec "
-        "(e.g. tiny, a local folder, a hub id) read over PRO/ANTI/NONCOMMIT",
+        "(e.g. tiny, a local folder, a hub id) read over PRO/ANTI/NONCOMMIT, or an API model sampled on the same "
+        "question (openai:<model>, anthropic:<model>, openai-compatible:<name>@<url>)",
     )
     add_salt_arguments(p)
 
@@ -378,9 +379,9 @@ def spec_from_args(a: argparse.Namespace) -> BatterySpec:
 
 
 def _judge(a: argparse.Namespace) -> Any:
-    from experiments.judge import make_judge
+    from experiments.judge_api import make_free_choice_judge
 
-    return make_judge(a.judge, a)
+    return make_free_choice_judge(a.judge, a)
 
 
 EXPERIMENTS = (

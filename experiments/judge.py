@@ -163,7 +163,8 @@ def judge_engine(spec: str, args: argparse.Namespace | None = None) -> Any:
 
 
 def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge | LogitJudge:
-    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode).
+    """``rule`` or a logit model spec (built with the run's engine flags, never in think mode); an API model spec
+    is :func:`experiments.judge_api.make_free_choice_judge`'s.
 
     The judge reads the run's replies in the run's mode (``args.think``): where a reply's think block ends.
     """
@@ -173,6 +174,7 @@ def make_judge(spec: str, args: argparse.Namespace | None = None) -> RuleJudge |
     engine = judge_engine(spec, args)
     if not hasattr(engine, "readout"):
         raise ValueError(
-            f"judge {spec!r} is not a logit engine; use 'rule' or a local model (an API judge comes with the api engine)"
+            f"judge {spec!r} is not a logit engine; use 'rule', a local model, or an API model "
+            "(openai:<model>, anthropic:<model>, openai-compatible:<name>@<url>)"
         )
     return LogitJudge(engine, think=think)

@@ -44,6 +44,7 @@ import pandas as pd
 from analysis.battery.compare import N_OUTLIERS, Context, panel_context, yesno_context
 from analysis.battery.compare_humans import HUMAN_VS
 from analysis.battery.fit import LEVEL, N_BOOT, SEED
+from analysis.battery.panel_figures import SECTIONS as PAPER_SECTIONS
 from analysis.common.figures import pyplot
 from analysis.common.report import (
     Body,
@@ -551,6 +552,7 @@ SECTIONS: list[Callable[[Context], Section]] = [
     logit_sampled_section,
     planted_section,
     layers_section,
+    *PAPER_SECTIONS,  # Figs. 1b, 5, 6 across models (analysis/battery/panel_figures.py)
 ]
 
 
