@@ -17,8 +17,9 @@ def _cond(rows):
 
 
 def test_neutral_asym_table_hand_worked():
-    # four triage conditions: three binom-neutral (p_asym .03, .004, .0005; q .06, .02, .003), one not;
-    # margin-neutral: the first two; Wilson: none. A placebo row that must be left out.
+    # four triage conditions: three binom-neutral (p_asym .03, .004, .0005), one not (.001); margin-neutral: the
+    # first two; Wilson: none. BH over the four: sorted .0005 .001 .004 .03 -> q = .002 .002 .00533 .03, all
+    # below .05. A placebo row that must be left out.
     c = _cond(
         [
             ["triage", "cue", True, True, False, 0.03, 0.06, 0.52],
@@ -33,9 +34,15 @@ def test_neutral_asym_table_hand_worked():
     assert t.loc["binom", "sig_0.05"] == 1.0
     assert t.loc["binom", "sig_0.01"] == pytest.approx(2 / 3)
     assert t.loc["binom", "sig_0.001"] == pytest.approx(1 / 3)
-    assert t.loc["binom", "sig_bh"] == pytest.approx(2 / 3)
-    assert t.loc["margin", "n_neutral"] == 2 and t.loc["margin", "sig_0.01"] == 0.5 and t.loc["margin", "sig_bh"] == 0.5
+    assert t.loc["binom", "sig_bh"] == 1.0
+    assert t.loc["margin", "n_neutral"] == 2 and t.loc["margin", "sig_0.01"] == 0.5 and t.loc["margin", "sig_bh"] == 1.0
     assert t.loc["wilson", "n_neutral"] == 0 and math.isnan(t.loc["wilson", "sig_0.05"])
+    # with p .03 -> .3 the BH q of the first becomes .3 (rank 4 of 4): not significant
+    c.loc[0, "p_asym"] = 0.3
+    t = p.neutral_asym_table(c).set_index("neutrality")
+    assert t.loc["binom", "sig_bh"] == pytest.approx(2 / 3) and t.loc["binom", "sig_0.05"] == pytest.approx(2 / 3)
+    t2 = p.neutral_asym_table(c.assign(p_asym_2x=0.001), p="p_asym_2x").set_index("neutrality")
+    assert t2.loc["binom", "sig_0.001"] == 0.0 and t2.loc["binom", "sig_0.01"] == 1.0
 
 
 def _cells(rows):

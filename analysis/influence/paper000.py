@@ -6,8 +6,8 @@ only format and draw them):
 * :func:`neutral_asym_table` (Table 21): the share of baseline-neutral
   conditions with a significant Asym, for the paper's three neutrality
   definitions (binomial test at 0.05; ``|f0(B) - 0.5| < 0.05``; the 95% Wilson CI
-  of f0(B) inside [0.45, 0.55]) x the thresholds 0.05, 0.01, 0.001 on ``p_asym``
-  and BH-FDR (``q_asym < 0.05``, within benchmark x variant x family).
+  of f0(B) inside [0.45, 0.55]) x the thresholds 0.05, 0.01, 0.001 on the Asym
+  test's p-value and BH-FDR (q < 0.05, within the benchmark's main cues).
 * :func:`larger_group` and :func:`larger_by_ratio` (I.9, Figures 15-19): how
   often the larger group is picked, per size pair and per size ratio, per arm.
 * :func:`invalid_rates` (I.12): refused, invalid and failed answers per
@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.influence.stats import bh_adjust
+
 ALPHAS = (0.05, 0.01, 0.001)
 """Table 21's raw thresholds on ``p_asym`` (BH-FDR is the fourth column)."""
 NEUTRALITY = (
@@ -42,20 +44,27 @@ def _main(cond: pd.DataFrame) -> pd.DataFrame:
     return cond[cond["variant"] == "cue"] if "variant" in cond.columns else cond
 
 
-def neutral_asym_table(cond: pd.DataFrame, alphas: Sequence[float] = ALPHAS, by: str = "benchmark") -> pd.DataFrame:
-    """Table 21 of the main-cue conditions of ``cond`` (a condition table: ``neutral_*``, ``p_asym``, ``q_asym``).
+def neutral_asym_table(
+    cond: pd.DataFrame, alphas: Sequence[float] = ALPHAS, by: str = "benchmark", p: str = "p_asym"
+) -> pd.DataFrame:
+    """Table 21 of the main-cue conditions of ``cond`` (a condition table with ``neutral_*`` and the p column ``p``).
 
     One row per ``by`` value and neutrality definition: ``n_neutral`` and, per threshold, the share of those
-    conditions with ``p_asym < alpha`` (``sig_<alpha>``) and with ``q_asym < 0.05`` (``sig_bh``); NaN where no
-    condition is neutral."""
+    conditions with ``p < alpha`` (``sig_<alpha>``) and with a BH-FDR q-value below 0.05 (``sig_bh``), the
+    q-values taken over every main-cue condition of the ``by`` group, then restricted to the neutral ones (as
+    the paper does: "BH-FDR within each benchmark"). NaN where no condition is neutral. ``p`` is ``p_asym``
+    (this project's Wald test, the baseline variance counted four times) or ``p_asym_2x`` (the paper's, counted
+    twice: s(A) and s(B) treated as independent)."""
     rows = []
     for key, g in _main(cond).groupby(by, sort=False):
+        q = bh_adjust(g[p].to_numpy(float))
         for name, col, label in NEUTRALITY:
-            sub = g[g[col].astype(bool)]
-            row: dict[str, object] = {by: key, "neutrality": name, "definition": label, "n_neutral": len(sub)}
+            mask = g[col].astype(bool).to_numpy()
+            pv, qv = g[p].to_numpy(float)[mask], q[mask]
+            row: dict[str, object] = {by: key, "neutrality": name, "definition": label, "n_neutral": int(mask.sum())}
             for a in alphas:
-                row[f"sig_{a:g}"] = float((sub["p_asym"] < a).mean()) if len(sub) else math.nan
-            row["sig_bh"] = float((sub["q_asym"] < 0.05).mean()) if len(sub) else math.nan
+                row[f"sig_{a:g}"] = float(np.mean(pv < a)) if mask.any() else math.nan
+            row["sig_bh"] = float(np.mean(qv < 0.05)) if mask.any() else math.nan
             rows.append(row)
     cols = [by, "neutrality", "definition", "n_neutral", *(f"sig_{a:g}" for a in alphas), "sig_bh"]
     return pd.DataFrame(rows, columns=cols)
