@@ -9,6 +9,19 @@ with the six counts (GitHub PredictablyWeird/Choices, branch arxiv-version-2,
 ``trolley`` for ``triage``, and the reasoning mode is a suffix of the model
 name (``-reasoning`` / ``-non-reasoning``; no suffix: reasoning off).
 :func:`choices_frame` renames, nothing else; the counts pass unchanged.
+
+The per-benchmark summaries the paper's numbers are computed from
+(``experiments/asymmetry-regression/data/{trolley,bbq,dailydilemmas}_summary.csv``
+on the same branch) give frequencies, not counts: ``f_0_B``, ``f_A_B``,
+``f_B_B`` and ``n_comparisons``, with the reasoning mode in
+``reasoning_condition`` (``off`` / ``none``: off; ``low`` / ``before``, the
+latter Llama's step-by-step prompt: on). :func:`summary_frame` turns them into
+counts the way the authors' own pipeline does for DailyDilemmas
+(``pipeline/produce_paper_artifacts.py``, ``_reconstruct_dd_pvalues``): each arm
+holds ``n_comparisons x k`` answers (k = 8 per comparison on the triage task
+and BBQ as the paper's pipeline assumes, 3 on DailyDilemmas) and
+``c = round(f x n)``. Where invalid answers were discarded the true arm is
+smaller; the paper's numbers rest on the same assumption.
 """
 
 from __future__ import annotations
@@ -18,7 +31,12 @@ from pathlib import Path
 import pandas as pd
 
 BENCHMARKS = {"trolley": "triage", "bbq": "bbq", "dailydilemmas": "dd"}
-INFLUENCES = {"survey_preference": "survey", "few_shot_3": "few_shot"}
+INFLUENCES = {
+    "survey_preference": "survey",
+    "few_shot_3": "few_shot",
+    "few_shot_value": "few_shot",
+    "virtue": "virtue_appeal",
+}
 KINDS = {"role_play": "system", "few_shot": "turns"}
 """Where a cue sits (the paper's F.1): role-play replaces the system prompt, few-shot is prior turns, the rest
 are sentences."""
@@ -61,6 +79,71 @@ def choices_frame(raw: pd.DataFrame) -> pd.DataFrame:
     for c in COUNTS:
         out[c] = raw[c].astype(int)
     return out
+
+
+PER_COMPARISON = {"triage": 8, "bbq": 2, "dd": 3}
+"""Answers per comparison and arm that the paper's pipeline assumes (``n_comparisons x k``)."""
+REASONING = {"off": False, "none": False, "low": True, "before": True}
+PAPER_MODELS = (
+    "deepseek-v3-2-non-reasoning",
+    "deepseek-v3-2-reasoning",
+    "gpt-5-2-non-reasoning",
+    "gpt-5-2-reasoning",
+    "grok-41-fast-non-reasoning",
+    "grok-41-fast-reasoning",
+    "llama-33-70b",
+    "qwen3-235b-a22b-2507",
+    "qwen3-235b-a22b-2507-reasoning",
+)
+"""The nine model configurations the paper reports (its pipeline's ``PAPER_MODELS``); the summaries hold more."""
+PAPER_FACTORS = {"triage": ("age_group", "gender", "handedness", "nationality", "wealth")}
+PAPER_DROPPED = {"dd": ("dishonesty",)}
+"""DailyDilemmas' value the paper leaves out (saturated at 0%, G.1)."""
+
+
+def paper_rows(raw: pd.DataFrame, benchmark: str) -> pd.DataFrame:
+    """The rows of a published summary the paper reports: its nine model configurations, the triage task's five
+    factors, DailyDilemmas without dishonesty."""
+    keep = raw["model"].isin(PAPER_MODELS)
+    if benchmark in PAPER_FACTORS:
+        keep &= raw["factor"].isin(PAPER_FACTORS[benchmark])
+    if benchmark in PAPER_DROPPED:
+        keep &= ~raw["factor"].isin(PAPER_DROPPED[benchmark])
+    return raw[keep]
+
+
+def summary_frame(raw: pd.DataFrame, benchmark: str, paper: bool = True) -> pd.DataFrame:
+    """A published per-benchmark summary (frequencies) as rows of ``probe import``'s schema (counts, see the module
+    docstring); ``paper``: only the rows the paper reports (:func:`paper_rows`)."""
+    if benchmark not in PER_COMPARISON:
+        raise ValueError(f"benchmark {benchmark!r}: give one of {sorted(PER_COMPARISON)}")
+    need = ["model", "reasoning_condition", "factor", "level_A", "level_B", "nudge_type", "n_comparisons",
+            "f_0_B", "f_A_B", "f_B_B"]
+    missing = [c for c in need if c not in raw.columns]
+    if missing:
+        raise ValueError(f"not a published summary: columns {missing} missing (have {list(raw.columns)})")
+    bad = sorted(set(raw["reasoning_condition"].astype(str)) - set(REASONING))
+    if bad:
+        raise ValueError(f"unknown reasoning_condition(s) {bad}; known: {sorted(REASONING)}")
+    src = paper_rows(raw, benchmark) if paper else raw
+    n = src["n_comparisons"].astype(int) * PER_COMPARISON[benchmark]
+    influence = src["nudge_type"].map(lambda x: INFLUENCES.get(str(x), str(x)))
+    out = pd.DataFrame(
+        {
+            "model": src["model"].map(lambda m: model_mode(str(m))[0]),
+            "reasoning": src["reasoning_condition"].map(lambda r: "on" if REASONING[str(r)] else "off"),
+            "benchmark": benchmark,
+            "factor": src["factor"].astype(str),
+            "level_a": src["level_A"].astype(str),
+            "level_b": src["level_B"].astype(str),
+            "influence": influence,
+            "kind": influence.map(lambda x: KINDS.get(x, "sentence")),
+        }
+    )
+    for arm, col in (("0", "f_0_B"), ("A", "f_A_B"), ("B", "f_B_B")):
+        k = (src[col].astype(float) * n).round().astype(int)
+        out[f"c_{arm}_A"], out[f"c_{arm}_B"] = n - k, k
+    return out[[*out.columns[:8], *COUNTS]].reset_index(drop=True)
 
 
 def convert(src: str | Path, dst: str | Path) -> pd.DataFrame:
