@@ -18,10 +18,13 @@ on the same branch) give frequencies, not counts: ``f_0_B``, ``f_A_B``,
 latter Llama's step-by-step prompt: on). :func:`summary_frame` turns them into
 counts the way the authors' own pipeline does for DailyDilemmas
 (``pipeline/produce_paper_artifacts.py``, ``_reconstruct_dd_pvalues``): each arm
-holds ``n_comparisons x k`` answers (k = 8 per comparison on the triage task
-and BBQ as the paper's pipeline assumes, 3 on DailyDilemmas) and
-``c = round(f x n)``. Where invalid answers were discarded the true arm is
-smaller; the paper's numbers rest on the same assumption.
+holds ``n_comparisons x k`` answers and ``c = round(f x n)``, with k = 8 on the
+triage task (100 size pairs x 8), 2 on BBQ (125 questions x both orders: the
+arms of the published counts hold 250) and 3 on DailyDilemmas (the authors'
+assumption). Where invalid answers were discarded the true arm is smaller; the
+paper's DailyDilemmas numbers rest on the same assumption. (The authors'
+pipeline takes k = 8 on BBQ for its neutrality tests, which makes BBQ's
+binomial and Wilson rows of Table 21 stricter than the data; docs/papers.md.)
 """
 
 from __future__ import annotations
@@ -146,8 +149,33 @@ def summary_frame(raw: pd.DataFrame, benchmark: str, paper: bool = True) -> pd.D
     return out[[*out.columns[:8], *COUNTS]].reset_index(drop=True)
 
 
-def convert(src: str | Path, dst: str | Path) -> pd.DataFrame:
-    """Read the published CSV ``src`` and write it in the schema to ``dst``; returns what was written."""
-    out = choices_frame(pd.read_csv(src))
+def convert(src: str | Path, dst: str | Path, benchmark: str | None = None, paper: bool = True) -> pd.DataFrame:
+    """Read the published CSV ``src`` (``.csv`` or ``.csv.gz``) and write it in the schema to ``dst``: a summary
+    of ``benchmark`` (:func:`summary_frame`), or with no benchmark the table of counts (:func:`choices_frame`).
+    Returns what was written."""
+    raw = pd.read_csv(src)
+    out = summary_frame(raw, benchmark, paper) if benchmark else choices_frame(raw)
     out.to_csv(dst, index=False)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.influence.published SRC --out DST [--benchmark triage|bbq|dd] [--all-rows]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.influence.published",
+        description="paper 000's published per-condition results in probe import's schema",
+    )
+    ap.add_argument("src", help="a published summary (give --benchmark) or the table of counts (pvalues_by_condition)")
+    ap.add_argument("--out", required=True, help="the schema CSV to write (then: probe import OUT --out RUN)")
+    ap.add_argument("--benchmark", choices=sorted(PER_COMPARISON), help="the summary's benchmark")
+    ap.add_argument("--all-rows", action="store_true", help="keep the models and factors the paper does not report")
+    a = ap.parse_args(argv)
+    out = convert(a.src, a.out, a.benchmark, paper=not a.all_rows)
+    print(f"wrote {len(out)} conditions of {a.src} to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

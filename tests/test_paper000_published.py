@@ -1,0 +1,115 @@
+"""Paper 000's numbers reproduced through `probe import` on its published data (tests/data/paper000, SOURCES.md).
+
+Each expected value is the paper's, at the precision it prints it (percentages to one decimal, BB to whole
+percent). What the data do not allow is said in docs/papers.md and pinned here where this project's value differs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.influence import paper000 as p
+from analysis.influence.published import convert
+from analysis.influence.results import imported_results
+from probe.app.cli import main
+from probe.runs import open_run
+
+DATA = Path(__file__).parent / "data" / "paper000"
+SUMMARY = {"triage": "trolley_summary", "bbq": "bbq_summary", "dd": "dailydilemmas_summary"}
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """The three published summaries imported (the paper's nine model configurations), by benchmark."""
+    root = tmp_path_factory.mktemp("paper000")
+    out = {}
+    for bench, stem in SUMMARY.items():
+        csv = root / f"{bench}.csv"
+        convert(DATA / f"{stem}.csv.gz", csv, bench)
+        assert main(["import", str(csv), "--out", str(root / bench), "--no-report"]) == 0
+        out[bench] = imported_results(open_run(root / bench))
+    return out
+
+
+def pct(x: float) -> float:
+    return round(100 * x, 1)
+
+
+def _headline(res, metric: str) -> float:
+    h = res.panel["headline"]
+    return float(h.loc[h["metric"] == metric, "value"].iloc[0])
+
+
+def test_imports_every_condition_the_paper_reports(imported):
+    # 9 model configurations x 5 factors x 7 influences (triage); BBQ: 4 sub-experiments x 9 x 7; DD: 567 (G.1).
+    assert {b: len(r.conditions) for b, r in imported.items()} == {"triage": 350, "bbq": 252, "dd": 567}
+
+
+def test_headline_shifts_section_4_1(imported):
+    # "15.0 pp on triage, 17.7 pp on BBQ, and 12.3 pp on DailyDilemmas"; one-sentence user-message cues
+    # "13.0 pp / 19.3 pp / 15.4 pp"
+    for bench, allc, one in (("triage", 15.0, 13.0), ("bbq", 17.7, 19.3), ("dd", 12.3, 15.4)):
+        assert round(_headline(imported[bench], "mean |shift| (pp), all cues"), 1) == allc
+        assert round(_headline(imported[bench], "mean |shift| (pp), one-sentence user-message cues"), 1) == one
+
+
+def test_table_21_dailydilemmas(imported):
+    # Section 4.2: "the rate is 8.8% (3.4% under BH-FDR), and the asymmetry signal is detectable in 18.5% of all
+    # conditions"; the margin and Wilson rows of Table 21 (the authors' paper_numbers.json: n 70, 10.0 / 7.1 /
+    # 5.7; Wilson: no neutral condition). The paper's Wald test counts the baseline twice: p_asym_2x.
+    t = p.neutral_asym_table(imported["dd"].conditions, p="p_asym_2x").set_index("neutrality")
+    assert t.loc["binom", "n_neutral"] == 147
+    assert (pct(t.loc["binom", "sig_0.05"]), pct(t.loc["binom", "sig_0.01"]), pct(t.loc["binom", "sig_bh"])) == (
+        8.8,
+        4.1,
+        3.4,
+    )
+    assert t.loc["margin", "n_neutral"] == 70
+    assert (pct(t.loc["margin", "sig_0.05"]), pct(t.loc["margin", "sig_0.01"]), pct(t.loc["margin", "sig_bh"])) == (
+        10.0,
+        7.1,
+        5.7,
+    )
+    assert t.loc["wilson", "n_neutral"] == 0
+    assert pct(t.loc["all", "sig_0.05"]) == 18.5
+
+
+def test_table_21_bbq_margin_row(imported):
+    # BBQ: the margin row (n 51: 35.3 / 25.5 / 25.5) as the paper's. (Its every-condition row, 31.0 / 19.0 /
+    # 19.0, pairs the p-values of pvalues_by_condition with the summaries, Llama's 28 rows joined to both of
+    # Llama's modes; from the summaries alone: 31.0 / 18.3 / 17.9.)
+    t = p.neutral_asym_table(imported["bbq"].conditions, p="p_asym_2x").set_index("neutrality")
+    assert t.loc["margin", "n_neutral"] == 51
+    assert (pct(t.loc["margin", "sig_0.05"]), pct(t.loc["margin", "sig_0.01"]), pct(t.loc["margin", "sig_bh"])) == (
+        35.3,
+        25.5,
+        25.5,
+    )
+    assert (pct(t.loc["all", "sig_0.05"]), pct(t.loc["all", "sig_0.01"]), pct(t.loc["all", "sig_bh"])) == (
+        31.0,
+        18.3,
+        17.9,
+    )
+    # Not the paper's binomial row (n 28, 39.3%): its pipeline tests f0(B) on 125 x 8 = 1000 answers where BBQ's
+    # arms hold 250 (125 questions x both orders); on the data, 66 conditions are neutral.
+    assert t.loc["binom", "n_neutral"] == 66 and pct(t.loc["binom", "sig_0.05"]) == 34.8
+
+
+def test_table_21_triage_differs_and_why(imported):
+    # Not the paper's 44.4% (n 135): its p-values come from a second table of counts (pvalues_by_condition,
+    # which agrees with the summaries' flags on 87% of conditions, and its Llama rows are joined to both of
+    # Llama's reasoning modes); the summaries alone give n 136 and 39.7%.
+    t = p.neutral_asym_table(imported["triage"].conditions, p="p_asym_2x").set_index("neutrality")
+    assert t.loc["binom", "n_neutral"] == 136 and pct(t.loc["binom", "sig_0.05"]) == 39.7
+
+
+def test_table_11_baseline_bias(imported):
+    # I.9 / Table 11: "The average frequency of choosing the baseline-preferred option drops from 67% (95% CI
+    # 65-69%) without reasoning to 55% (54-56%) with reasoning".
+    bb = p.baseline_bias(imported["triage"].conditions).set_index("think")
+    for think, want in ((False, (67, 65, 69)), (True, (55, 54, 56))):
+        got = tuple(round(100 * bb.loc[think, c]) for c in ("bb", "bb_lo", "bb_hi"))
+        assert got == want
+    assert bb.loc[False, "conditions"] == bb.loc[True, "conditions"] == 175
