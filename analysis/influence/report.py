@@ -24,7 +24,7 @@ from analysis.battery.calibration import temperature_lines
 from analysis.common.figures import pyplot
 from analysis.common.report import Body, Drawing, Files, Table
 from analysis.common.tables import long_tables, md_table
-from analysis.influence import flags
+from analysis.influence import flags, paper000_report
 from analysis.influence.asym import FORMULA, AsymFit
 from analysis.influence.audit import Audit
 from analysis.influence.coding_report import coded_md
@@ -65,8 +65,11 @@ def influence_md(res: InfluenceResults) -> Body:
         tables["calibration_T"] = res.sides.temperature
         side = sources_md(res)
     coded, coded_files = coded_md(res.coded)
+    p000 = [(s.audit.source, paper000_report.source_tables(s.audit)) for s in res.sources]
     lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded]
+    lines += paper000_report.paper000_md(p000[0][1])
     files = Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, drawings) + coded_files
+    files += paper000_report.paper000_files(long_tables(p000), p000[0][1].get("larger_by_ratio"))
     return lines, files
 
 
@@ -391,7 +394,8 @@ def imported_report(run: Run) -> Body:
     CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
     """
     res = imported_results(run)
-    return imported_md(res), imported_files(res)
+    p_lines, p_files = paper000_report.imported_section(res.conditions)
+    return [*imported_md(res), *p_lines], imported_files(res) + p_files
 
 
 def imported_files(res: ImportedResults) -> Files:

@@ -1,0 +1,121 @@
+"""The report section of paper 000's appendix statistics (:mod:`analysis.influence.paper000`): tables, Markdown,
+and the I.9 figure drawn from the CSV beside it.
+
+:func:`source_tables` computes one source's tables, :func:`condition_tables` those of a condition table alone (an
+imported run, a comparison), :func:`paper000_md` formats them, :func:`paper000_files` lists the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import pandas as pd
+
+from analysis.common.figures import pyplot
+from analysis.common.report import Body, Drawing, Files, Table
+from analysis.influence import paper000 as p
+from analysis.influence.audit import Audit
+from analysis.influence.tables import table_section
+
+TESTS = (("p_asym", "Wald, baseline x4"), ("p_asym_2x", "Wald, baseline x2 (the paper's)"))
+"""The Asym tests Table 21 is given for, where the condition table has their p column."""
+BY = ("benchmark", "model", "think")
+"""How the comparison splits Table 21 and BB: one row per model and reasoning mode."""
+
+
+def table21(cond: pd.DataFrame, by: str = "benchmark") -> pd.DataFrame:
+    """Table 21 (:func:`analysis.influence.paper000.neutral_asym_table`) for each Asym test whose p column ``cond``
+    has, one after the other (column ``test``)."""
+    parts = [
+        p.neutral_asym_table(cond, by=by, p=col).assign(test=label)
+        for col, label in TESTS
+        if col in cond.columns
+    ]
+    out = pd.concat(parts, ignore_index=True)
+    return out[["test", *[c for c in out.columns if c != "test"]]]
+
+
+def condition_tables(cond: pd.DataFrame, by: tuple[str, ...] = ("benchmark", "think")) -> dict[str, pd.DataFrame]:
+    """The tables a condition table alone gives: Table 21 and Table 11's BB (per ``by``)."""
+    return {"table21_neutral_asym": table21(cond), "baseline_bias": p.baseline_bias(cond, by=by)}
+
+
+def source_tables(audit: Audit) -> dict[str, pd.DataFrame]:
+    """One source's tables: Table 21 and BB; I.9 where trials have group sizes (the triage task); I.12 where the
+    answers were sampled; Table 4's flip rates per value on DailyDilemmas."""
+    out = condition_tables(audit.conditions)
+    larger = p.larger_group(audit.cells)
+    if len(larger):
+        out["larger_group"] = larger
+        out["larger_by_ratio"] = p.larger_by_ratio(larger)
+        out["larger_summary"] = p.larger_summary(larger)
+    invalid = p.invalid_rates(audit.cells)
+    if len(invalid):
+        out["invalid_rates"] = invalid
+        out["invalid_by_arm"] = p.invalid_by_arm(invalid)
+    if audit.benchmark == "dd":
+        out["flip_rates_by_value"] = p.flip_rates_by_value(audit.cells)
+    return out
+
+
+def larger_figure(by_ratio: pd.DataFrame) -> Any:
+    """I.9 (Figures 15-19): the share of answers for the larger group against the size ratio, one line per pair,
+    one panel per arm (no cue, cue toward A, cue toward B), from ``larger_by_ratio.csv``'s rows."""
+    plt = pyplot()
+    arms = [a for a in ("base", "A", "B") if a in set(by_ratio["arm"])]
+    fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.6), sharey=True, squeeze=False)
+    for ax, arm in zip(axes[0], arms, strict=True):
+        for pair, g in by_ratio[by_ratio["arm"] == arm].groupby("pair", sort=False):
+            ax.plot(g["ratio"], g["rate"], marker="o", ms=3, label=str(pair))
+        ax.axhline(0.5, color="0.8", lw=1, ls="--")
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("larger / smaller group size")
+        ax.set_title({"base": "no cue", "A": "cue toward A", "B": "cue toward B"}[arm])
+    axes[0][0].set_ylabel("share choosing the larger group")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def paper000_md(tables: Mapping[str, pd.DataFrame]) -> list[str]:
+    """The summary's section: Table 21, BB, and the I.9, I.12 and Table 4 tables where they were computed."""
+    lines = [
+        "## Paper 000 appendix tables",
+        "",
+        "Table 21 (`table21_neutral_asym.csv`): the share of baseline-neutral main-cue conditions with a significant "
+        "Asym, per neutrality definition and threshold; BH-FDR over the benchmark's main cues, then restricted.",
+        "",
+        *table_section("### Table 21: baseline-neutral asymmetry rate", tables["table21_neutral_asym"]),
+        *table_section("### Table 11's BB: mean max(f0(B), 1 - f0(B)), normal 95% CI", tables["baseline_bias"]),
+    ]
+    if "larger_summary" in tables:
+        lines += table_section(
+            "### I.9: choosing the larger group (per size pair: `larger_group.csv`; per ratio: "
+            "`larger_by_ratio.csv`, `fig_larger_group.png`)",
+            tables["larger_summary"],
+        )
+    if "invalid_by_arm" in tables:
+        lines += table_section(
+            "### I.12: invalid answers (refused, invalid, failed) by arm and larger-N side "
+            "(per condition: `invalid_rates.csv`)",
+            tables["invalid_by_arm"],
+        )
+    if "flip_rates_by_value" in tables:
+        lines += table_section("### Table 4: sample-level flip rates per target value", tables["flip_rates_by_value"])
+    return lines
+
+
+def paper000_files(tables: Mapping[str, pd.DataFrame], by_ratio: pd.DataFrame | None = None) -> Files:
+    """The section's CSVs (``%.6g``) and, where I.9 was computed, its figure drawn from ``by_ratio`` (the first
+    source's rows of ``larger_by_ratio.csv``)."""
+    figs = () if by_ratio is None or by_ratio.empty else (Drawing("fig_larger_group.png", partial(larger_figure, by_ratio)),)
+    return Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, figs)
+
+
+def imported_section(cond: pd.DataFrame) -> Body:
+    """The section of an imported run (condition-level data: Table 21 and BB only)."""
+    tables = condition_tables(cond)
+    return paper000_md(tables), paper000_files(tables)
