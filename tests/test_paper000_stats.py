@@ -93,7 +93,7 @@ def test_larger_group_recovers_a_planted_size_preference():
     by_ratio = p.larger_by_ratio(t)
     rate = by_ratio.set_index("ratio")["rate"]
     for ratio, r in rate.items():  # pooled by ratio: the planted rate of that ratio
-        assert r == pytest.approx(1 / (1 + ratio ** -1.2), abs=0.05)
+        assert r == pytest.approx(1 / (1 + ratio**-1.2), abs=0.05)
     assert rate[4.0] > rate[1.333] + 0.15
 
 
@@ -126,18 +126,39 @@ def test_invalid_rates_hand_worked():
 
 def test_invalid_rates_recover_planted_refusals(tmp_path):
     # planted: half the answers refused under the cue toward A when A is the larger group, a fifth at baseline
-    from probe.app.cli import main
     from analysis.influence.audit import analyze_sources
+    from probe.app.cli import main
     from probe.runs import open_run
 
     rules = "".join(
         f'  - {{rate: 0.5, when: {{direction: A, n_a: "{a}", n_b: "{b}"}}}}\n' for a, b in ((2, 1), (3, 1), (3, 2))
     )
-    (tmp_path / "sim.yaml").write_text("seed: 0\nrefusal_rules:\n" + rules + "  - {rate: 0.2, when: {direction: base}}\n")
+    (tmp_path / "sim.yaml").write_text(
+        "seed: 0\nrefusal_rules:\n" + rules + "  - {rate: 0.2, when: {direction: base}}\n"
+    )
     out = tmp_path / "run"
-    args = ["run", "influence-triage", "--model", "sim", "--sim-params", str(tmp_path / "sim.yaml"), "--factors",
-            "gender", "--sizes", "1-3", "--influences", "survey", "--controls", "none", "--samples", "40",
-            "--out", str(out), "--quiet", "--no-report"]
+    args = [
+        "run",
+        "influence-triage",
+        "--model",
+        "sim",
+        "--sim-params",
+        str(tmp_path / "sim.yaml"),
+        "--factors",
+        "gender",
+        "--sizes",
+        "1-3",
+        "--influences",
+        "survey",
+        "--controls",
+        "none",
+        "--samples",
+        "40",
+        "--out",
+        str(out),
+        "--quiet",
+        "--no-report",
+    ]
     assert main(args) == 0
     audit = next(a for a in analyze_sources(open_run(out), "triage", n_boot=20) if a.source == "samples")
     t = p.invalid_by_arm(p.invalid_rates(audit.cells)).set_index(["arm", "larger_n"])["invalid_any"]

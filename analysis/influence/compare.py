@@ -451,6 +451,7 @@ def compare_frames(
     ``asym_model`` orders the fits (that structure first, the headline).
     """
     from analysis.influence import audit as inf
+    from analysis.influence import paper000_report
     from analysis.influence.imported import imported_conditions
 
     if asym_model not in STRUCTURES:
@@ -467,6 +468,8 @@ def compare_frames(
     tables = dict(inf.panel_tables(cond))
     main = cond[cond["variant"] == "cue"]
     tables["by_run"] = inf.summary_by(main, ["benchmark", "run", "model", "think"])
+    cells = {r.name: (r.model, r.reasoning, run_cells(r, source)[0]) for r in (native.runs if native else ())}
+    tables.update(paper000_report.compare_tables(cond, cells))
     by_cond, by_infl = [], []
     for m in matched:
         names = {r.name for r in m.runs}

@@ -172,8 +172,12 @@ def invalid_by_arm(table: pd.DataFrame) -> pd.DataFrame:
 
 # ============================================================================ Table 4: flips per value
 def _side(df: pd.DataFrame) -> pd.Series:
+    """The side most answers chose (``B``, ``A``), None for an exact tie."""
     f = df["k"] / df["n"]
-    return pd.Series(np.where(f > 0.5, "B", np.where(f < 0.5, "A", None)), index=df.index, dtype=object)
+    side = pd.Series(None, index=df.index, dtype=object)
+    side[f > 0.5] = "B"
+    side[f < 0.5] = "A"
+    return side
 
 
 def flip_rates_by_value(cells: pd.DataFrame) -> pd.DataFrame:
@@ -225,6 +229,13 @@ def baseline_bias(cond: pd.DataFrame, by: Sequence[str] = ("benchmark", "think")
         x = g["bb"].to_numpy(float)
         half = Z95 * float(np.std(x, ddof=1)) / math.sqrt(len(x)) if len(x) > 1 else math.nan
         keys = key if isinstance(key, tuple) else (key,)
-        rows.append({**dict(zip(by, keys)), "conditions": len(x), "bb": x.mean(), "bb_lo": x.mean() - half,
-                     "bb_hi": x.mean() + half})
+        rows.append(
+            {
+                **dict(zip(by, keys, strict=True)),
+                "conditions": len(x),
+                "bb": x.mean(),
+                "bb_lo": x.mean() - half,
+                "bb_hi": x.mean() + half,
+            }
+        )
     return pd.DataFrame(rows, columns=cols)

@@ -28,11 +28,7 @@ BY = ("benchmark", "model", "think")
 def table21(cond: pd.DataFrame, by: str = "benchmark") -> pd.DataFrame:
     """Table 21 (:func:`analysis.influence.paper000.neutral_asym_table`) for each Asym test whose p column ``cond``
     has, one after the other (column ``test``)."""
-    parts = [
-        p.neutral_asym_table(cond, by=by, p=col).assign(test=label)
-        for col, label in TESTS
-        if col in cond.columns
-    ]
+    parts = [p.neutral_asym_table(cond, by=by, p=col).assign(test=label) for col, label in TESTS if col in cond.columns]
     out = pd.concat(parts, ignore_index=True)
     return out[["test", *[c for c in out.columns if c != "test"]]]
 
@@ -70,7 +66,6 @@ def larger_figure(by_ratio: pd.DataFrame) -> Any:
         for pair, g in by_ratio[by_ratio["arm"] == arm].groupby("pair", sort=False):
             ax.plot(g["ratio"], g["rate"], marker="o", ms=3, label=str(pair))
         ax.axhline(0.5, color="0.8", lw=1, ls="--")
-        ax.set_xscale("log")
         ax.set_ylim(0, 1)
         ax.set_xlabel("larger / smaller group size")
         ax.set_title({"base": "no cue", "A": "cue toward A", "B": "cue toward B"}[arm])
@@ -111,7 +106,11 @@ def paper000_md(tables: Mapping[str, pd.DataFrame]) -> list[str]:
 def paper000_files(tables: Mapping[str, pd.DataFrame], by_ratio: pd.DataFrame | None = None) -> Files:
     """The section's CSVs (``%.6g``) and, where I.9 was computed, its figure drawn from ``by_ratio`` (the first
     source's rows of ``larger_by_ratio.csv``)."""
-    figs = () if by_ratio is None or by_ratio.empty else (Drawing("fig_larger_group.png", partial(larger_figure, by_ratio)),)
+    figs = (
+        ()
+        if by_ratio is None or by_ratio.empty
+        else (Drawing("fig_larger_group.png", partial(larger_figure, by_ratio)),)
+    )
     return Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, figs)
 
 
@@ -119,3 +118,59 @@ def imported_section(cond: pd.DataFrame) -> Body:
     """The section of an imported run (condition-level data: Table 21 and BB only)."""
     tables = condition_tables(cond)
     return paper000_md(tables), paper000_files(tables)
+
+
+# ============================================================================ across runs (probe compare)
+def compare_tables(
+    cond: pd.DataFrame, run_cells: Mapping[str, tuple[str, bool, pd.DataFrame]]
+) -> dict[str, pd.DataFrame]:
+    """The comparison's paper-000 tables: Table 21 per benchmark (BH-FDR over the panel's main cues of the
+    benchmark) and per run, BB per model and reasoning mode and per reasoning mode (Table 11's column), and from
+    the native runs' trial cells (``run_cells``: run name -> (model, reasoning, cells)) I.9's larger-group share
+    (Figures 15-19 compare it by model and reasoning) and I.12's invalid answers per run."""
+    out = {
+        "table21_neutral_asym": table21(cond),
+        "table21_by_run": table21(cond, by="run"),
+        "baseline_bias_by_model": p.baseline_bias(cond, by=BY),
+        "baseline_bias": p.baseline_bias(cond, by=("benchmark", "think")),
+    }
+    larger, invalid = [], []
+    for name, (model, think, cells) in run_cells.items():
+        tag = {"run": name, "model": model, "think": think}
+        lg = p.larger_group(cells)
+        if len(lg):
+            larger.append(p.larger_summary(lg).assign(**tag))
+        inv = p.invalid_rates(cells)
+        if len(inv):
+            invalid.append(p.invalid_by_arm(inv).assign(**tag))
+    if larger:
+        out["larger_group_by_run"] = _front(pd.concat(larger, ignore_index=True), ("run", "model", "think"))
+    if invalid:
+        out["invalid_by_run"] = _front(pd.concat(invalid, ignore_index=True), ("run", "model", "think"))
+    return out
+
+
+def _front(df: pd.DataFrame, cols: tuple[str, ...]) -> pd.DataFrame:
+    return df[[*cols, *[c for c in df.columns if c not in cols]]]
+
+
+def compare_md(tables: Mapping[str, pd.DataFrame]) -> list[str]:
+    """The comparison summary's section: Table 21 pooled and per run, BB per model and reasoning mode, and the
+    larger-group and invalid-answer tables where the runs have them."""
+    lines = [
+        "## Paper 000 appendix tables across runs",
+        "",
+        *table_section(
+            "### Table 21: baseline-neutral asymmetry rate (pooled per benchmark)", tables["table21_neutral_asym"]
+        ),
+        *table_section("### Table 11's BB per reasoning mode", tables["baseline_bias"]),
+        *table_section("### BB per model and reasoning mode", tables["baseline_bias_by_model"]),
+        "Table 21 per run: `table21_by_run.csv`.",
+        "",
+    ]
+    if "larger_group_by_run" in tables:
+        lg = tables["larger_group_by_run"]
+        lines += table_section("### I.9: share choosing the larger group, all pairs", lg[lg["pair"] == "all"])
+    if "invalid_by_run" in tables:
+        lines += table_section("### I.12: invalid answers by arm and larger-N side", tables["invalid_by_run"])
+    return lines

@@ -120,8 +120,18 @@ def summary_frame(raw: pd.DataFrame, benchmark: str, paper: bool = True) -> pd.D
     docstring); ``paper``: only the rows the paper reports (:func:`paper_rows`)."""
     if benchmark not in PER_COMPARISON:
         raise ValueError(f"benchmark {benchmark!r}: give one of {sorted(PER_COMPARISON)}")
-    need = ["model", "reasoning_condition", "factor", "level_A", "level_B", "nudge_type", "n_comparisons",
-            "f_0_B", "f_A_B", "f_B_B"]
+    need = [
+        "model",
+        "reasoning_condition",
+        "factor",
+        "level_A",
+        "level_B",
+        "nudge_type",
+        "n_comparisons",
+        "f_0_B",
+        "f_A_B",
+        "f_B_B",
+    ]
     missing = [c for c in need if c not in raw.columns]
     if missing:
         raise ValueError(f"not a published summary: columns {missing} missing (have {list(raw.columns)})")
