@@ -64,7 +64,7 @@ def figures(res: InfluenceComparison, tag: str = "") -> tuple[Drawing, ...]:
     if len(res.asym_data):
         scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
         drawings.append(Drawing(f"fig_asym_vs_bias{sfx}.png", partial(asym_figure, res.asym_data, scopes, pre)))
-    return tuple(drawings)
+    return (*drawings, *paper000_report.compare_figures(res.tables, sfx, pre))
 
 
 def steerability_figure(g: pd.DataFrame, title: str) -> Any:

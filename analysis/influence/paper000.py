@@ -58,7 +58,8 @@ def neutral_asym_table(
     (this project's Wald test, the baseline variance counted four times) or ``p_asym_2x`` (the paper's, counted
     twice: s(A) and s(B) treated as independent)."""
     rows = []
-    for key, g in _main(cond).groupby(by, sort=False):
+    main = _main(cond)
+    for key, g in main[main[p].notna()].groupby(by, sort=False):  # a run without this test's p takes no part
         q = bh_adjust(g[p].to_numpy(float))
         for name, col, label in NEUTRALITY:
             mask = g[col].astype(bool).to_numpy() if col else np.ones(len(g), dtype=bool)
@@ -239,3 +240,81 @@ def baseline_bias(cond: pd.DataFrame, by: Sequence[str] = ("benchmark", "think")
             }
         )
     return pd.DataFrame(rows, columns=cols)
+
+
+# ============================================================================ Tables 3 and 13, Figures 13 and 14
+def value_counts(cells: pd.DataFrame) -> pd.DataFrame:
+    """Table 3: how often each primary value occurs among the retained DailyDilemmas (each dilemma counts once for
+    each of its two options' values, so the counts sum to twice the dilemmas)."""
+    items = cells.drop_duplicates("item_id")[["group_a", "group_b"]]
+    counts = pd.concat([items["group_a"], items["group_b"]]).value_counts()
+    out = counts.rename_axis("value").reset_index(name="count")
+    return out.sort_values(["count", "value"], ascending=[False, True], kind="stable").reset_index(drop=True)
+
+
+def max_asym_by_pair(cond: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Table 13: per pair, the main-cue condition with the largest |Asym|: f0(B), f_A(B), f_B(B) with a star where
+    the shift from f0(B) is significant (raw ``alpha``), mean |Delta|, s(A), s(B) and Asym (starred where
+    ``p_asym < alpha``)."""
+    cols = [
+        "pair",
+        "influence",
+        "f0_B",
+        "fA_B",
+        "fB_B",
+        "abs_effect",
+        "s_A",
+        "s_B",
+        "asym",
+        "sig_A",
+        "sig_B",
+        "sig_asym",
+    ]
+    main = _main(cond)
+    if main.empty:
+        return pd.DataFrame(columns=cols)
+    top = main.loc[main["asym"].abs().groupby(main["pair"], sort=False).idxmax()]
+    return pd.DataFrame(
+        {
+            "pair": top["pair"],
+            "influence": top["influence"],
+            "f0_B": top["f0_B"],
+            "fA_B": top["fA_B"],
+            "fB_B": top["fB_B"],
+            "abs_effect": (top["delta_A"].abs() + top["delta_B"].abs()) / 2,
+            "s_A": top["s_A"],
+            "s_B": top["s_B"],
+            "asym": top["asym"],
+            "sig_A": top["p_delta_A"] < alpha,
+            "sig_B": top["p_delta_B"] < alpha,
+            "sig_asym": top["p_asym"] < alpha,
+        }
+    )[cols].reset_index(drop=True)
+
+
+def steer_long(cond: pd.DataFrame) -> pd.DataFrame:
+    """Figures 5, 7, 10(a), 13 and 14's data: one row per main-cue condition and direction with the steerability
+    ``s`` toward the cue's side, the baseline bias ``|f0(B) - 0.5|`` and whether the cue pushes toward the side the
+    baseline prefers (``toward_preferred``; NaN at an exact tie)."""
+    cols = ["benchmark", "model", "think", "pair", "influence", "direction", "s", "baseline_bias", "toward_preferred"]
+    main = _main(cond)
+    parts = []
+    for d, s_col in (("A", "s_A"), ("B", "s_B")):
+        pref = np.where(main["f0_B"] > 0.5, "B", np.where(main["f0_B"] < 0.5, "A", ""))
+        toward = pd.Series(pref == d, index=main.index).where(pref != "", np.nan)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "benchmark": main["benchmark"],
+                    "model": main["model"] if "model" in main.columns else "",
+                    "think": main["think"] if "think" in main.columns else False,
+                    "pair": main["pair"],
+                    "influence": main["influence"],
+                    "direction": d,
+                    "s": main[s_col],
+                    "baseline_bias": (main["f0_B"] - 0.5).abs(),
+                    "toward_preferred": toward,
+                }
+            )
+        )
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)

@@ -42,6 +42,7 @@ def source_tables(audit: Audit) -> dict[str, pd.DataFrame]:
     """One source's tables: Table 21 and BB; I.9 where trials have group sizes (the triage task); I.12 where the
     answers were sampled; Table 4's flip rates per value on DailyDilemmas."""
     out = condition_tables(audit.conditions)
+    out["max_asym_by_pair"] = p.max_asym_by_pair(audit.conditions)
     larger = p.larger_group(audit.cells)
     if len(larger):
         out["larger_group"] = larger
@@ -53,6 +54,7 @@ def source_tables(audit: Audit) -> dict[str, pd.DataFrame]:
         out["invalid_by_arm"] = p.invalid_by_arm(invalid)
     if audit.benchmark == "dd":
         out["flip_rates_by_value"] = p.flip_rates_by_value(audit.cells)
+        out["value_counts"] = p.value_counts(audit.cells)
     return out
 
 
@@ -100,6 +102,12 @@ def paper000_md(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         )
     if "flip_rates_by_value" in tables:
         lines += table_section("### Table 4: sample-level flip rates per target value", tables["flip_rates_by_value"])
+    if "value_counts" in tables:
+        lines += table_section("### Table 3: primary values of the retained dilemmas", tables["value_counts"])
+    if "max_asym_by_pair" in tables:
+        lines += table_section(
+            "### Table 13: the condition with the largest |Asym| per pair", tables["max_asym_by_pair"]
+        )
     return lines
 
 
@@ -133,6 +141,7 @@ def compare_tables(
         "table21_by_run": table21(cond, by="run"),
         "baseline_bias_by_model": p.baseline_bias(cond, by=BY),
         "baseline_bias": p.baseline_bias(cond, by=("benchmark", "think")),
+        "steer_by_condition": p.steer_long(cond),
     }
     larger, invalid = [], []
     for name, (model, think, cells) in run_cells.items():
@@ -174,3 +183,92 @@ def compare_md(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     if "invalid_by_run" in tables:
         lines += table_section("### I.12: invalid answers by arm and larger-N side", tables["invalid_by_run"])
     return lines
+
+
+# ============================================================================ the comparison's figures
+HEADLINE = (
+    ("mean |shift| (pp), all cues", "mean |shift| (pp)", 1.0),
+    ("  neutral (test of f0(B) = 1/2): share with significant asymmetry (raw)", "neutral: sig. Asym (%)", 100.0),
+    ("backfire share of significant effects (raw)", "backfire of sig. effects (%)", 100.0),
+)
+"""Figure 3's three numbers: (headline metric, label, scale)."""
+
+
+def headline_figure(head: pd.DataFrame) -> Any:
+    """Figure 3: per benchmark, the mean |shift|, the share of baseline-neutral conditions with a significant Asym
+    and the backfire share of significant effects, from the comparison's ``headline.csv`` rows (CI bars where the
+    headline has them)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(4 * len(HEADLINE), 3.4), squeeze=False)
+    for ax, (metric, label, scale) in zip(axes[0], HEADLINE, strict=True):
+        rows = head[head["metric"] == metric]
+        x = list(range(len(rows)))
+        val = rows["value"].astype(float).to_numpy() * scale
+        lo = rows["ci_lo"].astype(float).to_numpy() * scale
+        hi = rows["ci_hi"].astype(float).to_numpy() * scale
+        ax.bar(x, val, color="tab:blue")
+        err = [val - lo, hi - val]
+        ax.errorbar(x, val, yerr=[[0 if e != e else e for e in err[0]], [0 if e != e else e for e in err[1]]],
+                    fmt="none", color="k", lw=1)  # fmt: skip
+        ax.set_xticks(x, list(rows["benchmark"]))
+        ax.set_title(label)
+    fig.tight_layout()
+    return fig
+
+
+def steer_box_figure(steer: pd.DataFrame, title: str) -> Any:
+    """Figures 5, 7, 10(a) and 13: the steerability toward the cue's side per influence type, reasoning off and
+    on side by side, from ``steer_by_condition.csv``'s rows of one benchmark."""
+    plt = pyplot()
+    infl = list(dict.fromkeys(steer["influence"]))
+    modes = sorted(set(map(bool, steer["think"])))
+    fig, ax = plt.subplots(figsize=(min(12, max(5, 0.9 * len(infl) * len(modes))), 3.8))
+    width = 0.8 / len(modes)
+    for j, mode in enumerate(modes):
+        data = [steer[(steer["influence"] == i) & (steer["think"].astype(bool) == mode)]["s"].dropna() for i in infl]
+        pos = [k + (j - (len(modes) - 1) / 2) * width for k in range(len(infl))]
+        color = "tab:orange" if mode else "tab:blue"
+        ax.boxplot([d.to_numpy() for d in data], positions=pos, widths=width * 0.9, manage_ticks=False,
+                   patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6}, flierprops={"markersize": 3})  # fmt: skip
+        ax.bar([0], [0], color=color, alpha=0.6, label=f"reasoning {'on' if mode else 'off'}")
+    ax.axhline(0, color="0.8", lw=1)
+    ax.set_xticks(range(len(infl)), infl, rotation=30, ha="right")
+    ax.set_ylabel("s toward the cue's side (log-odds)")
+    ax.set_title(title)
+    if len(modes) > 1:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def steer_baseline_figure(steer: pd.DataFrame, title: str) -> Any:
+    """Figure 14 (left): |s| against the baseline bias |f0(B) - 0.5|, cues toward the baseline's preferred side and
+    against it, from ``steer_by_condition.csv``'s rows of one benchmark."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    known = steer[steer["toward_preferred"].notna()]
+    for flag, label in ((True, "toward preferred"), (False, "against preferred")):
+        g = known[known["toward_preferred"].astype(bool) == flag]
+        ax.scatter(g["baseline_bias"], g["s"].abs(), s=12, label=label)
+    ax.set_xlabel("baseline bias |f0(B) - 0.5|")
+    ax.set_ylabel("|s| (log-odds)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def compare_figures(tables: Mapping[str, pd.DataFrame], sfx: str = "", pre: str = "") -> tuple[Drawing, ...]:
+    """The comparison's paper-000 figures, each drawn from a table beside it: Figure 3 from ``headline.csv``,
+    Figures 5/7/10(a)/13 and 14 from ``steer_by_condition.csv`` (one per benchmark)."""
+    out = []
+    head = tables.get("headline")
+    if head is not None and len(head):
+        out.append(Drawing(f"fig_headline{sfx}.png", partial(headline_figure, head)))
+    steer = tables["steer_by_condition"]
+    for bench, g in steer.groupby("benchmark", sort=False):
+        out.append(Drawing(f"fig_steer_by_influence_{bench}{sfx}.png",
+                           partial(steer_box_figure, g, f"{pre}{bench}: steerability per influence type")))  # fmt: skip
+        out.append(Drawing(f"fig_steer_vs_baseline_{bench}{sfx}.png",
+                           partial(steer_baseline_figure, g, f"{pre}{bench}: |s| against baseline bias")))  # fmt: skip
+    return tuple(out)
