@@ -113,3 +113,28 @@ def test_table_11_baseline_bias(imported):
         got = tuple(round(100 * bb.loc[think, c]) for c in ("bb", "bb_lo", "bb_hi"))
         assert got == want
     assert bb.loc[False, "conditions"] == bb.loc[True, "conditions"] == 175
+
+
+def test_compare_of_the_published_triage_summary(imported, tmp_path):
+    # probe compare on the imported run beside a small sim run: the imported models' BB as in the run's own
+    # report, Table 21 for both tests, and the figures drawn from the tables beside them.
+    import pandas as pd
+
+    sim = tmp_path / "sim"
+    args = ["run", "influence-triage", "--model", "sim", "--factors", "gender", "--sizes", "1-2", "--out", str(sim)]
+    assert main([*args, "--quiet", "--no-report"]) == 0
+    out = tmp_path / "cmp"
+    assert (
+        main(["compare", str(imported["triage"].root), str(sim), "--out", str(out), "--quiet", "--n-boot", "20"]) == 0
+    )
+    got = pd.read_csv(out / "baseline_bias_by_model.csv")
+    want = p.baseline_bias(imported["triage"].conditions, by=("benchmark", "model", "think"))
+    merged = want.merge(got, on=["benchmark", "model", "think"], suffixes=("", "_cmp"))
+    assert len(merged) == 10  # 5 models x 2 modes (Llama's step-by-step prompt: on)
+    assert (merged["bb"] - merged["bb_cmp"]).abs().max() < 1e-6
+    for f in ("fig_headline.png", "fig_steer_by_influence_triage.png", "fig_steer_vs_baseline_triage.png"):
+        assert (out / f).stat().st_size > 0
+    t21 = pd.read_csv(out / "table21_neutral_asym.csv")
+    assert set(t21["test"]) == {"Wald, baseline x4", "Wald, baseline x2 (the paper's)"}
+    lg = pd.read_csv(out / "larger_group_by_run.csv")
+    assert set(lg["model"]) == {"sim"}  # condition-level data has no group sizes

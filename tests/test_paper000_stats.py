@@ -208,3 +208,48 @@ def test_baseline_bias_hand_worked():
     assert t.loc[False, "bb"] == pytest.approx(0.7)
     assert t.loc[False, "bb_hi"] - t.loc[False, "bb"] == pytest.approx(1.959964 * 0.1, rel=1e-5)
     assert t.loc[True, "bb"] == 0.5 and t.loc[True, "bb_lo"] == 0.5
+
+
+def test_value_counts_hand_worked():
+    c = pd.DataFrame({"item_id": ["d1", "d1", "d2", "d3"], "group_a": ["care", "care", "care", "duty"],
+                      "group_b": ["duty", "duty", "truth", "truth"]})  # fmt: skip
+    t = p.value_counts(c).set_index("value")["count"]
+    assert t.to_dict() == {"care": 2, "duty": 2, "truth": 2} and t.sum() == 2 * 3
+
+
+def test_max_asym_by_pair_hand_worked():
+    c = pd.DataFrame(
+        {
+            "pair": ["age", "age", "gender"],
+            "influence": ["survey", "few_shot", "survey"],
+            "variant": ["cue"] * 3,
+            "f0_B": [0.4, 0.4, 0.5],
+            "fA_B": [0.3, 0.1, 0.4],
+            "fB_B": [0.5, 0.45, 0.6],
+            "delta_A": [0.1, 0.3, 0.1],
+            "delta_B": [0.1, 0.05, 0.1],
+            "s_A": [0.4, 1.8, 0.4],
+            "s_B": [0.4, 0.2, 0.4],
+            "asym": [0.0, -1.6, 0.0],
+            "p_delta_A": [0.2, 0.001, 0.01],
+            "p_delta_B": [0.2, 0.3, 0.01],
+            "p_asym": [0.9, 0.004, 0.9],
+        }
+    )
+    t = p.max_asym_by_pair(c).set_index("pair")
+    assert t.loc["age", "influence"] == "few_shot" and t.loc["age", "abs_effect"] == pytest.approx(0.175)
+    assert bool(t.loc["age", "sig_A"]) and not bool(t.loc["age", "sig_B"]) and bool(t.loc["age", "sig_asym"])
+    assert t.loc["gender", "influence"] == "survey"
+
+
+def test_steer_long_hand_worked():
+    c = pd.DataFrame({"benchmark": ["triage"] * 2, "model": ["m"] * 2, "think": [False, True], "pair": ["age"] * 2,
+                      "influence": ["survey"] * 2, "variant": ["cue"] * 2, "f0_B": [0.3, 0.5], "s_A": [1.0, 0.5],
+                      "s_B": [-0.5, 0.2]})  # fmt: skip
+    t = p.steer_long(c)
+    assert len(t) == 4
+    a0 = t[(t["direction"] == "A") & ~t["think"]].iloc[0]
+    b0 = t[(t["direction"] == "B") & ~t["think"]].iloc[0]
+    assert a0["s"] == 1.0 and a0["toward_preferred"] == True and b0["toward_preferred"] == False  # noqa: E712
+    assert a0["baseline_bias"] == pytest.approx(0.2)
+    assert t[t["think"]]["toward_preferred"].isna().all()  # f0(B) = 0.5: no preferred side
