@@ -138,3 +138,65 @@ def test_compare_of_the_published_triage_summary(imported, tmp_path):
     assert set(t21["test"]) == {"Wald, baseline x4", "Wald, baseline x2 (the paper's)"}
     lg = pd.read_csv(out / "larger_group_by_run.csv")
     assert set(lg["model"]) == {"sim"}  # condition-level data has no group sizes
+
+
+@pytest.fixture(scope="module")
+def compared(imported, tmp_path_factory):
+    """probe compare of the three imported benchmarks: its tables by CSV stem."""
+    import pandas as pd
+
+    out = tmp_path_factory.mktemp("cmp") / "cmp"
+    runs = [str(imported[b].root) for b in ("triage", "bbq", "dd")]
+    assert main(["compare", *runs, "--out", str(out), "--quiet", "--n-boot", "20"]) == 0
+    return {f.stem: pd.read_csv(f) for f in out.glob("*.csv") if f.stat().st_size > 1}  # empty: no columns
+
+
+def _row(t, **keys):
+    sel = t
+    for k, v in keys.items():
+        sel = sel[sel[k] == v]
+    assert len(sel) == 1, keys
+    return sel.iloc[0]
+
+
+def test_tables_6_to_10_prose_numbers(compared):
+    by_infl, by_pair, by_model = compared["by_influence"], compared["by_pair"], compared["by_model"]
+    # Table 8 (I.4): "survey claims and weak evidence exhibit high backfire rates (30.9% and 37.5%)"
+    assert pct(_row(by_infl, benchmark="triage", influence="survey")["bf_of_sig"]) == 30.9
+    assert pct(_row(by_infl, benchmark="triage", influence="weak_evidence")["bf_of_sig"]) == 37.5
+    # Table 9 (I.5): "f0(rich) = 0.25 ... |Asym| = 1.85"; young-vs-old "|Asym| = 1.04"
+    wealth = _row(by_pair, benchmark="triage", pair="wealth")
+    assert (round(wealth["f0_B"], 2), round(wealth["|asym|"], 2)) == (0.25, 1.85)
+    assert round(_row(by_pair, benchmark="triage", pair="age_group")["|asym|"], 2) == 1.04
+    # Table 10 (I.6): GPT-5.2 backfires "75% without reasoning, 27% with"; Llama without reasoning |Asym| = 2.64
+    assert round(100 * _row(by_model, benchmark="triage", model="gpt-5-2", think=False)["bf_of_sig"]) == 75
+    assert round(100 * _row(by_model, benchmark="triage", model="gpt-5-2", think=True)["bf_of_sig"]) == 27
+    assert round(_row(by_model, benchmark="triage", model="llama-33-70b", think=False)["|asym|"], 2) == 2.64
+    # Table 6: "Survey preference achieves high significance (79.2%) with very low backfiring (1.8%)"; few-shot,
+    # emotional and virtue appeal "|Steer| > 1.2"
+    survey = _row(by_infl, benchmark="bbq", influence="survey")
+    assert (pct(survey["sig"]), pct(survey["bf_of_sig"])) == (79.2, 1.8)
+    for infl in ("few_shot", "emotional", "virtue_appeal"):
+        assert _row(by_infl, benchmark="bbq", influence=infl)["|steer|"] > 1.2
+    # Table 7: GPT-5.2 without reasoning "has an unusually high significant backfire rate (72.7%)"
+    assert pct(_row(by_model, benchmark="bbq", model="gpt-5-2", think=False)["bf_of_sig"]) == 72.7
+    # Table 5 / 4.2: ses_neg "f0(B) = 0.68"
+    assert round(_row(by_pair, benchmark="bbq", pair="ses_neg")["f0_B"], 2) == 0.68
+
+
+def test_backfire_shares_section_4_3(compared):
+    head = compared["headline"]
+
+    def value(bench, metric):
+        return float(_row(head, benchmark=bench, metric=metric)["value"])
+
+    raw = "backfire share of significant effects (raw)"
+    # "10.5% on BBQ"; DailyDilemmas "0.2%"; I.2: baseline-neutral 13.4%, toward the preferred option 13.1%
+    assert pct(value("bbq", raw)) == 10.5
+    assert pct(value("dd", raw)) == 0.2
+    assert pct(value("triage", "backfire share of significant effects, neutral")) == 13.4
+    assert pct(value("triage", "backfire share of significant effects, toward preferred")) == 13.1
+    # Not to the paper's precision (its flags come from the arms' true sizes; the summaries give frequencies, so
+    # arms with discarded answers are rebuilt at n_comparisons x 8): triage 17.7% -> 17.6%, away 26.1% -> 25.9%.
+    assert pct(value("triage", raw)) == 17.6
+    assert pct(value("triage", "backfire share of significant effects, away from preferred")) == 25.9

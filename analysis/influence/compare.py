@@ -396,13 +396,18 @@ class InfluenceComparison:
             "reasoning_change_conditions": self.change_conditions,
             "asym_regression": pd.DataFrame([f.row() for f in self.fits]),
             "asym_regression_data": self.asym_data,
-            "dropped_conditions": pd.concat([m.dropped_conditions for m in self.matched], ignore_index=True),
+            "dropped_conditions": _concat([m.dropped_conditions for m in self.matched]),
         }
 
     @property
     def dropped_items(self) -> pd.DataFrame:
         """The items each matched benchmark left out, and why."""
-        return pd.concat([m.dropped_items for m in self.matched], ignore_index=True)
+        return _concat([m.dropped_items for m in self.matched])
+
+
+def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The frames one after the other; an empty frame for none (a panel of imported runs only has no matching)."""
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _split_imported(panel: Panel) -> tuple[Panel | None, list[PanelRun]]:
