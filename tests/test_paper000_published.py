@@ -200,3 +200,24 @@ def test_backfire_shares_section_4_3(compared):
     # arms with discarded answers are rebuilt at n_comparisons x 8): triage 17.7% -> 17.6%, away 26.1% -> 25.9%.
     assert pct(value("triage", raw)) == 17.6
     assert pct(value("triage", "backfire share of significant effects, away from preferred")) == 25.9
+
+
+def test_tables_12_and_13_gpt_5_2(tmp_path):
+    # I.10-I.11 on GPT-5.2's rows alone: wealth's baseline "85% without reasoning, 74% with" for the poor, age
+    # "old chosen in 42% of cases"; the age factor's largest |Asym| is the user-preference cue in both modes ("this
+    # still happens with reasoning"); "Weak evidence always backfires in both reasoning conditions when the
+    # context effect is significant"; backfire rates 75% / 27% (Table 10).
+    csv = tmp_path / "gpt.csv"
+    convert(DATA / "trolley_summary.csv.gz", csv, "triage", models="gpt-5-2")
+    assert main(["import", str(csv), "--out", str(tmp_path / "gpt"), "--no-report"]) == 0
+    res = imported_results(open_run(tmp_path / "gpt"))
+    t13 = p.max_asym_by_pair(res.conditions)
+    wealth = t13[t13["pair"] == "wealth"].set_index("think")
+    assert round(100 * (1 - wealth.loc[False, "f0_B"])) == 85 and round(100 * (1 - wealth.loc[True, "f0_B"])) == 74
+    age = t13[t13["pair"] == "age_group"].set_index("think")
+    assert round(100 * age.loc[False, "f0_B"]) == 42
+    assert set(age["influence"]) == {"user_preference"}
+    by_infl = res.panel["by_influence"].set_index("influence")
+    assert by_infl.loc["weak_evidence", "bf_of_sig"] == 1.0
+    with pytest.raises(ValueError, match="not in"):
+        convert(DATA / "trolley_summary.csv.gz", csv, "triage", models="gpt-9")

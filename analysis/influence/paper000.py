@@ -253,43 +253,22 @@ def value_counts(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def max_asym_by_pair(cond: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """Table 13: per pair, the main-cue condition with the largest |Asym|: f0(B), f_A(B), f_B(B) with a star where
-    the shift from f0(B) is significant (raw ``alpha``), mean |Delta|, s(A), s(B) and Asym (starred where
-    ``p_asym < alpha``)."""
-    cols = [
-        "pair",
-        "influence",
-        "f0_B",
-        "fA_B",
-        "fB_B",
-        "abs_effect",
-        "s_A",
-        "s_B",
-        "asym",
-        "sig_A",
-        "sig_B",
-        "sig_asym",
-    ]
+    """Table 13: per pair (and per benchmark, model and reasoning mode where ``cond`` holds several), the main-cue
+    condition with the largest |Asym|: f0(B), f_A(B), f_B(B) with a flag where the shift from f0(B) is significant
+    (raw ``alpha``; the paper's asterisk), mean |Delta|, s(A), s(B) and Asym (flagged where ``p_asym < alpha``)."""
     main = _main(cond)
+    keys = [c for c in ("benchmark", "model", "think") if c in main.columns and main[c].nunique() > 1] + ["pair"]
+    stats = ["influence", "f0_B", "fA_B", "fB_B", "abs_effect", "s_A", "s_B", "asym", "sig_A", "sig_B", "sig_asym"]
     if main.empty:
-        return pd.DataFrame(columns=cols)
-    top = main.loc[main["asym"].abs().groupby(main["pair"], sort=False).idxmax()]
-    return pd.DataFrame(
-        {
-            "pair": top["pair"],
-            "influence": top["influence"],
-            "f0_B": top["f0_B"],
-            "fA_B": top["fA_B"],
-            "fB_B": top["fB_B"],
-            "abs_effect": (top["delta_A"].abs() + top["delta_B"].abs()) / 2,
-            "s_A": top["s_A"],
-            "s_B": top["s_B"],
-            "asym": top["asym"],
-            "sig_A": top["p_delta_A"] < alpha,
-            "sig_B": top["p_delta_B"] < alpha,
-            "sig_asym": top["p_asym"] < alpha,
-        }
-    )[cols].reset_index(drop=True)
+        return pd.DataFrame(columns=[*keys, *stats])
+    top = main.loc[main["asym"].abs().groupby([main[k] for k in keys], sort=False).idxmax()]
+    out = top[[*keys, "influence", "f0_B", "fA_B", "fB_B", "s_A", "s_B", "asym"]].assign(
+        abs_effect=(top["delta_A"].abs() + top["delta_B"].abs()) / 2,
+        sig_A=top["p_delta_A"] < alpha,
+        sig_B=top["p_delta_B"] < alpha,
+        sig_asym=top["p_asym"] < alpha,
+    )
+    return out[[*keys, *stats]].reset_index(drop=True)
 
 
 def steer_long(cond: pd.DataFrame) -> pd.DataFrame:

@@ -123,8 +123,8 @@ def paper000_files(tables: Mapping[str, pd.DataFrame], by_ratio: pd.DataFrame | 
 
 
 def imported_section(cond: pd.DataFrame) -> Body:
-    """The section of an imported run (condition-level data: Table 21 and BB only)."""
-    tables = condition_tables(cond)
+    """The section of an imported run (condition-level data: Table 21, BB and Table 13 only)."""
+    tables = {**condition_tables(cond), "max_asym_by_pair": p.max_asym_by_pair(cond)}
     return paper000_md(tables), paper000_files(tables)
 
 

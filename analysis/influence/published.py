@@ -159,18 +159,28 @@ def summary_frame(raw: pd.DataFrame, benchmark: str, paper: bool = True) -> pd.D
     return out[[*out.columns[:8], *COUNTS]].reset_index(drop=True)
 
 
-def convert(src: str | Path, dst: str | Path, benchmark: str | None = None, paper: bool = True) -> pd.DataFrame:
+def convert(
+    src: str | Path, dst: str | Path, benchmark: str | None = None, paper: bool = True, models: str | None = None
+) -> pd.DataFrame:
     """Read the published CSV ``src`` (``.csv`` or ``.csv.gz``) and write it in the schema to ``dst``: a summary
-    of ``benchmark`` (:func:`summary_frame`), or with no benchmark the table of counts (:func:`choices_frame`).
-    Returns what was written."""
+    of ``benchmark`` (:func:`summary_frame`), or with no benchmark the table of counts (:func:`choices_frame`);
+    ``models``: comma-separated schema model names to keep (e.g. ``gpt-5-2`` for Tables 12 and 13). Returns what
+    was written."""
     raw = pd.read_csv(src)
     out = summary_frame(raw, benchmark, paper) if benchmark else choices_frame(raw)
+    if models:
+        keep = [m.strip() for m in models.split(",") if m.strip()]
+        unknown = sorted(set(keep) - set(out["model"]))
+        if unknown:
+            raise ValueError(f"--models {unknown} not in {src}; its models: {sorted(set(out['model']))}")
+        out = out[out["model"].isin(keep)]
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(dst, index=False)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m analysis.influence.published SRC --out DST [--benchmark triage|bbq|dd] [--all-rows]``."""
+    """``python -m analysis.influence.published SRC --out DST [--benchmark triage|bbq|dd] [--all-rows] [--models M]``."""
     import argparse
 
     ap = argparse.ArgumentParser(
@@ -181,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the schema CSV to write (then: probe import OUT --out RUN)")
     ap.add_argument("--benchmark", choices=sorted(PER_COMPARISON), help="the summary's benchmark")
     ap.add_argument("--all-rows", action="store_true", help="keep the models and factors the paper does not report")
+    ap.add_argument("--models", default=None, help="comma-separated models to keep (e.g. gpt-5-2)")
     a = ap.parse_args(argv)
-    out = convert(a.src, a.out, a.benchmark, paper=not a.all_rows)
+    out = convert(a.src, a.out, a.benchmark, paper=not a.all_rows, models=a.models)
     print(f"wrote {len(out)} conditions of {a.src} to {a.out}")
     return 0
 
