@@ -29,6 +29,7 @@ binomial and Wilson rows of Table 21 stricter than the data; docs/papers.md.)
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pandas as pd
@@ -179,10 +180,8 @@ def convert(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m analysis.influence.published SRC --out DST [--benchmark triage|bbq|dd] [--all-rows] [--models M]``."""
-    import argparse
-
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m analysis.influence.published``."""
     ap = argparse.ArgumentParser(
         prog="python -m analysis.influence.published",
         description="paper 000's published per-condition results in probe import's schema",
@@ -192,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--benchmark", choices=sorted(PER_COMPARISON), help="the summary's benchmark")
     ap.add_argument("--all-rows", action="store_true", help="keep the models and factors the paper does not report")
     ap.add_argument("--models", default=None, help="comma-separated models to keep (e.g. gpt-5-2)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.influence.published SRC --out DST [--benchmark triage|bbq|dd] [--all-rows] [--models M]``."""
+    a = build_parser().parse_args(argv)
     out = convert(a.src, a.out, a.benchmark, paper=not a.all_rows, models=a.models)
     print(f"wrote {len(out)} conditions of {a.src} to {a.out}")
     return 0
