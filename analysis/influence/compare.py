@@ -456,7 +456,7 @@ def compare_frames(
     ``asym_model`` orders the fits (that structure first, the headline).
     """
     from analysis.influence import audit as inf
-    from analysis.influence import paper000_report
+    from analysis.influence import paper000_tables
     from analysis.influence.imported import imported_conditions
 
     if asym_model not in STRUCTURES:
@@ -474,7 +474,7 @@ def compare_frames(
     main = cond[cond["variant"] == "cue"]
     tables["by_run"] = inf.summary_by(main, ["benchmark", "run", "model", "think"])
     cells = {r.name: (r.model, r.reasoning, run_cells(r, source)[0]) for r in (native.runs if native else ())}
-    tables.update(paper000_report.compare_tables(cond, cells))
+    tables.update(paper000_tables.compare_tables(cond, cells))
     by_cond, by_infl = [], []
     for m in matched:
         names = {r.name for r in m.runs}

@@ -1,8 +1,6 @@
-"""The report section of paper 000's appendix statistics (:mod:`analysis.influence.paper000`): tables, Markdown,
-and the I.9 figure drawn from the CSV beside it.
-
-:func:`source_tables` computes one source's tables, :func:`condition_tables` those of a condition table alone (an
-imported run, a comparison), :func:`paper000_md` formats them, :func:`paper000_files` lists the files.
+"""The report sections of paper 000's appendix statistics: Markdown, and the figures drawn from the tables beside
+them. The tables are computed once, in :mod:`analysis.influence.paper000_tables` (a run's in
+:func:`analysis.influence.results.source_tables`, a comparison's in :func:`analysis.influence.compare.compare_frames`).
 """
 
 from __future__ import annotations
@@ -15,47 +13,7 @@ import pandas as pd
 
 from analysis.common.figures import pyplot
 from analysis.common.report import Body, Drawing, Files, Table
-from analysis.influence import paper000 as p
-from analysis.influence.audit import Audit
 from analysis.influence.tables import table_section
-
-TESTS = (("p_asym", "Wald, baseline x4"), ("p_asym_2x", "Wald, baseline x2 (the paper's)"))
-"""The Asym tests Table 21 is given for, where the condition table has their p column."""
-BY = ("benchmark", "model", "think")
-"""How the comparison splits Table 21 and BB: one row per model and reasoning mode."""
-
-
-def table21(cond: pd.DataFrame, by: str = "benchmark") -> pd.DataFrame:
-    """Table 21 (:func:`analysis.influence.paper000.neutral_asym_table`) for each Asym test whose p column ``cond``
-    has, one after the other (column ``test``)."""
-    parts = [p.neutral_asym_table(cond, by=by, p=col).assign(test=label) for col, label in TESTS if col in cond.columns]
-    out = pd.concat(parts, ignore_index=True)
-    return out[["test", *[c for c in out.columns if c != "test"]]]
-
-
-def condition_tables(cond: pd.DataFrame, by: tuple[str, ...] = ("benchmark", "think")) -> dict[str, pd.DataFrame]:
-    """The tables a condition table alone gives: Table 21 and Table 11's BB (per ``by``)."""
-    return {"table21_neutral_asym": table21(cond), "baseline_bias": p.baseline_bias(cond, by=by)}
-
-
-def source_tables(audit: Audit) -> dict[str, pd.DataFrame]:
-    """One source's tables: Table 21 and BB; I.9 where trials have group sizes (the triage task); I.12 where the
-    answers were sampled; Table 4's flip rates per value on DailyDilemmas."""
-    out = condition_tables(audit.conditions)
-    out["max_asym_by_pair"] = p.max_asym_by_pair(audit.conditions)
-    larger = p.larger_group(audit.cells)
-    if len(larger):
-        out["larger_group"] = larger
-        out["larger_by_ratio"] = p.larger_by_ratio(larger)
-        out["larger_summary"] = p.larger_summary(larger)
-    invalid = p.invalid_rates(audit.cells)
-    if len(invalid):
-        out["invalid_rates"] = invalid
-        out["invalid_by_arm"] = p.invalid_by_arm(invalid)
-    if audit.benchmark == "dd":
-        out["flip_rates_by_value"] = p.flip_rates_by_value(audit.cells)
-        out["value_counts"] = p.value_counts(audit.cells)
-    return out
 
 
 def larger_figure(by_ratio: pd.DataFrame) -> Any:
@@ -111,58 +69,21 @@ def paper000_md(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     return lines
 
 
-def paper000_files(tables: Mapping[str, pd.DataFrame], by_ratio: pd.DataFrame | None = None) -> Files:
-    """The section's CSVs (``%.6g``) and, where I.9 was computed, its figure drawn from ``by_ratio`` (the first
-    source's rows of ``larger_by_ratio.csv``)."""
-    figs = (
-        ()
-        if by_ratio is None or by_ratio.empty
-        else (Drawing("fig_larger_group.png", partial(larger_figure, by_ratio)),)
-    )
-    return Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, figs)
+def figures(tables: Mapping[str, pd.DataFrame]) -> tuple[Drawing, ...]:
+    """The run report's paper-000 figure: I.9's, drawn from ``larger_by_ratio`` (the first source's rows of
+    ``larger_by_ratio.csv``), where the run's trials have group sizes."""
+    by_ratio = tables.get("larger_by_ratio")
+    if by_ratio is None or by_ratio.empty:
+        return ()
+    return (Drawing("fig_larger_group.png", partial(larger_figure, by_ratio)),)
 
 
-def imported_section(cond: pd.DataFrame) -> Body:
-    """The section of an imported run (condition-level data: Table 21, BB and Table 13 only)."""
-    tables = {**condition_tables(cond), "max_asym_by_pair": p.max_asym_by_pair(cond)}
-    return paper000_md(tables), paper000_files(tables)
+def imported_section(tables: Mapping[str, pd.DataFrame]) -> Body:
+    """The section of an imported run (condition-level data: Table 21, BB and Table 13) and its CSVs (``%.6g``)."""
+    return paper000_md(tables), Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()})
 
 
 # ============================================================================ across runs (probe compare)
-def compare_tables(
-    cond: pd.DataFrame, run_cells: Mapping[str, tuple[str, bool, pd.DataFrame]]
-) -> dict[str, pd.DataFrame]:
-    """The comparison's paper-000 tables: Table 21 per benchmark (BH-FDR over the panel's main cues of the
-    benchmark) and per run, BB per model and reasoning mode and per reasoning mode (Table 11's column), and from
-    the native runs' trial cells (``run_cells``: run name -> (model, reasoning, cells)) I.9's larger-group share
-    (Figures 15-19 compare it by model and reasoning) and I.12's invalid answers per run."""
-    out = {
-        "table21_neutral_asym": table21(cond),
-        "table21_by_run": table21(cond, by="run"),
-        "baseline_bias_by_model": p.baseline_bias(cond, by=BY),
-        "baseline_bias": p.baseline_bias(cond, by=("benchmark", "think")),
-        "steer_by_condition": p.steer_long(cond),
-    }
-    larger, invalid = [], []
-    for name, (model, think, cells) in run_cells.items():
-        tag = {"run": name, "model": model, "think": think}
-        lg = p.larger_group(cells)
-        if len(lg):
-            larger.append(p.larger_summary(lg).assign(**tag))
-        inv = p.invalid_rates(cells)
-        if len(inv):
-            invalid.append(p.invalid_by_arm(inv).assign(**tag))
-    if larger:
-        out["larger_group_by_run"] = _front(pd.concat(larger, ignore_index=True), ("run", "model", "think"))
-    if invalid:
-        out["invalid_by_run"] = _front(pd.concat(invalid, ignore_index=True), ("run", "model", "think"))
-    return out
-
-
-def _front(df: pd.DataFrame, cols: tuple[str, ...]) -> pd.DataFrame:
-    return df[[*cols, *[c for c in df.columns if c not in cols]]]
-
-
 def compare_md(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     """The comparison summary's section: Table 21 pooled and per run, BB per model and reasoning mode, and the
     larger-group and invalid-answer tables where the runs have them."""

@@ -65,11 +65,10 @@ def influence_md(res: InfluenceResults) -> Body:
         tables["calibration_T"] = res.sides.temperature
         side = sources_md(res)
     coded, coded_files = coded_md(res.coded)
-    p000 = [(s.audit.source, paper000_report.source_tables(s.audit)) for s in res.sources]
     lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded]
-    lines += paper000_report.paper000_md(p000[0][1])
+    lines += paper000_report.paper000_md(res.sources[0].tables)  # names its own figure
+    drawings += paper000_report.figures(res.sources[0].tables)
     files = Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, drawings) + coded_files
-    files += paper000_report.paper000_files(long_tables(p000), p000[0][1].get("larger_by_ratio"))
     return lines, files
 
 
@@ -394,7 +393,7 @@ def imported_report(run: Run) -> Body:
     CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
     """
     res = imported_results(run)
-    p_lines, p_files = paper000_report.imported_section(res.conditions)
+    p_lines, p_files = paper000_report.imported_section(res.paper000)
     return [*imported_md(res), *p_lines], imported_files(res) + p_files
 
 
