@@ -115,6 +115,19 @@ def test_table_11_baseline_bias(imported):
     assert bb.loc[False, "conditions"] == bb.loc[True, "conditions"] == 175
 
 
+def test_compare_tables_of_the_published_triage_summary(imported):
+    # the comparison's paper-000 tables (what probe compare adds) on the imported conditions: BB per model as in
+    # the run's own report, Table 21 for both tests
+    from analysis.influence.paper000_tables import compare_tables
+
+    t = compare_tables(imported["triage"].conditions, {})
+    want = p.baseline_bias(imported["triage"].conditions, by=("benchmark", "model", "think"))
+    assert t["baseline_bias_by_model"].equals(want) and len(want) == 10  # 5 models x 2 modes (Llama's CoT: on)
+    assert set(t["table21_neutral_asym"]["test"]) == {"Wald, baseline x4", "Wald, baseline x2 (the paper's)"}
+    assert "larger_group_by_run" not in t  # condition-level data has no group sizes
+
+
+@pytest.mark.slow
 def test_compare_of_the_published_triage_summary(imported, tmp_path):
     # probe compare on the imported run beside a small sim run: the imported models' BB as in the run's own
     # report, Table 21 for both tests, and the figures drawn from the tables beside them.
@@ -141,14 +154,13 @@ def test_compare_of_the_published_triage_summary(imported, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def compared(imported, tmp_path_factory):
-    """probe compare of the three imported benchmarks: its tables by CSV stem."""
+def compared(imported):
+    """The per-benchmark tables of the three imported runs (one benchmark each: what probe compare's by_influence,
+    by_pair, by_model and headline hold per benchmark), one after the other."""
     import pandas as pd
 
-    out = tmp_path_factory.mktemp("cmp") / "cmp"
-    runs = [str(imported[b].root) for b in ("triage", "bbq", "dd")]
-    assert main(["compare", *runs, "--out", str(out), "--quiet", "--n-boot", "20"]) == 0
-    return {f.stem: pd.read_csv(f) for f in out.glob("*.csv") if f.stat().st_size > 1}  # empty: no columns
+    names = ("headline", "by_influence", "by_pair", "by_model")
+    return {n: pd.concat([imported[b].panel[n] for b in ("triage", "bbq", "dd")], ignore_index=True) for n in names}
 
 
 def _row(t, **keys):
