@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -253,3 +254,23 @@ def test_steer_long_hand_worked():
     assert a0["s"] == 1.0 and a0["toward_preferred"] == True and b0["toward_preferred"] == False  # noqa: E712
     assert a0["baseline_bias"] == pytest.approx(0.2)
     assert t[t["think"]]["toward_preferred"].isna().all()  # f0(B) = 0.5: no preferred side
+
+
+DD_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "daily_dilemmas"
+
+
+@pytest.mark.skipif(not DD_DIR.is_dir(), reason="../shared/data not present")
+def test_dailydilemmas_report_has_tables_3_and_4(tmp_path):
+    from probe.app.cli import main
+
+    out = tmp_path / "dd"
+    args = ["run", "influence-dd", "--model", "sim", "--samples", "4", "--dd", str(DD_DIR), "--dd-limit", "30",
+            "--dd-min-count", "1", "--influences", "survey", "--controls", "none", "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    counts = pd.read_csv(out / "report" / "value_counts.csv")
+    flips = pd.read_csv(out / "report" / "flip_rates_by_value.csv")
+    # the value-level conditions hold each dilemma once per option's value, as Table 3 counts them
+    per_value = pd.read_csv(out / "report" / "conditions.csv").set_index("pair")["n_items"]
+    assert counts.set_index("value")["count"].to_dict() == per_value.to_dict()
+    assert set(flips["value"]) - {"all"} <= set(counts["value"])
+    assert "### Table 4" in (out / "report" / "summary.md").read_text()
