@@ -396,7 +396,12 @@ def test_report_is_results_then_formatting_then_one_writer(tmp_path: Path) -> No
     assert report.influence_md(res)[0] == lines  # formatting computes nothing new: the same lines again
     assert not (tmp_path / "r" / "report").exists()
     names = [d.name for d in files.figures]
-    assert names == ["fig_conditions_00_gender.png", "fig_conditions_01_age.png", "fig_steerability.png"]
+    assert names == [
+        "fig_conditions_00_gender.png",
+        "fig_conditions_01_age.png",
+        "fig_steerability.png",
+        "fig_larger_group.png",  # paper 000's I.9 (analysis/influence/paper000_report.py)
+    ]
     assert all(f"`{n}`" in "\n".join(lines) for n in names)
     fig = files.figures[-1].draw()
     assert type(fig).__name__ == "Figure"

@@ -396,13 +396,18 @@ class InfluenceComparison:
             "reasoning_change_conditions": self.change_conditions,
             "asym_regression": pd.DataFrame([f.row() for f in self.fits]),
             "asym_regression_data": self.asym_data,
-            "dropped_conditions": pd.concat([m.dropped_conditions for m in self.matched], ignore_index=True),
+            "dropped_conditions": _concat([m.dropped_conditions for m in self.matched]),
         }
 
     @property
     def dropped_items(self) -> pd.DataFrame:
         """The items each matched benchmark left out, and why."""
-        return pd.concat([m.dropped_items for m in self.matched], ignore_index=True)
+        return _concat([m.dropped_items for m in self.matched])
+
+
+def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The frames one after the other; an empty frame for none (a panel of imported runs only has no matching)."""
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _split_imported(panel: Panel) -> tuple[Panel | None, list[PanelRun]]:
@@ -451,6 +456,7 @@ def compare_frames(
     ``asym_model`` orders the fits (that structure first, the headline).
     """
     from analysis.influence import audit as inf
+    from analysis.influence import paper000_tables
     from analysis.influence.imported import imported_conditions
 
     if asym_model not in STRUCTURES:
@@ -467,6 +473,8 @@ def compare_frames(
     tables = dict(inf.panel_tables(cond))
     main = cond[cond["variant"] == "cue"]
     tables["by_run"] = inf.summary_by(main, ["benchmark", "run", "model", "think"])
+    cells = {r.name: (r.model, r.reasoning, run_cells(r, source)[0]) for r in (native.runs if native else ())}
+    tables.update(paper000_tables.compare_tables(cond, cells))
     by_cond, by_infl = [], []
     for m in matched:
         names = {r.name for r in m.runs}

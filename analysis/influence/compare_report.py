@@ -24,6 +24,7 @@ import pandas as pd
 from analysis.common.figures import pyplot
 from analysis.common.report import Body, Drawing, sources_panel_body
 from analysis.common.tables import md_table
+from analysis.influence import paper000_report
 from analysis.influence.asym import AsymFit
 from analysis.influence.compare import N_BOOT, SEED, InfluenceComparison, compare_sources
 from analysis.influence.flags import PRACTICAL_SHIFT
@@ -63,7 +64,7 @@ def figures(res: InfluenceComparison, tag: str = "") -> tuple[Drawing, ...]:
     if len(res.asym_data):
         scopes = [f for f in res.fits if f.scope != "pooled" and f.structure == res.asym_model]
         drawings.append(Drawing(f"fig_asym_vs_bias{sfx}.png", partial(asym_figure, res.asym_data, scopes, pre)))
-    return tuple(drawings)
+    return (*drawings, *paper000_report.compare_figures(res.tables, sfx, pre))
 
 
 def steerability_figure(g: pd.DataFrame, title: str) -> Any:
@@ -200,7 +201,7 @@ def _summary_body(res: InfluenceComparison, n_boot: int) -> list[str]:
         "",
         *asym_md(res.fits, res.asym_model),
     ]
-    return lines
+    return lines + paper000_report.compare_md(t)
 
 
 def _matching_md(res: InfluenceComparison, n_boot: int) -> list[str]:

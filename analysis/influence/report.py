@@ -24,7 +24,7 @@ from analysis.battery.calibration import temperature_lines
 from analysis.common.figures import pyplot
 from analysis.common.report import Body, Drawing, Files, Table
 from analysis.common.tables import long_tables, md_table
-from analysis.influence import flags
+from analysis.influence import flags, paper000_report
 from analysis.influence.asym import FORMULA, AsymFit
 from analysis.influence.audit import Audit
 from analysis.influence.coding_report import coded_md
@@ -66,6 +66,8 @@ def influence_md(res: InfluenceResults) -> Body:
         side = sources_md(res)
     coded, coded_files = coded_md(res.coded)
     lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded]
+    lines += paper000_report.paper000_md(res.sources[0].tables)  # names its own figure
+    drawings += paper000_report.figures(res.sources[0].tables)
     files = Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, drawings) + coded_files
     return lines, files
 
@@ -391,7 +393,8 @@ def imported_report(run: Run) -> Body:
     CIs come from a cluster bootstrap over (model x reasoning, factor) clusters.
     """
     res = imported_results(run)
-    return imported_md(res), imported_files(res)
+    p_lines, p_files = paper000_report.imported_section(res.paper000)
+    return [*imported_md(res), *p_lines], imported_files(res) + p_files
 
 
 def imported_files(res: ImportedResults) -> Files:

@@ -15,12 +15,12 @@ report's sections only format what is here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.influence import flags
+from analysis.influence import flags, paper000_tables
 from analysis.influence.asym import AsymFit, asym_fits, asym_frame
 from analysis.influence.audit import (
     Audit,
@@ -102,6 +102,7 @@ def source_tables(audit: Audit) -> dict[str, pd.DataFrame]:
         tables["controls_negated"] = negation_match(c)
     if audit.flips is not None:
         tables["flip_rates"] = audit.flips
+    tables.update(paper000_tables.source_tables(audit))  # paper 000's appendix tables (Table 21, I.9, I.12, ...)
     return tables
 
 
@@ -208,6 +209,8 @@ class ImportedResults:
     ambiguous: pd.DataFrame
     """The rows ``probe import`` left out as ambiguous (``ambiguous.csv``)."""
     variance: Variance
+    paper000: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+    """Paper 000's appendix tables of the conditions (:func:`analysis.influence.paper000_tables.imported_tables`)."""
 
 
 def imported_results(run: Run) -> ImportedResults:
@@ -224,4 +227,5 @@ def imported_results(run: Run) -> ImportedResults:
         asym_data=asym_frame(cond),
         ambiguous=pd.read_csv(amb_path) if amb_path.exists() else ambiguous_frame(()),
         variance=variance_counts(cond[cond["variant"] == "cue"]),
+        paper000=paper000_tables.imported_tables(cond),
     )
