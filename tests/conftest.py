@@ -10,6 +10,8 @@ import inspect
 import math
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
 ARCHS = ("tiny", "tiny-hybrid")
+_PREBUILD = pytest.StashKey["subprocess.Popen[bytes] | None"]()
 
 
 @pytest.fixture(scope="session", params=ARCHS)
@@ -155,6 +158,74 @@ def _matches(fn: object, pattern: re.Pattern[str], depth: int = 2) -> bool:
     )
 
 
+# ------------------------------------------------------------------ the built models, prepared while tests run
+#: What in a test file's source says it loads a built model (the tiny models, smol) or the live server on one.
+#: A guess from the text, used only to order files: a wrong guess costs time, never a result.
+MODEL_USE = re.compile(r"""["']tiny(-hybrid)?["'@]|\btiny_engine\b|\bsmol\b|\bengine\b|\bserver\b""")
+BUILD = (
+    "from probe.tiny import ensure_tiny; ensure_tiny('tiny'); ensure_tiny('tiny-hybrid'); "
+    "from probe.models.gguf import ensure_smol; ensure_smol()"
+)
+
+
+def _workers(config: pytest.Config) -> bool:
+    """Whether this is the pytest-xdist controller of a run on workers (``make test``'s ``-n``)."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _workers(config):
+        config.option.loadscopereorder = False  # keep the order pytest_collection_modifyitems gives the files
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """On a run with workers, build the tiny models and convert smol in a process of their own, from the start.
+
+    On an empty cache the tiny build is about a minute of one core, and each file that needs it waited on its lock
+    (xdist starts with the files of most tests, which all load tiny): a worker idle for most of that minute. Here
+    the builder runs beside the workers, which take the files that load no model first (the order below), and the
+    first file that needs a model waits only for what is left of the build. The builder takes the same file locks
+    as a test would (``probe.tiny.build_once``), so whoever comes first builds and the other reads the result; its
+    output goes to ``<cache>/prebuild.log``. It starts once, when the first worker has collected, and only if a
+    collected file loads a model; on a complete cache it returns at once.
+    """
+    config = getattr(node, "config", None)
+    if config is None or _PREBUILD in config.stash:
+        return
+    config.stash[_PREBUILD] = None
+    if not any(_uses_a_model(ROOT / nodeid.split("::")[0]) for nodeid in {i.split("::")[0] for i in ids}):
+        return
+    cache = Path(os.environ["PROBE_CACHE"])
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    with (cache / "prebuild.log").open("w") as log:
+        config.stash[_PREBUILD] = subprocess.Popen(
+            [sys.executable, "-c", BUILD], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    proc = config.stash.get(_PREBUILD, None)
+    if proc is not None and proc.poll() is None:  # a run stopped early (-x, ^C): the build is atomic, stop it
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _uses_a_model(path: Path, seen: dict[Path, bool] = {}) -> bool:  # noqa: B006 - a cache, on purpose
+    if path not in seen:
+        seen[path] = bool(MODEL_USE.search(path.read_text(encoding="utf-8")))
+    return seen[path]
+
+
+def _model_files_last(items: list[pytest.Item]) -> None:
+    """Order ``items`` in place: the files that load no model first, then by size (xdist's own order) in each part."""
+    sizes: dict[Path, int] = {}
+    for item in items:
+        sizes[item.path] = sizes.get(item.path, 0) + 1
+    items.sort(key=lambda item: (_uses_a_model(item.path), -sizes[item.path]))  # stable: a file stays together
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests that depend on random draws ``draws``, and those that sample answers ``samples``.
 
@@ -172,3 +243,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for mark, pattern in (("draws", DRAW_SOURCES), ("samples", SAMPLE_SOURCES)):
             if live or _matches(fn, pattern) or any(_matches(f, pattern, 1) for f in fixtures):
                 item.add_marker(getattr(pytest.mark, mark))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects, and must order alike: the text decides
+        _model_files_last(items)
