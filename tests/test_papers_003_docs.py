@@ -1,4 +1,4 @@
-"""docs/papers-003.md runs as written: its sim commands, the files its rows name, and its example input files.
+"""docs/papers.md's paper 003 section runs as written: its sim commands, the files its rows name, and its example input files.
 
 Running the whole runnable block takes about 35 s on 2 CPU cores, so those tests are marked slow (`make
 test-slow`); the default suite parses every command with the CLI's own parser and reads the example files.
@@ -15,13 +15,20 @@ import pytest
 
 from probe.app.cli import main
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "papers-003.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "papers.md"
+
+
+def _section() -> str:
+    """Paper 003's section of the shared page."""
+    text = DOC.read_text()
+    start = text.index("## Paper 003")
+    return text[start : text.index("## Paper", start + 1)] if "## Paper" in text[start + 1 :] else text[start:]
 NEEDS_MORE = {"deliberation.csv", "fig_deliberation.png"}
 """Files the sim block cannot write: a model with reasoning off and on."""
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), flags=re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", _section(), flags=re.S)
 
 
 def _commands(which: str) -> list[list[str]]:
@@ -78,7 +85,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_every_file_a_row_names_is_written(ran: Path) -> None:
-    text = DOC.read_text()
+    text = _section()
     panel = set(re.findall(r"`PANEL/([\w.]+)`", text))
     run = set(re.findall(r"`RUN/report/([\w.]+)`", text))
     assert {"fig1b_incoherence.png", "fig5_projections_models.png", "fig6_lexicality_models.png"} <= panel
