@@ -12,7 +12,7 @@ PNG drawn from that CSV's frame.
   (:func:`analysis.battery.binary.projections`; complete stories only): order, logic, label and the label pull
   (Fig. 6's bar: the label projection, the logic one where the mapping is not crossed) with percentile bootstrap
   CIs over dilemmas, and with I-1's theta the per-pair joint fit's m for the order, logic and label channels
-  (:func:`analysis.battery.fit.fit_pair`, in theta units). ``label_pairs_by_model.csv``;
+  (:func:`analysis.battery.joint_fit.fit_pair`, in theta units). ``label_pairs_by_model.csv``;
   ``fig5_projections_models.png`` (Fig. 5a: every pair's three projections per run, value and CI half-width);
   ``fig5b_collapse.csv`` / ``.png`` (Fig. 5b: the yes/no verb flip's lexical pull beside the A/B logic pull);
   ``lexicality_by_model.csv`` (mean |label pull| per lexicality level and the word-minus-non-lexical contrast)
@@ -202,6 +202,8 @@ def run_label_pairs(d: RunData, shared: Sequence[str], *, n_boot: int, seed: int
 
 def _pair_fits(d: RunData, b: pd.DataFrame, pairs: list[str], fit: Any) -> pd.DataFrame | None:
     """Per pair: s and m per channel of the joint (order, logic, label) fit with I-1's theta (no resamples)."""
+    from analysis.battery.joint_fit import fit_pair
+
     if d.theta is None:
         return None
     try:
@@ -211,7 +213,7 @@ def _pair_fits(d: RunData, b: pd.DataFrame, pairs: list[str], fit: Any) -> pd.Da
     rows = {}
     for pair in pairs:
         try:
-            pf = fit.fit_pair(d.theta.dropna(), bt, pair, n_boot=0)
+            pf = fit_pair(d.theta.dropna(), bt, pair, n_boot=0)
         except NotComputed:
             continue
         row = {"s": pf.s, "clip_limited": "yes" if pf.clip_limited else "no"}
