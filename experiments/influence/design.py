@@ -44,7 +44,9 @@ STEP_BY_STEP: Final[str] = "Think step-by-step before answering."
 """The chain-of-thought instruction of paper 000's step-by-step condition (Table 2), the default ``step_by_step``."""
 _COMMON_KEYS: Final[tuple[str, ...]] = ("system", "user", "labels", "positions", "brackets", "cues")
 _OPTIONAL_KEYS: Final[tuple[str, ...]] = ("step_by_step",)
-_CUE_KEYS: Final[frozenset[str]] = frozenset({"kind", "position", "bracket", "text", "placebo", "negated", "paraphrases"})
+_CUE_KEYS: Final[frozenset[str]] = frozenset(
+    {"kind", "position", "bracket", "text", "placebo", "negated", "paraphrases"}
+)
 
 
 class DesignError(ProbeError, ValueError):
@@ -278,9 +280,7 @@ def _parse_cue(
         raise DesignError(f"{where}.kind must be one of {CUE_KINDS}, got {kind!r}")
     texts = {k: _str(spec.get(k, ""), f"{where}.{k}") for k in ("text", "placebo", "negated")}
     if kind == "turns":
-        extra = sorted(
-            k for k in ("text", "placebo", "negated", "position", "bracket", "paraphrases") if spec.get(k)
-        )
+        extra = sorted(k for k in ("text", "placebo", "negated", "position", "bracket", "paraphrases") if spec.get(k))
         if extra:
             raise DesignError(
                 f"{where}: a turns cue (few-shot) takes no {extra}; its demonstrations are built per item"
@@ -323,9 +323,7 @@ def _check_random(spec: Mapping[str, Any], texts: Mapping[str, str], where: str)
     used = template_fields(texts["text"], f"{where}.text")
     named = sorted(used & CUE_FIELDS)
     if named:
-        raise DesignError(
-            f"{where}.text: a random context names no group, got {named}; use kind: sentence for a cue"
-        )
+        raise DesignError(f"{where}.text: a random context names no group, got {named}; use kind: sentence for a cue")
     _check_fields(texts["text"], RANDOM_FIELDS, f"{where}.text")
 
 
