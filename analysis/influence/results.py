@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.influence import flags
+from analysis.influence import arms, flags
 from analysis.influence.asym import AsymFit, asym_fits, asym_frame
 from analysis.influence.audit import (
     Audit,
@@ -102,7 +102,19 @@ def source_tables(audit: Audit) -> dict[str, pd.DataFrame]:
         tables["controls_negated"] = negation_match(c)
     if audit.flips is not None:
         tables["flip_rates"] = audit.flips
+    tables.update(arm_tables(c))
     return tables
+
+
+def arm_tables(c: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The tables of paper 000's extra arms, only where the run holds them (:mod:`analysis.influence.arms`)."""
+    out: dict[str, pd.DataFrame] = {}
+    if (c["variant"] == arms.RANDOM).any():
+        out["controls_random"] = arms.random_contexts(c)
+        out["table17_random"] = arms.table17(c)
+    if arms.has_paraphrases(c):
+        out["by_wording"] = arms.by_wording(c)
+    return out
 
 
 def source_results(audit: Audit) -> SourceResults:
