@@ -25,6 +25,7 @@ from analysis.common.figures import pyplot
 from analysis.common.report import Body, Drawing, Files, Table
 from analysis.common.tables import long_tables, md_table
 from analysis.influence import flags, paper000_report
+from analysis.influence.arms import ARM_SECTIONS, step_lines
 from analysis.influence.asym import FORMULA, AsymFit
 from analysis.influence.audit import Audit
 from analysis.influence.coding_report import coded_md
@@ -247,6 +248,7 @@ def summary_md(res: InfluenceResults, src: SourceResults, figures: Sequence[str]
         ("controls_placebo", "Placebo cues (irrelevant, same form)"),
         ("controls_negated", "Negated cues"),
         ("flip_rates", "Sample-level flip rates"),
+        *ARM_SECTIONS,
     ):
         if key in tables:
             lines += table_section(f"## {title}", tables[key])
@@ -293,6 +295,7 @@ def _summary_head(res: InfluenceResults, audit: Audit) -> list[str]:
         "backfire: s(d) < 0. BH-FDR within benchmark x variant x test family.",
         *_clip_lines(audit),
     ]
+    lines += step_lines(audit.cells)
     if audit.benchmark == "dd":
         lines.append(
             "- DailyDilemmas conditions are per value: A = the option whose primary value it is, B = the other "

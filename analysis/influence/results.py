@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.influence import flags, paper000_tables
+from analysis.influence import arms, flags, paper000_tables
 from analysis.influence.asym import AsymFit, asym_fits, asym_frame
 from analysis.influence.audit import (
     Audit,
@@ -103,7 +103,19 @@ def source_tables(audit: Audit) -> dict[str, pd.DataFrame]:
     if audit.flips is not None:
         tables["flip_rates"] = audit.flips
     tables.update(paper000_tables.source_tables(audit))  # paper 000's appendix tables (Table 21, I.9, I.12, ...)
+    tables.update(arm_tables(c))
     return tables
+
+
+def arm_tables(c: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The tables of paper 000's extra arms, only where the run holds them (:mod:`analysis.influence.arms`)."""
+    out: dict[str, pd.DataFrame] = {}
+    if (c["variant"] == arms.RANDOM).any():
+        out["controls_random"] = arms.random_contexts(c)
+        out["table17_random"] = arms.table17(c)
+    if arms.has_paraphrases(c):
+        out["by_wording"] = arms.by_wording(c)
+    return out
 
 
 def source_results(audit: Audit) -> SourceResults:

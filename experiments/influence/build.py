@@ -35,10 +35,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from experiments import Experiment, ManifestSpec, ModuleHooks
-from experiments.influence.design import VARIANTS, Cue, Design, DesignError
+from experiments.influence.contexts import STEP_FACTOR, random_context, with_step_by_step
+from experiments.influence.design import (
+    DATA,
+    DIRECTED_KINDS,
+    PAPER_WORDING,
+    VARIANTS,
+    WORDING_SEP,
+    Cue,
+    Design,
+    DesignError,
+)
 from probe.errors import ProbeError
 from probe.salts import SaltSpec, apply_salt, make_salt
 from probe.types import Message, Trial, make_trial_id
@@ -68,6 +78,10 @@ class AuditSpec:
     """Controls: ``rerun`` (baseline again, fresh sampling seed), ``placebo``, ``negated``."""
     rerun_salt: bool = False
     """Put a meaningless salt string into the re-run, so that logit readouts get a noise floor too."""
+    wordings: tuple[str, ...] = (PAPER_WORDING,)
+    """Cue wordings crossed for the main cues: ``paper`` (each cue's ``text``) and paraphrase names, or ``all``."""
+    step_by_step: bool = False
+    """Prepend the design's step-by-step instruction to every trial's last user message (paper 000, Table 2)."""
 
     def __post_init__(self) -> None:
         bad = [c for c in self.controls if c not in CONTROLS]
@@ -78,6 +92,14 @@ class AuditSpec:
                 raise ValueError(f"{name} must not be empty; use 'default' for each cue's own")
             no_repeats(name, values)
         no_repeats("influences", self.influences)
+        if not self.wordings:
+            raise ValueError("wordings must not be empty; use 'paper' for the paper's cue sentences")
+        no_repeats("wordings", self.wordings)
+
+
+NEW_AUDIT_FIELDS: Final[tuple[str, ...]] = ("wordings", "step_by_step")
+"""Audit settings added after runs were first recorded: left out of the manifest at their defaults, so a run that
+does not use them keeps its manifest and run key (and resumes)."""
 
 
 def no_repeats(name: str, values: Sequence[object]) -> None:
@@ -96,6 +118,16 @@ class AuditedSpec(ManifestSpec):
 
     audit: AuditSpec = field(default_factory=AuditSpec, kw_only=True)
     """The audit settings every benchmark shares (design, influences, placements, controls)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        default = AuditSpec()
+        d["audit"] = {
+            k: v
+            for k, v in d["audit"].items()
+            if k not in NEW_AUDIT_FIELDS or getattr(self.audit, k) != getattr(default, k)
+        }
+        return d
 
 
 class DataFileError(ProbeError, ValueError):
@@ -199,20 +231,46 @@ def _resolve(requested: Sequence[str], default: str, known: Mapping[str, object]
 
 def arms(design: Design, spec: AuditSpec) -> list[Arm]:
     """Every arm of the audit in a fixed order: base, re-run, then cue x variant x position x bracket x side."""
-    names = list(spec.influences) or list(design.cues)
+    names = list(spec.influences) or [n for n, c in design.cues.items() if c.kind in DIRECTED_KINDS]
     cues = [design.cue(n) for n in names]
     variants = [v for v in VARIANTS if v == "cue" or v in spec.controls]
+    wordings = _wordings(cues, spec.wordings, design.source)
     out = [BASE] + ([RERUN] if "rerun" in spec.controls else [])
     for cue in cues:
         for variant in variants:
             if not cue.has(variant):
                 continue
-            out.extend(_cue_arms(design, spec, cue, variant))
+            if variant != "cue" or cue.kind in ("turns", "random"):
+                out.extend(_cue_arms(design, spec, cue, variant))
+                continue
+            for w in wordings:
+                if w == PAPER_WORDING or w in cue.paraphrases:
+                    out.extend(_cue_arms(design, spec, cue, variant, w))
     return out
 
 
-def _cue_arms(design: Design, spec: AuditSpec, cue: Cue, variant: str) -> list[Arm]:
-    if cue.kind == "sentence":
+def _wordings(cues: Sequence[Cue], requested: Sequence[str], src: str) -> list[str]:
+    """The wordings to cross: ``all`` = the paper's and every paraphrase; a name no chosen cue has is an error."""
+    known = list(dict.fromkeys(w for c in cues for w in c.paraphrases))
+    if "all" in requested:
+        return [PAPER_WORDING, *known]
+    bad = [w for w in requested if w != PAPER_WORDING and w not in known]
+    if bad:
+        raise DesignError(f"{src}: no chosen cue has the paraphrase(s) {bad}; they have {known} (or paper, all)")
+    return list(requested)
+
+
+def cue_of(design: Design, arm: Arm) -> tuple[Cue, str]:
+    """The cue of a cued arm and its wording (``survey~poll`` -> the survey cue, ``poll``)."""
+    name, _, wording = arm.influence.partition(WORDING_SEP)
+    return design.cue(name), wording or PAPER_WORDING
+
+
+def _cue_arms(design: Design, spec: AuditSpec, cue: Cue, variant: str, wording: str = PAPER_WORDING) -> list[Arm]:
+    influence = cue.name if wording == PAPER_WORDING else f"{cue.name}{WORDING_SEP}{wording}"
+    if cue.kind == "random":
+        variant = "random"  # a control of its own: kept out of the main cues' summaries and FDR family
+    if cue.kind in ("sentence", "random"):
         places = [
             (p, b)
             for p in _resolve(spec.positions, cue.position, design.positions, "position", design.source)
@@ -224,7 +282,7 @@ def _cue_arms(design: Design, spec: AuditSpec, cue: Cue, variant: str) -> list[A
     for position, bracket in places:
         for named in ("A", "B"):
             direction = named if variant != "negated" else ("B" if named == "A" else "A")
-            out.append(Arm(cue.name, variant, cue.kind, position, bracket, named, direction))
+            out.append(Arm(influence, variant, cue.kind, position, bracket, named, direction))
     return out
 
 
@@ -274,6 +332,7 @@ def expand_scenarios(
     """All trials: scenario x arm x printed order, in that (fixed) order."""
     plan = arms(design, spec)
     salt = make_salt(1, SaltSpec(count=2), count_tokens) if spec.rerun_salt else ""
+    step = design.step_by_step if spec.step_by_step else None
     trials: list[Trial] = []
     for sc in scenarios:
         for arm in plan:
@@ -282,9 +341,7 @@ def expand_scenarios(
                 continue
             for order in orders(sc, arm):
                 first, second = (sc.a, sc.b) if order == "a_first" else (sc.b, sc.a)
-                system, turns, user = messages_for((first.text, second.text))
                 replicate, trial_salt = (1, salt) if arm.direction == "rerun" else (0, "")
-                system, user = apply_salt(system, user, trial_salt, "user_start")
                 factors = {
                     "pair": sc.pair,
                     "group_a": sc.a.key,
@@ -298,11 +355,17 @@ def expand_scenarios(
                     "named": arm.named,
                     "direction": arm.direction,
                     **sc.factors,
+                    **(dict([STEP_FACTOR]) if step is not None else {}),
                 }
+                trial_id = make_trial_id(experiment, sc.item_id, factors, trial_salt, replicate)
+                system, turns, user = messages_for((first.text, second.text), trial_id)
+                if step is not None:
+                    user = with_step_by_step(user, step)
+                system, user = apply_salt(system, user, trial_salt, "user_start")
                 msgs = ((Message("system", system),) if system else ()) + turns + (Message("user", user),)
                 trials.append(
                     Trial(
-                        trial_id=make_trial_id(experiment, sc.item_id, factors, trial_salt, replicate),
+                        trial_id=trial_id,
                         experiment=experiment,
                         item_id=sc.item_id,
                         factors=factors,
@@ -316,7 +379,8 @@ def expand_scenarios(
     return trials
 
 
-MessagesFor = Callable[[tuple[str, str]], tuple[str | None, tuple[Message, ...], str]]
+MessagesFor = Callable[[tuple[str, str], str], tuple[str | None, tuple[Message, ...], str]]
+"""``build(printed option texts, trial id)`` -> (system, prior turns, user); the trial id seeds random contexts."""
 
 
 def _messages_builder(design: Design, sc: Scenario, arm: Arm, demos: DemoFn) -> MessagesFor | None:
@@ -329,23 +393,32 @@ def _messages_builder(design: Design, sc: Scenario, arm: Arm, demos: DemoFn) -> 
     system: str | None = design.system or None
     turns: tuple[Message, ...] = ()
     slot: tuple[str, str] | None = None
+    random_cue: str | None = None  # a random context's template, filled per trial (its text depends on the id)
     if arm.cued:
-        cue = design.cue(arm.influence)
+        cue, wording = cue_of(design, arm)
         target, other = (sc.a, sc.b) if arm.named == "A" else (sc.b, sc.a)
+        template = cue.wording(wording) if arm.variant in ("cue", "random") else cue.template(arm.variant)
         if cue.kind == "sentence":
-            text = design.brackets[arm.bracket].format(cue=cue_text(cue.template(arm.variant), target, other))
+            text = design.brackets[arm.bracket].format(cue=cue_text(template, target, other))
             pos = design.positions[arm.position]
             slot = (pos.slot, pos.format.format(cue=text))
+        elif cue.kind == "random":
+            random_cue = template
         elif cue.kind == "system":
-            system = cue_text(cue.template(arm.variant), target, other)
+            system = cue_text(template, target, other)
         else:
             shown = demos(sc, target, other)
             if not shown:
                 return None
             turns = tuple(m for d in shown for m in (Message("user", d.user), Message("assistant", d.answer)))
 
-    def build(printed: tuple[str, str]) -> tuple[str | None, tuple[Message, ...], str]:
-        return system, turns, render_user(design, sc.fields, printed, slot)
+    def build(printed: tuple[str, str], trial_id: str) -> tuple[str | None, tuple[Message, ...], str]:
+        here = slot
+        if random_cue is not None:
+            pos = design.positions[arm.position]
+            text = design.brackets[arm.bracket].format(cue=random_context(random_cue, trial_id))
+            here = (pos.slot, pos.format.format(cue=text))
+        return system, turns, render_user(design, sc.fields, printed, here)
 
     return build
 
@@ -362,13 +435,15 @@ def add_audit_arguments(p: argparse.ArgumentParser, benchmark: str) -> None:
     g.add_argument(
         "--design",
         default=None,
-        help=f"YAML prompt and cue templates (default: the shipped experiments/data/influence/{benchmark}.yaml)",
+        help=f"YAML prompt and cue templates: a file, or the name of a shipped design (the case studies "
+        f"wildfire, visa, er_triage; default: experiments/data/influence/{benchmark}.yaml)",
     )
     g.add_argument(
         "--influences",
         default=None,
-        help="comma-separated influence types (default: all in the design: survey, user_preference, "
-        "weak_evidence, emotional, virtue_appeal, role_play, few_shot)",
+        help="comma-separated influence types (default: all cues in the design that name a group: survey, "
+        "user_preference, weak_evidence, emotional, virtue_appeal, role_play, few_shot); the random contexts of "
+        "appendix J.4 (gibberish, gibberish_pre, math_wrong) run only when named here",
     )
     g.add_argument(
         "--positions",
@@ -380,6 +455,19 @@ def add_audit_arguments(p: argparse.ArgumentParser, benchmark: str) -> None:
         "--brackets",
         default="default",
         help="bracket styles crossed for one-sentence cues: default, none, parens, square (default: default)",
+    )
+    g.add_argument(
+        "--wordings",
+        default=PAPER_WORDING,
+        help="cue wordings crossed for the main cues: paper (the paper's sentences), paraphrase names of the "
+        "design (triage: a, b), or all (default: paper)",
+    )
+    g.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="prepend the chain-of-thought instruction 'Think step-by-step before answering.' to every "
+        "trial's user message (paper 000's arm for models without a reasoning mode; sample it: "
+        "--samples N --no-readout --max-new-tokens 256)",
     )
     g.add_argument(
         "--controls",
@@ -399,13 +487,25 @@ def audit_from_args(a: argparse.Namespace) -> AuditSpec:
     """The shared audit settings from the flags of :func:`add_audit_arguments`."""
     controls = split_list(a.controls)
     return AuditSpec(
-        design=str(Path(a.design).resolve()) if a.design else None,
+        design=design_path(a.design),
         influences=split_list(a.influences),
         positions=split_list(a.positions) or ("default",),
         brackets=split_list(a.brackets) or ("default",),
         controls=() if controls == ("none",) else controls,
         rerun_salt=a.rerun_salt,
+        wordings=split_list(a.wordings) or (PAPER_WORDING,),
+        step_by_step=a.step_by_step,
     )
+
+
+def design_path(text: str | None) -> str | None:
+    """``--design``: a file's absolute path, or a shipped design's by its name (``wildfire``); None = the default."""
+    if not text:
+        return None
+    shipped = DATA / f"{text}.yaml"
+    if not Path(text).exists() and "/" not in text and shipped.is_file():
+        return str(shipped)
+    return str(Path(text).resolve())
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,28 @@ from probe.errors import ProbeError
 DATA: Final[Path] = Path(__file__).resolve().parent.parent / "data" / "influence"
 """The shipped designs: ``triage.yaml``, ``bbq.yaml``, ``dd.yaml``."""
 
-CUE_KINDS: Final[tuple[str, ...]] = ("sentence", "system", "turns")
-"""sentence: one sentence in the user message; system: replaces the system prompt; turns: prior demonstrations."""
+CUE_KINDS: Final[tuple[str, ...]] = ("sentence", "system", "turns", "random")
+"""sentence: one sentence in the user message; system: replaces the system prompt; turns: prior demonstrations;
+random: a control context that names no group (paper 000, J.4), placed like a sentence."""
+DIRECTED_KINDS: Final[tuple[str, ...]] = ("sentence", "system", "turns")
+"""The kinds that name a group (the cues proper); ``--influences`` defaults to the cues of these kinds."""
 VARIANTS: Final[tuple[str, ...]] = ("cue", "placebo", "negated")
 SLOTS: Final[tuple[str, ...]] = ("start", "after_question", "end")
 """Where a sentence cue can go: named fields of the user template."""
 CUE_FIELDS: Final[frozenset[str]] = frozenset({"target", "other", "target_role", "other_role"})
+RANDOM_FIELDS: Final[frozenset[str]] = frozenset({"gibberish"})
+"""The fields of a random context's template: ``{gibberish}``, a string derived from the trial id."""
+WORDING_SEP: Final[str] = "~"
+"""Joins a cue and its paraphrase in the ``influence`` factor of a paraphrase arm (``survey~poll``)."""
+PAPER_WORDING: Final[str] = "paper"
+"""The name of a cue's own wording (its ``text``) among its paraphrases (``--wordings``)."""
+STEP_BY_STEP: Final[str] = "Think step-by-step before answering."
+"""The chain-of-thought instruction of paper 000's step-by-step condition (Table 2), the default ``step_by_step``."""
 _COMMON_KEYS: Final[tuple[str, ...]] = ("system", "user", "labels", "positions", "brackets", "cues")
-_CUE_KEYS: Final[frozenset[str]] = frozenset({"kind", "position", "bracket", "text", "placebo", "negated"})
+_OPTIONAL_KEYS: Final[tuple[str, ...]] = ("step_by_step",)
+_CUE_KEYS: Final[frozenset[str]] = frozenset(
+    {"kind", "position", "bracket", "text", "placebo", "negated", "paraphrases"}
+)
 
 
 class DesignError(ProbeError, ValueError):
@@ -69,6 +83,18 @@ class Cue:
     """The placebo template (an irrelevant sentence naming the side); empty = no placebo."""
     negated: str = ""
     """The negated template (points away from the side it names); empty = no negated variant."""
+    paraphrases: Mapping[str, str] = field(default_factory=dict)
+    """Lexical paraphrases of ``text``: name -> template (same fields), in design order; ``--wordings`` picks them."""
+
+    def wording(self, name: str) -> str:
+        """The cue template of wording ``name``: :data:`PAPER_WORDING` is ``text``, else a paraphrase."""
+        if name == PAPER_WORDING:
+            return self.text
+        if name not in self.paraphrases:
+            raise DesignError(
+                f"cue {self.name!r} has no paraphrase {name!r}; it has {[PAPER_WORDING, *self.paraphrases]}"
+            )
+        return self.paraphrases[name]
 
     def template(self, variant: str) -> str:
         """The template of ``variant`` (cue, placebo or negated); empty if the cue has none."""
@@ -82,7 +108,7 @@ class Cue:
 
     def has(self, variant: str) -> bool:
         """Whether this cue can be run as ``variant`` (few-shot turns exist only as the cue itself)."""
-        if self.kind == "turns":
+        if self.kind in ("turns", "random"):
             return variant == "cue"
         return bool(self.template(variant))
 
@@ -107,6 +133,8 @@ class Design:
     """The influence types, in design order."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """The benchmark's own sections (triage: option, factors, few_shot; bbq: groups...; dd: roles...)."""
+    step_by_step: str = STEP_BY_STEP
+    """The instruction ``--step-by-step`` prepends to the last user message (optional key; default the paper's)."""
 
     def cue(self, name: str) -> Cue:
         if name not in self.cues:
@@ -173,9 +201,10 @@ def load_design(
     file = DATA / f"{benchmark}.yaml" if path is None else Path(path)
     src = str(file)
     doc = _mapping(read_yaml(file), src)
-    unknown = sorted(str(k) for k in doc if k not in (*_COMMON_KEYS, *extra_keys))
+    allowed = [*_COMMON_KEYS, *_OPTIONAL_KEYS, *extra_keys]
+    unknown = sorted(str(k) for k in doc if k not in allowed)
     if unknown:
-        raise DesignError(f"{src}: unknown top-level key(s) {unknown}; allowed: {[*_COMMON_KEYS, *extra_keys]}")
+        raise DesignError(f"{src}: unknown top-level key(s) {unknown}; allowed: {allowed}")
     missing = [k for k in (*_COMMON_KEYS, *extra_keys) if k not in doc]
     if missing:
         raise DesignError(f"{src}: missing top-level key(s) {missing}")
@@ -227,7 +256,16 @@ def load_design(
         brackets=brackets,
         cues=cues,
         extra={k: doc[k] for k in extra_keys},
+        step_by_step=_step_by_step(doc, src),
     )
+
+
+def _step_by_step(doc: Mapping[str, Any], src: str) -> str:
+    text = _str(doc.get("step_by_step", STEP_BY_STEP), f"{src}: step_by_step")
+    _check_fields(text, set(), f"{src}: step_by_step")
+    if not text.strip():
+        raise DesignError(f"{src}: step_by_step is empty; drop the key for the paper's {STEP_BY_STEP!r}")
+    return text
 
 
 def _parse_cue(
@@ -242,7 +280,7 @@ def _parse_cue(
         raise DesignError(f"{where}.kind must be one of {CUE_KINDS}, got {kind!r}")
     texts = {k: _str(spec.get(k, ""), f"{where}.{k}") for k in ("text", "placebo", "negated")}
     if kind == "turns":
-        extra = sorted(k for k in ("text", "placebo", "negated", "position", "bracket") if spec.get(k))
+        extra = sorted(k for k in ("text", "placebo", "negated", "position", "bracket", "paraphrases") if spec.get(k))
         if extra:
             raise DesignError(
                 f"{where}: a turns cue (few-shot) takes no {extra}; its demonstrations are built per item"
@@ -250,13 +288,15 @@ def _parse_cue(
         return Cue(name, kind)
     if not texts["text"]:
         raise DesignError(f"{where}.text is missing")
-    for k, t in texts.items():
-        if t:
-            _check_fields(t, CUE_FIELDS, f"{where}.{k}")
-            if not template_fields(t, where) & {"target", "target_role"}:
-                raise DesignError(f"{where}.{k}: the template must name the group, with {{target}} or {{target_role}}")
+    if kind == "random":
+        _check_random(spec, texts, where)
+    else:
+        for k, t in texts.items():
+            if t:
+                _check_named(t, f"{where}.{k}")
+    paraphrases = _paraphrases(spec.get("paraphrases"), where) if kind != "random" else {}
     position = bracket = ""
-    if kind == "sentence":
+    if kind in ("sentence", "random"):
         position = _str(spec.get("position", ""), f"{where}.position")
         bracket = _str(spec.get("bracket", "none"), f"{where}.bracket")
         if position not in positions:
@@ -265,7 +305,40 @@ def _parse_cue(
             raise DesignError(f"{where}.bracket must be one of {list(brackets)}, got {bracket!r}")
     elif spec.get("position") or spec.get("bracket"):
         raise DesignError(f"{where}: a system cue replaces the system prompt; it takes no position or bracket")
-    return Cue(name, kind, position, bracket, texts["text"], texts["placebo"], texts["negated"])
+    return Cue(name, kind, position, bracket, texts["text"], texts["placebo"], texts["negated"], paraphrases)
+
+
+def _check_named(text: str, where: str) -> None:
+    """A cue template (text, placebo, negated, paraphrase) must name the group it points at."""
+    _check_fields(text, CUE_FIELDS, where)
+    if not template_fields(text, where) & {"target", "target_role"}:
+        raise DesignError(f"{where}: the template must name the group, with {{target}} or {{target_role}}")
+
+
+def _check_random(spec: Mapping[str, Any], texts: Mapping[str, str], where: str) -> None:
+    """A random context (J.4) names no group: only ``{gibberish}``, no placebo, negated or paraphrases."""
+    bad = sorted(k for k in ("placebo", "negated", "paraphrases") if spec.get(k))
+    if bad:
+        raise DesignError(f"{where}: a random context names no group, so it takes no {bad}")
+    used = template_fields(texts["text"], f"{where}.text")
+    named = sorted(used & CUE_FIELDS)
+    if named:
+        raise DesignError(f"{where}.text: a random context names no group, got {named}; use kind: sentence for a cue")
+    _check_fields(texts["text"], RANDOM_FIELDS, f"{where}.text")
+
+
+def _paraphrases(raw: object, where: str) -> dict[str, str]:
+    """A cue's ``paraphrases``: name -> template, each naming the group like the cue's text."""
+    if raw is None:
+        return {}
+    out: dict[str, str] = {}
+    for name, text in _mapping(raw, f"{where}.paraphrases").items():
+        w = f"{where}.paraphrases.{name}"
+        if str(name) == PAPER_WORDING or WORDING_SEP in str(name):
+            raise DesignError(f"{w}: {PAPER_WORDING!r} and names with {WORDING_SEP!r} are reserved; rename it")
+        _check_named(_str(text, w), w)
+        out[str(name)] = text
+    return out
 
 
 def article(word: str) -> str:
