@@ -115,7 +115,9 @@ class CodingItem:
     """readout, samples or generations."""
     text: str
     context: Mapping[str, str]
-    """prompt, choice, cue, influence, target."""
+    """prompt, choice, cue, influence, target (and for ``rationales``: rationale, definition)."""
+    rationale: str = ""
+    """``rationales``: the rationale code this text is asked about (empty for the other tasks)."""
 
 
 @dataclass(frozen=True)
