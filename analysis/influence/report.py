@@ -28,6 +28,7 @@ from analysis.influence import flags
 from analysis.influence.asym import FORMULA, AsymFit
 from analysis.influence.audit import Audit
 from analysis.influence.coding_report import coded_md
+from analysis.influence.rationales_report import rationales_md
 from analysis.influence.results import (
     SIDE_COLS,
     Flags,
@@ -65,8 +66,10 @@ def influence_md(res: InfluenceResults) -> Body:
         tables["calibration_T"] = res.sides.temperature
         side = sources_md(res)
     coded, coded_files = coded_md(res.coded)
-    lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded]
+    rat, rat_files = rationales_md(res.rationales)
+    lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded, *rat]
     files = Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, drawings) + coded_files
+    files += rat_files
     return lines, files
 
 

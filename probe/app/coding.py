@@ -334,6 +334,7 @@ def code_run(
         "run_key": man.run_key,
         "benchmark": bench,
         "taxonomy": {"path": tax.source, "sha256": tax.sha256, "codes": [c.id for c in codes]},
+        **({"rationales": [c.id for c in rationale_codes(tax, bench)]} if task == "rationales" else {}),
         "judge": {"name": judge.name, "identity": ident},
         "source": source,
         "counts": {
