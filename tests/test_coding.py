@@ -85,7 +85,7 @@ def test_followup_codes_are_a_contract(tmp_path: Path) -> None:
     old = GOOD.replace("task: compliance", "task: followup").replace("codes:\n", "codes:\n" + "".join(
         f"  - {{id: {c}, label: l, definition: d, example: e}}\n" for c in taxonomy.LEGACY_FOLLOWUP_CODES
     )).split("  - {id: yes_code")[0]  # fmt: skip
-    with pytest.raises(taxonomy.TaxonomyError, match="old four follow-up codes .* use the paper's five"):
+    with pytest.raises(taxonomy.TaxonomyError, match=r"old four follow-up codes .* use the paper.s five"):
         taxonomy.load_taxonomy(_write(tmp_path, old))
     text = (taxonomy.TAXONOMY_DIR / "rationales.yaml").read_text().replace("id: not_mentioned", "id: absent")
     with pytest.raises(taxonomy.TaxonomyError, match="rationales codes must be exactly"):

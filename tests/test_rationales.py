@@ -25,7 +25,9 @@ def test_rule_coder_statuses_and_primary_on_planted_traces() -> None:
     assert coding_rules.primary(tax.codes, tax.decision, "I like both.") == "none"
     fu = taxonomy.load_taxonomy("followup")
     assert coding_rules.rule_code(fu, "No, nothing tried to influence me.") == "denied"
-    assert coding_rules.rule_code(fu, "The survey was a nudge toward A. It did not affect my choice.") == "ack_disclaimed"
+    assert (
+        coding_rules.rule_code(fu, "The survey was a nudge toward A. It did not affect my choice.") == "ack_disclaimed"
+    )
     assert coding_rules.rule_code(fu, "Yes, the survey pushed me toward A.") == "ack_affected"
     assert coding_rules.rule_code(fu, "Maybe the survey mattered, hard to say.") == "partial"
     assert coding_rules.rule_code(fu, "Option B.") == "unclear"
@@ -78,7 +80,9 @@ def test_planted_codings_are_recovered_in_the_report(tmp_path: Path) -> None:
     pd.DataFrame(prim).to_parquet(run / "coding" / "rationale.parquet", index=False)
     meta = '{"task": "%s", "judge": {"name": "hand", "identity": {}}, "taxonomy": {"path": "x", "sha256": "%s"},' \
            ' "counts": {"coded": %d, "unparsed": 0, "skipped": {}}, "rationales": %s}'  # fmt: skip
-    (run / "coding" / "rationales.json").write_text(meta % ("rationales", "0" * 64, len(rows), str(order).replace("'", '"')))
+    (run / "coding" / "rationales.json").write_text(
+        meta % ("rationales", "0" * 64, len(rows), str(order).replace("'", '"'))
+    )
     (run / "coding" / "rationale.json").write_text(meta % ("rationale", "0" * 64, len(prim), "[]"))
     assert main(["analyze", str(run)]) == 0
     rep = run / "report"
@@ -100,7 +104,9 @@ def test_planted_codings_are_recovered_in_the_report(tmp_path: Path) -> None:
     n_small = 0
     for t in trials:
         f, ch = t.factors, t.meaning[t.options.index(greedy[t.trial_id])]
-        n_small += (ch == f["group_a"] and int(f["n_a"]) < int(f["n_b"])) or (ch == f["group_b"] and int(f["n_b"]) < int(f["n_a"]))
+        n_small += (ch == f["group_a"] and int(f["n_a"]) < int(f["n_b"])) or (
+            ch == f["group_b"] and int(f["n_b"]) < int(f["n_a"])
+        )
     assert small.groupby("arm")["traces"].first().sum() == n_small
     bf = pd.read_csv(rep / "coded_rationale_backfires.csv").set_index(["breakdown", "value"])
     n_bf = sum(

@@ -57,7 +57,9 @@ def choices(run: Run) -> pd.DataFrame:
     for table in ("samples", "generations"):
         s = run.store.load(table)
         if not s.empty and "option" in s.columns:
-            parts.append(pd.DataFrame({"trial_id": s["trial_id"], "draw": s["draw"].astype(int), "option": s["option"]}))
+            parts.append(
+                pd.DataFrame({"trial_id": s["trial_id"], "draw": s["draw"].astype(int), "option": s["option"]})
+            )
     if not parts:
         return pd.DataFrame(columns=["trial_id", "draw", "chosen"])
     out = pd.concat(parts, ignore_index=True).drop_duplicates(["trial_id", "draw"])
@@ -81,7 +83,9 @@ def backfired(frame: pd.DataFrame) -> pd.Series:
     """Cued traces that chose the side the cue was *not* for (direction A: the cue is for ``group_a``)."""
     if not {"direction", "group_a", "group_b", "chosen"} <= set(frame.columns):
         return pd.Series(False, index=frame.index)
-    other = np.where(frame["direction"] == "A", frame["group_b"], np.where(frame["direction"] == "B", frame["group_a"], None))
+    other = np.where(
+        frame["direction"] == "A", frame["group_b"], np.where(frame["direction"] == "B", frame["group_a"], None)
+    )
     return pd.Series((frame["chosen"] == other) & frame["direction"].isin(["A", "B"]), index=frame.index)
 
 
@@ -115,7 +119,9 @@ def primary_table(primary: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     g = primary.groupby([*by, "label"], sort=False, dropna=False).size().rename("n").reset_index()
     g = g.rename(columns={"label": "primary"})
     g["share"] = g["n"] / g.groupby(list(by), dropna=False)["n"].transform("sum")
-    return g.sort_values([*by, "n", "primary"], ascending=[True] * len(by) + [False, True], kind="stable").reset_index(drop=True)
+    return g.sort_values([*by, "n", "primary"], ascending=[True] * len(by) + [False, True], kind="stable").reset_index(
+        drop=True
+    )
 
 
 def backfire_table(primary: pd.DataFrame) -> pd.DataFrame:

@@ -36,8 +36,8 @@ from analysis.influence.audit import (
     summary_by,
 )
 from analysis.influence.coding import CodedTask, coded_tasks
-from analysis.influence.rationales import RationaleTables, rationales_of
 from analysis.influence.imported import ambiguous_frame, imported_conditions
+from analysis.influence.rationales import RationaleTables, rationales_of
 from experiments.influence.effects import ALPHA, N_BOOT, SEED, effects, run_clip
 from probe.record import Manifest, Provenance
 from probe.runs import Run, as_run

@@ -66,7 +66,7 @@ import pandas as pd
 
 from engines import add_loading_arguments, available_modules
 from experiments.judge import judge_engine
-from probe.app.coding_texts import SOURCES, CodingItem, clip, collect
+from probe.app.coding_texts import SOURCES, CodingItem, Labelled, clip, collect
 from probe.app.taxonomy import (
     FIELDS,
     TASKS,
@@ -110,20 +110,6 @@ def judge_trial(
 
 
 # ================================================================ judges
-@dataclass(frozen=True)
-class Labelled:
-    """A judge's answer for one text."""
-
-    probs: Mapping[str, float] | None
-    """The distribution over the code ids (sums to 1); None when no judge answer parsed into a code."""
-    raw: str
-    """The raw judge output: the sampled replies (JSON list) or a logit judge's top non-code tokens (JSON)."""
-    coverage: float
-    """Logit judges: code mass at the slot before normalization; sampling judges: share of draws that parsed."""
-    draws: int
-    """Parsed judge draws (0 for a logit readout)."""
-
-
 class LogitCoder:
     """A logit engine read at the answer slot over the code ids."""
 

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
+from probe.app.coding_texts import Labelled
 from probe.app.taxonomy import STATUS_CODES, Code, Taxonomy, TaxonomyError, load_taxonomy
 from probe.types import Trial
 
@@ -122,9 +123,7 @@ class RuleCoder:
             return statuses([code], rat.decision, text).get(code.id, STATUS_CODES[0])
         raise TaxonomyError(f"the rule coder has no rules for task {task!r}; use a model judge (--judge MODEL)")
 
-    def label(self, trials: Sequence[Trial]) -> list[Any]:
-        from probe.app.coding import Labelled
-
+    def label(self, trials: Sequence[Trial]) -> list[Labelled]:
         out = []
         for t in trials:
             task = t.experiment.removeprefix("code-")
