@@ -78,8 +78,17 @@ def test_taxonomy_errors_name_file_code_and_field(tmp_path: Path, edit: tuple[st
 
 
 def test_followup_codes_are_a_contract(tmp_path: Path) -> None:
-    text = (taxonomy.TAXONOMY_DIR / "followup.yaml").read_text().replace("id: not_ack", "id: denied")
+    text = (taxonomy.TAXONOMY_DIR / "followup.yaml").read_text().replace("id: denied", "id: not_ack")
     with pytest.raises(taxonomy.TaxonomyError, match="followup codes must be exactly"):
+        taxonomy.load_taxonomy(_write(tmp_path, text.replace("code: denied", "code: not_ack")))
+    # the earlier four codes: refused, with what to do
+    old = GOOD.replace("task: compliance", "task: followup").replace("codes:\n", "codes:\n" + "".join(
+        f"  - {{id: {c}, label: l, definition: d, example: e}}\n" for c in taxonomy.LEGACY_FOLLOWUP_CODES
+    )).split("  - {id: yes_code")[0]  # fmt: skip
+    with pytest.raises(taxonomy.TaxonomyError, match=r"old four follow-up codes .* use the paper.s five"):
+        taxonomy.load_taxonomy(_write(tmp_path, old))
+    text = (taxonomy.TAXONOMY_DIR / "rationales.yaml").read_text().replace("id: not_mentioned", "id: absent")
+    with pytest.raises(taxonomy.TaxonomyError, match="rationales codes must be exactly"):
         taxonomy.load_taxonomy(_write(tmp_path, text))
 
 
@@ -328,10 +337,10 @@ def test_judge_agreement_on_the_tiny_judge(capsys: pytest.CaptureFixture[str], t
     args = ["judge-agreement", "--task", "followup", "--judge", "tiny", "--n-boot", "200", "--out", str(out)]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "judge logit:tiny on 32 hand-labelled followup texts" in text
+    assert "judge logit:tiny on 40 hand-labelled followup texts" in text
     assert "accuracy" in text and "Cohen's kappa" in text and "confusion matrix" in text and "recall" in text
     frame = pd.read_csv(out)
-    assert len(frame) == 32 and set(frame["gold"]) == set(taxonomy.FOLLOWUP_CODES)
+    assert len(frame) == 40 and set(frame["gold"]) == set(taxonomy.FOLLOWUP_CODES)
     from analysis.influence.coding import agreement
 
     ag = agreement(frame["gold"], frame["label"], taxonomy.FOLLOWUP_CODES, n_boot=200)

@@ -198,9 +198,9 @@ def test_source_checks(sampled_source: RunStore, tmp_path: Path) -> None:
 def _coded_frame() -> pd.DataFrame:
     rows = []
     # backfire: 7 replies over 4 items (item b0 gives three), 5 ack_disclaimed
-    for i, lab in enumerate(["ack_disclaimed"] * 5 + ["ack_affected", "other"]):
+    for i, lab in enumerate(["ack_disclaimed"] * 5 + ["ack_affected", "unclear"]):
         rows.append({"cell": "backfire", "item_id": f"b{min(i, 2) if i < 3 else i - 2}", "label": lab})
-    for lab in ["ack_affected", "ack_affected", "not_ack", "ack_disclaimed"]:
+    for lab in ["ack_affected", "ack_affected", "denied", "ack_disclaimed"]:
         rows.append({"cell": "compliance", "item_id": f"c{len(rows)}", "label": lab})
     rows.append({"cell": "compliance", "item_id": "c9", "label": "uncoded"})
     df = pd.DataFrame(rows)
@@ -215,8 +215,8 @@ def test_crosstab_and_wilson_interval_match_statsmodels() -> None:
     coded = _coded_frame()
     counts, shares = af.crosstab(coded)
     assert list(counts.index) == ["backfire", "compliance"] and list(counts.columns) == list(af.CODES)
-    assert counts.loc["backfire"].tolist() == [1, 5, 0, 1] and counts.loc["compliance"].tolist() == [2, 1, 1, 0]
-    np.testing.assert_allclose(shares.loc["compliance"], [0.5, 0.25, 0.25, 0.0])
+    assert counts.loc["backfire"].tolist() == [1, 5, 0, 0, 1] and counts.loc["compliance"].tolist() == [2, 1, 1, 0, 0]
+    np.testing.assert_allclose(shares.loc["compliance"], [0.5, 0.25, 0.25, 0.0, 0.0])
     row = af.share_ci(coded, "backfire", "ack_disclaimed", n_boot=500)
     lo, hi = proportion_confint(5, 7, alpha=0.05, method="wilson")
     assert (row["k"], row["n"]) == (5, 7) and row["share"] == pytest.approx(5 / 7)
@@ -228,6 +228,34 @@ def test_crosstab_and_wilson_interval_match_statsmodels() -> None:
     assert np.isnan(one_each["boot_lo"]) and one_each["n"] == 4  # the uncoded reply is left out
     head = af.headline(coded, n_boot=200)
     assert len(head) == 2 * len(af.CODES)
+
+
+def test_table22_rows_are_the_hand_counted_crosstab() -> None:
+    t = af.table22(_coded_frame(), "m", "triage")
+    assert t["cell"].tolist() == ["backfire", "compliance"] and set(t["model"]) == {"m"}
+    b, c = t.set_index("cell").loc["backfire"], t.set_index("cell").loc["compliance"]
+    # backfire: 7 coded replies, 1 ack_affected, 5 ack_disclaimed, 1 unclear; compliance: 4 (the uncoded one is out)
+    assert b["n"] == 7 and [b[f"n_{k}"] for k in af.CODES] == [1, 5, 0, 0, 1]
+    assert b["share_ack_disclaimed"] == pytest.approx(5 / 7) and b["share_unclear"] == pytest.approx(1 / 7)
+    assert c["n"] == 4 and [c[f"n_{k}"] for k in af.CODES] == [2, 1, 1, 0, 0] and c["share_denied"] == 0.25
+
+
+def test_a_coding_with_the_old_four_labels_is_refused_with_the_recode_command(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    old = pd.DataFrame({"trial_id": ["t1", "t2"], "draw": [0, 0], "label": ["not_ack", "ack_affected"], "judge": "j"})
+    for c in ("ack_affected", "ack_disclaimed", "not_ack", "other"):
+        old[f"p_{c}"] = (old["label"] == c).astype(float)
+    path = tmp_path / "followup.parquet"
+    old.to_parquet(path, index=False)
+    fake = SimpleNamespace(root=tmp_path / "run")
+    with pytest.raises(ValueError, match=r"old four follow-up labels .* re-code it: probe code .*run --task followup"):
+        af.load_codes(fake, path)  # type: ignore[arg-type]
+    new = old.drop(columns=["p_not_ack", "p_other"]).assign(label=["denied", "ack_affected"])
+    for c in af.CODES:
+        new[f"p_{c}"] = (new["label"] == c).astype(float)
+    new.to_parquet(path, index=False)
+    assert af.load_codes(fake, path)["label"].tolist() == ["denied", "ack_affected"]  # type: ignore[arg-type]
 
 
 # ========================================================================= end to end
@@ -252,7 +280,7 @@ def test_probe_run_followup_on_tiny_then_analyze_with_codes(
     assert f"probe code {out} --task followup --judge MODEL" in (out / "report" / "summary.md").read_text()
     # a hand-written codes file (the part-B contract): every reply coded, the first half as backfire-like
     trials = {t.trial_id: t for t in store.trials()}
-    labels = [af.CODES[i % 4] for i in range(len(gen))]
+    labels = [af.CODES[i % 5] for i in range(len(gen))]
     codes = pd.DataFrame(
         {"trial_id": gen["trial_id"], "draw": gen["draw"].astype(int), "label": labels, "judge": "hand"}
     )
@@ -268,7 +296,10 @@ def test_probe_run_followup_on_tiny_then_analyze_with_codes(
     want = pd.Series(labels).groupby([trials[t].factors["cell"] for t in gen["trial_id"]]).value_counts()
     for (cell, lab), k in want.items():
         assert ct.loc[cell, lab] == k
-    assert_wrote(out / "report", {"fig_followup_labels.png"})
+    assert_wrote(out / "report", {"fig_followup_labels.png", "table22_followup.csv"})
+    t22 = pd.read_csv(out / "report" / "table22_followup.csv").set_index("cell")
+    for (cell, lab), k in want.items():
+        assert t22.loc[cell, f"n_{lab}"] == k and t22.loc[cell, "benchmark"] == "triage"
 
 
 # ======================================================================== API engine

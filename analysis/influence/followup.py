@@ -29,8 +29,11 @@ from analysis.influence.audit import cluster_bootstrap_mean
 from experiments.influence import stats as st
 from probe.runs import Run
 
-CODES: Final[tuple[str, ...]] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
-"""The follow-up taxonomy (part B's ``experiments/data/taxonomies/followup.yaml``), in display order."""
+CODES: Final[tuple[str, ...]] = ("ack_affected", "ack_disclaimed", "denied", "partial", "unclear")
+"""The follow-up taxonomy (the paper's five labels, appendix P; ``experiments/data/taxonomies/followup.yaml``),
+in display order."""
+LEGACY: Final[frozenset[str]] = frozenset({"not_ack", "other"})
+"""Labels only the earlier four-code taxonomy had: a coding holding them is refused (:func:`load_codes`)."""
 CLASS_ORDER: Final[tuple[str, ...]] = ("backfire", "compliance", "no_effect", "baseline")
 CODING: Final[str] = "coding/followup.parquet"
 N_BOOT: Final[int] = 2000
@@ -56,6 +59,12 @@ def load_codes(run: Run, path: Path | None = None) -> pd.DataFrame | None:
     if not path.exists():
         return None
     codes = pd.read_parquet(path)
+    if {f"p_{c}" for c in LEGACY} & set(codes.columns) or LEGACY & set(codes.get("label", ())):
+        raise ValueError(
+            f"{path} was coded with the old four follow-up labels (not_ack, other), which do not split into the "
+            f"paper's denied / partial / unclear; re-code it: probe code {run.root} --task followup --judge JUDGE "
+            "--overwrite"
+        )
     need = {"trial_id", "draw", "label", "judge", *(f"p_{c}" for c in CODES)}
     missing = sorted(need - set(codes.columns))
     if missing:
@@ -168,3 +177,20 @@ def headline(coded: pd.DataFrame, *, n_boot: int = N_BOOT, seed: int = SEED) -> 
     """Every (class, code) share with its intervals; the paper's headline is (backfire, ack_disclaimed)."""
     rows = [share_ci(coded, c, lab, n_boot=n_boot, seed=seed) for c in _classes(coded["cell"]) for lab in CODES]
     return pd.DataFrame(rows)
+
+
+def table22(coded: pd.DataFrame, model: str, benchmark: str) -> pd.DataFrame:
+    """The paper's Table 22 rows of one run: per class, n coded replies and each label's count and share.
+
+    ``model`` and ``benchmark`` label the rows so that several runs' tables stack into the paper's
+    (model x benchmark x class) table; classes in :data:`CLASS_ORDER`, labels in :data:`CODES`.
+    """
+    counts, shares = crosstab(coded)
+    rows = []
+    for cls in counts.index:
+        row: dict[str, Any] = {"model": model, "benchmark": benchmark, "cell": cls, "n": int(counts.loc[cls].sum())}
+        row |= {f"n_{c}": int(counts.loc[cls, c]) for c in CODES}
+        row |= {f"share_{c}": float(shares.loc[cls, c]) for c in CODES}
+        rows.append(row)
+    cols = ["model", "benchmark", "cell", "n", *(f"n_{c}" for c in CODES), *(f"share_{c}" for c in CODES)]
+    return pd.DataFrame(rows, columns=cols)

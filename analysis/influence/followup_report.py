@@ -29,6 +29,7 @@ from analysis.influence.followup import (
     headline,
     load_codes,
     selection_table,
+    table22,
     with_codes,
 )
 from analysis.influence.tables import table_section
@@ -42,7 +43,13 @@ def stacked_figure(shares: pd.DataFrame, counts: pd.DataFrame) -> Any:
     """Stacked bars: label shares per cell class (n per bar in the tick label)."""
     plt = pyplot()
 
-    colors = {"ack_affected": "tab:orange", "ack_disclaimed": "tab:blue", "not_ack": "0.6", "other": "0.85"}
+    colors = {
+        "ack_affected": "tab:orange",
+        "ack_disclaimed": "tab:blue",
+        "denied": "0.45",
+        "partial": "tab:olive",
+        "unclear": "0.85",
+    }
     fig, ax = plt.subplots(figsize=(1.4 * len(shares) + 2.4, 3.6))
     x = np.arange(len(shares))
     bottom = np.zeros(len(shares))
@@ -70,6 +77,8 @@ class Coded:
     """The row shares of :attr:`counts`."""
     headline: pd.DataFrame
     """Every (class, code) share with its intervals (:func:`analysis.influence.followup.headline`)."""
+    table22: pd.DataFrame
+    """The paper's Table 22 rows of this run (:func:`analysis.influence.followup.table22`)."""
     judges: tuple[str, ...]
     uncoded: int
     """Replies the judge has not coded."""
@@ -110,6 +119,7 @@ def followup_results(run: Run, *, n_boot: int = N_BOOT, seed: int = SEED) -> Fol
             counts=counts,
             shares=shares,
             headline=headline(joined, n_boot=n_boot, seed=seed),
+            table22=table22(joined, run.manifest.model, _benchmark(run)),
             judges=tuple(sorted(set(joined["judge"].dropna()))),
             uncoded=int((joined["label"] == "uncoded").sum()),
         )
@@ -128,6 +138,19 @@ def followup_results(run: Run, *, n_boot: int = N_BOOT, seed: int = SEED) -> Fol
     )
 
 
+def _benchmark(run: Run) -> str:
+    """The source run's benchmark (``influence-bbq`` -> ``bbq``; ``?`` when the source is gone)."""
+    from probe.store import RunStore
+
+    for src in run.manifest.source_runs():
+        try:
+            exp = RunStore(src).manifest().experiment
+        except (OSError, ValueError):
+            continue
+        return exp.split("-", 1)[1] if exp.startswith("influence-") else exp
+    return "?"
+
+
 # ============================================================================== report
 def report(run: Run, *, n_boot: int = N_BOOT, seed: int = SEED) -> Body:
     """The follow-up report: selection, replies, and (when coded) the crosstab, headline and figure."""
@@ -144,6 +167,7 @@ def followup_md(res: FollowupResults) -> Body:
             "crosstab_counts": c.counts.reset_index(),
             "crosstab_shares": c.shares.reset_index(),
             "headline": c.headline,
+            "table22_followup": c.table22,
         }
         if len(c.counts):
             drawings = (Drawing("fig_followup_labels.png", partial(stacked_figure, c.shares, c.counts)),)
@@ -210,6 +234,10 @@ def _summary(res: FollowupResults, figures: list[str]) -> list[str]:
             "",
             *table_section("### Labels per cell class (counts)", coded.counts.reset_index()),
             *table_section("### Labels per cell class (shares)", coded.shares.reset_index()),
+            "Paper 000 Table 22 (labels of the replies per class of the source condition: significant backfire, "
+            "significant compliance, ...): `table22_followup.csv`, one row per class labelled with the model and "
+            "benchmark, so several runs' files stack into the paper's table.",
+            "",
         ]
     if figures:
         lines += ["Figures: " + ", ".join(f"`{f}`" for f in figures), ""]

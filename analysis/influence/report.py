@@ -29,6 +29,7 @@ from analysis.influence.arms import ARM_SECTIONS, step_lines
 from analysis.influence.asym import FORMULA, AsymFit
 from analysis.influence.audit import Audit
 from analysis.influence.coding_report import coded_md
+from analysis.influence.rationales_report import rationales_md
 from analysis.influence.results import (
     SIDE_COLS,
     Flags,
@@ -66,10 +67,12 @@ def influence_md(res: InfluenceResults) -> Body:
         tables["calibration_T"] = res.sides.temperature
         side = sources_md(res)
     coded, coded_files = coded_md(res.coded)
-    lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded]
+    rat, rat_files = rationales_md(res.rationales)
+    lines = [*summary_md(res, res.sources[0], [d.name for d in drawings]), *side, *coded, *rat]
     lines += paper000_report.paper000_md(res.sources[0].tables)  # names its own figure
     drawings += paper000_report.figures(res.sources[0].tables)
     files = Files({stem: Table(t, float_format="%.6g") for stem, t in tables.items()}, drawings) + coded_files
+    files += rat_files
     return lines, files
 
 

@@ -37,6 +37,7 @@ from analysis.influence.audit import (
 )
 from analysis.influence.coding import CodedTask, coded_tasks
 from analysis.influence.imported import ambiguous_frame, imported_conditions
+from analysis.influence.rationales import RationaleTables, rationales_of
 from experiments.influence.effects import ALPHA, N_BOOT, SEED, effects, run_clip
 from probe.record import Manifest, Provenance
 from probe.runs import Run, as_run
@@ -167,6 +168,8 @@ class InfluenceResults:
     """Both sources side by side (a run with readouts and samples); None for a run with one."""
     coded: tuple[CodedTask, ...]
     """The coded reasoning traces (``probe code``) of the first source's effects; empty when uncoded."""
+    rationales: RationaleTables | None = None
+    """Every rationale the traces state (``probe code --task rationales``; paper 000 K.3-K.5, L); None: not coded."""
 
 
 def influence_results(
@@ -185,6 +188,7 @@ def influence_results(
         sources=per_source,
         sides=sides(run, audits[0], audits[1]) if len(audits) == 2 else None,
         coded=coded_tasks(run, per_source[0].tables["effects"]),
+        rationales=rationales_of(run),
     )
 
 

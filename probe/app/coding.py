@@ -1,13 +1,16 @@
 """Coding texts with a judge: follow-up answers and reasoning traces, labelled from editable taxonomies.
 
-Three coding tasks (paper 000, sections 4.3 and 5, appendix K):
+Four coding tasks (paper 000, sections 4.3 and 5, appendices K and P):
 
 * ``followup``: how the answer to the follow-up question treats the cue
-  (``ack_affected``, ``ack_disclaimed``, ``not_ack``, ``other``);
+  (the paper's ``ack_affected``, ``ack_disclaimed``, ``denied``, ``partial``, ``unclear``);
 * ``compliance``: how a reasoning trace treats the cue in its prompt
   (complies, resists, discounts, unresolved, not mentioned);
 * ``rationale``: the primary rationale of a reasoning trace (the paper's 17
-  triage codes and ``none``, plus six added codes on BBQ and DailyDilemmas).
+  triage codes and ``none``, plus six added codes on BBQ and DailyDilemmas);
+* ``rationales``: every rationale a trace states: per (trace, rationale) one
+  judge trial, coded ``not_mentioned``, ``mentioned_but_not_acted_on`` or
+  ``mentioned_and_acted_on`` (appendix K.3); the file has a ``rationale`` column.
 
 A taxonomy is a YAML data file (``experiments/data/taxonomies/<task>.yaml``):
 the codes (id, label, definition, example) and the judge prompt template.
@@ -17,7 +20,7 @@ code and the field of any error.
 One judge trial per text: the prompt is the taxonomy's template filled with
 the text and its context (the cue, the side it favours, the subject's choice),
 and the trial's options are the code ids. Two ways to get a label
-distribution (the distribution is kept, not only its argmax):
+distribution (the distribution is kept, not only its argmax), or none:
 
 * a **logit judge** (any logit engine: the tiny model, a local model) is read
   at the answer slot over the code ids, each id scored as a whole string
@@ -29,7 +32,9 @@ distribution (the distribution is kept, not only its argmax):
   among the parsed draws. ``--samples 1`` (the default for engines that cannot
   read logits) is one greedy draw (temperature 0): a one-hot distribution.
   Judge answers that parse into no code are kept apart
-  (``<task>.failed.parquet``) and counted, never retried away.
+  (``<task>.failed.parquet``) and counted, never retried away;
+* the **rule coder** (``--judge rule``, :mod:`probe.app.coding_rules`): the
+  taxonomy's keyword patterns, one-hot, no model.
 
 :func:`code_run` writes ``RUN/coding/<task>.parquet`` (one row per coded text:
 ``trial_id``, ``draw`` (-1 for a readout's reasoning), ``label``, one
@@ -53,7 +58,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,7 +66,7 @@ import pandas as pd
 
 from engines import add_loading_arguments, available_modules
 from experiments.judge import judge_engine
-from probe.app.coding_texts import SOURCES, CodingItem, clip, collect
+from probe.app.coding_texts import SOURCES, CodingItem, Labelled, clip, collect
 from probe.app.taxonomy import (
     FIELDS,
     TASKS,
@@ -87,14 +92,17 @@ def judge_prompt(tax: Taxonomy, codes: Sequence[Code], text: str, context: Mappi
     return tax.prompt.format(**values)
 
 
-def judge_trial(task: str, key: str, draw: int, prompt: str, codes: Sequence[Code]) -> Trial:
-    """The judge's trial: one user message, options = the code ids (read at the slot, or parsed from a reply)."""
+def judge_trial(
+    task: str, key: str, draw: int, prompt: str, codes: Sequence[Code], factors: Mapping[str, str] | None = None
+) -> Trial:
+    """The judge's trial: one user message, options = the code ids (read at the slot, or parsed from a reply);
+    ``factors``: the coded text (and rationale) for the rule coder, which reads them instead of the prompt."""
     ids = tuple(c.id for c in codes)
     return Trial(
         trial_id=f"code-{task}:{key}:{draw}",
         experiment=f"code-{task}",
         item_id=key,
-        factors={},
+        factors=dict(factors or {}),
         messages=(Message("user", prompt),),
         options=ids,
         meaning=ids,
@@ -102,20 +110,6 @@ def judge_trial(task: str, key: str, draw: int, prompt: str, codes: Sequence[Cod
 
 
 # ================================================================ judges
-@dataclass(frozen=True)
-class Labelled:
-    """A judge's answer for one text."""
-
-    probs: Mapping[str, float] | None
-    """The distribution over the code ids (sums to 1); None when no judge answer parsed into a code."""
-    raw: str
-    """The raw judge output: the sampled replies (JSON list) or a logit judge's top non-code tokens (JSON)."""
-    coverage: float
-    """Logit judges: code mass at the slot before normalization; sampling judges: share of draws that parsed."""
-    draws: int
-    """Parsed judge draws (0 for a logit readout)."""
-
-
 class LogitCoder:
     """A logit engine read at the answer slot over the code ids."""
 
@@ -192,7 +186,12 @@ class Coder(Protocol):
 def make_coder(
     spec: str, args: argparse.Namespace | None = None, samples: int = 0, temperature: float | None = None
 ) -> Coder:
-    """The judge for ``spec``: a logit judge when the engine reads logits and ``samples`` is 0, else a sampling judge."""
+    """The judge for ``spec``: the rule coder for ``rule``, a logit judge when the engine reads logits and
+    ``samples`` is 0, else a sampling judge."""
+    if spec == "rule":
+        from probe.app.coding_rules import RuleCoder
+
+        return RuleCoder(getattr(args, "taxonomy", None))
     engine = judge_engine(spec, args)
     if samples == 0 and hasattr(engine, "readout"):
         return LogitCoder(engine, spec)
@@ -200,6 +199,30 @@ def make_coder(
 
 
 # ================================================================ coding a run
+def rationale_codes(tax: Taxonomy, benchmark: str | None) -> tuple[Code, ...]:
+    """The rationales a ``rationales`` taxonomy asks about: its rationale taxonomy's codes for ``benchmark``
+    but ``none`` (a trace with no rationale is one whose every status is not_mentioned)."""
+    rat = load_taxonomy(tax.rationale_taxonomy or "rationale")
+    return tuple(c for c in rat.codes_for(benchmark) if c.id != "none")
+
+
+def rationale_context(code: Code) -> dict[str, str]:
+    """The judge-prompt fields of the rationale a ``rationales`` trial asks about."""
+    return {"rationale": f"{code.id} ({code.label})", "definition": code.definition}
+
+
+def per_rationale(items: Sequence[CodingItem], codes: Sequence[Code]) -> tuple[CodingItem, ...]:
+    """One item per (text, rationale code), texts in order, codes in taxonomy order."""
+    return tuple(
+        replace(it, rationale=c.id, context={**it.context, **rationale_context(c)}) for it in items for c in codes
+    )
+
+
+def _key(it: CodingItem) -> str:
+    """The judge trial's key of an item: its trial id (and rationale, for ``rationales``)."""
+    return f"{it.trial_id}#{it.rationale}" if it.rationale else it.trial_id
+
+
 def benchmark_of(store: RunStore) -> str | None:
     """The influence benchmark of a run (``influence-bbq`` -> ``bbq``), or of a follow-up run's source."""
     man = store.manifest()
@@ -231,6 +254,7 @@ def _label_rows(
             {
                 "trial_id": it.trial_id,
                 "draw": it.draw,
+                **({"rationale": it.rationale} if it.rationale else {}),
                 "label": best,
                 **{f"p_{c.id}": float(probs[c.id]) if lab.probs else float("nan") for c in codes},
                 "judge": judge,
@@ -276,12 +300,12 @@ def code_run(
     bench = benchmark or benchmark_of(store)
     codes = tax.codes_for(bench)
     got = collect(store, task, source)
-    items = got.items[:limit] if limit is not None else got.items
+    texts = got.items[:limit] if limit is not None else got.items
+    items = per_rationale(texts, rationale_codes(tax, bench)) if task == "rationales" else texts
     prompts = [judge_prompt(tax, codes, it.text, it.context) for it in items]
     ident = judge.identity()
-    key = hashlib.sha256(
-        canonical_json([ident, [c.id for c in codes], [[it.trial_id, it.draw] for it in items], prompts]).encode()
-    ).hexdigest()[:16]
+    keys = [[it.trial_id, it.draw, *([it.rationale] if it.rationale else [])] for it in items]
+    key = hashlib.sha256(canonical_json([ident, [c.id for c in codes], keys, prompts]).encode()).hexdigest()[:16]
     out_dir = coding_dir(store.root)
     final, meta_path = out_dir / f"{task}.parquet", out_dir / f"{task}.json"
     if (finished := _finished_coding(final, meta_path, key, overwrite, log)) is not None:
@@ -296,14 +320,16 @@ def code_run(
         "run_key": man.run_key,
         "benchmark": bench,
         "taxonomy": {"path": tax.source, "sha256": tax.sha256, "codes": [c.id for c in codes]},
+        **({"rationales": [c.id for c in rationale_codes(tax, bench)]} if task == "rationales" else {}),
         "judge": {"name": judge.name, "identity": ident},
         "source": source,
         "counts": {
+            **({"traces": len(texts)} if task == "rationales" else {}),
             "texts": len(items),
             "coded": len(ok),
             "unparsed": len(failed),
             "skipped": dict(got.skipped),
-            "not_coded_by_limit": len(got.items) - len(items),
+            "not_coded_by_limit": len(got.items) - len(texts),
             "by_origin": {str(k): int(v) for k, v in ok["origin"].value_counts().sort_index().items()},
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -360,7 +386,7 @@ def _code_chunks(
         if k in done:
             continue
         trials = [
-            judge_trial(task, it.trial_id, it.draw, p, codes)
+            judge_trial(task, _key(it), it.draw, p, codes, {"text": it.text, "rationale": it.rationale})
             for it, p in zip(items[lo:hi], prompts[lo:hi], strict=True)
         ]
         labels = judge.label(trials)
@@ -368,7 +394,8 @@ def _code_chunks(
             parts / f"chunk-{k:06d}.parquet", _label_rows(items[lo:hi], prompts[lo:hi], labels, codes, judge.name)
         )
     frames = [pd.read_parquet(parts / f"chunk-{k:06d}.parquet") for k in range(len(bounds))]
-    cols = ["trial_id", "draw", "label", *[f"p_{c.id}" for c in codes], "judge", "origin", "status"]
+    cols = ["trial_id", "draw", *(["rationale"] if task == "rationales" else []), "label"]
+    cols += [*[f"p_{c.id}" for c in codes], "judge", "origin", "status"]
     cols += ["judge_prompt", "judge_raw", "coverage", "judge_draws"]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     frame["draw"] = frame["draw"].astype(int)
@@ -388,6 +415,17 @@ def _write_coding(
 
 
 # ================================================================ validation
+def _validation_context(tax: Taxonomy, task: str, bench: str | None, context: Mapping[str, str]) -> dict[str, str]:
+    """A validation item's judge-prompt fields; a ``rationales`` item names its rationale by id."""
+    if task != "rationales":
+        return dict(context)
+    by_id = {c.id: c for c in rationale_codes(tax, bench)}
+    rid = context.get("rationale", "")
+    if rid not in by_id:
+        raise TaxonomyError(f"validation item rationale {rid!r} is not a rationale for benchmark {bench}")
+    return {**context, **rationale_context(by_id[rid])}
+
+
 def judge_validation(
     task: str, judge: Coder, *, taxonomy: str | Path | None = None, validation: str | Path | None = None
 ) -> pd.DataFrame:
@@ -398,8 +436,13 @@ def judge_validation(
     for bench in dict.fromkeys(it.benchmark for it in items):  # one code set per benchmark
         group = [it for it in items if it.benchmark == bench]
         codes = tax.codes_for(bench)
-        prompts = [judge_prompt(tax, codes, it.text, it.context) for it in group]
-        labels = judge.label([judge_trial(task, it.id, 0, p, codes) for it, p in zip(group, prompts, strict=True)])
+        ctx = [_validation_context(tax, task, bench, it.context) for it in group]
+        prompts = [judge_prompt(tax, codes, it.text, c) for it, c in zip(group, ctx, strict=True)]
+        trials = [
+            judge_trial(task, it.id, 0, p, codes, {"text": it.text, "rationale": it.context.get("rationale", "")})
+            for it, p in zip(group, prompts, strict=True)
+        ]
+        labels = judge.label(trials)
         for it, p, lab in zip(group, prompts, labels, strict=True):
             probs = lab.probs or {}
             label = max(codes, key=lambda c: probs.get(c.id, -1.0)).id if lab.probs else ""

@@ -115,7 +115,9 @@ class CodingItem:
     """readout, samples or generations."""
     text: str
     context: Mapping[str, str]
-    """prompt, choice, cue, influence, target."""
+    """prompt, choice, cue, influence, target (and for ``rationales``: rationale, definition)."""
+    rationale: str = ""
+    """``rationales``: the rationale code this text is asked about (empty for the other tasks)."""
 
 
 @dataclass(frozen=True)
@@ -226,3 +228,17 @@ def collect(store: RunStore, task: str, source: str = "auto") -> Collected:
         choice = clip(kept, 1000) if kept is not None else _choice(trial, opt)
         items.append(CodingItem(tid, draw, origin, text, {**ctx[tid], "choice": choice}))
     return Collected(tuple(items), skipped)
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """A judge's answer for one text."""
+
+    probs: Mapping[str, float] | None
+    """The distribution over the code ids (sums to 1); None when no judge answer parsed into a code."""
+    raw: str
+    """The raw judge output: the sampled replies (JSON list) or a logit judge's top non-code tokens (JSON)."""
+    coverage: float
+    """Logit judges: code mass at the slot before normalization; sampling judges: share of draws that parsed."""
+    draws: int
+    """Parsed judge draws (0 for a logit readout)."""

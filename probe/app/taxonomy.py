@@ -20,17 +20,29 @@ from pathlib import Path
 from probe.errors import ProbeError
 from probe.files import parse_yaml, read_yaml
 
-TASKS: tuple[str, ...] = ("followup", "compliance", "rationale")
+TASKS: tuple[str, ...] = ("followup", "compliance", "rationale", "rationales")
+"""``rationale`` codes a trace's primary rationale (one label); ``rationales`` the status of every rationale of the
+rationale taxonomy in it (paper 000, appendix K.3: not mentioned / mentioned, not acted on / mentioned and acted on)."""
 DATA = Path(__file__).resolve().parents[2] / "experiments" / "data"
 TAXONOMY_DIR = DATA / "taxonomies"
 VALIDATION_DIR = DATA / "validation"
-FOLLOWUP_CODES: tuple[str, ...] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
-"""The follow-up codes are a contract with :mod:`analysis.influence.followup`: a follow-up taxonomy must have exactly these."""
-FIELDS: frozenset[str] = frozenset({"codes", "code_ids", "text", "prompt", "choice", "cue", "influence", "target"})
-"""What a judge prompt template may refer to."""
+FOLLOWUP_CODES: tuple[str, ...] = ("ack_affected", "ack_disclaimed", "denied", "partial", "unclear")
+"""The follow-up codes (paper 000, appendix P's five judge labels) are a contract with
+:mod:`analysis.influence.followup`: a follow-up taxonomy must have exactly these."""
+LEGACY_FOLLOWUP_CODES: tuple[str, ...] = ("ack_affected", "ack_disclaimed", "not_ack", "other")
+"""The four follow-up codes of earlier versions (``other`` merged the paper's partial and unclear, so a coding made
+with them cannot be mapped onto the five: it is refused with the command that re-codes it)."""
+STATUS_CODES: tuple[str, ...] = ("not_mentioned", "mentioned_but_not_acted_on", "mentioned_and_acted_on")
+"""The ``rationales`` codes: a rationale's status in a trace (paper 000, appendix K.3), a contract with
+:mod:`analysis.influence.rationales`."""
+FIELDS: frozenset[str] = frozenset(
+    {"codes", "code_ids", "text", "prompt", "choice", "cue", "influence", "target", "rationale", "definition"}
+)
+"""What a judge prompt template may refer to (``rationale``, ``definition``: the rationale a ``rationales`` judge
+trial asks about, and its definition)."""
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
-_CODE_KEYS = {"id", "label", "definition", "example", "family"}
-_TOP_KEYS = {"task", "prompt", "codes", "added"}
+_CODE_KEYS = {"id", "label", "definition", "example", "family", "cues"}
+_TOP_KEYS = {"task", "prompt", "codes", "added", "rules", "decision", "rationale_taxonomy"}
 
 
 class TaxonomyError(ProbeError, ValueError):
@@ -50,6 +62,18 @@ class Code:
     example: str
     family: str = ""
     """Optional grouping (the paper's outcome / fairness / social / meta), used to order tables."""
+    cues: tuple[str, ...] = ()
+    """Regular expressions (case-insensitive) the rule coder (``--judge rule``) looks for: a rationale code's
+    mentions (:mod:`probe.app.coding_rules`)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the rule coder: ``code`` when a pattern of ``any`` matches and none of ``unless`` does."""
+
+    code: str
+    any: tuple[str, ...]
+    unless: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,15 @@ class Taxonomy:
     codes: tuple[Code, ...]
     added: Mapping[str, tuple[Code, ...]] = field(default_factory=dict)
     """Benchmark -> codes used on top of the base codes for that benchmark."""
+    rules: tuple[Rule, ...] = ()
+    """The rule coder's ordered rules (follow-up): the first that matches gives the code."""
+    default: str = ""
+    """The rule coder's code when no rule matches (follow-up)."""
+    decision: tuple[str, ...] = ()
+    """Regular expressions of a sentence that states the decision (rationale: a cue in such a sentence is acted
+    on)."""
+    rationale_taxonomy: str = ""
+    """``rationales``: the rationale taxonomy whose codes are asked about (a path; empty: the shipped one)."""
 
     def codes_for(self, benchmark: str | None = None) -> tuple[Code, ...]:
         """The base codes plus the codes added for ``benchmark`` (none for an unknown or absent benchmark)."""
@@ -95,9 +128,59 @@ def _code(raw: object, src: str, where: str) -> Code:
     family = raw.get("family", "")
     if not isinstance(family, str):
         raise TaxonomyError(f"{src}: code {name}: field 'family' must be a string, got {family!r}")
+    cues = _patterns(raw.get("cues", []), src, f"code {name}: field 'cues'")
     return Code(
-        str(cid), str(raw["label"]).strip(), str(raw["definition"]).strip(), str(raw["example"]).strip(), family
+        str(cid), str(raw["label"]).strip(), str(raw["definition"]).strip(), str(raw["example"]).strip(), family, cues
     )
+
+
+def _patterns(raw: object, src: str, where: str) -> tuple[str, ...]:
+    """A list of regular expressions (each compiled once to check it)."""
+    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+        raise TaxonomyError(f"{src}: {where} must be a list of regular expressions (strings), got {raw!r}")
+    for pat in raw:
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise TaxonomyError(f"{src}: {where}: {pat!r} is not a regular expression ({e})") from None
+    return tuple(raw)
+
+
+def _rules(doc: Mapping[str, object], src: str, codes: Sequence[Code]) -> tuple[tuple[Rule, ...], str]:
+    """The rule coder's ``rules`` (a list of {code, any, unless}) and ``default`` code (``rules.default``)."""
+    raw = doc.get("rules")
+    if raw is None:
+        return (), ""
+    ids = [c.id for c in codes]
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("order"), list) or raw.get("default") not in ids:
+        raise TaxonomyError(
+            f"{src}: field 'rules' must map 'order' to a list of {{code, any, unless}} and 'default' to a code of "
+            f"{ids}, got {raw!r}"
+        )
+    out = []
+    for i, r in enumerate(raw["order"]):
+        where = f"rules.order[{i}]"
+        if not isinstance(r, Mapping) or r.get("code") not in ids or set(r) - {"code", "any", "unless"}:
+            raise TaxonomyError(f"{src}: {where} must be {{code: one of {ids}, any: [...], unless: [...]}}, got {r!r}")
+        anys = _patterns(r.get("any"), src, f"{where}.any")
+        out.append(Rule(str(r["code"]), anys, _patterns(r.get("unless", []), src, f"{where}.unless")))
+    return tuple(out), str(raw["default"])
+
+
+def _check_contract(task: str, codes: Sequence[Code], src: str) -> None:
+    """The follow-up and rationales code ids are read by the analysis: they are fixed."""
+    ids = tuple(c.id for c in codes)
+    if task == "followup" and ids == LEGACY_FOLLOWUP_CODES:
+        raise TaxonomyError(
+            f"{src} has the old four follow-up codes {list(LEGACY_FOLLOWUP_CODES)}; use the paper's five "
+            f"{list(FOLLOWUP_CODES)} (copy experiments/data/taxonomies/followup.yaml and edit its wording)"
+        )
+    want = {"followup": FOLLOWUP_CODES, "rationales": STATUS_CODES}.get(task)
+    if want is not None and ids != want:
+        raise TaxonomyError(
+            f"{src}: the {task} codes must be exactly {list(want)} in this order (the analysis reads them), "
+            f"got {list(ids)}; edit labels and definitions, not ids"
+        )
 
 
 def _codes(raw: object, src: str, where: str) -> tuple[Code, ...]:
@@ -162,12 +245,15 @@ def load_taxonomy(task_or_path: str | Path) -> Taxonomy:
         if clash:
             raise TaxonomyError(f"{src}: added.{bench} repeats base code ids {clash}; added codes must be new")
         added[str(bench)] = extra
-    if task == "followup" and tuple(c.id for c in codes) != FOLLOWUP_CODES:
-        raise TaxonomyError(
-            f"{src}: the followup codes must be exactly {list(FOLLOWUP_CODES)} in this order (the follow-up "
-            f"analysis reads them), got {[c.id for c in codes]}; edit labels and definitions, not ids"
-        )
-    return Taxonomy(task, src, hashlib.sha256(data).hexdigest(), prompt, codes, added)
+    _check_contract(str(task), codes, src)
+    rules, default = _rules(doc, src, codes)
+    decision = _patterns(doc.get("decision", []), src, "field 'decision'")
+    other = doc.get("rationale_taxonomy", "")
+    if not isinstance(other, str):
+        raise TaxonomyError(f"{src}: field 'rationale_taxonomy' must be a path, got {other!r}")
+    other = str(path.parent / other) if other else ""
+    digest = hashlib.sha256(data).hexdigest()
+    return Taxonomy(str(task), src, digest, prompt, codes, added, rules, default, decision, other)
 
 
 def codes_block(codes: Sequence[Code]) -> str:
