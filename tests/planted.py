@@ -159,7 +159,7 @@ class PlantedCue(_Planted):
 
 class PlantedCueStatus(PlantedCue):
     """:class:`PlantedCue` whose could-be answers are planted too: P(yes) = ``yes[(arm, status, x_gender)]``
-    (arm ``direct``, ``puzzled-hard``, ...), ``default`` elsewhere. The sim (``engines/sim.py``) plants no
+    (arm ``direct``, ``puzzled-hard``, ...), ``default`` elsewhere. The sim (``engines/sim/engine.py``) plants no
     could-be answers (they get fixed pseudo-random logits), so the status-bias tables are tested on this one."""
 
     def __init__(

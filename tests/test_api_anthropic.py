@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from engines.api import ApiEngine, ApiSettings
-from engines.api_limits import RetryPolicy
-from engines.api_pricing import Usage
-from engines.api_providers import ApiRequestError, TransportError, anthropic_body, parse_anthropic
+from engines.api.engine import ApiEngine
+from engines.api.pricing import Usage
+from engines.api.providers import ApiRequestError, TransportError, anthropic_body, parse_anthropic
+from engines.api.retry import RetryPolicy
+from engines.api.settings import ApiSettings
 from probe.types import Message, Trial
 from tests.fake_providers import FakeProvider, anthropic_message
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from engines.api import ApiEngine, ApiSettings
-from engines.api_batch import load_batches
-from engines.api_journal import BATCHES, AppendLog
-from engines.api_limits import RetryPolicy
-from engines.api_providers import ApiRequestError
+from engines.api.batch import load_batches
+from engines.api.engine import ApiEngine
+from engines.api.journal import BATCHES, AppendLog
+from engines.api.providers import ApiRequestError
+from engines.api.retry import RetryPolicy
+from engines.api.settings import ApiSettings
 from probe.store import RunStore
 from probe.types import Message, Trial
 from tests.fake_providers import FakeProvider, anthropic_message, chat_completion

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
-from engines.api import ApiEngine, ApiSettings, BudgetExhausted, TransportGaveUp, call_seed
-from engines.api_limits import RetryPolicy
-from engines.api_providers import ApiRequestError, TransportError
+from engines.api.engine import ApiEngine, call_seed
+from engines.api.online import BudgetExhausted
+from engines.api.providers import ApiRequestError, TransportError
+from engines.api.retry import RetryPolicy
+from engines.api.settings import ApiSettings
+from engines.api.transport import TransportGaveUp
 from probe.store import RunStore
 from probe.types import Message, Trial
 

@@ -99,8 +99,9 @@ def test_yesno_through_the_api_engine_and_analyze(server: Server, tmp_path: Path
 
 
 def test_faults_every_draw_exactly_once_nothing_double_billed(server: Server, tmp_path: Path) -> None:
-    from engines.api import ApiEngine, ApiSettings
-    from engines.api_limits import RetryPolicy
+    from engines.api.engine import ApiEngine
+    from engines.api.retry import RetryPolicy
+    from engines.api.settings import ApiSettings
     from experiments.yesno import YesNoSpec
     from probe.app.runner import run
     from probe.record import Plan
@@ -203,7 +204,8 @@ PROMPTS = (
 def test_sampled_frequencies_recover_the_readout_temperature(server: Server, tiny_engine, tau: float) -> None:
     """Sampling at tau through the server vs the tiny model's own answer-slot logits: T comes out near tau."""
     from analysis.battery.calibration import readout_temperature
-    from engines.api import ApiEngine, ApiSettings
+    from engines.api.engine import ApiEngine
+    from engines.api.settings import ApiSettings
     from tests.conftest import make_trial
 
     digits = [str(i) for i in range(10)]

@@ -22,7 +22,9 @@ import math
 import numpy as np
 import pytest
 
-from engines.server import ServerEngine, ServerSettings, public_url
+from engines.server.engine import ServerEngine
+from engines.server.replies import public_url
+from engines.server.settings import ServerSettings
 from tests.conftest import make_trial
 from tests.fake_completions import Behaviour, FakeCompletions
 from tests.test_vllm_engine import CASE_IDS, CASES, FakeLLM, brute_force, make_engine, tok  # noqa: F401
@@ -37,7 +39,7 @@ def fake(tok):  # noqa: F811
 
 
 def server_engine(url: str, tok, **kw) -> ServerEngine:  # noqa: F811
-    from engines.api_limits import RetryPolicy
+    from engines.api.retry import RetryPolicy
 
     s = ServerSettings(provider="openai-compatible", model="tiny", base_url=url, concurrency=4, **kw)
     return ServerEngine(s, tokenizer=tok, retry_policy=RetryPolicy(max_retries=0)).load()
@@ -151,7 +153,7 @@ def test_a_server_without_real_log_probabilities_is_refused_in_one_line(tok, cap
 
 
 def test_a_wrong_prompt_count_on_any_request_stops_the_readout(fake, tok):  # noqa: F811
-    from engines.server import ServerRefused
+    from engines.server.replies import ServerRefused
 
     e = server_engine(fake.v1, tok)
     fake.behaviour.count_offset = 2  # after the canary: a server that changed under the run
@@ -164,8 +166,8 @@ def test_a_sampling_only_server_still_samples(tok):  # noqa: F811
     import argparse
 
     from engines import make_engine as build
-    from engines.api import ApiEngine
-    from engines.server import NoLogprobs
+    from engines.api.engine import ApiEngine
+    from engines.server.replies import NoLogprobs
     from probe.errors import ModelError
 
     with FakeCompletions(FakeLLM(len(tok)), Behaviour(token_prompts=False)) as server:
@@ -187,7 +189,8 @@ def test_a_sampling_only_server_still_samples(tok):  # noqa: F811
 def test_a_stopped_readout_run_resumes_without_resending(tok, tmp_path):  # noqa: F811
     """The server goes away after 10 readout answers; the re-run sends only what was not answered, and every
     readout request is answered exactly once over both sessions (counted by the server, keyed as the journal)."""
-    from engines.server import JOURNAL, body_key
+    from engines.server.journal import JOURNAL
+    from engines.server.replies import body_key
     from experiments.yesno import YesNoSpec
     from probe.app.runner import run
     from probe.record import Plan

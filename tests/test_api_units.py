@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
-from engines.api import ApiSettings, call_seed, parse_model_spec
-from engines.api_journal import AppendLog, CallRecord, Journal
-from engines.api_limits import AdaptiveLimiter, RetryPolicy, parse_retry_after
-from engines.api_pricing import Price, PriceTable, PriceTableError, Usage, estimate_prompt_tokens
-from engines.api_providers import (
+from engines.api.engine import call_seed
+from engines.api.journal import AppendLog, CallRecord, Journal
+from engines.api.pricing import Price, PriceTable, PriceTableError, Usage, estimate_prompt_tokens
+from engines.api.providers import (
     ApiRequestError,
     ProviderRefusal,
     TransportError,
@@ -24,6 +23,8 @@ from engines.api_providers import (
     parse_openai,
     temperature_param,
 )
+from engines.api.retry import AdaptiveLimiter, RetryPolicy, parse_retry_after
+from engines.api.settings import ApiSettings, parse_model_spec
 from probe.types import Message
 
 # ------------------------------------------------------------------ specs
@@ -70,7 +71,7 @@ def test_settings_validate_and_name_the_flag() -> None:
 
 
 def test_key_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engines.api_transport import Transport
+    from engines.api.transport import Transport
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)

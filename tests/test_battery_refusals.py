@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engines.sim import SimEngine, SimParams
+from engines.sim.engine import SimEngine
+from engines.sim.params import SimParams
 from probe.app.cli import main
 from probe.store import RunStore
 

@@ -23,7 +23,8 @@ from analysis.battery.calibration import (
     temperature_loglik,
     temperature_table,
 )
-from engines.sim import SimEngine, SimParams
+from engines.sim.engine import SimEngine
+from engines.sim.params import SimParams
 from probe.types import Message, Trial
 
 

@@ -37,7 +37,8 @@ def spec():
 
 @pytest.fixture(scope="module")
 def engine():
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model="tiny", batch_size=1)).load()
 

@@ -21,7 +21,8 @@ from analysis.battery.compare_agreement import agreement, g_of
 from analysis.battery.compare_humans import HumanTableError, framing_shift, load_humans
 from analysis.battery.compare_report import compare_battery
 from analysis.common.report import write_report_files
-from engines.sim import SimEngine, SimParams
+from engines.sim.engine import SimEngine
+from engines.sim.params import SimParams
 from experiments.battery import REDUCED, BatterySpec
 from experiments.dilemmas import load_dilemmas
 from probe.app.runner import run

@@ -24,7 +24,8 @@ from analysis.cue import compare as cc
 from analysis.cue.compare_report import compare_cue
 from analysis.influence import compare as ci
 from analysis.influence.compare_report import compare_influence
-from engines.sim import SimEngine, SimParams
+from engines.sim.engine import SimEngine
+from engines.sim.params import SimParams
 from experiments.cue import CueSpec
 from experiments.influence.build import AuditSpec
 from experiments.influence.triage import TriageSpec

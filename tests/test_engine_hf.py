@@ -72,7 +72,7 @@ def test_scale_digits_are_multi_token(engine):
 
 
 def test_readout_log_probs_are_a_float64_log_softmax_row_chunk_by_row_chunk():
-    from engines.hf import readout_log_probs
+    from engines.hf.weights import readout_log_probs
 
     logits = (torch.randn(130, 3001, generator=torch.Generator().manual_seed(0)) * 8).float()
     got = readout_log_probs(logits, rows=64)  # chunks of 64, 64 and 2 rows
@@ -87,7 +87,7 @@ def test_readouts_read_float64_log_probs_and_draws_float32(engine, path, monkeyp
     by cont / (1 - cont), 1.1e-4 nats on smol in float32); draws, the tree readout's kept prefill's included,
     sample from float32 log-probs as before, so no seeded draw moves. The run key records it."""
     from engines.hf import readout
-    from engines.sampling import RowSampler
+    from engines.hf.sampling import RowSampler
 
     if path == "tree" and engine.lm.tree_unsupported():
         pytest.skip("the tree path needs full attention")
@@ -132,7 +132,7 @@ def _mixed_trials():
 
 
 def test_batch_size_and_padding_invariance(engine):
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
 
     trials = _mixed_trials()
     ref = None
@@ -161,7 +161,7 @@ def test_results_come_back_in_input_order(engine):
 
 
 def test_think_mode_matches_brute_force_on_concatenated_ids(engine):
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
 
     e = HFEngine(
         engine.settings.__class__(**{**engine.settings.__dict__, "think": True, "think_budget": 12}),
@@ -242,7 +242,7 @@ def test_sample_statuses_and_usage(tiny_engine):
 
 
 def test_bad_settings_fail_clearly():
-    from engines.hf import HFSettings
+    from engines.hf.settings import HFSettings
 
     with pytest.raises(ValueError, match="dtype"):
         HFSettings(model="tiny", dtype="float8")
@@ -251,7 +251,8 @@ def test_bad_settings_fail_clearly():
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
     from probe.errors import ModelError
 
     with pytest.raises(ModelError, match="does not exist"):
@@ -285,7 +286,7 @@ def test_salted_readouts_are_deterministic_and_differ_from_unsalted(engine):
 
 def test_an_option_the_tokenizer_cannot_write_is_refused(tiny_engine):
     """A tokenizer that loses characters (as sentencepiece does with <unk>) must not score a different string."""
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
     from engines.render import OptionError
 
     class Lossy:

@@ -17,7 +17,8 @@ TRIALS = [
 
 
 def _fresh(**settings):
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model="tiny", device="cpu", dtype="bfloat16", **settings)).load()
 
@@ -69,7 +70,7 @@ def test_half_precision_attention_on_a_cpu_without_avx512_takes_the_math_kernel(
     math_attention): there the engine asks for the math kernel; elsewhere nothing changes."""
     import torch
 
-    from engines.hf import math_attention
+    from engines.hf.weights import math_attention
 
     assert math_attention("cpu", torch.bfloat16, "DEFAULT") and math_attention("cpu", torch.float16, "AVX2")
     assert not math_attention("cpu", torch.bfloat16, "AVX512")

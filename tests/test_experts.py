@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.hf import Experts, experts_by_phase
+from engines.hf.weights import Experts, experts_by_phase
 from tests.conftest import make_trial
 
 
@@ -32,14 +32,15 @@ def test_a_decoding_step_is_one_token_per_row() -> None:
 
 
 def test_bad_settings_name_the_choices() -> None:
-    from engines.hf import HFSettings
+    from engines.hf.settings import HFSettings
 
     with pytest.raises(ValueError, match=r"experts_decode must be one of .*'batched_mm'.*got 'bmm'"):
         HFSettings(model="tiny", experts_decode="bmm")
 
 
 def _engine(**settings):
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     s = {"model": "tiny", "device": "cpu", "dtype": "float32", "think": True, "think_budget": 12, **settings}
     return HFEngine(HFSettings(**s)).load()
@@ -47,7 +48,7 @@ def _engine(**settings):
 
 def _spy(engine) -> list[tuple[int, str]]:
     """(new tokens per row, experts implementation) of every forward of ``engine``'s model from now on."""
-    from engines.hf import model_experts
+    from engines.hf.weights import model_experts
 
     model, seen = engine.model, []
     forward = model.forward

@@ -20,7 +20,8 @@ import tests.battery_contract as bc
 from analysis.battery import channel_fit, fit, joint_fit, stance
 from analysis.battery.binary import cell_events, projections
 from analysis.battery.yesno import decompose
-from engines.sim import SimEngine, SimParams
+from engines.sim.engine import SimEngine
+from engines.sim.params import SimParams
 
 
 def _yesno_binary(cells):

@@ -10,14 +10,15 @@ from typing import Any, Literal
 
 import pytest
 
-from engines.api import ApiSettings, settings_from_model
+from engines.api.engine import settings_from_model
+from engines.api.settings import ApiSettings
 from engines.base import EngineSettings
 from engines.flags import NO_FLAG, add_flags, attr_docs, dest, flag, flag_of, flagged, settings_from_flags
-from engines.hf import HFSettings
-from engines.server import ServerSettings
-from engines.server import settings_from_args as server_settings
-from engines.vllm import CPU_KV_CACHE_GIB, VLLMSettings
-from engines.vllm import settings_from_args as vllm_settings
+from engines.hf.settings import HFSettings
+from engines.server.engine import settings_from_args as server_settings
+from engines.server.settings import ServerSettings
+from engines.vllm.engine import settings_from_args as vllm_settings
+from engines.vllm.settings import CPU_KV_CACHE_GIB, VLLMSettings
 from probe.app.cli import build_parser
 
 SETTINGS = (EngineSettings, HFSettings, VLLMSettings, ApiSettings, ServerSettings)

@@ -167,7 +167,8 @@ def brute_force(model, prompt: list[int], options: list[list[int]]) -> list[floa
 @pytest.fixture(scope="module")
 def base_engine():
     """tiny without its chat template: ``--frame auto`` reads it in the plain frame."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model="tiny-base", batch_size=16)).load()
 
@@ -237,7 +238,8 @@ def test_the_frame_enters_the_run_key_only_when_plain(base_engine, tiny_engine):
 
 
 def test_chat_and_think_are_refused_in_one_line_on_a_model_without_a_template():
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     with pytest.raises(ValueError, match="has no chat template, so --frame chat cannot render it; use --frame plain"):
         HFEngine(HFSettings(model="tiny-base", frame="chat")).load()
@@ -272,8 +274,10 @@ def test_draws_stop_at_the_frame_and_equal_the_cut_of_a_whole_generation(base_en
 
 # ------------------------------------------------------------------ the other engines render the same ids
 def test_vllm_and_server_engines_render_the_plain_frame_as_the_transformers_engine(base_engine):
-    from engines.server import ServerEngine, ServerSettings
-    from engines.vllm import VLLMEngine, VLLMSettings
+    from engines.server.engine import ServerEngine
+    from engines.server.settings import ServerSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
 
     tok = base_engine.tokenizer
     vllm = VLLMEngine(VLLMSettings(model="tiny-base"), llm=object(), tokenizer=tok, model_path="/fake/tiny-base")
@@ -350,7 +354,8 @@ def test_compare_and_the_trial_view_show_the_frame(plain_run, tmp_path):
 def test_a_follow_up_in_the_plain_frame_keeps_the_first_replys_ids(tmp_path):
     """Deterministic (draws seeded per trial and draw). The follow-up prompt is the first prompt, the sampled reply's
     ids, then ``\\n\\nQuestion: ...\\n\\nAnswer:``, read after those exact ids."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
     from probe.app.cli import main
     from probe.store import RunStore
 

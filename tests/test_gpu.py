@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-hybrid"])
 def test_gpu_fp32_matches_cpu_and_bf16_is_close(model: str) -> None:
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     trials = [
         make_trial("Is it fine? Answer with Yes or No.", ["Yes", "No"], trial_id="a"),

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.common.checks import floor_line, looped, reasoning_lines, reasoning_table
-from engines.hf import kv_bytes_per_token, reasoning_rows
+from engines.hf.reasoning import kv_bytes_per_token, reasoning_rows
 from probe.app.floor import floor_figures, floor_sample
 from tests.conftest import make_trial
 
@@ -86,7 +86,8 @@ def test_reasoning_rows_from_free_memory() -> None:
 
 
 def test_kv_bytes_per_token_of_the_tiny_model() -> None:
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     m = HFEngine(HFSettings(model="tiny")).model
     c = m.config
@@ -96,7 +97,8 @@ def test_kv_bytes_per_token_of_the_tiny_model() -> None:
 def test_float32_head_cuts_bf16_error_and_enters_the_run_key() -> None:
     """bf16 readouts with the head in float32 are closer to float32 than with the head in bfloat16; outside
     float32 the settings that batch trials enter the run key (so a resume never mixes them)."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     trials = [
         make_trial(f"Is case {i} fine? Answer with Yes or No.", ["Yes", "No"], trial_id=f"t{i}") for i in range(6)
@@ -253,7 +255,7 @@ def test_truncation_against_brute_force() -> None:
     import numpy as np
     import torch
 
-    from engines.sampling import truncated
+    from engines.hf.sampling import truncated
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(5, 40)).astype(np.float32)
@@ -277,7 +279,8 @@ def test_truncation_against_brute_force() -> None:
 
 
 def test_sampled_reasoning_is_seeded_per_trial_and_recorded() -> None:
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     trials = [
         make_trial(f"Case {i}: is it fine? Answer with Yes or No.", ["Yes", "No"], trial_id=f"t{i}") for i in range(4)

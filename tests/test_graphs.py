@@ -1,4 +1,4 @@
-"""Slot decoding (engines/graphs.py): the span buckets by hand, slots against the refilled stack on the tiny model,
+"""Slot decoding (engines/hf/graphs.py): the span buckets by hand, slots against the refilled stack on the tiny model,
 and every step recorded and replayed (torch.fx, a CUDA graph's frozen-number semantics) on a CPU."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engines.graphs import SPAN_QUANTUM, SlotDecoder, span_of
+from engines.hf.graphs import SPAN_QUANTUM, SlotDecoder, span_of
 from tests.test_refill import _engine, _mixed_request, _trial
 
 
@@ -143,7 +143,7 @@ def test_think_draws_and_readouts_through_slots(monkeypatch) -> None:
 
 
 def test_the_setting_and_what_it_changes_in_the_run_key() -> None:
-    from engines.hf import HFSettings
+    from engines.hf.settings import HFSettings
 
     with pytest.raises(ValueError, match=r"decode_graphs must be one of \('auto', 'on', 'off'\), got 'yes'"):
         HFSettings(model="tiny", decode_graphs="yes")
@@ -160,7 +160,8 @@ def test_the_setting_and_what_it_changes_in_the_run_key() -> None:
 def test_bfloat16_slots_reason() -> None:
     """bfloat16 on the CPU: slots run (the step's mask in the model's dtype) and most greedy tokens are the
     stack's (rounding may differ over the extra masked columns, so the schedule enters the run key)."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     settings = HFSettings(model="tiny", device="cpu", dtype="bfloat16", think=True, batch_size=3, think_budget=40)
     refilled = HFEngine(settings).load()

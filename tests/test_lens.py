@@ -66,7 +66,7 @@ def test_a_layer_past_the_model_names_its_last_layer():
 
 
 def test_layers_setting_is_canonical_and_checked_at_construction():
-    from engines.hf import HFSettings
+    from engines.hf.settings import HFSettings
 
     assert HFSettings(model="tiny", layers="12, 0").layers == "0,12"
     with pytest.raises(ValueError, match="every:K"):
@@ -159,7 +159,8 @@ def _check_against_brute_force(engine, trials, brute_every: int = 1, tol: float 
 
 @pytest.fixture(scope="module")
 def tiny_lens():
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model="tiny", layers="all", batch_size=1)).load()
 
@@ -175,7 +176,8 @@ def test_lens_matches_brute_force_on_every_path_tiny_moe(tiny_lens, path, batch)
 @pytest.mark.parametrize("model", ["tiny-hybrid", "tiny-hybrid-dense"])
 @pytest.mark.parametrize("path", ["branch", "plain"])
 def test_lens_matches_brute_force_on_the_hybrids(model, path):
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     engine = HFEngine(HFSettings(model=model, layers="all", readout_path=path, batch_size=3)).load()
     _check_against_brute_force(engine, _trials(3))
@@ -228,7 +230,8 @@ def test_without_layers_a_readout_has_none_and_its_run_key_is_unchanged(tiny_len
 
 
 def test_bfloat16_with_a_float32_head_reads_the_last_layer_as_the_final_readout():
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     bf = HFEngine(HFSettings(model="tiny", dtype="bfloat16", layers="all", readout_path="plain")).load()
     for r in bf.readout(_trials(3)):

@@ -111,7 +111,7 @@ def test_a_report_without_layers_has_no_layer_section(tmp_path: Path, experiment
 
 
 def test_sim_layer_profile_is_validated_and_recorded_only_when_planted():
-    from engines.sim import LayerPlant, SimParams, SimParamsError
+    from engines.sim.params import LayerPlant, SimParams, SimParamsError
 
     assert "layers" not in SimParams().to_dict()  # the default profile keeps today's run key
     assert (

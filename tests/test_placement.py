@@ -1,4 +1,4 @@
-"""Where a model's weights go (engines.placement) and the device moves of a split model, on a CPU-only machine.
+"""Where a model's weights go (engines.hf.placement) and the device moves of a split model, on a CPU-only machine.
 
 The CUDA side of the same code runs in tests/test_gpu.py and scripts/device_check.sh (a model split over a GPU and
 the CPU). Here the moves are checked with torch's ``meta`` device standing in for a second device: whatever a
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.placement import (
+from engines.hf.placement import (
     DeviceError,
     Driver,
     Placement,
@@ -112,7 +112,7 @@ def test_cli_refuses_a_gpu_it_does_not_have(capsys: pytest.CaptureFixture[str]) 
 
 # ------------------------------------------------------------------ device moves of a split model
 def test_on_device_copies_once_per_device() -> None:
-    from engines.sampling import OnDevice
+    from engines.hf.sampling import OnDevice
 
     idx = torch.tensor([2, 0, 1])
     d = OnDevice(idx)
@@ -122,9 +122,9 @@ def test_on_device_copies_once_per_device() -> None:
 
 
 def test_grouped_rows_and_masks_are_made_on_the_device_asked_for() -> None:
-    from engines.sampling import _Groups
+    from engines.hf.sampling import Groups
 
-    g = _Groups(torch.tensor([[0, 1, 1], [1, 1, 1]]), n=2, n_layers=2)
+    g = Groups(torch.tensor([[0, 1, 1], [1, 1, 1]]), n=2, n_layers=2)
     cpu_mask = g.mask(1, torch.float32, 2, torch.device("cpu"))
     meta_mask = g.mask(1, torch.float32, 2, torch.device("meta"))
     assert cpu_mask.device.type == "cpu" and meta_mask.device.type == "meta"
@@ -144,8 +144,8 @@ def test_tree_cache_gathered_per_layer_device(monkeypatch: pytest.MonkeyPatch) -
     """
     import transformers
 
-    from engines import sampling
-    from engines.sampling import gather_tree_cache
+    from engines.hf import sampling
+    from engines.hf.sampling import gather_tree_cache
 
     asked: list[str] = []
     on = sampling.OnDevice.on

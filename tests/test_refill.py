@@ -1,4 +1,4 @@
-"""Refilled think-mode reasoning (engines/refill.py): the schedule by hand, the stacked cache against a row decoded
+"""Refilled think-mode reasoning (engines/hf/refill.py): the schedule by hand, the stacked cache against a row decoded
 alone, and whole traces against the bucket schedule on the tiny models."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.refill import ReasoningStats, Schedule
+from engines.hf.refill import ReasoningStats, Schedule
 from tests.conftest import make_trial
 
 YES_NO = ("Yes", "No")
@@ -60,14 +60,15 @@ def test_stats_record_the_share_of_finished_rows_and_the_ideal() -> None:
 
 
 def _engine(model: str, **settings):
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model=model, device="cpu", dtype="float32", think=True, **settings)).load()
 
 
 def test_a_stacked_row_decodes_as_it_does_alone() -> None:
     """Rows of two prefills of different widths, stacked and trimmed, give each row the log-probs it gets alone."""
-    from engines.refill import stacked
+    from engines.hf.refill import stacked
 
     e = _engine("tiny", batch_size=4)
     prompts = [e.render(_trial(f"Question {k}: is it right to lie?" + " why" * (3 * k), k)) for k in range(4)]

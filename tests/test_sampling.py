@@ -1,4 +1,4 @@
-"""Fast sampling (engines/sampling.py and HFEngine.sample): the same draws whatever the batch and path.
+"""Fast sampling (engines/hf/sampling.py and HFEngine.sample): the same draws whatever the batch and path.
 
 What must not change when sampling gets faster: raw draws from the model's
 distribution, one generator per (trial, draw), stored generated ids, and
@@ -28,7 +28,7 @@ LETTERS = "Which is better, A or B? Answer with A or B."
 
 
 def _engine(base, **kw):
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
 
     settings = base.settings.__class__(model=base.settings.model, **kw)
     return HFEngine(settings, model=base.model, tokenizer=base.tokenizer).load()
@@ -47,7 +47,7 @@ def test_row_sampler_matches_the_distribution_and_its_seeds():
     """Inverse-CDF draws over a 5-token vocabulary against the exact probabilities (chi-square)."""
     import torch
 
-    from engines.sampling import RowSampler
+    from engines.hf.sampling import RowSampler
 
     p = np.array([0.5, 0.25, 0.15, 0.1, 0.0])
     lp = torch.log(torch.tensor(p, dtype=torch.float32)).expand(20000, -1).clone()
@@ -69,7 +69,7 @@ def test_row_sampler_matches_the_distribution_and_its_seeds():
 def test_row_sampler_rows_are_independent_and_greedy_is_argmax():
     import torch
 
-    from engines.sampling import RowSampler
+    from engines.hf.sampling import RowSampler
 
     lp = torch.log_softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(1)), -1)
     seeds = [11, 12, 13, 14, 15, 16]
@@ -91,7 +91,7 @@ def test_row_sampler_rows_are_independent_and_greedy_is_argmax():
 
 
 def test_tree_paths_spell_every_sequence():
-    from engines.hf import pack_tree, tree_paths
+    from engines.hf.tokens import pack_tree, tree_paths
 
     seqs = [(1, 2, 3, 4), (1, 2, 5), (1, 2, 3, 4), (7,), (1, 2, 3, 9, 9), (1, 2)]
     tree = pack_tree(seqs)
@@ -106,7 +106,7 @@ def test_reserved_cache_decodes_like_the_dynamic_cache(engine):
     """Greedy decoding on a reserved cache gives the dynamic cache's log-probs (within 1e-5) at every step."""
     import torch
 
-    from engines.sampling import reserve_cache
+    from engines.hf.sampling import reserve_cache
 
     ids, mask = engine.lm.pad_left([engine.render(t) for t in _trials()[:3]])
     with torch.inference_mode():
@@ -128,7 +128,7 @@ def test_grouped_attention_matches_a_cache_row_per_draw(engine):
     steps past the reserve."""
     import torch
 
-    from engines.sampling import group_cache, reserve_cache, shared_prompt_layer_class
+    from engines.hf.sampling import group_cache, reserve_cache, shared_prompt_layer_class
 
     n = 3
     ids, mask = engine.lm.pad_left([engine.render(t) for t in _trials()[:3]])  # three prompts, left-padded
@@ -157,7 +157,7 @@ def test_grouped_attention_matches_a_cache_row_per_draw(engine):
 
 
 def test_balanced_batches():
-    from engines.hf import balanced
+    from engines.batching import balanced
 
     assert [balanced(c, 128) for c in (1, 100, 128, 129, 132, 256, 257)] == [1, 100, 128, 65, 66, 128, 86]
     assert balanced(0, 16) == 16 and balanced(5, 1) == 1
@@ -285,7 +285,7 @@ def test_think_mode_ignores_answer_stop(tiny_engine):
 
 
 def test_sample_settings_fail_clearly():
-    from engines.hf import HFSettings
+    from engines.hf.settings import HFSettings
 
     with pytest.raises(ValueError, match="sample_path"):
         HFSettings(model="tiny", sample_path="fast")

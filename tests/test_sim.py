@@ -20,7 +20,8 @@ from scipy.special import expit
 import tests.battery_contract as bc
 from engines import engine_kind, make_engine
 from engines.base import LogitEngine
-from engines.sim import REFUSAL_TEXT, SimEngine, SimParams, SimParamsError, count_tokens, from_args, graded_logits
+from engines.sim.engine import REFUSAL_TEXT, SimEngine, count_tokens, from_args, graded_logits
+from engines.sim.params import SimParams, SimParamsError
 from probe.parse import parse_answer
 from probe.salts import SaltSpec, make_salt
 
@@ -489,7 +490,7 @@ def test_plan_replies_takes_whole_chunks_within_the_batch():
 def test_refusal_rules_refuse_only_the_matching_cells(tmp_path):
     """Issue 27: cell-dependent refusals. Rate 1 on (binary, approve, canonical) of the rejected stories: every
     draw of exactly those trials is a refusal, every other draw is answered (rate 0 elsewhere: exact)."""
-    from engines.sim import RefusalRule, SimParamsError, load_params
+    from engines.sim.params import RefusalRule, SimParamsError, load_params
     from experiments.dilemmas import load_dilemmas
 
     path = tmp_path / "p.yaml"

@@ -1,6 +1,6 @@
 """The synthetic subject's planted influence and cue parameters, and the audits' recovery of them (issue 45).
 
-``engines/sim.py`` plants, per influence condition, a baseline lean toward B and a steerability toward each side
+``engines/sim/engine.py`` plants, per influence condition, a baseline lean toward B and a steerability toward each side
 (:class:`engines.sim.InfluencePlant`) and, per cue arm and group, In-favor and Against rates
 (:class:`engines.sim.CuePlant`). The fast tests check the planted structure on trials expanded here (no run
 store): the YAML form, what the manifest records, exact recovery without scatter. The slow tests measure the
@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engines.sim import CuePlant, InfluencePlant, SimEngine, SimParams, SimParamsError, load_params
+from engines.sim.engine import SimEngine
+from engines.sim.params import CuePlant, InfluencePlant, SimParams, SimParamsError, load_params
 from experiments.influence import effects as ie
 from experiments.influence import stats as st
 from experiments.influence.build import AuditSpec
@@ -254,7 +255,7 @@ def _cue_frames(trials: Sequence[Trial], eng: SimEngine, samples: int = 0) -> tu
 def _planted_rates(trials: Sequence[Trial], plant: CuePlant, seed: int) -> pd.DataFrame:
     """Per (arm, consequences, attr, group): the expected Favor and Against rate of the run's eligible answers."""
     from analysis.cue.decisions import ATTRS
-    from engines.sim import _uniform
+    from engines.sim.noise import uniform
 
     rows = []
     for t in trials:
@@ -262,7 +263,7 @@ def _planted_rates(trials: Sequence[Trial], plant: CuePlant, seed: int) -> pd.Da
         if f.get("probe") != "what_if" or f.get("wording", "") not in ("", "main"):
             continue
         arm = f["condition"] + (f"-{f['difficulty']}" if f.get("difficulty") else "")
-        at_benefit = _uniform(seed, "cue-neutral", t.item_id, f.get("consequences", "")) < plant.neutral_benefit
+        at_benefit = uniform(seed, "cue-neutral", t.item_id, f.get("consequences", "")) < plant.neutral_benefit
         event = "against" if at_benefit else "favor"
         rate = plant.answer_rate(event, arm, f["x_gender"], f["x_race"])
         for attr in ATTRS:

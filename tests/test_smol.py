@@ -119,7 +119,8 @@ def test_manifest_records_the_source_and_the_template_default_system_prompt(smol
         "text": "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
         "source": "chat template default",
     }
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     given = HFEngine(
         HFSettings(model="smol", system_prompt="Be terse."), model=smol_engine.model, tokenizer=smol_engine.tokenizer
@@ -149,7 +150,7 @@ def test_batch_size_and_padding_invariance(smol_engine):
     1e-4, the oracle's tolerance: 30 float32 layers summed in another order move a logprob of about -5 by up to
     3e-5 (measured: 2.8e-5 between batch sizes 1 and 3), where the tiny models stay within 1e-5.
     """
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
     from tests.test_engine_hf import _mixed_trials
 
     trials = _mixed_trials()

@@ -44,7 +44,7 @@ def test_served_names_and_the_serving_folder(tmp_path):
 
 
 def test_server_message_is_what_the_client_sees():
-    from engines.api_providers import ApiRequestError, classify, server_message
+    from engines.api.providers import ApiRequestError, classify, server_message
 
     class APIStatusError(Exception):  # the SDKs' class name is what classify looks at
         def __init__(self, body: object) -> None:
@@ -78,8 +78,9 @@ def test_identical_draws_at_temperature_are_flagged():
 def test_api_engine_samples_for_real_from_probe_serve_smol(tmp_path, smol_engine):
     """`probe serve smol` as the README says; first-token frequencies at T = 1 against the readout (about 2 min)."""
     pytest.importorskip("openai")
-    from engines.api import ApiEngine, ApiSettings
-    from engines.api_providers import ApiRequestError
+    from engines.api.engine import ApiEngine
+    from engines.api.providers import ApiRequestError
+    from engines.api.settings import ApiSettings
     from tests.api_serve import free_port, stop_process, wait_until_serving
 
     port = free_port()

@@ -57,7 +57,8 @@ def _battery() -> list:
 @pytest.fixture(scope="module", params=("tiny", "tiny-hybrid"))
 def engine(request):
     """Each tiny architecture on the CPU in float32 (the 1e-5 comparisons need float32 everywhere)."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model=request.param, device="cpu", dtype="float32")).load()
 
@@ -65,13 +66,14 @@ def engine(request):
 @pytest.fixture(scope="module")
 def tiny_engine():
     """The attention-only tiny model on the CPU in float32."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model="tiny", device="cpu", dtype="float32")).load()
 
 
 def _engine(base, **changes):
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
 
     return HFEngine(replace(base.settings, **changes), model=base.model, tokenizer=base.tokenizer).load()
 
@@ -121,7 +123,7 @@ def _brute_lcp(a, b) -> int:
 
 
 def test_shared_prefix_lengths_match_brute_force():
-    from engines.hf import shared_prefix_lengths
+    from engines.hf.tokens import shared_prefix_lengths
 
     rng = random.Random(3)
     seqs = sorted(_random_seqs(rng, 40))
@@ -133,7 +135,7 @@ def test_shared_prefix_lengths_match_brute_force():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_pack_tree_has_each_prefix_once_and_the_mask_is_the_ancestor_relation(seed):
-    from engines.hf import pack_tree, tree_mask
+    from engines.hf.tokens import pack_tree, tree_mask
 
     rng = random.Random(seed)
     seqs = _random_seqs(rng, 25)
@@ -152,7 +154,7 @@ def test_pack_tree_has_each_prefix_once_and_the_mask_is_the_ancestor_relation(se
 
 
 def test_pack_tree_hand_example():
-    from engines.hf import pack_tree, tree_mask
+    from engines.hf.tokens import pack_tree, tree_mask
 
     tree = pack_tree([(7, 1, 2), (7, 1), (7, 3)])
     # sorted distinct: (7, 1) adds 7 1; (7, 1, 2) adds 2; (7, 3) adds 3
@@ -164,7 +166,7 @@ def test_pack_tree_hand_example():
 
 
 def test_prefix_groups_share_only_what_saves_tokens():
-    from engines.hf import prefix_groups
+    from engines.hf.tokens import prefix_groups
 
     story = tuple(range(100))
     seqs = sorted([(*story, 200 + i, 300) for i in range(4)] + [(1000, 1), (1000, 2)] + [(5000,)])
@@ -180,7 +182,7 @@ def test_prefix_groups_share_only_what_saves_tokens():
 
 
 def test_token_rows_bound_items_and_tokens():
-    from engines.hf import token_rows
+    from engines.hf.tokens import token_rows
 
     lengths, shared, extra = [10, 10, 10, 10, 50], [0, 8, 8, 0, 0], [1, 1, 1, 1, 0]
     assert token_rows(lengths, shared, extra, max_tokens=20, max_items=8) == [[0, 1, 2], [3], [4]]
@@ -266,7 +268,7 @@ def test_tree_matches_brute_force_on_the_scale(tiny_engine):
 
 
 def test_bad_readout_settings_fail_clearly():
-    from engines.hf import HFSettings
+    from engines.hf.settings import HFSettings
 
     with pytest.raises(ValueError, match="readout_path must be one of"):
         HFSettings(model="tiny", readout_path="fast")
@@ -279,7 +281,8 @@ def test_bad_readout_settings_fail_clearly():
 @pytest.mark.parametrize("model", ["tiny", "tiny-hybrid"])
 def test_shared_prefix_paths_on_cuda(model):
     """On a GPU: float32 paths equal plain within 1e-5 and the CPU within 1e-4; bfloat16 paths stay close."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     trials = _battery()
     cpu = HFEngine(HFSettings(model=model, device="cpu", dtype="float32", readout_path="plain")).readout(trials)

@@ -19,7 +19,8 @@ from scipy import stats
 
 import tests.battery_contract as bc
 from analysis.battery import stance
-from engines.sim import SimEngine, SimParams
+from engines.sim.engine import SimEngine
+from engines.sim.params import SimParams
 
 FORM = ["scale", "wording", "anchor", "pole"]
 

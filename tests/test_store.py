@@ -207,7 +207,7 @@ def test_readout_json_is_strict_where_an_option_has_no_mass(monkeypatch: pytest.
     """An option the model gives probability 0 (logprob -inf) is written as null: strict JSON, never -Infinity."""
     import math
 
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
     from probe.app.cli import main
     from probe.types import OptionScore, Readout
 

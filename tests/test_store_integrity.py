@@ -225,7 +225,7 @@ def test_two_concurrent_runs_on_one_folder(
     reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     """The first run is held inside its second chunk; a second `probe run` exits 2 naming it, computing nothing."""
-    from engines.hf import HFEngine
+    from engines.hf.engine import HFEngine
 
     out = tmp_path / "run"
     inside, release = threading.Event(), threading.Event()
@@ -419,7 +419,7 @@ def test_damaged_journal_lines_are_quarantined_and_nothing_is_bought_twice(serve
 
 
 def test_append_log_quarantines_damaged_lines_and_keeps_old_unchecksummed_ones(tmp_path: Path) -> None:
-    from engines.api_journal import AppendLog, quarantine_path
+    from engines.api.journal import AppendLog, quarantine_path
 
     path = tmp_path / "log.jsonl"
     log = AppendLog(path)

@@ -39,13 +39,15 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm installs it into .venv-vllm)")
 
-from engines.vllm import VLLMEngine, VLLMSettings, _vllm_device  # noqa: E402
+from engines.vllm.engine import VLLMEngine  # noqa: E402
+from engines.vllm.process import vllm_device  # noqa: E402
+from engines.vllm.settings import VLLMSettings  # noqa: E402
 from probe.store import RunStore  # noqa: E402
 from scripts.vllm_parity import PARITY, SCALE, YESNO, bf16_bound, bf16_factor, parity, parity_trials  # noqa: E402
 from tests.conftest import cell_pvalues, make_trial, readout_tables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DEVICE = _vllm_device()
+DEVICE = vllm_device()
 # The tolerances are shared with the GPU parity check (scripts/device_check.sh runs it), so the two cannot drift:
 # PARITY (1e-5, float32, the 2-layer tiny models), PARITY_BY_MODEL (smol: 1e-4; why: its docstring), bf16_bound.
 MOE_ON_CPU = (
@@ -101,7 +103,8 @@ def vllm_engine(model: str, dtype: str = "float32", **kw) -> VLLMEngine:
 
 
 def hf_engine(model: str, dtype: str = "float32", **kw):
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     return HFEngine(HFSettings(model=model, dtype=dtype, device="cpu" if DEVICE == "cpu" else "cuda", **kw)).load()
 

@@ -165,7 +165,8 @@ def tok():
 
 
 def make_engine(tok, params=FakeParams, **kw):
-    from engines.vllm import VLLMEngine, VLLMSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
 
     fake_kw = {k: kw.pop(k) for k in ("drop", "close_at", "ignore_force", "scale") if k in kw}
     settings = VLLMSettings(model="tiny", **kw)
@@ -295,7 +296,7 @@ def test_a_truncated_token_ids_answer_is_asked_again(tok):
 
 
 def test_a_forced_request_that_ignores_the_mask_is_an_error(tok):
-    from engines.vllm import VLLMReadoutError
+    from engines.vllm.requests import VLLMReadoutError
 
     e, _ = make_engine(tok, logprob_request="top_k", top_other=0, ignore_force=True)
     with pytest.raises(VLLMReadoutError, match=r"only \d+ was allowed"):
@@ -365,7 +366,8 @@ def test_sampling_requests_are_raw_seeded_per_draw_and_parsed(tok):
 
 def test_rendering_is_the_transformers_engines(tok):
     """Parity needs the same ids: render.py must agree with HFEngine's own rendering and option encoding."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
     from engines.render import option_ids, render_ids
 
     for system in (None, "Be brief."):
@@ -382,7 +384,8 @@ def test_rendering_is_the_transformers_engines(tok):
 
 def test_closing_the_reasoning_is_the_transformers_engines(tok, monkeypatch):
     """Given the same generated ids, render.close_reasoning builds the ids HFEngine.prepare builds."""
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
     from engines.render import close_reasoning, stop_ids
 
     end = tok.convert_tokens_to_ids("</think>")
@@ -418,7 +421,7 @@ def test_option_errors_are_the_transformers_engines(tok):
 
 
 def test_token_id_requests_are_chunked_to_vllms_limit():
-    from engines.vllm import MAX_TOKEN_IDS, node_queries, slot_params
+    from engines.vllm.requests import MAX_TOKEN_IDS, node_queries, slot_params
 
     qs = node_queries(3, (5,), list(range(300)), "token_ids")
     assert [len(q.tokens) for q in qs] == [MAX_TOKEN_IDS, MAX_TOKEN_IDS, 300 - 2 * MAX_TOKEN_IDS]
@@ -456,7 +459,7 @@ def test_token_id_requests_are_chunked_to_vllms_limit():
     ],
 )
 def test_bad_settings_name_the_parameter_range_and_value(kw, needle):
-    from engines.vllm import VLLMSettings
+    from engines.vllm.settings import VLLMSettings
 
     with pytest.raises(ValueError, match=needle):
         VLLMSettings(**{"model": "tiny", **kw})
@@ -525,7 +528,7 @@ def test_cli_flags_reach_the_settings_and_do_not_collide():
 
 
 def test_engine_arguments_pass_through_and_unknown_ones_fail_clearly():
-    from engines.vllm import VLLMSettings, check_engine_kwargs, llm_kwargs
+    from engines.vllm.settings import VLLMSettings, check_engine_kwargs, llm_kwargs
 
     s = VLLMSettings(
         model="tiny",
@@ -571,7 +574,7 @@ def test_engine_arguments_pass_through_and_unknown_ones_fail_clearly():
 
 def test_memory_defaults_start_on_cpu_and_gpu_alike():
     """On CPU vLLM's gpu_memory_utilization is a fraction of all RAM (its 0.9 is refused): a fixed KV cache instead."""
-    from engines.vllm import CPU_KV_CACHE_GIB, GIB, VLLMSettings, memory_kwargs
+    from engines.vllm.settings import CPU_KV_CACHE_GIB, GIB, VLLMSettings, memory_kwargs
 
     unset = VLLMSettings(model="tiny")
     assert memory_kwargs(unset, "cuda", {}) == {}  # vLLM's own 0.9 of the GPU
@@ -586,7 +589,7 @@ def test_memory_defaults_start_on_cpu_and_gpu_alike():
 
 def test_auto_dtype_is_the_transformers_engines_rule():
     """float32 on CPU (vLLM's own auto would pick bfloat16 there: readouts 2e-3 off the Transformers engine's)."""
-    from engines.vllm import VLLMSettings, llm_kwargs
+    from engines.vllm.settings import VLLMSettings, llm_kwargs
 
     assert llm_kwargs(VLLMSettings(model="tiny"), "/m", "cpu", {})["dtype"] == "float32"
     assert llm_kwargs(VLLMSettings(model="tiny"), "/m", "cuda", {})["dtype"] == "auto"
@@ -594,7 +597,7 @@ def test_auto_dtype_is_the_transformers_engines_rule():
 
 
 def test_a_cpu_memory_request_that_cannot_fit_names_the_flag():
-    from engines.vllm import GIB, check_cpu_memory
+    from engines.vllm.settings import GIB, check_cpu_memory
 
     with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0.9 on CPU is 14.4 GiB.*pass --kv-cache-gib"):
         check_cpu_memory({"gpu_memory_utilization": 0.9}, 16 * GIB, 8 * GIB)
@@ -605,7 +608,7 @@ def test_a_cpu_memory_request_that_cannot_fit_names_the_flag():
 
 
 def test_a_failed_start_names_the_memory_settings():
-    from engines.vllm import start_hint
+    from engines.vllm.settings import start_hint
 
     cpu = start_hint("tiny", "cpu", RuntimeError("Engine core initialization failed. See root cause above."))
     assert "'tiny' on cpu: Engine core initialization failed" in cpu and "--kv-cache-gib" in cpu
@@ -624,7 +627,7 @@ def test_a_failed_start_names_the_memory_settings():
     ],
 )
 def test_seeded_batches_fit_one_scheduler_step(lengths, budget, seqs, want):
-    from engines.vllm import step_batches
+    from engines.batching import step_batches
 
     got = step_batches(lengths, budget, seqs)
     assert got == want
@@ -633,7 +636,7 @@ def test_seeded_batches_fit_one_scheduler_step(lengths, budget, seqs, want):
 
 
 def test_a_prompt_longer_than_a_step_names_max_num_batched_tokens():
-    from engines.vllm import step_batches
+    from engines.batching import step_batches
 
     with pytest.raises(ValueError, match=r"prompt of 50 tokens .* pass --max-num-batched-tokens 51 or more"):
         step_batches([10, 50], 40, 256)
@@ -654,7 +657,7 @@ def test_on_cpu_seeded_samples_go_in_step_sized_batches_with_the_same_draws(tok)
 
 
 def test_vllm_starts_with_stdout_on_stderr(capfd):
-    from engines import vllm as v
+    from engines.vllm import process as v
 
     def build(**kw):
         os.write(1, b"vllm log line\n")  # what vLLM's processes print while starting
@@ -671,7 +674,7 @@ def test_vllm_starts_with_stdout_on_stderr(capfd):
 
 
 def test_cpu_engines_live_side_by_side_and_all_shut_down():
-    from engines import vllm as v
+    from engines.vllm import process as v
 
     shut: list[str] = []
 
@@ -691,7 +694,7 @@ def test_cpu_engines_live_side_by_side_and_all_shut_down():
 
 
 def test_the_llm_is_built_once_per_process_and_rebuilt_for_new_arguments():
-    from engines import vllm as v
+    from engines.vllm import process as v
 
     built: list[dict[str, Any]] = []
     shut: list[int] = []
@@ -727,7 +730,8 @@ def test_without_vllm_the_engine_says_which_extra_to_install(tok, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails as if it were not installed
     from engines.base import MissingExtra
-    from engines.vllm import VLLMEngine, VLLMSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
 
     with pytest.raises(MissingExtra, match=r"pip install 'probe\[vllm\]'"):
         VLLMEngine(VLLMSettings(model="tiny"), tokenizer=tok, model_path="/fake").load()
@@ -743,7 +747,9 @@ def fake_replica(settings, *, model_path):
 
 
 def test_data_parallel_replicas_give_the_single_process_results(tok):
-    from engines.vllm import VLLMEngine, VLLMSettings, split_even
+    from engines.batching import split_even
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
 
     assert split_even(5, 2) == [(0, 2), (2, 5)] and split_even(1, 3) == [(0, 0), (0, 0), (0, 1)]
     trials = [make_trial(f"Story {i}. {YESNO}", ["Yes", "No"], trial_id=f"t{i}") for i in range(5)]
@@ -780,7 +786,7 @@ def fake_any_replica(settings, *, model_path):
     """The fake LLM as a replica of a pool of any size, reading ``VLLM_DP_RANK`` like vLLM (picklable by name)."""
     import transformers
 
-    from engines.vllm import VLLMEngine
+    from engines.vllm.engine import VLLMEngine
     from probe.tiny import ensure_tiny
 
     tok = transformers.AutoTokenizer.from_pretrained(str(ensure_tiny("tiny")))
@@ -809,7 +815,9 @@ def exploding_replica(settings, *, model_path):
 
 
 def test_data_parallel_pool_of_three_keeps_order_in_think_mode_and_reports_a_replica_error(tok):
-    from engines.vllm import VLLMEngine, VLLMReadoutError, VLLMSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.requests import VLLMReadoutError
+    from engines.vllm.settings import VLLMSettings
 
     trials = [make_trial(f"Story {i}. {YESNO}", ["Yes", "No"], trial_id=f"t{i}") for i in range(7)]
     one, _ = make_engine(tok, think=True, think_budget=4)
@@ -835,7 +843,9 @@ def test_data_parallel_pool_of_three_keeps_order_in_think_mode_and_reports_a_rep
 
 
 def test_data_parallel_replica_that_cannot_start_is_named_and_the_others_stop(tok):
-    from engines.vllm import VLLMEngine, VLLMReadoutError, VLLMSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.requests import VLLMReadoutError
+    from engines.vllm.settings import VLLMSettings
 
     dp = VLLMEngine(
         VLLMSettings(model="tiny", data_parallel_size=2),
@@ -849,7 +859,7 @@ def test_data_parallel_replica_that_cannot_start_is_named_and_the_others_stop(to
 
 
 def test_settings_are_frozen():
-    from engines.vllm import VLLMSettings
+    from engines.vllm.settings import VLLMSettings
 
     s = VLLMSettings(model="tiny")
     with pytest.raises(AttributeError):
@@ -858,7 +868,8 @@ def test_settings_are_frozen():
 
 
 def test_a_missing_model_is_a_clear_error(tmp_path):
-    from engines.vllm import VLLMEngine, VLLMSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
     from probe.errors import ModelError
 
     with pytest.raises(ModelError, match="does not exist"):

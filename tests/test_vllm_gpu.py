@@ -48,7 +48,8 @@ def trials():
 
 
 def vllm_engine(model: str, dtype: str, **kw):
-    from engines.vllm import VLLMEngine, VLLMSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
 
     s = VLLMSettings(model=model, dtype=dtype, gpu_memory_utilization=0.3, enforce_eager=True, max_model_len=1024, **kw)
     return VLLMEngine(s).load()
@@ -57,7 +58,8 @@ def vllm_engine(model: str, dtype: str, **kw):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("model", ["tiny", "tiny-hybrid"])
 def test_parity_with_the_transformers_engine(model: str, dtype: str) -> None:
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
 
     ts = trials()
     v = vllm_engine(model, dtype, mamba_cache_dtype="float32" if dtype == "float32" else "auto")
@@ -80,7 +82,8 @@ def test_parity_with_the_transformers_engine(model: str, dtype: str) -> None:
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-hybrid"])
 def test_conformance_order_trie_think_and_samples(model: str) -> None:
-    from engines.hf import HFEngine, HFSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
     from engines.render import render_ids
 
     v = vllm_engine(model, "float32", mamba_cache_dtype="float32")

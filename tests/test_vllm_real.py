@@ -18,18 +18,10 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm installs it into .venv-vllm)")
 
-from engines.vllm import (  # noqa: E402
-    MAX_TOKEN_IDS,
-    SlotQuery,
-    VLLMEngine,
-    VLLMSettings,
-    _has_field,
-    check_engine_kwargs,
-    llm_kwargs,
-    sample_params,
-    slot_params,
-    think_params,
-)
+from engines.vllm.engine import VLLMEngine  # noqa: E402
+from engines.vllm.process import has_field  # noqa: E402
+from engines.vllm.requests import MAX_TOKEN_IDS, SlotQuery, sample_params, slot_params, think_params  # noqa: E402
+from engines.vllm.settings import VLLMSettings, check_engine_kwargs, llm_kwargs  # noqa: E402
 from tests.conftest import make_trial  # noqa: E402
 from tests.test_vllm_engine import CASE_IDS, CASES, FakeLLM, brute_force  # noqa: E402
 
@@ -69,7 +61,7 @@ class CheckedLLM(FakeLLM):
 def test_the_installed_vllm_has_what_the_engine_uses():
     import vllm.sampling_params as vsp
 
-    assert _has_field(vllm.SamplingParams, "logprob_token_ids")
+    assert has_field(vllm.SamplingParams, "logprob_token_ids")
     assert getattr(vsp, "MAX_LOGPROB_TOKEN_IDS", MAX_TOKEN_IDS) == MAX_TOKEN_IDS
     names = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
     kw = llm_kwargs(
@@ -126,7 +118,7 @@ def test_real_params_for_slots_reasoning_and_samples():
 
 def test_load_builds_the_llm_through_vllms_own_argument_check(monkeypatch, tok, tiny_paths):
     """``load()`` with the real module: EngineArgs field check, one shared LLM, real SamplingParams."""
-    from engines import vllm as v
+    from engines.vllm import process as v
 
     built = []
 

@@ -88,7 +88,8 @@ def served(request, tmp_path_factory):
 
 
 def server_engine(served: Served, **kw):
-    from engines.server import ServerEngine, ServerSettings
+    from engines.server.engine import ServerEngine
+    from engines.server.settings import ServerSettings
 
     s = ServerSettings(provider="openai-compatible", model=served.model, base_url=served.url, **kw)
     return ServerEngine(s).load()
@@ -121,8 +122,10 @@ def timed(f, *a):
 
 @pytest.mark.parametrize("think", [False, True], ids=["plain", "think"])
 def test_server_readouts_equal_the_in_process_engines(served: Served, think: bool) -> None:
-    from engines.hf import HFEngine, HFSettings
-    from engines.vllm import VLLMEngine, VLLMSettings
+    from engines.hf.engine import HFEngine
+    from engines.hf.settings import HFSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
 
     if think and served.model != "tiny":
         pytest.skip(f"{served.model} is not a reasoning model (no </think>)")
@@ -150,7 +153,8 @@ def test_server_readouts_equal_the_in_process_engines(served: Served, think: boo
 
 def test_readout_throughput_beside_the_in_process_engine(served: Served) -> None:
     """Measured figures for the closing note: yes/no readouts of the yesno battery's trials, both ways."""
-    from engines.vllm import VLLMEngine, VLLMSettings
+    from engines.vllm.engine import VLLMEngine
+    from engines.vllm.settings import VLLMSettings
     from experiments import get_experiment
     from experiments.yesno import YesNoSpec
 
@@ -199,7 +203,7 @@ def test_yesno_reads_and_samples_through_the_server(served: Served, tmp_path: Pa
 
 
 def test_a_killed_readout_run_resumes_from_its_journal(served: Served, tmp_path: Path) -> None:
-    from engines.server import JOURNAL
+    from engines.server.journal import JOURNAL
     from probe.app.cli import main
     from probe.store import RunStore
 

@@ -458,7 +458,8 @@ def test_i3_sampling_correction_removes_pure_sampling_spread_on_the_sim() -> Non
     """
     import tests.battery_contract as bc
     from analysis.battery.yesno import form_decomposition, trial_variance
-    from engines.sim import SimEngine, SimParams
+    from engines.sim.engine import SimEngine
+    from engines.sim.params import SimParams
 
     items = [f"i{k:03d}" for k in range(120)]
     trials = bc.binary(items)

@@ -42,44 +42,9 @@ from __future__ import annotations
 
 import argparse
 
-from engines.batching import balanced, cut_runs, length_batches
 from engines.flags import settings_from_flags
-from engines.hf.draws import GROUP_FROM, Draw
 from engines.hf.engine import HFEngine
-from engines.hf.reasoning import REASONING_ROWS, kv_bytes_per_token, reasoning_rows
-from engines.hf.settings import (
-    DECODE_GRAPHS,
-    DTYPES,
-    EXPERTS,
-    HEAD_DTYPES,
-    OWN_FLAGS,
-    READOUT_PATHS,
-    SAMPLE_PATHS,
-    HFSettings,
-    add_arguments,
-)
-from engines.hf.tokens import (
-    TokenTree,
-    pack_tree,
-    prefix_groups,
-    shared_prefix_lengths,
-    token_rows,
-    tree_mask,
-    tree_paths,
-)
-from engines.hf.weights import (
-    READOUT_ROWS,
-    READOUT_SOFTMAX,
-    Experts,
-    Weights,
-    experts_by_phase,
-    has_switchable_experts,
-    math_attention,
-    model_experts,
-    readout_log_probs,
-)
-
-_Draw = Draw  # its name before the split, which tests and scripts import
+from engines.hf.settings import HFSettings, add_arguments
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
@@ -87,40 +52,4 @@ def from_args(model: str, a: argparse.Namespace) -> HFEngine:
     return HFEngine(settings_from_flags(HFSettings, a, model=model))
 
 
-__all__ = [
-    "DECODE_GRAPHS",
-    "DTYPES",
-    "EXPERTS",
-    "GROUP_FROM",
-    "HEAD_DTYPES",
-    "OWN_FLAGS",
-    "READOUT_PATHS",
-    "READOUT_ROWS",
-    "READOUT_SOFTMAX",
-    "REASONING_ROWS",
-    "SAMPLE_PATHS",
-    "Draw",
-    "Experts",
-    "HFEngine",
-    "HFSettings",
-    "TokenTree",
-    "Weights",
-    "add_arguments",
-    "balanced",
-    "cut_runs",
-    "experts_by_phase",
-    "from_args",
-    "has_switchable_experts",
-    "kv_bytes_per_token",
-    "length_batches",
-    "math_attention",
-    "model_experts",
-    "pack_tree",
-    "prefix_groups",
-    "readout_log_probs",
-    "reasoning_rows",
-    "shared_prefix_lengths",
-    "token_rows",
-    "tree_mask",
-    "tree_paths",
-]
+__all__ = ["HFEngine", "HFSettings", "add_arguments", "from_args"]

@@ -4,8 +4,8 @@ Owns: :class:`Sampler` (the sample path, the prefills of each path, grouped atte
 they stop, think mode's refilled draws and their tally, ``stats``) and :class:`Draw`. May import:
 :mod:`engines.hf.settings`, :mod:`engines.hf.tokens`, :mod:`engines.hf.weights` (the :class:`Model` it is handed),
 :mod:`engines.hf.reasoning` (the refilled decoding think mode's draws share), :mod:`engines.hf.readout` (the
-:class:`KeptTrees` a readout hands over), :mod:`engines.base`, :mod:`engines.local`, :mod:`engines.refill`,
-:mod:`engines.sampling`, :mod:`probe.parse`, :mod:`probe.types`; torch lazily.
+:class:`KeptTrees` a readout hands over), :mod:`engines.base`, :mod:`engines.local`, :mod:`engines.hf.refill`,
+:mod:`engines.hf.sampling`, :mod:`probe.parse`, :mod:`probe.types`; torch lazily.
 """
 
 from __future__ import annotations
@@ -19,13 +19,8 @@ from engines.base import ProgressFn, require
 from engines.batching import balanced, length_batches
 from engines.hf.readout import KeptTrees
 from engines.hf.reasoning import Generation, Reasoner
-from engines.hf.settings import HFSettings
-from engines.hf.tokens import fill, pack_tree, shared_prefix_lengths, token_rows, tree_paths
-from engines.hf.weights import Model
-from engines.local import DrawRow
-from engines.refill import ReasoningStats
-from engines.render import plain_stop
-from engines.sampling import (
+from engines.hf.refill import ReasoningStats
+from engines.hf.sampling import (
     GROUPED_ATTENTION,
     RowSampler,
     gather_tree_cache,
@@ -33,6 +28,11 @@ from engines.sampling import (
     register_grouped_attention,
     reserve_cache,
 )
+from engines.hf.settings import HFSettings
+from engines.hf.tokens import fill, pack_tree, shared_prefix_lengths, token_rows, tree_paths
+from engines.hf.weights import Model
+from engines.local import DrawRow
+from engines.render import plain_stop
 from probe.parse import answer_scan, split_reasoning
 from probe.types import Trial
 
@@ -270,14 +270,14 @@ class Sampler:
             yield [k * n + d for k in chunk for d in range(n)], torch.cat(lps).repeat_interleave(n, dim=0), merged, mask
 
     def groups_draws(self, n: int) -> bool:
-        """Whether the n draws of a prompt share its cache rows (:func:`engines.sampling.group_cache`)."""
+        """Whether the n draws of a prompt share its cache rows (:func:`engines.hf.sampling.group_cache`)."""
         impl = getattr(self.lm.config, "_attn_implementation", None)
         return self.settings.group_draws and n >= GROUP_FROM and impl in ("sdpa", "eager")
 
     @contextlib.contextmanager
     def grouped_attention(self, cache: Any) -> Iterator[None]:
-        """While decoding a grouped cache, the model's attention layers run :func:`engines.sampling.grouped_attention`."""
-        from engines.sampling import shared_prompt_layer_class
+        """While decoding a grouped cache, the model's attention layers run :func:`engines.hf.sampling.grouped_attention`."""
+        from engines.hf.sampling import shared_prompt_layer_class
 
         config = self.lm.config
         if not any(isinstance(layer, shared_prompt_layer_class()) for layer in cache.layers):

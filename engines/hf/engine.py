@@ -6,7 +6,7 @@ caches of rendered prompts and encoded options, the manifest and run-key records
 :class:`engines.hf.reasoning.Reasoner` and a :class:`engines.hf.draws.Sampler`. Every method either belongs to
 the contract or composes the parts; none computes one part's concern (:attr:`HFEngine.lm` and
 :attr:`HFEngine.reasoner` hand two parts to the device check, the bench and the tests that step through them). May import every module of :mod:`engines.hf`,
-:mod:`engines.base`, :mod:`engines.graphs` (a type), :mod:`engines.local`, :mod:`engines.render`,
+:mod:`engines.base`, :mod:`engines.hf.graphs` (a type), :mod:`engines.local`, :mod:`engines.render`,
 :mod:`probe.types`.
 """
 
@@ -104,7 +104,7 @@ class HFEngine(LocalEngine):
         return self.variant(think=False)
 
     def run_stats(self) -> dict[str, Any]:
-        """What this engine's think mode decoded so far (:class:`engines.refill.ReasoningStats`), for the
+        """What this engine's think mode decoded so far (:class:`engines.hf.refill.ReasoningStats`), for the
         manifest's ``engine_stats``: ``reasoning`` (the traces before a slot is read) and ``think_draws`` (sampled
         answers that reason first); empty where it did neither."""
         parts = {"reasoning": self._reasoner.stats, "think_draws": self._sampler.stats}

@@ -1,11 +1,11 @@
 """The reasoning part of the Transformers engine: think mode's traces, and the refilled decoding its draws share.
 
 Owns: :class:`Reasoner`, which reasons in fixed length buckets or refilled (a finished row given to the next
-waiting trace, :mod:`engines.refill`), the latter on a stacked cache (:meth:`Reasoner.decode_refilled`) or in
-slots of fixed shape recorded as CUDA graphs (:meth:`Reasoner.decode_slots`, :mod:`engines.graphs`); how many
+waiting trace, :mod:`engines.hf.refill`), the latter on a stacked cache (:meth:`Reasoner.decode_refilled`) or in
+slots of fixed shape recorded as CUDA graphs (:meth:`Reasoner.decode_slots`, :mod:`engines.hf.graphs`); how many
 traces go together (:func:`reasoning_rows`); and the tally of what it decoded (``stats``). May import:
 :mod:`engines.hf.settings`, :mod:`engines.hf.tokens`, :mod:`engines.hf.weights` (the :class:`Model` it is handed),
-:mod:`engines.base`, :mod:`engines.graphs`, :mod:`engines.local`, :mod:`engines.refill`, :mod:`engines.sampling`
+:mod:`engines.base`, :mod:`engines.hf.graphs`, :mod:`engines.local`, :mod:`engines.hf.refill`, :mod:`engines.hf.sampling`
 (the row samplers); torch lazily. Not the readout or sampling parts.
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 
 from engines.base import require
 from engines.batching import cut_runs, length_batches
-from engines.graphs import SlotDecoder, span_of
+from engines.hf.graphs import SlotDecoder, span_of
+from engines.hf.refill import ReasoningStats, Schedule, stacked, unstackable
+from engines.hf.sampling import RowSampler
 from engines.hf.settings import HFSettings
 from engines.hf.weights import Model
 from engines.local import ThinkRequest
-from engines.refill import ReasoningStats, Schedule, stacked, unstackable
-from engines.sampling import RowSampler
 
 REASONING_ROWS = 1024
 """Most traces reasoned together on a GPU (vLLM's default number of sequences is of this order)."""
@@ -80,7 +80,7 @@ class _Traces:
 
 
 class _Slots:
-    """Which trace holds which of the slots of a :class:`engines.graphs.SlotDecoder`, and each slot's last token and
+    """Which trace holds which of the slots of a :class:`engines.hf.graphs.SlotDecoder`, and each slot's last token and
     length (the inputs of the next step)."""
 
     def __init__(self, rows: int) -> None:
@@ -105,7 +105,7 @@ class _Slots:
 
     def keep(self, going: list[int], dec: SlotDecoder, waiting: bool) -> None:
         """Only the live traces at ``going`` go on; when none waits and they fill at most half the slots, they move
-        to the front and the decoder shrinks (:meth:`engines.graphs.SlotDecoder.shrink`)."""
+        to the front and the decoder shrinks (:meth:`engines.hf.graphs.SlotDecoder.shrink`)."""
         self.live = [self.live[k] for k in going]
         if self.live and not waiting and len(self.live) <= dec.size // 2:  # the last traces: fewer slots
             moved = [self.slot_of[i] for i in self.live]
@@ -137,7 +137,7 @@ class Reasoner:
         """``(trial, trace)`` for each trial of ``request`` as its trace ends: greedy, or (``think_temperature`` >
         0) sampled with top-p / top-k, each trial from its own seeded generator.
 
-        Refilled (:mod:`engines.refill`) where the model's cache can be stacked, else in fixed length buckets;
+        Refilled (:mod:`engines.hf.refill`) where the model's cache can be stacked, else in fixed length buckets;
         the run's tally goes to ``stats``.
         """
         torch = require("torch", "hf")
@@ -157,7 +157,7 @@ class Reasoner:
 
     def refills(self) -> bool:
         """Whether think mode refills finished rows: asked for (``reasoning_refill``) and the model's cache made of
-        plain attention layers (:func:`engines.refill.unstackable`; a Mamba hybrid reasons in buckets)."""
+        plain attention layers (:func:`engines.hf.refill.unstackable`; a Mamba hybrid reasons in buckets)."""
         if not self.settings.reasoning_refill:
             return False
         return unstackable(self.lm.config) is None
@@ -182,7 +182,7 @@ class Reasoner:
         )
 
     def capture_mode(self) -> str | None:
-        """How slot steps are recorded (:class:`engines.graphs.SlotDecoder`): ``cuda`` on one GPU, else None (a
+        """How slot steps are recorded (:class:`engines.hf.graphs.SlotDecoder`): ``cuda`` on one GPU, else None (a
         CPU's or a split model's steps run unrecorded; tests ask for ``fx`` by patching this)."""
         return "cuda" if self.lm.device.type == "cuda" and not self.lm.is_split() else None
 
@@ -229,11 +229,11 @@ class Reasoner:
 
     def decode_refilled(self, job: Generation, stats: ReasoningStats) -> Decoded:
         """``(index, tokens)`` for each of the job's prompts as its generation ends, a finished row given to the
-        next waiting prompt (:mod:`engines.refill`): think mode's reasoning, and its draws.
+        next waiting prompt (:mod:`engines.hf.refill`): think mode's reasoning, and its draws.
 
         Prompts are admitted in order; an admitted group is prefilled on its own (:meth:`_prefilled`), its first
         tokens drawn from that prefill by ``job.sampler_of(indices)``, and its cache
-        stacked under the rows that go on (:func:`engines.refill.stacked`).
+        stacked under the rows that go on (:func:`engines.hf.refill.stacked`).
         """
         torch = require("torch", "hf")
         prompts, sampler_of, budget = job.prompts, job.sampler_of, job.budget
@@ -300,7 +300,7 @@ class Reasoner:
 
     def decode_slots(self, job: Generation, stats: ReasoningStats) -> Decoded:
         """What :meth:`decode_refilled` yields, in the same schedule, decoded in ``job.rows`` slots of fixed shape
-        (:mod:`engines.graphs`), each step recorded in a CUDA graph where :meth:`capture_mode` says so.
+        (:mod:`engines.hf.graphs`), each step recorded in a CUDA graph where :meth:`capture_mode` says so.
 
         A trace keeps its slot from admission to its end (or until the last traces move to the front:
         :meth:`_Slots.keep`); admitted traces are prefilled as in :meth:`decode_refilled` and copied into the free

@@ -1,7 +1,7 @@
 """The Transformers engine's settings (:class:`HFSettings`) and its own ``--hf-*`` flags.
 
 Owns: the settings dataclass (each field its flag, :mod:`engines.flags`), the allowed values of its choices, and
-:func:`add_arguments`. May import: :mod:`engines.base`, :mod:`engines.flags`, :mod:`engines.placement` (the device
+:func:`add_arguments`. May import: :mod:`engines.base`, :mod:`engines.flags`, :mod:`engines.hf.placement` (the device
 argument's check); nothing else of :mod:`engines.hf`, and no heavy library.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from engines.base import EngineSettings, check_frame, check_reasoning
 from engines.flags import NO_FLAG, add_flags, flag
-from engines.placement import check_device_arg
+from engines.hf.placement import check_device_arg
 from probe.layers import parse_layers
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -41,7 +41,7 @@ class HFSettings(EngineSettings):
     """Where the model runs: auto (one GPU if torch sees one, else the CPU), cpu, cuda, cuda:N, or split (one model
     over every visible GPU).
 
-    auto is an error where a GPU is there but torch cannot use it; :mod:`engines.placement`."""
+    auto is an error where a GPU is there but torch cannot use it; :mod:`engines.hf.placement`."""
     offload: bool = False
     """Accept weights that do not fit the GPU being placed on the CPU or disk (default: refuse, naming the memory;
     far slower)."""
@@ -110,7 +110,7 @@ class HFSettings(EngineSettings):
             "finished row to the next trial (docs/speed.md, 'Think mode')",
         ),
     )
-    """Think mode: a row whose trace ended is given to the next waiting trial (:mod:`engines.refill`), so
+    """Think mode: a row whose trace ended is given to the next waiting trial (:mod:`engines.hf.refill`), so
     reasoning costs about total tokens / rows + the longest trace in steps; the same for think mode's draws
     (reasoning, then the answer). False: fixed length buckets, each to its longest trace, and draws on the
     sample paths. Speed only in float32; outside it the schedule enters the run key (docs/gpu.md)."""
@@ -132,11 +132,11 @@ class HFSettings(EngineSettings):
     A bfloat16 think-mode run's tokens depend on which traces share a step, so set it to make such a run
     reproducible across machines with other free memory."""
     decode_graphs: str = field(default="auto", metadata=flag(name="hf-decode-graphs", choices=DECODE_GRAPHS))
-    """Think mode's refilled decoding in steps of fixed shape (slots, :mod:`engines.graphs`), each recorded in a
+    """Think mode's refilled decoding in steps of fixed shape (slots, :mod:`engines.hf.graphs`), each recorded in a
     CUDA graph on a GPU, so a step costs one launch instead of one per kernel.
 
     on: slots, recorded on one GPU (on a CPU or a split model the same steps run unrecorded); off: the refilled
-    stack (:mod:`engines.refill`); auto: off until a device check has measured graphs on a GPU (docs/gpu.md).
+    stack (:mod:`engines.hf.refill`); auto: off until a device check has measured graphs on a GPU (docs/gpu.md).
     Attention-only models (a Mamba hybrid reasons in buckets). Speed only in float32; outside it the schedule
     (``slots``) enters the run key."""
 

@@ -6,7 +6,7 @@ from one load), and :class:`Model`, what one engine's settings make of them: the
 (:func:`math_attention`), left padding, and the forwards (last position, token tree) with their log-probs (a
 readout's normalized in float64, :func:`readout_log_probs`). May import: :mod:`engines.hf.settings`,
 :mod:`engines.hf.tokens`, :mod:`engines.base`, :mod:`engines.local` (the manifest's folder record),
-:mod:`engines.placement`, :mod:`probe`; torch and transformers lazily.
+:mod:`engines.hf.placement`, :mod:`probe`; torch and transformers lazily.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import require
+from engines.hf.placement import TorchCuda, check_offload, nvidia_driver, place
 from engines.hf.settings import HFSettings
 from engines.hf.tokens import TokenTree, tree_mask
 from engines.local import folder_info
-from engines.placement import TorchCuda, check_offload, nvidia_driver, place
 from probe.errors import ModelError
 from probe.models import resolve_model
 
@@ -126,14 +126,14 @@ class Weights:
     path: str | None = None
     """The model folder it was loaded from (None: a model handed in)."""
     placement: str = "given"
-    """How it was placed (:func:`engines.placement.place`); given: placed by the caller that handed it in."""
+    """How it was placed (:func:`engines.hf.placement.place`); given: placed by the caller that handed it in."""
     experts: str | None = None
     """The experts implementation it loaded with (:func:`model_experts`; None: no switchable experts). Kept here
     because engines sharing the model switch it per phase (:meth:`Model.call`)."""
 
 
 def load_weights(s: HFSettings) -> Weights:
-    """Tokenizer and model of ``s.model``, placed (``s.device``, :func:`engines.placement.place`) and in the
+    """Tokenizer and model of ``s.model``, placed (``s.device``, :func:`engines.hf.placement.place`) and in the
     settings' dtype."""
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
@@ -361,7 +361,7 @@ class Model:
         """float32 log-probs at the nodes ``keep`` of a packed token tree, in one forward pass (:meth:`tree_logits`).
 
         With ``use_cache`` it returns ``(log-probs, cache)``: the cache holds every node's keys and values (one
-        row, in node order), which :func:`engines.sampling.gather_tree_cache` turns into one row per prompt.
+        row, in node order), which :func:`engines.hf.sampling.gather_tree_cache` turns into one row per prompt.
         """
         torch = require("torch", "hf")
         logits, cache = self.tree_logits(tree, keep, use_cache=use_cache)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines.api_journal import JOURNAL, CallRecord, quarantine_path, quarantined_count, scan_lines
+from engines.api.journal import JOURNAL, CallRecord, quarantine_path, quarantined_count, scan_lines
 from probe.files import link_problem
 from probe.lock import LOCK_FILE, RunLock
 from probe.shards import find_shards

@@ -61,7 +61,7 @@ def attention_flops(config: Any, depth: int) -> float:
 
 def workload_need(config: Any, seqs: Sequence[Sequence[int]]) -> Need:
     """Unique tokens and FLOPs of reading the next-token distribution after each of ``seqs``."""
-    from engines.hf import pack_tree
+    from engines.hf.tokens import pack_tree
 
     tree = pack_tree(seqs)
     per_token = linear_flops_per_token(config)

@@ -264,8 +264,8 @@ def report_head(
         "engine_files": _blobs(
             (
                 *sorted(f"engines/hf/{p.name}" for p in (ROOT / "engines/hf").glob("*.py")),
-                "engines/sampling.py",
-                "engines/vllm.py",
+                "engines/hf/sampling.py",
+                "engines/vllm/engine.py",
                 "probe/parse.py",
             )
         ),

@@ -228,7 +228,7 @@ def time_sampling(
     """Time sampling through probe's vLLM engine and through vLLM's own generate: out["sampling"][peer]."""
     import vllm
 
-    from engines.vllm import step_batches
+    from engines.batching import step_batches
     from scripts.bench.sampling import binary_trials
 
     sp, repeats, llm = plan["sampling"], plan["repeats"], engine.llm

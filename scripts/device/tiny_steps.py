@@ -127,7 +127,7 @@ def graphs_logprobs(base: Any, model: str, device: str, emit: Callable[[dict[str
     slots: nothing to check."""
     import torch
 
-    from engines.graphs import span_of
+    from engines.hf.graphs import span_of
 
     thinker = base.variant(think=True, think_budget=160, think_temperature=1.0, batch_size=4)
     if thinker.reasoner.schedule() == "buckets":

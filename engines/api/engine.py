@@ -13,14 +13,14 @@ The engine implements ``sample()`` only: APIs expose no answer-slot logits.
 Each (trial, draw) is one call; the reply is parsed by the parser every
 engine shares (:mod:`probe.parse`); refusals and unparseable answers are
 data and are never retried. Only transport failures are retried
-(:mod:`engines.api_limits`), under an adaptive concurrency limit per
+(:mod:`engines.api.retry`), under an adaptive concurrency limit per
 (provider, model). Every response is journaled durably as it arrives
-(:mod:`engines.api_journal`), so a killed run resumes without repeating a
-paid call. Usage and cost are kept per call (:mod:`engines.api_pricing`);
+(:mod:`engines.api.journal`), so a killed run resumes without repeating a
+paid call. Usage and cost are kept per call (:mod:`engines.api.pricing`);
 ``--max-cost`` stops cleanly at a budget and ``--dry-run`` prints the
 calls and their estimated cost before spending anything. ``--batch-api``
 sends single-turn trials through the providers' batch interfaces
-(:mod:`engines.api_batch`).
+(:mod:`engines.api.batch`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engines.api_batch import BatchClient, run_batches
-from engines.api_journal import (
+from engines.api.batch import BatchClient, run_batches
+from engines.api.journal import (
     BATCHES,
     JOURNAL,
     STATS,
@@ -50,12 +50,12 @@ from engines.api_journal import (
     quarantine_message,
     quarantined_count,
 )
-from engines.api_limits import RetryPolicy
-from engines.api_online import Budget, BudgetExhausted, OnlineCalls, _Progress
-from engines.api_pricing import Price, PriceTable, Usage, estimate_prompt_tokens
-from engines.api_providers import Reply, TransportError, anthropic_body, openai_body, parse_reply
-from engines.api_settings import EFFORTS, LOCAL_HOSTS, ApiSettings, ModelSpec, parse_model_spec
-from engines.api_transport import ClientFactory, Transport, TransportGaveUp
+from engines.api.online import Budget, BudgetExhausted, OnlineCalls, Progress
+from engines.api.pricing import Price, PriceTable, Usage, estimate_prompt_tokens
+from engines.api.providers import Reply, TransportError, anthropic_body, openai_body, parse_reply
+from engines.api.retry import RetryPolicy
+from engines.api.settings import ApiSettings, parse_model_spec
+from engines.api.transport import ClientFactory, Transport
 from engines.base import Draws, Engine, ProgressFn, draw_seed, recorded_settings
 from engines.flags import add_flags, settings_from_flags
 from probe.files import atomic_write_text
@@ -63,26 +63,6 @@ from probe.parse import parse_answer, split_reasoning
 from probe.record import Plan
 from probe.store import chunk_bounds
 from probe.types import Sample, Trial
-
-__all__ = [
-    "EFFORTS",
-    "LOCAL_HOSTS",
-    "OWN_FLAGS",
-    "ApiEngine",
-    "ApiSettings",
-    "BudgetExhausted",
-    "Draw",
-    "ModelSpec",
-    "TransportGaveUp",
-    "add_arguments",
-    "call_seed",
-    "chat_body",
-    "from_args",
-    "parse_model_spec",
-    "request_identity",
-    "settings_from_model",
-]
-
 
 # ------------------------------------------------------------------- CLI
 OWN_FLAGS = (
@@ -450,7 +430,7 @@ class ApiEngine(Engine):
         temperature = float(draws.temperature)
         pairs = [(t, d) for t in trials for d in range(n)]
         todo = [(t, d) for t, d in pairs if (t.trial_id, d, temperature) not in self._journal]
-        prog = _Progress(len(pairs), len(pairs) - len(todo), self.spent(), progress, self._log)
+        prog = Progress(len(pairs), len(pairs) - len(todo), self.spent(), progress, self._log)
         prog.priced = self._price is not None
         if progress and prog.resumed:
             progress(prog.resumed)
@@ -462,7 +442,7 @@ class ApiEngine(Engine):
             self._write_stats()
         return [self._sample_of(t, d, temperature, draws.stop_at_answer) for t, d in pairs]
 
-    def _call(self, todo: list[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
+    def _call(self, todo: list[tuple[Trial, int]], temperature: float, prog: Progress) -> None:
         """Batch what may be batched (single-turn trials, with --batch-api); call the rest directly."""
         if self.settings.batch:
             single = [(t, d) for t, d in todo if sum(m.role != "system" for m in t.messages) == 1]
@@ -495,8 +475,8 @@ class ApiEngine(Engine):
             truncated=rec.finish in ("length", "max_tokens"),  # OpenAI's and Anthropic's word for the token cap
         )
 
-    def _run_online(self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: _Progress) -> None:
-        """Call ``todo`` directly, concurrently, within the budget (:class:`engines.api_online.OnlineCalls`)."""
+    def _run_online(self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: Progress) -> None:
+        """Call ``todo`` directly, concurrently, within the budget (:class:`engines.api.online.OnlineCalls`)."""
         var, _ = self.settings.key_env()
         OnlineCalls(
             self.transport,
@@ -513,7 +493,7 @@ class ApiEngine(Engine):
         ).run(todo, temperature)
 
     def _run_batch(
-        self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: _Progress
+        self, todo: Sequence[tuple[Trial, int]], temperature: float, prog: Progress
     ) -> list[tuple[Trial, int]]:
         """Send ``todo`` through the batch interface; returns the pairs to call directly (transient failures)."""
         if self._batch_log is None:

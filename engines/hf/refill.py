@@ -162,7 +162,7 @@ class Schedule:
 
 def stacked(parts: Sequence[tuple[Any, Any, Any]], reserve: int, config: Any) -> tuple[Any, Any]:
     """One cache of the rows ``rows`` of each ``(cache, mask, rows)`` part, stacked in order, as
-    :func:`engines.sampling.reserve_cache` layers with room for ``reserve`` more tokens, and its mask.
+    :func:`engines.hf.sampling.reserve_cache` layers with room for ``reserve`` more tokens, and its mask.
 
     Parts narrower than the widest are padded on the left (zero keys and values, mask 0); then the columns that
     no kept row uses (mask 0 in every row, on the left) are cut. ``rows`` None keeps every row of that part.
@@ -171,7 +171,7 @@ def stacked(parts: Sequence[tuple[Any, Any, Any]], reserve: int, config: Any) ->
     """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
-    from engines.sampling import reserved_layer_class
+    from engines.hf.sampling import reserved_layer_class
 
     masks = []
     picks = []

@@ -29,9 +29,9 @@ Design notes (why it is shaped like this):
   engine object with the same construction arguments.
 
 The parts, each its own module, composed by :class:`VLLMEngine`: the settings and the ``LLM`` arguments they
-become (:mod:`engines.vllm_settings`), vLLM's life in this process (:mod:`engines.vllm_process`), the requests and
-the rounds that read a trie (:mod:`engines.vllm_requests`), and the data-parallel replicas
-(:mod:`engines.vllm_replicas`). Their public names are importable from here too.
+become (:mod:`engines.vllm.settings`), vLLM's life in this process (:mod:`engines.vllm.process`), the requests and
+the rounds that read a trie (:mod:`engines.vllm.requests`), and the data-parallel replicas
+(:mod:`engines.vllm.replicas`). Their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -45,102 +45,38 @@ from typing import Any
 
 from engines import LOADING
 from engines.base import Draws, ProgressFn, recorded_settings, require
-from engines.batching import split_even, step_batches
+from engines.batching import step_batches
 from engines.flags import add_flags, flagged, settings_from_flags
 from engines.local import LocalEngine, Prepared, ThinkRequest, folder_info, reasoning_sampling, slot_readout, top_others
 from engines.trie import Prefix, Trie, build_trie
-from engines.vllm_process import (
-    START_INTERRUPT_GRACE_S,
-    _has_field,
+from engines.vllm.process import (
+    has_field,
     _hub_commit,
     _ram,
-    _vllm_device,
+    vllm_device,
     _vllm_version,
-    free_device_memory,
-    interruptible_start,
-    release_shared_llm,
     shared_llm,
-    stdout_to_stderr,
 )
-from engines.vllm_replicas import _DPPool, dp_env
-from engines.vllm_requests import (
-    MAX_TOKEN_IDS,
+from engines.vllm.replicas import DPPool
+from engines.vllm.requests import (
     Kind,
-    SlotQuery,
     VLLMReadoutError,
-    _by_kind,
     generated_ids,
-    node_queries,
-    position_logprobs,
     read_nodes,
     sample_params,
-    sampled_token,
-    slot_params,
     think_params,
 )
-from engines.vllm_settings import (
-    CPU_KV_CACHE_GIB,
-    DTYPES,
-    GIB,
-    LOGPROB_REQUESTS,
-    MAMBA_DTYPES,
+from engines.vllm.settings import (
     VLLMSettings,
     VLLMStartError,
     check_cpu_memory,
     check_engine_kwargs,
     llm_kwargs,
-    memory_kwargs,
     start_hint,
 )
 from probe.errors import ModelError
 from probe.models import resolve_model
 from probe.types import Readout, Sample, Trial
-
-__all__ = [
-    "CPU_KV_CACHE_GIB",
-    "DTYPES",
-    "GIB",
-    "GPU_CHUNK",
-    "LOGPROB_REQUESTS",
-    "MAMBA_DTYPES",
-    "MAX_SAMPLING_TEMPERATURE",
-    "MAX_TOKEN_IDS",
-    "REPLY_ROWS",
-    "START_INTERRUPT_GRACE_S",
-    "Kind",
-    "SlotQuery",
-    "VLLMEngine",
-    "VLLMReadoutError",
-    "VLLMSettings",
-    "VLLMStartError",
-    "_by_kind",
-    "_has_field",
-    "_vllm_device",
-    "add_arguments",
-    "check_cpu_memory",
-    "check_engine_kwargs",
-    "dp_env",
-    "free_device_memory",
-    "from_args",
-    "generated_ids",
-    "interruptible_start",
-    "llm_kwargs",
-    "memory_kwargs",
-    "node_queries",
-    "position_logprobs",
-    "release_shared_llm",
-    "sample_params",
-    "sampled_token",
-    "settings_from_args",
-    "shared_llm",
-    "slot_params",
-    "split_even",
-    "start_hint",
-    "stdout_to_stderr",
-    "step_batches",
-    "strip_scheme",
-    "think_params",
-]
 
 MAX_SAMPLING_TEMPERATURE = 2.0
 """vLLM refuses a higher sampling temperature."""
@@ -207,7 +143,7 @@ class VLLMEngine(LocalEngine):
         self._params = params
         self._token_ids_supported = token_ids_supported
         self._path = model_path
-        self._pool: _DPPool | None = None
+        self._pool: DPPool | None = None
         self._replica_factory = replica_factory
         self._generation_eos: Any = None
         self.device = "cuda"
@@ -241,12 +177,12 @@ class VLLMEngine(LocalEngine):
         if s.data_parallel_size > 1:
             if self._pool is None:
                 one = replace(s, data_parallel_size=1)
-                self._pool = _DPPool(one, s.data_parallel_size, self._path, self._replica_factory or VLLMEngine)
+                self._pool = DPPool(one, s.data_parallel_size, self._path, self._replica_factory or VLLMEngine)
             return self
         if self._llm is None:
             os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is probe's (--json)
             vllm = require("vllm", "vllm")
-            self.device = _vllm_device()
+            self.device = vllm_device()
             supported = {f.name for f in fields(vllm.EngineArgs)}
             kw = llm_kwargs(s, self._path, self.device)
             kw = check_engine_kwargs(kw, supported, getattr(vllm, "__version__", "?"))
@@ -260,7 +196,7 @@ class VLLMEngine(LocalEngine):
             vllm = require("vllm", "vllm")
             self._params = vllm.SamplingParams
         if self._token_ids_supported is None:
-            self._token_ids_supported = _has_field(self._params, "logprob_token_ids")
+            self._token_ids_supported = has_field(self._params, "logprob_token_ids")
         return self
 
     def _read_generation_eos(self) -> Any:
@@ -292,7 +228,7 @@ class VLLMEngine(LocalEngine):
             self.load()
         return self._llm
 
-    def _replicas(self) -> _DPPool:
+    def _replicas(self) -> DPPool:
         self.load()
         assert self._pool is not None
         return self._pool
@@ -317,7 +253,7 @@ class VLLMEngine(LocalEngine):
     def default_chunk_size(self) -> int:
         """Trials per committed chunk when ``--chunk-size`` is not given: on a GPU enough to fill vLLM's batch
         (each chunk is three rounds of ``generate`` with a barrier between them), on a CPU the runner's 256."""
-        return GPU_CHUNK if _vllm_device() == "cuda" else 256
+        return GPU_CHUNK if vllm_device() == "cuda" else 256
 
     def reading_alone(self) -> VLLMEngine:
         """The reference reader of the numeric floor: this engine, each trial sent in a call of its own."""

@@ -3,11 +3,11 @@ retries and the run folder's lock, held by :class:`engines.api.ApiEngine` and :c
 alike (each holds a :class:`Transport`; neither reaches into the other).
 
 One call per endpoint, each with its typed reply: :meth:`Transport.chat` (Chat Completions, or Anthropic's
-Messages API) returns a :class:`~engines.api_providers.Reply`; :meth:`Transport.completion` (``/v1/completions``)
+Messages API) returns a :class:`~engines.api.providers.Reply`; :meth:`Transport.completion` (``/v1/completions``)
 returns the response body, which :mod:`engines.server` reads as its own typed reply. A reply is never dressed up
 as another endpoint's.
 
-Retries: :meth:`Transport.guard` runs a call with the transport retries of :class:`~engines.api_limits.RetryPolicy`
+Retries: :meth:`Transport.guard` runs a call with the transport retries of :class:`~engines.api.retry.RetryPolicy`
 (a transport failure is sent again after a jittered delay, a rejected request stops the run); the API engine's
 draws run their own loop over the same policy (:meth:`delay`, :meth:`sleep`), since they also keep a budget and
 count refusals. Failures that outlived every retry are counted in :attr:`unrecovered` (the run's stats).
@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from engines.api_journal import LOCK
-from engines.api_limits import AdaptiveLimiter, RetryPolicy, shared_limiter
-from engines.api_providers import Reply, TransportError, classify, parse_reply
+from engines.api.journal import LOCK
+from engines.api.providers import Reply, TransportError, classify, parse_reply
+from engines.api.retry import AdaptiveLimiter, RetryPolicy, shared_limiter
 from engines.base import require
 from probe.errors import ProbeError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engines.api_settings import ApiSettings
+from engines.api.settings import ApiSettings
 from engines.flags import NO_FLAG, flag
 
 MODES = ("auto", "token_ids", "prompt_logprobs", "top_logprobs")

@@ -176,7 +176,7 @@ def llm_kwargs(
     s: VLLMSettings, path: str, device: str = "cuda", env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for these settings on ``device`` (data parallelism is ours: see
-    :class:`_DPPool`).
+    :class:`DPPool`).
 
     Options left at vLLM's default are not passed unless they matter for the
     values (``logprobs_mode``), so older vLLM versions accept the rest.

@@ -24,7 +24,7 @@ addresses, and nothing else:
 The same step runs unrecorded on a CPU and wherever capture is off, so the tests of the CPU run the code a GPU
 records; capture adds only :meth:`SlotDecoder._capture`, proven by the device check (``scripts/device_check.py``).
 
-Numerics. Which traces share a step is the refilled schedule's (:class:`engines.refill.Schedule`). In float32 a
+Numerics. Which traces share a step is the refilled schedule's (:class:`engines.hf.refill.Schedule`). In float32 a
 trace's tokens are those of the refilled and bucketed paths, up to the rounding of sums over a different number of
 columns (a masked column adds exactly zero). Outside float32 that rounding can change a token, so the schedule name
 (``slots``) enters the run key (:meth:`engines.hf.HFEngine.numerics`).

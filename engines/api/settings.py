@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from engines.api_providers import HOST_KEY_ENV, KEY_ENV, PROVIDERS
+from engines.api.providers import HOST_KEY_ENV, KEY_ENV, PROVIDERS
 from engines.base import EngineSettings, check_frame
 from engines.flags import NO_FLAG, flag
 
@@ -102,7 +102,7 @@ class ApiSettings(EngineSettings):
     dry_run: bool = False
     """Print the calls and their estimated cost, call nothing."""
     prices: str | None = None
-    """Price table YAML (default: engines/data/prices.yaml)."""
+    """Price table YAML (default: engines/api/data/prices.yaml)."""
     batch: bool = field(default=False, metadata=flag(name="batch-api"))
     """Use the provider's batch interface for single-turn trials."""
     batch_poll: float = 30.0

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.api_providers import TransportError
+from engines.api.providers import TransportError
 from engines.local import Prepared, assembled_readout
-from engines.server_replies import SENTINEL, ServerRefused, ServerReply
+from engines.server.replies import SENTINEL, ServerRefused, ServerReply
 from engines.trie import Prefix, Trie
-from engines.vllm_requests import MAX_TOKEN_IDS
+from engines.vllm.requests import MAX_TOKEN_IDS
 from probe.types import Readout, Trial
 
 

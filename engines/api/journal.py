@@ -24,7 +24,7 @@ again only if its chunk has to be recomputed: a committed chunk already
 holds it.
 
 The same append-only file discipline keeps the batch-interface state
-(``results/api-batches.jsonl``, see :mod:`engines.api_batch`).
+(``results/api-batches.jsonl``, see :mod:`engines.api.batch`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engines.api_pricing import Usage
+from engines.api.pricing import Usage
 from probe.errors import StoreError
 from probe.files import atomic_write_bytes, human_bytes
 

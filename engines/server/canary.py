@@ -10,8 +10,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engines.api_transport import Transport
-from engines.server_replies import (
+from engines.api.transport import Transport
+from engines.server.replies import (
     NoLogprobs,
     ServerRefused,
     ServerReply,
@@ -20,8 +20,8 @@ from engines.server_replies import (
     parse_completion,
     public_url,
 )
-from engines.server_requests import completion_body
-from engines.server_settings import EXACT_MODES, MODES, ServerSettings
+from engines.server.requests import completion_body
+from engines.server.settings import EXACT_MODES, MODES, ServerSettings
 
 CANARY_PROMPT = "Is water wet? Answer with Yes or No."
 CANARY_OPTIONS = ("Yes", "No")
@@ -109,7 +109,7 @@ class Canary:
         self, mode: str, body: dict[str, Any], sent: int, reasons: dict[str, str], *, start: int = 0
     ) -> ServerReply | None:
         """One canary request; None (with the reason) where the server rejects the mode's parameters."""
-        from engines.api_providers import ApiRequestError
+        from engines.api.providers import ApiRequestError
 
         try:
             raw = self.transport.guard(lambda: self.transport.completion(body))

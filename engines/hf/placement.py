@@ -188,7 +188,7 @@ def check_offload(device_map: Mapping[str, Any] | None, sizes: Mapping[str, int]
 
 
 def main() -> int:
-    """``python -m engines.placement``: where ``--device auto`` would put a model here, or why it cannot (exit 2).
+    """``python -m engines.hf.placement``: where ``--device auto`` would put a model here, or why it cannot (exit 2).
 
     ``make install`` runs it after installing torch, so a GPU box whose torch cannot use the driver fails at
     install time, with the fix, instead of at the first run.

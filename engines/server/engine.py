@@ -28,10 +28,10 @@ Why it is shaped like this:
   two ways. A server that returns constant, zero, sentinel or missing log probabilities (llama.cpp echoes 0.0;
   some providers -9999) is refused with one line naming what it returned. What was found (the modes, the mode
   used, the server's ``/version``, the URL without credentials) goes into the manifest.
-* **The API engine's transport, held, not inherited.** The engine holds a :class:`engines.api_transport.Transport`
+* **The API engine's transport, held, not inherited.** The engine holds a :class:`engines.api.transport.Transport`
   (the client, the adaptive concurrency limit, transport retries, the run folder's lock); each readout request is
   a typed :class:`Request` whose ``/v1/completions`` reply is read into a typed :class:`ServerReply`, appended,
-  fsync-ed, to ``results/server-journal.jsonl`` (:class:`engines.api_journal.AppendLog`) keyed by the hash of its
+  fsync-ed, to ``results/server-journal.jsonl`` (:class:`engines.api.journal.AppendLog`) keyed by the hash of its
   whole request body, so a killed run resumes without sending an answered request again.
 * **Sampling through the same prompt.** ``sample()`` is an :class:`engines.api.ApiEngine` the server engine holds
   on the same transport (its journal, budget, progress and parsing), asking each draw through this module
@@ -40,10 +40,10 @@ Why it is shaped like this:
   decoded from the generated ids), so readout and sampled behaviour come from one prompt and one endpoint, and
   the readout temperature calibration of local runs applies.
 
-The parts, each its own module, composed by :class:`ServerEngine`: the settings (:mod:`engines.server_settings`),
-the replies and their checks (:mod:`engines.server_replies`), the requests of a readout and what their replies add
-up to (:mod:`engines.server_requests`), the canary (:mod:`engines.server_canary`) and the readout journal
-(:mod:`engines.server_journal`). Their public names are importable from here too.
+The parts, each its own module, composed by :class:`ServerEngine`: the settings (:mod:`engines.server.settings`),
+the replies and their checks (:mod:`engines.server.replies`), the requests of a readout and what their replies add
+up to (:mod:`engines.server.requests`), the canary (:mod:`engines.server.canary`) and the readout journal
+(:mod:`engines.server.journal`). Their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -56,12 +56,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engines.api import ApiEngine, ApiSettings, Draw, parse_model_spec, request_identity
+from engines.api import ApiEngine, ApiSettings, parse_model_spec, request_identity
 from engines.api import from_args as api_from_args
-from engines.api_limits import RetryPolicy
-from engines.api_pricing import Usage
-from engines.api_providers import Reply
-from engines.api_transport import ClientFactory, Transport
+from engines.api.engine import Draw
+from engines.api.pricing import Usage
+from engines.api.providers import Reply
+from engines.api.retry import RetryPolicy
+from engines.api.transport import ClientFactory, Transport
 from engines.base import RAW_SAMPLING, Draws, Engine, ProgressFn, draw_seed, reasoning_record, require
 from engines.flags import add_flags, settings_from_flags
 from engines.local import (
@@ -75,66 +76,28 @@ from engines.local import (
     with_stop,
 )
 from engines.render import plain_cut
-from engines.server_canary import CANARY_OPTIONS, CANARY_PROMPT, Canary
-from engines.server_journal import JOURNAL, ReadoutJournal
-from engines.server_replies import (
-    SENTINEL,
+from engines.server.canary import CANARY_OPTIONS, CANARY_PROMPT, Canary
+from engines.server.journal import ReadoutJournal
+from engines.server.replies import (
     NoLogprobs,
     ServerRefused,
     ServerReply,
-    body_key,
     check_prompt_count,
-    check_values,
     parse_completion,
     public_url,
-    token_id,
 )
-from engines.server_requests import (
-    MAX_TOKEN_IDS,
+from engines.server.requests import (
     Conditionals,
     Request,
     bounded_readout,
     by_kind,
-    check_top_k,
     completion_body,
     node_requests,
 )
-from engines.server_settings import EXACT_MODES, MODES, ServerSettings
+from engines.server.settings import ServerSettings
 from engines.trie import Trie, build_trie
 from probe.errors import ModelError
 from probe.types import Message, Readout, Sample, Trial
-
-__all__ = [
-    "CANARY_OPTIONS",
-    "CANARY_PROMPT",
-    "EXACT_MODES",
-    "JOURNAL",
-    "MAX_TOKEN_IDS",
-    "MODES",
-    "SENTINEL",
-    "Conditionals",
-    "NoLogprobs",
-    "Request",
-    "ServerEngine",
-    "ServerRefused",
-    "ServerReply",
-    "ServerSettings",
-    "add_arguments",
-    "body_key",
-    "bounded_readout",
-    "by_kind",
-    "check_prompt_count",
-    "check_top_k",
-    "check_values",
-    "completion_body",
-    "from_args",
-    "node_requests",
-    "parse_completion",
-    "public_url",
-    "reasoning_sampling",
-    "settings_from_args",
-    "token_id",
-]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -167,7 +130,7 @@ def from_args(model: str, a: argparse.Namespace) -> Any:
 class ServerEngine(RendersLocally, Engine):
     """Answer-slot readouts and samples through an OpenAI-compatible server; see the module docstring.
 
-    It holds its :class:`~engines.api_transport.Transport` and, for sampling, an :class:`~engines.api.ApiEngine`
+    It holds its :class:`~engines.api.transport.Transport` and, for sampling, an :class:`~engines.api.ApiEngine`
     on that transport (:attr:`sampler`) whose draws it asks itself. ``tokenizer`` and ``client_factory`` can be
     injected (tests).
     """

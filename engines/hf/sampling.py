@@ -176,7 +176,7 @@ def gather_tree_cache(
     for r, p in enumerate(flat_paths):
         index[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[r, width - len(p) :] = 1
-    groups = _Groups(mask.to(dev), repeats, len(caches[0].layers)) if grouped else None
+    groups = Groups(mask.to(dev), repeats, len(caches[0].layers)) if grouped else None
     index = index if grouped else index.repeat_interleave(repeats, dim=0)
     mask = mask.repeat_interleave(repeats, dim=0).to(dev)
     flat = OnDevice(index.reshape(-1))  # a split model's layers live on several devices: one copy per device
@@ -266,7 +266,7 @@ class RowSampler:
             self._gens = [self._gens[r] for r in rows]
 
     def extend(self, other: RowSampler) -> None:
-        """Add ``other``'s rows after these (a refill admitting trials: :mod:`engines.refill`); each row keeps its
+        """Add ``other``'s rows after these (a refill admitting trials: :mod:`engines.hf.refill`); each row keeps its
         own generator, so what a row draws does not depend on which rows it shares a step with."""
         self._gens = self._gens + other._gens
 
@@ -287,7 +287,7 @@ GROUPED_ATTENTION = "probe_grouped"
 _pending = threading.local()
 
 
-class _Groups:
+class Groups:
     """What the layers of one grouped cache share: which prompt and draw slot each live row is, and the step masks."""
 
     def __init__(self, prompt_mask: Any, n: int, n_layers: int) -> None:
@@ -373,7 +373,7 @@ def shared_prompt_layer_class() -> type:
         (a prompt whose draws have all ended leaves the buffers).
         """
 
-        def __init__(self, keys: Any, values: Any, groups: _Groups, reserve: int, layer_idx: int) -> None:
+        def __init__(self, keys: Any, values: Any, groups: Groups, reserve: int, layer_idx: int) -> None:
             width = keys.shape[-2]
             # zeros, not empty: a column not yet written is masked, but NaN garbage would survive the mask
             super().__init__(keys, values, width + groups.n * reserve, zeros=True)
@@ -432,7 +432,7 @@ def group_cache(cache: Any, prompt_mask: Any, n: int, reserve: int) -> Any:
     attention = [i for i, layer in enumerate(cache.layers) if isinstance(layer, cache_utils.DynamicLayer)]
     if not attention or any(type(cache.layers[i]) is not cache_utils.DynamicLayer for i in attention):
         return None
-    groups = _Groups(prompt_mask, n, len(attention))
+    groups = Groups(prompt_mask, n, len(attention))
     cls = shared_prompt_layer_class()
     idx = torch.arange(prompt_mask.shape[0], device=prompt_mask.device).repeat_interleave(n)
     for i, layer in enumerate(cache.layers):

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from engines.api_providers import TransportError
+from engines.api.providers import TransportError
 from probe.errors import ProbeError
 
 SENTINEL = -9999.0

@@ -71,42 +71,15 @@ from typing import Any
 import numpy as np
 
 from engines.base import Draws, Engine, ProgressFn
-from engines.sim_params import (
-    THETA_SIGNS,
-    CuePlant,
-    InfluencePlant,
-    LayerPlant,
-    RefusalRule,
+from engines.sim.noise import draw_uniforms, normal, uniform
+from engines.sim.params import (
     SimParams,
     SimParamsError,
     load_params,
 )
-from engines.sim_random import _digest, _draw_uniforms, _normal, _uniform
 from probe.layers import parse_layers
 from probe.parse import Parsed, parse_answer
 from probe.types import LayerReadout, OptionScore, Readout, Sample, Trial
-
-__all__ = [
-    "NONCOMMIT_TEXT",
-    "REFUSAL_TEXT",
-    "THETA_SIGNS",
-    "CuePlant",
-    "InfluencePlant",
-    "LayerPlant",
-    "RefusalRule",
-    "SimEngine",
-    "SimParams",
-    "SimParamsError",
-    "_digest",
-    "_draw_uniforms",
-    "_normal",
-    "_uniform",
-    "add_arguments",
-    "count_tokens",
-    "from_args",
-    "graded_logits",
-    "load_params",
-]
 
 _MU_LIMIT = 0.99
 """Graded centres are clipped to [-0.99, 0.99] (a mean at the scale's end needs an infinite tilt)."""
@@ -255,7 +228,7 @@ class SimEngine(Engine):
     def _ctx(self, t: Trial) -> float:
         """Per-context noise: every context (salt string, the empty one included) is one draw."""
         p = self.params
-        return p.sigma_salt * _normal(p.seed, "ctx", *_form_key(t), t.salt) if p.sigma_salt else 0.0
+        return p.sigma_salt * normal(p.seed, "ctx", *_form_key(t), t.salt) if p.sigma_salt else 0.0
 
     def binary_pull(self, t: Trial) -> float:
         """The planted offset toward the CBR option of a forced-binary trial (sum of m_c * sgn_c)."""
@@ -283,7 +256,7 @@ class SimEngine(Engine):
         """The readout logit of CBR minus anti for a two-option trial."""
         p = self.params
         theta = p.item_theta(t.item_id)
-        scatter = p.sigma_binary * _normal(p.seed, "form", *_form_key(t)) if p.sigma_binary else 0.0
+        scatter = p.sigma_binary * normal(p.seed, "form", *_form_key(t)) if p.sigma_binary else 0.0
         if inst == "choice":
             pull = p.m_choice_order * (1.0 if t.meaning[0] == "cbr" else -1.0)
             return (theta + pull + scatter + self._ctx(t)) / (p.s_choice or p.s)
@@ -292,12 +265,12 @@ class SimEngine(Engine):
     def anchor_contrast(self, item_id: str) -> float:
         """The planted anchor-direction contrast d of an item (+d ascending, -d descending)."""
         p = self.params
-        return p.sigma_dir * _normal(p.seed, "dir", item_id) if p.sigma_dir else 0.0
+        return p.sigma_dir * normal(p.seed, "dir", item_id) if p.sigma_dir else 0.0
 
     def scale_contrast(self, item_id: str) -> float:
         """The planted scale contrast c of an item (+c on 0-10 and bipolar-5, -c on the finer scales)."""
         p = self.params
-        return p.sigma_scale * _normal(p.seed, "scale", item_id) if p.sigma_scale else 0.0
+        return p.sigma_scale * normal(p.seed, "scale", item_id) if p.sigma_scale else 0.0
 
     def graded_centre(self, t: Trial) -> float:
         """The planted mean stance of a graded trial (clipped to +-0.99)."""
@@ -309,7 +282,7 @@ class SimEngine(Engine):
         mu += d if f.get("anchor") == "ascending" else -d
         mu += c if f.get("scale") in ("0-10", "bipolar-5") else -c
         if p.sigma_form:
-            mu += p.sigma_form * _normal(p.seed, "form", *_form_key(t))
+            mu += p.sigma_form * normal(p.seed, "form", *_form_key(t))
         if _bipolar(t.options):
             mu += p.bipolar_shift
         lim = _MU_LIMIT * max(abs(min(x)), abs(max(x)))
@@ -340,10 +313,10 @@ class SimEngine(Engine):
             half = self.cue_margin(t) / 2
             return np.array([half if m == "benefit" else -half for m in t.meaning])
         # no planted structure: fixed pseudo-random logits
-        return np.array([_normal(self.params.seed, "other", t.trial_id, o) for o in t.options])
+        return np.array([normal(self.params.seed, "other", t.trial_id, o) for o in t.options])
 
     def layer_logits(self, t: Trial, layer: int) -> np.ndarray:
-        """The option logits the readout at ``layer`` reads (:class:`engines.sim_params.LayerPlant`): the stance
+        """The option logits the readout at ``layer`` reads (:class:`engines.sim.params.LayerPlant`): the stance
         terms scaled by the stance ramp, the order pull by the order ramp, the word and logic pulls by the lexical
         ramp; a graded trial's centre by the stance ramp; any other trial's logits by the stance ramp."""
         p, plant = self.params, self.params.layers
@@ -352,7 +325,7 @@ class SimEngine(Engine):
         if inst in ("binary", "choice"):
             self.logits(t)  # the final readout's checks of the trial
             theta = p.item_theta(t.item_id)
-            scatter = p.sigma_binary * _normal(p.seed, "form", *_form_key(t)) if p.sigma_binary else 0.0
+            scatter = p.sigma_binary * normal(p.seed, "form", *_form_key(t)) if p.sigma_binary else 0.0
             stance = (theta + scatter + self._ctx(t)) * r_s
             if inst == "choice":
                 pull = p.m_choice_order * (1.0 if t.meaning[0] == "cbr" else -1.0)
@@ -396,9 +369,9 @@ class SimEngine(Engine):
             scale = {"cue": 1.0, "placebo": 0.0, "negated": plant.negated}.get(variant, 1.0)
             shift = scale * (s_b if direction == "B" else -s_a)
         seed = self.params.seed
-        e = plant.sigma_prompt * _normal(seed, "influence-prompt", t.item_id, pair, f.get("order", ""))
+        e = plant.sigma_prompt * normal(seed, "influence-prompt", t.item_id, pair, f.get("order", ""))
         if plant.sigma_trial:
-            e += plant.sigma_trial * _normal(seed, "influence-trial", *_form_key(t))
+            e += plant.sigma_trial * normal(seed, "influence-trial", *_form_key(t))
         return plant.lean_of(pair) + shift + e + self._ctx(t)
 
     def cue_margin(self, t: Trial) -> float:
@@ -406,7 +379,7 @@ class SimEngine(Engine):
         plant = self.params.cue
         f = t.factors
         seed = self.params.seed
-        neutral_benefit = _uniform(seed, "cue-neutral", t.item_id, f.get("consequences", "")) < plant.neutral_benefit
+        neutral_benefit = uniform(seed, "cue-neutral", t.item_id, f.get("consequences", "")) < plant.neutral_benefit
         if f.get("probe") == "decision":
             chose_benefit = neutral_benefit
         else:
@@ -415,7 +388,7 @@ class SimEngine(Engine):
                 arm += f"-{f['difficulty']}"
             event = "against" if neutral_benefit else "favor"
             rate = plant.answer_rate(event, arm, str(f.get("x_gender", "")), str(f.get("x_race", "")))
-            happens = _uniform(seed, "cue-event", *_form_key(t)) < rate
+            happens = uniform(seed, "cue-event", *_form_key(t)) < rate
             chose_benefit = happens != neutral_benefit  # In-favor: benefit after a Neutral harm; Against: the reverse
         return plant.margin if chose_benefit else -plant.margin
 
@@ -479,7 +452,7 @@ class SimEngine(Engine):
             n_prompt = sum(count_tokens(m.content) for m in t.messages)
             refusal = p.refusal_rate(t)
             for d in range(n):
-                u_refuse, u_commit, u_option = _draw_uniforms(self.seed, t.trial_id, d)
+                u_refuse, u_commit, u_option = draw_uniforms(self.seed, t.trial_id, d)
                 if u_refuse < refusal:
                     text = REFUSAL_TEXT
                 elif inst == "choice" and u_commit < p.noncommit:
@@ -524,7 +497,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The sim's own flags (``--sim-*``)."""
     g = p.add_argument_group("synthetic subject (--model sim)")
     g.add_argument(
-        "--sim-params", default=None, help="YAML file of planted parameters (engines/sim.py SimParams); or sim:PATH"
+        "--sim-params", default=None, help="YAML file of planted parameters (engines/sim/engine.py SimParams); or sim:PATH"
     )
     g.add_argument("--sim-seed", type=int, default=None, help="seed of the planted parameters (overrides the file's)")
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.api_limits import RETRYABLE_STATUS, parse_retry_after
-from engines.api_pricing import Usage
+from engines.api.pricing import Usage
+from engines.api.retry import RETRYABLE_STATUS, parse_retry_after
 from probe.errors import ProbeError
 from probe.types import Message
 

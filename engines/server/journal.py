@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engines.api_journal import AppendLog
-from engines.api_transport import Transport, TransportGaveUp
-from engines.server_replies import ServerReply, body_key, check_prompt_count, parse_completion
-from engines.server_requests import Request, check_top_k
+from engines.api.journal import AppendLog
+from engines.api.transport import Transport, TransportGaveUp
+from engines.server.replies import ServerReply, body_key, check_prompt_count, parse_completion
+from engines.server.requests import Request, check_top_k
 
 JOURNAL = "server-journal.jsonl"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.sim_random import _uniform
+from engines.sim.noise import uniform
 from probe.errors import ProbeError
 from probe.files import read_yaml
 from probe.types import Trial
@@ -403,7 +403,7 @@ class SimParams:
         """The planted stance of an item (given, or drawn deterministically from (seed, item))."""
         if item_id in self.theta:
             return self.theta[item_id]
-        return self.theta_range * (2 * _uniform(self.seed, "theta", item_id) - 1)
+        return self.theta_range * (2 * uniform(self.seed, "theta", item_id) - 1)
 
 
 def load_params(path: str | Path) -> SimParams:

@@ -1,6 +1,6 @@
 """The API engine's direct calls (:mod:`engines.api`): each (trial, draw) of a sample call asked concurrently under
 the adaptive limit, held to the ``--max-cost`` budget, retried on transport failures only, and journaled as it
-lands (:class:`OnlineCalls`); and the progress line of a sample call (:class:`_Progress`).
+lands (:class:`OnlineCalls`); and the progress line of a sample call (:class:`Progress`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from engines.api_journal import CallRecord, Key
-from engines.api_providers import ProviderRefusal, Reply, TransportError, classify
-from engines.api_transport import Transport, TransportGaveUp
+from engines.api.journal import CallRecord, Key
+from engines.api.providers import ProviderRefusal, Reply, TransportError, classify
+from engines.api.transport import Transport, TransportGaveUp
 from engines.base import ProgressFn
 from probe.errors import ProbeError
 from probe.types import Trial
@@ -30,7 +30,7 @@ class BudgetExhausted(ProbeError, ValueError):
 
 
 
-class _Progress:
+class Progress:
     """Calls done / remaining, rate, transport errors by kind, spend; on the run's bar or as log lines."""
 
     def __init__(
@@ -143,7 +143,7 @@ class OnlineCalls:
         budget: Budget,
         key_var: str | None,
         concurrency: int,
-        prog: _Progress,
+        prog: Progress,
         log: Callable[[str], None],
     ) -> None:
         assert transport.limiter is not None

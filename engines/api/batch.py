@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from engines.api_journal import AppendLog, Key
-from engines.api_providers import ApiRequestError
+from engines.api.journal import AppendLog, Key
+from engines.api.providers import ApiRequestError
 
 OPENAI_ACTIVE = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 ANTHROPIC_ACTIVE = frozenset({"in_progress", "canceling"})

@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 from engines.batching import split_even
-from engines.vllm_requests import VLLMReadoutError
-from engines.vllm_settings import VLLMSettings
+from engines.vllm.requests import VLLMReadoutError
+from engines.vllm.settings import VLLMSettings
 from probe.types import Trial
 
 
@@ -67,7 +67,7 @@ def _dp_worker(settings: VLLMSettings, path: str, env: dict[str, str], conn: Any
     conn.close()
 
 
-class _DPPool:
+class DPPool:
     """``size`` engine replicas in spawned processes, each given a contiguous block of every call's trials.
 
     vLLM's ``LLM`` refuses ``data_parallel_size > 1`` in one process; its
