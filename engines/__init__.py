@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from engines.base import THINK_SAMPLING, EngineSettings
+from engines.base import LOADING, THINK_SAMPLING, EngineSettings, LoadingSettings, check_shared
 from engines.flags import add_flags
 
 ENGINE_MODULES: dict[str, str] = {
@@ -116,18 +116,13 @@ class _ThinkPreset(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-LOADING = ("dtype", "device", "batch_size", "max_new_tokens", "seed", "revision", "trust_remote_code")
-"""The fields of the shared loading flags (:func:`add_loading_arguments`), in their order in ``--help``; a backend's
-own flags leave them out."""
-
-
 def add_loading_arguments(g: argparse._ArgumentGroup, *, max_new_tokens: int | None = None) -> None:
     """How a local model is loaded and sampled (dtype, device, batch, seed, revision): shared by subject and judge,
-    from the fields of :class:`engines.hf.HFSettings` (the vLLM engine reads the ones it has); ``max_new_tokens``
-    changes that flag's default (a judge's replies are shorter)."""
-    from engines.hf import HFSettings
-
-    add_flags(g, HFSettings, LOADING, defaults={} if max_new_tokens is None else {"max_new_tokens": max_new_tokens})
+    from the fields of :class:`engines.base.LoadingSettings` (the vLLM engine reads the ones it has);
+    ``max_new_tokens`` changes that flag's default (a judge's replies are shorter)."""
+    add_flags(
+        g, LoadingSettings, LOADING, defaults={} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    )
 
 
 def wants_server_readout(model: str, args: argparse.Namespace) -> bool:
@@ -137,24 +132,24 @@ def wants_server_readout(model: str, args: argparse.Namespace) -> bool:
 
 
 def make_engine(args: argparse.Namespace) -> Any:
-    """Build the engine the arguments ask for (not yet loaded; a server engine has run its canary)."""
+    """Build the engine the arguments ask for (not yet loaded; a server engine has run its canary).
+
+    What the backend does not support of the shared settings (``--frame``, ``--think``, ``--layers``: its
+    ``SUPPORTS``) is refused first, by :func:`engines.base.check_shared`, before anything is loaded or written."""
     kind = engine_kind(args.model, getattr(args, "engine", "auto"))
     if kind == "api" and wants_server_readout(args.model, args):
         kind = "server"
-    check_layers(kind, getattr(args, "layers", None))
-    return engine_module(kind).from_args(args.model, args)
+    module = engine_module(kind)
+    check_shared(
+        module.SUPPORTS,
+        frame=getattr(args, "frame", "auto"),
+        think=getattr(args, "think", False),
+        layers=getattr(args, "layers", None),
+        provider=_provider(args.model),
+    )
+    return module.from_args(args.model, args)
 
 
-LAYER_ENGINES = ("hf", "sim")
-"""The engines that read the slot at chosen layers (``--layers``): the Transformers engine, which has the model's
-hidden states, and the synthetic subject, which reads its planted layer profile."""
-
-
-def check_layers(kind: str, layers: str | None) -> None:
-    """Refuse ``--layers`` on an engine without hidden states (vLLM, a server, an API model), in one line that
-    names the engine that has them, before anything is loaded or written."""
-    if layers is not None and kind not in LAYER_ENGINES:
-        raise ValueError(
-            f"--layers {layers}: the {kind} engine has no hidden states to read; layer-wise readouts need the "
-            "Transformers engine (a local model folder or Hugging Face id, --engine hf), or drop --layers"
-        )
+def _provider(model: str) -> str:
+    """The provider an API model spec names (``openai:gpt-x`` -> openai), as the API engine's refusals say it."""
+    return model.split(":", 1)[0]

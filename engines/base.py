@@ -26,18 +26,86 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, ClassVar, Final, Protocol, runtime_checkable
 
 from engines.flags import NO_FLAG, flag
-from engines.render import FRAMES
 from probe.errors import ProbeError
+from probe.layers import LayerSpec, parse_layers
 from probe.types import Readout, Sample, Trial
-
-if TYPE_CHECKING:
-    from probe.store import RunStore
 
 ProgressFn = Callable[[int], None]
 """Called with the number of trials (or samples) just finished."""
+
+FRAMES: Final[tuple[str, ...]] = ("auto", "chat", "plain")
+"""``--frame`` values: ``auto`` takes the chat template where the tokenizer has one, else the plain frame."""
+
+
+@dataclass(frozen=True)
+class Supports:
+    """What a backend supports of the settings every engine shares (its package's ``SUPPORTS``, its settings'
+    :attr:`EngineSettings.SUPPORTS`); :func:`check_shared` refuses the rest."""
+
+    engine: str
+    """The backend's name, as the refusals say it."""
+    plain: str | None = None
+    """Why the backend has no plain frame: the refusal of ``--frame plain`` (``{provider}`` is the settings'
+    provider); None: it renders the plain frame."""
+    think: bool = True
+    """Whether it has a think mode."""
+    layers: bool = False
+    """Whether it reads the slot at chosen layers (``--layers``: it has the model's hidden states)."""
+
+
+def check_shared(
+    supports: Supports,
+    *,
+    frame: str = "auto",
+    think: bool = False,
+    layers: str | None = None,
+    model: str = "",
+    provider: str = "",
+    template: bool | None = None,
+) -> tuple[str, LayerSpec | None]:
+    """The one check of ``--frame``, ``--think``'s frame and ``--layers`` against what an engine supports: every
+    refusal tied to them is raised here, in one line that says what to do.
+
+    Called by :func:`engines.make_engine` before anything is loaded or written, by every settings class as it is
+    made, and by a local engine at load with ``template`` (whether the tokenizer has a chat template), where
+    ``auto`` is resolved. Returns the frame (``auto`` resolved where ``template`` is known) and ``layers`` parsed
+    (:func:`probe.layers.parse_layers`, the one parse; None without ``--layers``).
+    """
+    if layers is not None and not supports.layers:
+        raise ValueError(
+            f"--layers {layers}: the {supports.engine} engine has no hidden states to read; layer-wise readouts need "
+            "the Transformers engine (a local model folder or Hugging Face id, --engine hf), or drop --layers"
+        )
+    if frame not in FRAMES:
+        raise ValueError(f"frame must be one of {', '.join(FRAMES)}, got {frame!r}")
+    if think and not supports.think:
+        raise ValueError(f"the {supports.engine} engine has no think mode; drop --think")
+    if think and frame == "plain":
+        raise ValueError(
+            "--think needs a chat template with reasoning tags, and the plain frame has none; drop --think, or use "
+            "--frame chat with a reasoning model"
+        )
+    if frame == "plain" and supports.plain is not None:
+        raise ValueError(supports.plain.format(provider=provider))
+    spec = parse_layers(layers) if layers is not None else None
+    if template is None:
+        return frame, spec
+    if frame == "chat" and not template:
+        raise ValueError(
+            f"model {model!r} has no chat template, so --frame chat cannot render it; use --frame plain (or auto) "
+            "to read it in the plain-text frame, or add a chat_template to its tokenizer_config.json"
+        )
+    resolved = frame if frame != "auto" else "chat" if template else "plain"
+    if resolved == "plain" and think:
+        raise ValueError(
+            f"model {model!r} is read in the plain frame (it has no chat template), which has no reasoning "
+            "tags, so --think cannot run; drop --think"
+        )
+    return resolved, spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +157,77 @@ class EngineSettings:
     What ``sample()`` allows the answer unless the call asks for another cap (:class:`Draws`)."""
     seed: int = 0
     """Seed of the per-(trial, draw) sampling."""
+    layers: str | None = field(default=None, metadata=flag(name="layers"))
+    """Also read the answer slot at these layers (the logit lens: the final norm and head applied to the residual
+    stream after each block, docs/methods.md): all, a list (0,6,12), every:K or last:K; 0 is the embeddings.
+
+    Stored as the run's ``readout_layers`` table; the layer set enters the run key. Off by default: a run without
+    it reads the final layer only, as before. Engines without hidden states refuse it (:class:`Supports`)."""
+
+    SUPPORTS: ClassVar[Supports] = Supports("engine")
+    """What the backend these settings configure supports of the shared settings (each backend's settings set it)."""
+
+    def __post_init__(self) -> None:
+        _, spec = check_shared(
+            self.SUPPORTS,
+            frame=self.frame,
+            think=self.think,
+            layers=self.layers,
+            model=self.model,
+            provider=str(getattr(self, "provider", "")),
+        )
+        if spec is not None:
+            object.__setattr__(self, "layers", spec.text)
+        object.__setattr__(self, "_layer_spec", spec)
+
+    @property
+    def layer_spec(self) -> LayerSpec | None:
+        """``layers`` as parsed when the settings were made (None: the final layer only)."""
+        return getattr(self, "_layer_spec", None)
+
+
+DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "bfloat16", "float16")
+"""``--dtype`` values."""
+
+LOADING: Final[tuple[str, ...]] = (
+    "dtype",
+    "device",
+    "batch_size",
+    "max_new_tokens",
+    "seed",
+    "revision",
+    "trust_remote_code",
+)
+"""The fields of the shared loading flags (:func:`engines.add_loading_arguments`, from :class:`LoadingSettings`), in
+their order in ``--help``; a backend's own flags leave them out."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadingSettings(EngineSettings):
+    """How a local model is loaded and sampled: the loading flags (:data:`LOADING`) every local engine and the judge
+    share, each defined here once (the Transformers engine's settings are these; the vLLM engine reads the ones it
+    has from the same flags)."""
+
+    dtype: str = field(default="auto", metadata=flag(choices=DTYPES))
+    """Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.
+
+    Whatever the weights, draws sample from a float32 softmax and readouts normalize in float64 (docs/gpu.md)."""
+    device: str = "auto"
+    """Where the model runs: auto (one GPU if torch sees one, else the CPU), cpu, cuda, cuda:N, or split (one model
+    over every visible GPU).
+
+    auto is an error where a GPU is there but torch cannot use it; :mod:`engines.hf.placement`."""
+    batch_size: int = 16
+    """Most trials per forward pass."""
+    revision: str | None = None
+    """Model revision (hub branch, tag or commit)."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
 
 def draw_seed(seed: int, trial_id: str, draw: int) -> int:
@@ -128,17 +267,6 @@ def recorded_settings(s: EngineSettings) -> dict[str, Any]:
     """The settings as the manifest records them: every field (``asdict``), less those at their
     :data:`UNRECORDED_DEFAULTS` value."""
     return {k: v for k, v in asdict(s).items() if not (k in UNRECORDED_DEFAULTS and v == UNRECORDED_DEFAULTS[k])}
-
-
-def check_frame(s: EngineSettings) -> None:
-    """Refuse an unknown ``frame``, and think mode in the plain frame (a base model has no reasoning tags)."""
-    if s.frame not in FRAMES:
-        raise ValueError(f"frame must be one of {', '.join(FRAMES)}, got {s.frame!r}")
-    if s.think and s.frame == "plain":
-        raise ValueError(
-            "--think needs a chat template with reasoning tags, and the plain frame has none; drop --think, or use "
-            "--frame chat with a reasoning model"
-        )
 
 
 def check_reasoning(s: EngineSettings) -> None:
@@ -309,13 +437,28 @@ class ChunkSize(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RunFolder:
+    """The run a journaled engine serves, as the runner hands it over: engines never read the run store itself."""
+
+    root: Path
+    """The run folder; an engine journals into ``root / "results"``."""
+    samples: int
+    """Draws per trial the run's plan asks for."""
+    temperature: float
+    """The plan's sampling temperature (a journal entry's key)."""
+    pending: Callable[[], tuple[int, Sequence[Trial]]]
+    """(number of trials in the run, the trials of the chunks not yet done, a damaged chunk among them); computed
+    when called, for a dry run's estimate."""
+
+
 @runtime_checkable
 class Journaled(Protocol):
     """An engine that persists each call in the run folder (api: a journal of paid responses; server: of answered
     readout requests), so a recomputed chunk replays them instead of asking again."""
 
-    def attach(self, store: RunStore) -> None:
-        """Open the journal of the run ``store``, before the first call."""
+    def attach(self, run: RunFolder) -> None:
+        """Open the journal of ``run``, before the first call."""
         ...
 
 

@@ -80,4 +80,3 @@ def step_batches(lengths: Sequence[int], budget: int, max_seqs: int) -> list[tup
 def split_even(n: int, parts: int) -> list[tuple[int, int]]:
     """Contiguous ``[lo, hi)`` blocks of ``range(n)``, sizes differing by at most one."""
     return [((i * n) // parts, ((i + 1) * n) // parts) for i in range(parts)]
-

@@ -14,14 +14,22 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.base import Draws, Engine, EngineSettings, draw_seed, reasoning_record, reasoning_seed
+from engines.base import (
+    Draws,
+    Engine,
+    EngineSettings,
+    check_shared,
+    draw_seed,
+    reasoning_record,
+    reasoning_seed,
+)
 from engines.render import (
     close_reasoning,
+    has_chat_template,
     option_ids,
     plain_cut,
     render_ids,
     rendered_system_prompt,
-    resolve_frame,
     stop_ids,
     think_end_id,
 )
@@ -33,6 +41,10 @@ from probe.types import LayerReadout, OptionScore, Readout, Sample, Trial
 
 IDENTITY_SETTINGS = ("model", "think", "think_budget", "system_prompt", "revision", "trust_remote_code", "seed")
 """Settings that change the values of both engines (the rest, like batch size and device, only change speed)."""
+
+MAX_TOKEN_IDS = 128
+"""Most ids one ``logprob_token_ids`` request may carry (vLLM's ``MAX_LOGPROB_TOKEN_IDS``): the vLLM engine's
+requests and those to a vLLM server are cut to it."""
 
 
 @dataclass(frozen=True)
@@ -123,16 +135,12 @@ class RendersLocally:
         return self._frame
 
     def _check_frame(self, tok: Any) -> None:
-        """Resolve the frame against the loaded tokenizer ``tok``, refusing ``--frame chat`` without a template and
-        think mode in the plain frame, in one line each."""
+        """Resolve the frame against the loaded tokenizer ``tok`` (:func:`engines.base.check_shared`: ``--frame chat``
+        without a template, and think mode in the plain frame ``auto`` resolved to, are refused in one line each)."""
         s = self.settings
-        frame = resolve_frame(tok, s.frame, s.model)
-        if frame == "plain" and s.think:  # --frame plain with --think is refused by the settings already
-            raise ValueError(
-                f"model {s.model!r} is read in the plain frame (it has no chat template), which has no reasoning "
-                "tags, so --think cannot run; drop --think"
-            )
-        self._frame = frame
+        self._frame, _ = check_shared(
+            s.SUPPORTS, frame=s.frame, think=s.think, model=s.model, template=has_chat_template(tok)
+        )
 
     def frame_record(self) -> dict[str, Any]:
         """The frame for the manifest, ``{"frame": {"used", "asked"}}``; nothing for the chat template under

@@ -40,12 +40,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from engines.base import Supports, check_shared
 from probe.errors import ProbeError
 from probe.parse import split_reasoning
 from probe.types import Message, Trial
 
 __all__ = [
-    "FRAMES",
     "PLAIN_STOPS",
     "KeptParts",
     "OptionError",
@@ -69,9 +69,9 @@ __all__ = [
     "think_end_id",
 ]
 
+LOCAL = Supports("local")
+"""What rendering supports (both frames, think mode in the chat frame): the rules a local engine's prompts keep."""
 
-FRAMES: Final[tuple[str, ...]] = ("auto", "chat", "plain")
-"""``--frame`` values: ``auto`` takes the chat template where the tokenizer has one, else the plain frame."""
 
 PLAIN_USER: Final[str] = "Question:"
 """The plain frame's label of a user turn (lm-evaluation-harness's ``Question:``/``Answer:``)."""
@@ -94,18 +94,9 @@ def resolve_frame(tok: Any, asked: str, model: str) -> str:
 
     ``auto`` is the chat template where the tokenizer has one, else the plain
     frame; ``chat`` on a tokenizer without a template is refused in one line that
-    names ``--frame plain``.
+    names ``--frame plain`` (:func:`engines.base.check_shared`, the one check).
     """
-    if asked not in FRAMES:
-        raise ValueError(f"unknown frame {asked!r}; choose from {', '.join(FRAMES)}")
-    if asked == "auto":
-        return "chat" if has_chat_template(tok) else "plain"
-    if asked == "chat" and not has_chat_template(tok):
-        raise ValueError(
-            f"model {model!r} has no chat template, so --frame chat cannot render it; use --frame plain (or auto) "
-            "to read it in the plain-text frame, or add a chat_template to its tokenizer_config.json"
-        )
-    return asked
+    return check_shared(LOCAL, frame=asked, model=model, template=has_chat_template(tok))[0]
 
 
 def plain_text(trial: Trial, system_prompt: str | None = None) -> str:
@@ -151,8 +142,7 @@ def _bos(tok: Any) -> tuple[int, ...]:
 def _frame_text(tok: Any, trial: Trial, *, think: bool, system_prompt: str | None, frame: str) -> str:
     """The prompt text of ``frame`` up to the generation prompt (the trial's assistant prefix not added)."""
     if frame == "plain":
-        if think:
-            raise ValueError("think mode needs a chat template with reasoning tags; the plain frame has none")
+        check_shared(LOCAL, frame=frame, think=think)  # think mode has no reasoning tags to write here
         return plain_text(trial, system_prompt)
     return _chat_text(tok, trial, think=think, system_prompt=system_prompt)
 

@@ -17,6 +17,7 @@ from engines.api.journal import BATCHES, AppendLog
 from engines.api.providers import ApiRequestError
 from engines.api.retry import RetryPolicy
 from engines.api.settings import ApiSettings
+from probe.app.runner import run_folder
 from probe.store import RunStore
 from probe.types import Message, Trial
 from tests.fake_providers import FakeProvider, anthropic_message, chat_completion
@@ -76,7 +77,7 @@ def test_batch_round_trip(fake: FakeProvider, tmp_path: Path, provider: str) -> 
     trials = _trials()
     store = _store(tmp_path, trials)
     eng = _engine(fake, provider)
-    eng.attach(store)
+    eng.attach(run_folder(store))
     out = eng.sample(trials, 2, 1.0)
     assert [s.option for s in out] == ["Yes", "Yes", "No", "No", "Yes", "Yes"]
     assert fake.creates[provider] == 1
@@ -97,14 +98,14 @@ def test_a_crash_while_polling_resumes_the_same_batch(fake: FakeProvider, tmp_pa
     poll_path = "/v1/batches/" if provider == "openai" else "/v1/messages/batches/"
     fake.fail(poll_path, 400)  # the first poll blows up: the process "dies" with the batch created
     first = _engine(fake, provider)
-    first.attach(store)
+    first.attach(run_folder(store))
     with pytest.raises(ApiRequestError):
         first.sample(trials, 2, 1.0)
     state = load_batches(AppendLog(store.results_dir / BATCHES))
     (batch,) = state.values()
     assert batch.batch_id is not None and batch.ended is None  # the id was on disk before polling
     second = _engine(fake, provider)
-    second.attach(store)
+    second.attach(run_folder(store))
     out = second.sample(trials, 2, 1.0)
     assert len(out) == 6 and all(s.status == "ok" for s in out)
     assert fake.creates[provider] == 1  # resumed, not paid twice
@@ -114,7 +115,7 @@ def test_openai_batch_created_but_id_never_logged_is_found_by_its_key(fake: Fake
     trials = _trials(2)
     store = _store(tmp_path, trials)
     eng = _engine(fake, "openai")
-    eng.attach(store)
+    eng.attach(run_folder(store))
     # the process died inside the create call: the intent is logged, the batch exists, its id is not logged
     body = eng.request_body(trials[0], 0, 1.0)
     items = {f"r{i}": (t.trial_id, d, 1.0) for i, (t, d) in enumerate((t, d) for t in trials for d in range(2))}
@@ -158,6 +159,6 @@ def test_multi_turn_trials_are_called_directly(fake: FakeProvider, tmp_path: Pat
     trial = Trial("m", "x", "i", {}, turns, ("Yes", "No"), ("y", "n"))
     store = _store(tmp_path, [trial])
     eng = _engine(fake, "anthropic")
-    eng.attach(store)
+    eng.attach(run_folder(store))
     out = eng.sample([trial], 1, 1.0)
     assert out[0].option == "Yes" and fake.creates["anthropic"] == 0 and len(fake.bodies("/v1/messages")) == 1

@@ -16,6 +16,7 @@ from engines.api.providers import ApiRequestError, TransportError
 from engines.api.retry import RetryPolicy
 from engines.api.settings import ApiSettings
 from engines.api.transport import TransportGaveUp
+from probe.app.runner import run_folder
 from probe.store import RunStore
 from probe.types import Message, Trial
 
@@ -134,13 +135,13 @@ def test_gives_up_keeps_what_arrived_and_resumes_without_repeating(tmp_path: Pat
 
     first = FakeClient(flaky)
     eng = engine(first)
-    eng.attach(st)
+    eng.attach(run_folder(st))
     with pytest.raises(TransportGaveUp, match="re-run the same command to resume"):
         eng.sample(ts, 2, 1.0)
     assert eng.run_stats()["unrecovered"] == {"timeout": 1}
     healthy = FakeClient(lambda i, body: reply("No"))
     eng2 = engine(healthy)
-    eng2.attach(st)
+    eng2.attach(run_folder(st))
     out = eng2.sample(ts, 2, 1.0)
     assert len(out) == 6
     assert all("Question 1" in b["messages"][0]["content"] for b in healthy.calls)  # only the missing draws
@@ -166,13 +167,13 @@ def test_budget_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     st = store(tmp_path, ts, samples=4)
     client = FakeClient(lambda i, body: reply("Yes"))
     eng = engine(client, prices=str(prices), max_cost=0.1, concurrency=1)
-    eng.attach(st)
+    eng.attach(run_folder(st))
     with pytest.raises(BudgetExhausted, match="raise it and re-run"):
         eng.sample(ts, 4, 1.0)
     spent = eng.spent()
     assert 0 < spent <= 0.1 and len(client.calls) == round(spent / 0.012)
     eng2 = engine(client, prices=str(prices), max_cost=1.0)
-    eng2.attach(st)
+    eng2.attach(run_folder(st))
     eng2.sample(ts, 4, 1.0)
     assert len(client.calls) == 20  # every draw paid exactly once across the two sessions
     assert eng2.run_stats()["cost_usd"] == pytest.approx(0.24)
@@ -201,7 +202,7 @@ def test_dry_run_prints_calls_and_cost_and_sends_nothing(tmp_path: Path, monkeyp
     )
     eng.load()
     with pytest.raises(SystemExit) as e:
-        eng.attach(st)
+        eng.attach(run_folder(st))
     assert e.value.code == 0
     text = "\n".join(lines)
     assert "12 calls to openai:gpt-5.5" in text
@@ -216,7 +217,7 @@ def test_a_second_process_on_the_same_run_is_refused(tmp_path: Path) -> None:
     ts = trials(1)
     st = store(tmp_path, ts)
     eng = engine(FakeClient(lambda i, b: reply("Yes")))
-    eng.attach(st)
+    eng.attach(run_folder(st))
     other = FileLock(str(st.results_dir / "api.lock"))
     other.acquire()
     try:

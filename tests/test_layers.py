@@ -161,8 +161,22 @@ def test_the_registry_is_the_only_wiring() -> None:
     assert quoted == []
 
 
-HF_PARTS = ("settings", "tokens", "weights", "lens", "readout", "reasoning", "draws", "engine")
-"""The modules of the Transformers engine (docs/engines.md), each importing only those before it."""
+HF_PARTS = (
+    "placement",
+    "sampling",
+    "refill",
+    "graphs",
+    "settings",
+    "tokens",
+    "weights",
+    "lens",
+    "readout",
+    "reasoning",
+    "draws",
+    "engine",
+)
+"""The modules of the Transformers engine (docs/engines.md), each importing only those before it: the helpers only
+it uses (where the model goes, the sampling kernels, the refill schedule, CUDA graphs), then its parts."""
 
 
 def test_the_transformers_engines_parts_import_only_those_before_them() -> None:
@@ -172,3 +186,62 @@ def test_the_transformers_engines_parts_import_only_those_before_them() -> None:
     assert {m for m in MODULES if m.startswith("engines.hf.")} == set(order)
     upward = [f"{m} -> {t}" for m, k in order.items() for t in GRAPH[m] if t == "engines.hf" or order.get(t, -1) >= k]
     assert upward == []
+
+
+BACKENDS = ("hf", "vllm", "server", "api", "sim")
+"""One package a backend (docs/engines.md); the shared contract is the rest of ``engines/``."""
+BACKEND_USES = {"server": {"api"}}
+"""The one backend built on another: readouts through a server sample, retry and journal as the API engine does."""
+
+
+def _backend(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "engines" and parts[1] in BACKENDS else None
+
+
+def test_each_backend_is_a_package_that_imports_no_other_backend() -> None:
+    """The shared contract imports no backend, and a backend imports no other (but the server engine the API's)."""
+    assert {m for m in MODULES if m.startswith("engines.") and _backend(m) is None} <= {
+        f"engines.{n}" for n in ("base", "flags", "render", "local", "trie", "batching")
+    }
+    crossing = [
+        f"{m} -> {t}"
+        for m in sorted(MODULES)
+        if m.startswith("engines.") and m != "engines"
+        for t in GRAPH[m]
+        if (b := _backend(t)) is not None and b != _backend(m) and b not in BACKEND_USES.get(_backend(m) or "", set())
+    ]
+    assert crossing == []
+
+
+def test_no_engine_reads_the_run_store() -> None:
+    """The runner hands an engine what it needs of the run (:class:`engines.base.RunFolder`)."""
+    arrows = [
+        f"{m} -> {t}"
+        for m in MODULES
+        if _layer(m) == "engines"
+        for t in GRAPH[m]
+        if t in ("probe.store", "probe.record")
+    ]
+    assert arrows == []
+
+
+def test_engine_packages_export_public_names_only() -> None:
+    """No ``__all__`` of ``engines/`` lists a private name, and no module keeps a public alias of a private one."""
+    private, aliases = [], []
+    for m, path in MODULES.items():
+        if _layer(m) != "engines":
+            continue
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                continue
+            target = node.targets[0].id
+            if target == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                private += [
+                    f"{m}: {e.value}"
+                    for e in node.value.elts
+                    if isinstance(e, ast.Constant) and str(e.value).startswith("_")
+                ]
+            elif isinstance(node.value, ast.Name) and node.value.id.startswith("_") and not target.startswith("_"):
+                aliases.append(f"{m}: {target} = {node.value.id}")
+    assert private == [] and aliases == []

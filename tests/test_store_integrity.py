@@ -443,7 +443,7 @@ def test_append_log_quarantines_damaged_lines_and_keeps_old_unchecksummed_ones(t
 
 
 def test_a_full_disk_under_the_journal_names_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engines import api_journal
+    from engines.api import journal as api_journal
 
     log = api_journal.AppendLog(tmp_path / "j.jsonl")
 

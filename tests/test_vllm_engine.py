@@ -421,7 +421,8 @@ def test_option_errors_are_the_transformers_engines(tok):
 
 
 def test_token_id_requests_are_chunked_to_vllms_limit():
-    from engines.vllm.requests import MAX_TOKEN_IDS, node_queries, slot_params
+    from engines.local import MAX_TOKEN_IDS
+    from engines.vllm.requests import node_queries, slot_params
 
     qs = node_queries(3, (5,), list(range(300)), "token_ids")
     assert [len(q.tokens) for q in qs] == [MAX_TOKEN_IDS, MAX_TOKEN_IDS, 300 - 2 * MAX_TOKEN_IDS]

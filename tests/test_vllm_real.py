@@ -18,9 +18,10 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm installs it into .venv-vllm)")
 
+from engines.local import MAX_TOKEN_IDS  # noqa: E402
 from engines.vllm.engine import VLLMEngine  # noqa: E402
 from engines.vllm.process import has_field  # noqa: E402
-from engines.vllm.requests import MAX_TOKEN_IDS, SlotQuery, sample_params, slot_params, think_params  # noqa: E402
+from engines.vllm.requests import SlotQuery, sample_params, slot_params, think_params  # noqa: E402
 from engines.vllm.settings import VLLMSettings, check_engine_kwargs, llm_kwargs  # noqa: E402
 from tests.conftest import make_trial  # noqa: E402
 from tests.test_vllm_engine import CASE_IDS, CASES, FakeLLM, brute_force  # noqa: E402

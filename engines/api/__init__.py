@@ -10,6 +10,6 @@ the run's lock), :mod:`engines.api.journal` (every call on disk), :mod:`engines.
 """
 
 from engines.api.engine import ApiEngine, add_arguments, from_args, request_identity
-from engines.api.settings import ApiSettings, parse_model_spec
+from engines.api.settings import SUPPORTS, ApiSettings, parse_model_spec
 
-__all__ = ["ApiEngine", "ApiSettings", "add_arguments", "from_args", "parse_model_spec", "request_identity"]
+__all__ = ["SUPPORTS", "ApiEngine", "ApiSettings", "add_arguments", "from_args", "parse_model_spec", "request_identity"]

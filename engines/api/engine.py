@@ -56,12 +56,10 @@ from engines.api.providers import Reply, TransportError, anthropic_body, openai_
 from engines.api.retry import RetryPolicy
 from engines.api.settings import ApiSettings, parse_model_spec
 from engines.api.transport import ClientFactory, Transport
-from engines.base import Draws, Engine, ProgressFn, draw_seed, recorded_settings
+from engines.base import Draws, Engine, ProgressFn, RunFolder, draw_seed, recorded_settings
 from engines.flags import add_flags, settings_from_flags
 from probe.files import atomic_write_text
 from probe.parse import parse_answer, split_reasoning
-from probe.record import Plan
-from probe.store import chunk_bounds
 from probe.types import Sample, Trial
 
 # ------------------------------------------------------------------- CLI
@@ -97,14 +95,7 @@ def settings_from_model(model: str, a: argparse.Namespace) -> ApiSettings:
 
 
 def from_args(model: str, a: argparse.Namespace) -> ApiEngine:
-    s = settings_from_model(model, a)
-    if s.frame == "plain":
-        raise ValueError(
-            f"--frame plain needs the prompt rendered to token ids here, and the API engine sends chat messages that "
-            f"{s.provider} renders with its own template; read a base model with the Transformers or vLLM engine, or "
-            "through a server that returns log probabilities (docs/engines.md)"
-        )
-    return ApiEngine(s)
+    return ApiEngine(settings_from_model(model, a))
 
 
 def call_seed(seed: int, trial_id: str, draw: int) -> int:
@@ -224,13 +215,13 @@ class ApiEngine(Engine):
             self.transport.open_client()
         return self
 
-    def attach(self, store: Any) -> None:
-        """Journal into ``store``'s results folder; in a dry run, print the estimate and exit.
+    def attach(self, run: RunFolder) -> None:
+        """Journal into the run's results folder; in a dry run, print the estimate and exit.
 
         The runner calls this after opening the run folder and before the
         first chunk.
         """
-        root = Path(store.root)
+        root = Path(run.root)
         results = root / "results"
         results.mkdir(parents=True, exist_ok=True)
         if self._store_root != root:
@@ -249,7 +240,7 @@ class ApiEngine(Engine):
             if self._journal.quarantined:
                 self._log(quarantine_message(results / JOURNAL, self._journal.quarantined, len(self._journal)))
         if self.settings.dry_run:
-            self._log(self.dry_run_report(store))
+            self._log(self.dry_run_report(run))
             raise SystemExit(0)
 
     def close(self) -> None:
@@ -365,22 +356,17 @@ class ApiEngine(Engine):
         inp, out = self.estimate_call(trial)
         return self._price.cost(Usage(input_tokens=inp, output_tokens=out), batch=batch)
 
-    def dry_run_report(self, store: Any) -> str:
-        """Calls still to make in this run folder and their estimated cost."""
-        man = store.manifest()
-        plan = man.plan or Plan()
-        n, temperature = plan.samples, plan.temperature
-        trials = store.trials()
-        bounds = chunk_bounds(len(trials), man.chunk_size or 256)
-        done = store.verified_chunks()  # a damaged chunk is recomputed (its journaled calls are not re-sent)
-        todo = [t for k, (lo, hi) in enumerate(bounds) if k not in done for t in trials[lo:hi]]
+    def dry_run_report(self, run: RunFolder) -> str:
+        """Calls still to make in the run and their estimated cost."""
+        n, temperature = run.samples, run.temperature
+        n_trials, todo = run.pending()
         calls = [(t, d) for t in todo for d in range(n) if (t.trial_id, d, temperature) not in self._journal]
         inp = sum(self.estimate_call(t)[0] for t, _ in calls)
         out = len(calls) * self.settings.max_tokens
         s = self.settings
         lines = [
             f"dry run: {len(calls)} calls to {s.provider}:{s.model} "
-            f"({len(todo)} trials x {n} samples, {len(trials) * n - len(calls) if n else 0} already done), nothing sent",
+            f"({len(todo)} trials x {n} samples, {n_trials * n - len(calls) if n else 0} already done), nothing sent",
             f"  tokens: ~{inp} prompt (estimated at 4 characters a token), at most {out} output ({s.max_tokens} a call)",
         ]
         if self._price is None:

@@ -1,6 +1,6 @@
 """The API engine's journal: every paid response is on disk before anything else happens.
 
-The run store commits whole chunks of trials (:mod:`probe.store`); an API
+The runner commits whole chunks of trials to the run folder; an API
 chunk can be thousands of paid calls, so the API engine also appends each
 response, as it arrives, to ``results/api-journal.jsonl`` in the run folder:
 one JSON line per completed (trial_id, draw, temperature), written with one

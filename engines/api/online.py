@@ -11,11 +11,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from engines.api.journal import CallRecord, Key
 from engines.api.providers import ProviderRefusal, Reply, TransportError, classify
-from engines.api.transport import Transport, TransportGaveUp
+from engines.api.transport import Transport
 from engines.base import ProgressFn
 from probe.errors import ProbeError
 from probe.types import Trial
@@ -27,7 +27,6 @@ class BudgetExhausted(ProbeError, ValueError):
     A ``ValueError`` so that the command line reports it as one line with
     exit status 2, like every other "change the arguments" condition.
     """
-
 
 
 class Progress:
@@ -82,7 +81,6 @@ class Progress:
             self._log(f"api: {self.line()}")
 
 
-
 @dataclass
 class Budget:
     """``--max-cost`` across the calls in flight: USD spent in the run, and held back for calls in flight."""
@@ -115,8 +113,8 @@ class Budget:
             self.spent += cost or 0.0
 
 
-RETRY: Final = object()
-"""What an attempt returns after a transport failure with retries left (its delay already waited)."""
+class Stopped(Exception):
+    """An attempt not made: the run is stopping (a problem elsewhere, the budget, an interrupt)."""
 
 
 class OnlineCalls:
@@ -176,27 +174,41 @@ class OnlineCalls:
             raise self.problems[0]
 
     def _one(self, trial: Trial, draw: int, temperature: float) -> None:
-        """One (trial, draw): attempts until its reply is journaled, the run stops, or the budget refuses it."""
+        """One (trial, draw): attempts (:meth:`Transport.guard`, the one retry loop) until its reply is journaled,
+        the run stops, or the budget refuses it."""
         key: Key = (trial.trial_id, draw, temperature)
         body = self.body(trial, draw, temperature)
         retries: Counter[str] = Counter()
         hold = self.hold_for(trial) if self.budget.max_cost is not None else 0.0
-        for attempt in range(self.policy.max_retries + 1):
+        attempts = 0
+
+        def attempt() -> tuple[Reply, float]:
+            nonlocal attempts
             if self.stop.is_set() or not self._admit(hold):
-                return
+                raise Stopped
+            attempts += 1
             t0 = time.monotonic()
-            reply = self._attempt(body, hold, retries, attempt, f"trial {trial.trial_id} draw {draw}")
-            if reply is RETRY:
-                continue
-            if not isinstance(reply, Reply):
-                return
-            rec = self.record(
-                trial, key, reply, attempts=attempt + 1, retries=retries, batch=False, latency=time.monotonic() - t0
+            return self._attempt(body, hold), time.monotonic() - t0
+
+        def failed(err: TransportError) -> None:
+            retries[err.kind] += 1
+            self.prog.failed(err.kind)
+            if err.retry_after is not None:
+                self.limiter.pause(min(err.retry_after, self.policy.max_retry_after))
+
+        try:
+            reply, latency = self.transport.guard(
+                attempt, self.stop, failed=failed, what=f"trial {trial.trial_id} draw {draw}"
             )
-            self.journal.add(rec)
-            self.budget.add(rec.cost)
-            self.prog.called(rec.cost)
+        except Stopped:
             return
+        except Exception as e:  # rejected, retries spent, or unknown: the run stops (to be resumed)
+            self._stop_with(e)
+            return
+        rec = self.record(trial, key, reply, attempts=attempts, retries=retries, batch=False, latency=latency)
+        self.journal.add(rec)
+        self.budget.add(rec.cost)
+        self.prog.called(rec.cost)
 
     def _admit(self, hold: float) -> bool:
         """Reserve ``hold`` under the budget and take a slot of the adaptive limit; False where the run stops."""
@@ -212,10 +224,9 @@ class OnlineCalls:
             return False
         return True
 
-    def _attempt(self, body: Mapping[str, Any], hold: float, retries: Counter[str], attempt: int, what: str) -> object:
-        """One call: its reply (a provider's refusal as a refused reply), :data:`RETRY` after a transport failure with
-        retries left, or None where the run stops (the problem recorded). The slot and the reserve are given back
-        after the retry delay, as before."""
+    def _attempt(self, body: Mapping[str, Any], hold: float) -> Reply:
+        """One call, in the slot and under the reserve :meth:`_admit` took (both given back as it ends): its reply (a
+        provider's refusal as a refused reply), else its error, classified for the limit (a 429 throttles it)."""
         outcome = "failed"
         try:
             reply = self.ask(body)
@@ -226,11 +237,9 @@ class OnlineCalls:
             if isinstance(err, ProviderRefusal):
                 outcome = "ok"
                 return Reply(text="", finish=f"blocked:{err.code}", refused=True)
-            if isinstance(err, TransportError):
-                outcome = "throttled" if err.kind == "rate_limit" else "failed"
-                return self._after_failure(err, retries, attempt, what)
-            self._stop_with(err)
-            return None
+            if isinstance(err, TransportError) and err.kind == "rate_limit":
+                outcome = "throttled"
+            raise err from e
         finally:
             self.limiter.release(outcome)
             self.budget.release(hold)
@@ -240,24 +249,6 @@ class OnlineCalls:
             return classify(e, self.key_var)
         except Exception as unknown:  # not a transport or request error: a bug or an SDK change
             return unknown
-
-    def _after_failure(self, err: TransportError, retries: Counter[str], attempt: int, what: str) -> object:
-        """Count a transport failure, honour its Retry-After, and wait before the next attempt (:data:`RETRY`);
-        None where this was the last attempt (the run stops, to be resumed)."""
-        retries[err.kind] += 1
-        self.prog.failed(err.kind)
-        if err.retry_after is not None:
-            self.limiter.pause(min(err.retry_after, self.policy.max_retry_after))
-        if attempt == self.policy.max_retries:
-            self.transport.unrecovered[err.kind] += 1
-            self._stop_with(
-                TransportGaveUp(
-                    f"{what}: {err} after {attempt + 1} attempts; the run stopped, re-run the same command to resume"
-                )
-            )
-            return None
-        self.transport.sleep(self.transport.delay(attempt, err.retry_after), self.stop)
-        return RETRY
 
     def _stop_with(self, problem: BaseException) -> None:
         self.problems.append(problem)

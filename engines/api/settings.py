@@ -8,11 +8,11 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 from engines.api.providers import HOST_KEY_ENV, KEY_ENV, PROVIDERS
-from engines.base import EngineSettings, check_frame
+from engines.base import EngineSettings, Supports
 from engines.flags import NO_FLAG, flag
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -66,6 +66,16 @@ def _extra_body(text: str | None) -> dict[str, Any]:
     return value
 
 
+SUPPORTS = Supports(
+    "api",
+    plain="--frame plain needs the prompt rendered to token ids here, and the API engine sends chat messages that "
+    "{provider} renders with its own template; read a base model with the Transformers or vLLM engine, or "
+    "through a server that returns log probabilities (docs/engines.md)",
+)
+"""The API engine sends chat messages (no plain frame), has a think mode (the provider's reasoning), and no hidden
+states."""
+
+
 @dataclass(frozen=True)
 class ApiSettings(EngineSettings):
     """Settings of the API engine (all recorded in the run manifest; see :meth:`ApiEngine.identity`).
@@ -108,12 +118,14 @@ class ApiSettings(EngineSettings):
     batch_poll: float = 30.0
     """Seconds between polls of a running batch."""
 
+    SUPPORTS: ClassVar[Supports] = SUPPORTS
+
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
         if not self.model:
             raise ValueError("the model name is empty")
-        check_frame(self)
+        super().__post_init__()
         if self.provider == "openai-compatible" and not self.base_url:
             raise ValueError("an openai-compatible model needs a base URL: openai-compatible:<name>@<base_url>")
         for name in ("max_new_tokens", "think_budget", "concurrency"):

@@ -22,7 +22,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from engines.api.journal import LOCK
 from engines.api.providers import Reply, TransportError, classify, parse_reply
@@ -61,6 +61,8 @@ class TransportSettings(Protocol):
 class TransportGaveUp(ProbeError, RuntimeError):
     """A call kept failing in transport after every retry; the run stopped (re-run to resume)."""
 
+
+T = TypeVar("T")
 
 ClientFactory = Callable[[Any, str | None], Any]
 """Makes the client from the settings and the key (tests inject a fake)."""
@@ -158,8 +160,21 @@ class Transport:
     def sleep(self, seconds: float, stop: threading.Event) -> None:
         stop.wait(seconds)
 
-    def guard(self, call: Callable[[], Any], stop: threading.Event | None = None) -> Any:
-        """``call()`` with transport retries; a rejected request raises its error, spent retries TransportGaveUp."""
+    def guard(
+        self,
+        call: Callable[[], T],
+        stop: threading.Event | None = None,
+        *,
+        failed: Callable[[TransportError], None] | None = None,
+        what: str | None = None,
+    ) -> T:
+        """``call()`` with transport retries: the one retry loop of the API and server engines.
+
+        A transport failure (:func:`classify`) is told to ``failed`` (the direct calls count it and pause the
+        limit) and retried after the policy's jittered delay; a rejected request raises its error, and anything
+        :func:`classify` does not know is raised as it is. Spent retries raise :class:`TransportGaveUp`, naming
+        ``what`` (a trial and draw) where given.
+        """
         stop = stop or threading.Event()
         var, _ = self.settings.key_env()
         for attempt in range(self.retry_policy.max_retries + 1):
@@ -167,13 +182,19 @@ class Transport:
                 return call()
             except Exception as e:
                 err = classify(e, var)
-                if isinstance(err, TransportError) and attempt < self.retry_policy.max_retries:
+                if not isinstance(err, TransportError):
+                    raise err from e
+                if failed is not None:
+                    failed(err)
+                if attempt < self.retry_policy.max_retries:
                     self.sleep(self.delay(attempt, err.retry_after), stop)
                     continue
-                if isinstance(err, TransportError):
-                    self.unrecovered[err.kind] += 1
+                self.unrecovered[err.kind] += 1
+                if what is None:
                     raise TransportGaveUp(f"{err} (after {attempt + 1} attempts); re-run to resume") from e
-                raise err from e
+                raise TransportGaveUp(
+                    f"{what}: {err} after {attempt + 1} attempts; the run stopped, re-run the same command to resume"
+                ) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------ endpoints

@@ -44,7 +44,7 @@ import argparse
 
 from engines.flags import settings_from_flags
 from engines.hf.engine import HFEngine
-from engines.hf.settings import HFSettings, add_arguments
+from engines.hf.settings import SUPPORTS, HFSettings, add_arguments
 
 
 def from_args(model: str, a: argparse.Namespace) -> HFEngine:
@@ -52,4 +52,4 @@ def from_args(model: str, a: argparse.Namespace) -> HFEngine:
     return HFEngine(settings_from_flags(HFSettings, a, model=model))
 
 
-__all__ = ["HFEngine", "HFSettings", "add_arguments", "from_args"]
+__all__ = ["SUPPORTS", "HFEngine", "HFSettings", "add_arguments", "from_args"]

@@ -46,7 +46,6 @@ from engines.hf.tokens import pack_tree, prefix_groups, shared_prefix_lengths, t
 from engines.hf.weights import Model, readout_log_probs
 from engines.local import Prepared, layer_readout, slot_readout
 from engines.trie import Prefix, Trie, build_trie, option_logprobs
-from probe.layers import parse_layers
 from probe.types import LayerReadout, Readout, Trial
 
 
@@ -137,7 +136,8 @@ class LayerConditionals:
         """Trial ``b``'s readout at each layer: the trie's option log-probs, normalized, coverage and greedy
         option, as :func:`engines.local.assembled_readout` computes them at the final layer."""
         return tuple(
-            layer_readout(layer, trial, option_logprobs(prep.options, trie, cond[b])) for layer, cond in self.cond.items()
+            layer_readout(layer, trial, option_logprobs(prep.options, trie, cond[b]))
+            for layer, cond in self.cond.items()
         )
 
 
@@ -157,8 +157,8 @@ class Reader:
     def lens(self) -> Lens | None:
         """The logit lens of ``settings.layers`` on this model (None without ``--layers``)."""
         s = self.settings
-        if s.layers is not None and self._lens is None:
-            self._lens = Lens(parse_layers(s.layers), self.lm.module, self.lm.head, s.model)
+        if s.layer_spec is not None and self._lens is None:
+            self._lens = Lens(s.layer_spec, self.lm.module, self.lm.head, s.model)
         return self._lens
 
     @contextmanager

@@ -9,39 +9,31 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from engines.base import EngineSettings, check_frame, check_reasoning
+from engines.base import LoadingSettings, Supports, check_reasoning
 from engines.flags import NO_FLAG, add_flags, flag
 from engines.hf.placement import check_device_arg
-from probe.layers import parse_layers
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 READOUT_PATHS = ("auto", "tree", "branch", "plain")
 SAMPLE_PATHS = ("auto", "tree", "shared", "plain")
 HEAD_DTYPES = ("float32", "model")
 EXPERTS = ("auto", "eager", "grouped_mm", "batched_mm")
 """Implementations of a mixture-of-experts layer in Transformers (``set_experts_implementation``)."""
 DECODE_GRAPHS = ("auto", "on", "off")
+SUPPORTS = Supports("hf", layers=True)
+"""The Transformers engine renders both frames, has a think mode and the model's hidden states (``--layers``)."""
 
 
 @dataclass(frozen=True)
-class HFSettings(EngineSettings):
+class HFSettings(LoadingSettings):
     """Settings of the Transformers engine (all recorded in the run manifest).
 
     Each field is its flag (:mod:`engines.flags`): the loading ones (``--dtype``, ``--device``, ``--batch-size``,
-    ``--revision``, ``--trust-remote-code``) are shared with every local engine and the judge
-    (:func:`engines.add_loading_arguments`); the speed-only ones are ``--hf-*`` (:func:`add_arguments`).
+    ``--revision``, ``--trust-remote-code``) are the shared :class:`engines.base.LoadingSettings`'s; the speed-only
+    ones are ``--hf-*`` (:func:`add_arguments`).
     """
 
-    dtype: str = field(default="auto", metadata=flag(choices=DTYPES))
-    """Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.
-
-    Whatever the weights, draws sample from a float32 softmax and readouts normalize in float64 (docs/gpu.md)."""
-    device: str = "auto"
-    """Where the model runs: auto (one GPU if torch sees one, else the CPU), cpu, cuda, cuda:N, or split (one model
-    over every visible GPU).
-
-    auto is an error where a GPU is there but torch cannot use it; :mod:`engines.hf.placement`."""
     offload: bool = False
     """Accept weights that do not fit the GPU being placed on the CPU or disk (default: refuse, naming the memory;
     far slower)."""
@@ -51,16 +43,10 @@ class HFSettings(EngineSettings):
 
     float32 casts the hidden state and the head's (``lm_head``) weights up, keeping a float32 copy of the head's
     weights, vocabulary x hidden x 4 bytes; model uses the weights' dtype."""
-    batch_size: int = 16
-    """Most trials per forward pass."""
     max_batch_tokens: int = field(default=32768, metadata=NO_FLAG)
     """Most padded prompt tokens per forward pass (bounds activation memory)."""
     top_other: int = field(default=5, metadata=NO_FLAG)
     """How many of the most likely non-option tokens to report."""
-    revision: str | None = None
-    """Model revision (hub branch, tag or commit)."""
-    trust_remote_code: bool = False
-    """Allow model code from the hub."""
     readout_path: str = field(default="auto", metadata=flag(name="hf-readout-path", choices=READOUT_PATHS))
     """How shared prompt tokens are computed: tree, branch, plain or auto.
 
@@ -140,18 +126,10 @@ class HFSettings(EngineSettings):
     Attention-only models (a Mamba hybrid reasons in buckets). Speed only in float32; outside it the schedule
     (``slots``) enters the run key."""
 
-    layers: str | None = field(default=None, metadata=flag(name="layers"))
-    """Also read the answer slot at these layers (the logit lens: the final norm and head applied to the residual
-    stream after each block, docs/methods.md): all, a list (0,6,12), every:K or last:K; 0 is the embeddings.
-
-    Stored as the run's ``readout_layers`` table; the layer set enters the run key. Off by default: a run without
-    it reads the final layer only, as before."""
+    SUPPORTS: ClassVar[Supports] = SUPPORTS
 
     def __post_init__(self) -> None:
-        if self.layers is not None:
-            object.__setattr__(self, "layers", parse_layers(self.layers).text)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        super().__post_init__()
         if self.readout_path not in READOUT_PATHS:
             raise ValueError(f"readout_path must be one of {READOUT_PATHS}, got {self.readout_path!r}")
         if self.sample_path not in SAMPLE_PATHS:
@@ -173,7 +151,6 @@ class HFSettings(EngineSettings):
             raise ValueError(f"reasoning_rows must be >= 0 (0: auto), got {self.reasoning_rows}")
         check_device_arg(self.device)
         check_reasoning(self)
-        check_frame(self)
         if self.head_dtype not in HEAD_DTYPES:
             raise ValueError(f"head_dtype must be one of {HEAD_DTYPES}, got {self.head_dtype!r}")
         for name in ("experts_prefill", "experts_decode"):

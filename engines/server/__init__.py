@@ -8,6 +8,6 @@ server's reply), :mod:`engines.server.canary` (the check that the server reads w
 """
 
 from engines.server.engine import ServerEngine, add_arguments, from_args
-from engines.server.settings import ServerSettings
+from engines.server.settings import SUPPORTS, ServerSettings
 
-__all__ = ["ServerEngine", "ServerSettings", "add_arguments", "from_args"]
+__all__ = ["SUPPORTS", "ServerEngine", "ServerSettings", "add_arguments", "from_args"]

@@ -63,7 +63,7 @@ from engines.api.pricing import Usage
 from engines.api.providers import Reply
 from engines.api.retry import RetryPolicy
 from engines.api.transport import ClientFactory, Transport
-from engines.base import RAW_SAMPLING, Draws, Engine, ProgressFn, draw_seed, reasoning_record, require
+from engines.base import RAW_SAMPLING, Draws, Engine, ProgressFn, RunFolder, draw_seed, reasoning_record, require
 from engines.flags import add_flags, settings_from_flags
 from engines.local import (
     Prepared,
@@ -255,10 +255,10 @@ class ServerEngine(RendersLocally, Engine):
         return None
 
     # ------------------------------------------------------------- the journal
-    def attach(self, store: Any) -> None:
+    def attach(self, run: RunFolder) -> None:
         """The sampler's journal and the run lock, and the readout journal ``results/server-journal.jsonl``."""
-        self.sampler.attach(store)
-        self.journal.attach(Path(store.root))
+        self.sampler.attach(run)
+        self.journal.attach(Path(run.root))
 
     def close(self) -> None:
         self.sampler.close()

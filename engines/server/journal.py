@@ -126,4 +126,3 @@ class ReadoutJournal:
                 raise
         if problems:
             raise problems[0]
-

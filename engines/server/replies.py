@@ -30,7 +30,6 @@ class NoLogprobs(ServerRefused):
     """The server returns no log probabilities at all (a sampling-only server)."""
 
 
-
 def public_url(url: str | None) -> str | None:
     """``url`` without user, password, query or fragment (what the manifest may keep)."""
     if not url:
@@ -174,5 +173,3 @@ def check_prompt_count(sent: int, reply: ServerReply, what: str) -> None:
             "it did not read the prompt probe rendered (a server that re-tokenizes or adds tokens); use a server "
             "that takes token-id prompts as given (vLLM)"
         )
-
-

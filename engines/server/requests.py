@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.api.providers import TransportError
-from engines.local import Prepared, assembled_readout
+from engines.local import MAX_TOKEN_IDS, Prepared, assembled_readout
 from engines.server.replies import SENTINEL, ServerRefused, ServerReply
 from engines.trie import Prefix, Trie
-from engines.vllm.requests import MAX_TOKEN_IDS
 from probe.types import Readout, Trial
 
 
@@ -39,7 +38,6 @@ class Request:
     @property
     def sent(self) -> int:
         return len(self.body["prompt"])
-
 
 
 def completion_body(model: str, prompt: Sequence[int], **extra: Any) -> dict[str, Any]:
@@ -190,5 +188,3 @@ def bounded_readout(
     known = math.fsum(math.exp(lp) for lp, ok in zip(lps, exact, strict=True) if ok)
     readout = assembled_readout(trial, prep, lps, top_other=top_other, computed=computed, coverage=known)
     return readout, exact.count(False)
-
-

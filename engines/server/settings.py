@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from engines.api.settings import ApiSettings
+from engines.base import Supports
 from engines.flags import NO_FLAG, flag
 
 MODES = ("auto", "token_ids", "prompt_logprobs", "top_logprobs")
 """How option tokens are read (``--server-readout``); auto: the first of the others the server offers."""
 EXACT_MODES = ("token_ids", "prompt_logprobs")
+SUPPORTS = Supports("server")
+"""Readouts through a server render locally (both frames, think mode); a server gives no hidden states."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class ServerSettings(ApiSettings):
 
     vLLM's and OpenAI's default cap is 20."""
 
+    SUPPORTS: ClassVar[Supports] = SUPPORTS
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.provider != "openai-compatible":
@@ -42,4 +48,3 @@ class ServerSettings(ApiSettings):
             raise ValueError(f"top_other must be an integer >= 0, got {self.top_other!r}")
         if not isinstance(self.top_logprobs, int) or self.top_logprobs < 1:
             raise ValueError(f"--top-logprobs must be an integer >= 1, got {self.top_logprobs!r}")
-

@@ -6,7 +6,7 @@ One module a concern (docs/engines.md): :mod:`engines.sim.noise` (reproducible d
 (:class:`SimEngine`, the readouts and samples those parameters make).
 """
 
-from engines.sim.engine import SimEngine, add_arguments, from_args
+from engines.sim.engine import SUPPORTS, SimEngine, add_arguments, from_args
 from engines.sim.params import SimParams
 
-__all__ = ["SimEngine", "SimParams", "add_arguments", "from_args"]
+__all__ = ["SUPPORTS", "SimEngine", "SimParams", "add_arguments", "from_args"]

@@ -70,14 +70,14 @@ from typing import Any
 
 import numpy as np
 
-from engines.base import Draws, Engine, ProgressFn
+from engines.base import Draws, Engine, ProgressFn, Supports, check_shared
 from engines.sim.noise import draw_uniforms, normal, uniform
 from engines.sim.params import (
     SimParams,
     SimParamsError,
     load_params,
 )
-from probe.layers import parse_layers
+from probe.layers import LayerSpec
 from probe.parse import Parsed, parse_answer
 from probe.types import LayerReadout, OptionScore, Readout, Sample, Trial
 
@@ -177,6 +177,16 @@ def _is_cue_decision(t: Trial) -> bool:
     return t.factors.get("probe") in ("decision", "what_if") and sorted(t.meaning) == ["benefit", "harm"]
 
 
+SUPPORTS = Supports(
+    "sim",
+    plain="the sim engine renders no prompt (it reads trials as data), so it has no plain frame; drop --frame",
+    think=False,
+    layers=True,
+)
+"""The synthetic subject renders no prompt (no frame to choose), has no think mode, and reads its planted layer
+profile at chosen layers (``--layers``)."""
+
+
 def _form_key(t: Trial) -> list[object]:
     return [t.item_id, sorted(t.factors.items())]
 
@@ -187,13 +197,18 @@ class SimEngine(Engine):
     name = "sim"
 
     def __init__(
-        self, params: SimParams | None = None, *, model: str = "sim", seed: int = 0, layers: str | None = None
+        self,
+        params: SimParams | None = None,
+        *,
+        model: str = "sim",
+        seed: int = 0,
+        layers: LayerSpec | str | None = None,
     ) -> None:
         self.params = params or SimParams()
         self.model = model
         self.seed = seed
         """Seed of the sampled draws (the shared ``--seed``); the planted ones use ``params.seed``."""
-        spec = parse_layers(layers) if layers is not None else None
+        spec = check_shared(SUPPORTS, layers=layers)[1] if isinstance(layers, str) else layers
         self.layers = spec.text if spec is not None else None
         """``--layers``: the layers of the planted profile (``params.layers``) each readout also reads."""
         self._read: tuple[int, ...] = spec.resolve(self.params.layers.n_blocks) if spec is not None else ()
@@ -497,7 +512,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The sim's own flags (``--sim-*``)."""
     g = p.add_argument_group("synthetic subject (--model sim)")
     g.add_argument(
-        "--sim-params", default=None, help="YAML file of planted parameters (engines/sim/engine.py SimParams); or sim:PATH"
+        "--sim-params",
+        default=None,
+        help="YAML file of planted parameters (engines/sim/params.py SimParams); or sim:PATH",
     )
     g.add_argument("--sim-seed", type=int, default=None, help="seed of the planted parameters (overrides the file's)")
 
@@ -514,10 +531,10 @@ def from_args(model: str, a: argparse.Namespace) -> SimEngine:
     params = load_params(path) if path else SimParams()
     if getattr(a, "sim_seed", None) is not None:
         params = replace(params, seed=a.sim_seed)
-    if getattr(a, "think", False):
-        raise ValueError("the sim engine has no think mode; drop --think")
-    if getattr(a, "frame", "auto") == "plain":
-        raise ValueError(
-            "the sim engine renders no prompt (it reads trials as data), so it has no plain frame; drop --frame"
-        )
-    return SimEngine(params, model=model, seed=getattr(a, "seed", 0), layers=getattr(a, "layers", None))
+    _, layers = check_shared(
+        SUPPORTS,
+        frame=getattr(a, "frame", "auto"),
+        think=getattr(a, "think", False),
+        layers=getattr(a, "layers", None),
+    )
+    return SimEngine(params, model=model, seed=getattr(a, "seed", 0), layers=layers)

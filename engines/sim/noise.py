@@ -32,4 +32,3 @@ def draw_uniforms(seed: int, trial_id: str, draw: int) -> tuple[float, float, fl
     d = hashlib.sha256(f"sim:{seed}:{trial_id}:{draw}".encode()).digest()
     u1, u2, u3 = ((int.from_bytes(d[k : k + 8], "little") + 0.5) / 2.0**64 for k in (0, 8, 16))
     return u1, u2, u3
-

@@ -8,6 +8,6 @@ replicas), :mod:`engines.vllm.engine` (:class:`VLLMEngine`). vLLM itself is impo
 
 from engines.vllm.engine import VLLMEngine, add_arguments, from_args
 from engines.vllm.process import free_device_memory
-from engines.vllm.settings import VLLMSettings
+from engines.vllm.settings import SUPPORTS, VLLMSettings
 
-__all__ = ["VLLMEngine", "VLLMSettings", "add_arguments", "free_device_memory", "from_args"]
+__all__ = ["SUPPORTS", "VLLMEngine", "VLLMSettings", "add_arguments", "free_device_memory", "from_args"]

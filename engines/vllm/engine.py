@@ -43,19 +43,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
-from engines import LOADING
-from engines.base import Draws, ProgressFn, recorded_settings, require
+from engines.base import LOADING, Draws, ProgressFn, recorded_settings, require
 from engines.batching import step_batches
 from engines.flags import add_flags, flagged, settings_from_flags
 from engines.local import LocalEngine, Prepared, ThinkRequest, folder_info, reasoning_sampling, slot_readout, top_others
 from engines.trie import Prefix, Trie, build_trie
 from engines.vllm.process import (
-    has_field,
     _hub_commit,
     _ram,
-    vllm_device,
     _vllm_version,
+    has_field,
     shared_llm,
+    vllm_device,
 )
 from engines.vllm.replicas import DPPool
 from engines.vllm.requests import (

@@ -158,7 +158,6 @@ def free_device_memory() -> None:
         pass
 
 
-
 def has_field(cls: Any, name: str) -> bool:
     names = getattr(cls, "__struct_fields__", None)
     if names is not None:
@@ -208,4 +207,3 @@ def _hub_commit(repo: str, revision: str | None) -> str | None:
 
         return Path(hit).parent.name
     return None
-

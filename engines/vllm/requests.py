@@ -11,17 +11,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from engines.base import RAW_SAMPLING
-from engines.local import Prepared, with_stop
+from engines.local import MAX_TOKEN_IDS, Prepared, with_stop
 from engines.trie import Prefix, Trie
 from probe.errors import ProbeError
-
-MAX_TOKEN_IDS = 128
-"""Most ids one ``logprob_token_ids`` request may carry (vLLM's ``MAX_LOGPROB_TOKEN_IDS``)."""
 
 
 class VLLMReadoutError(ProbeError, RuntimeError):
     """vLLM did not return a log probability that was explicitly asked for."""
-
 
 
 Kind = Literal["token_ids", "top_k", "force"]
@@ -97,8 +93,6 @@ def position_logprobs(output: Any) -> dict[int, float]:
 
 def sampled_token(output: Any) -> int:
     return int(output.outputs[0].token_ids[0])
-
-
 
 
 def read_nodes(
@@ -200,4 +194,3 @@ def generated_ids(output: Any, end_id: int) -> list[int]:
     """The generated ids with their stop token (vLLM keeps it; restored from ``stop_reason`` if a version did not)."""
     comp = output.outputs[0]
     return with_stop(comp.token_ids, getattr(comp, "stop_reason", None), end_id)
-

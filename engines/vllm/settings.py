@@ -10,9 +10,9 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from engines.base import EngineSettings, check_frame, check_reasoning
+from engines.base import EngineSettings, Supports, check_reasoning
 from engines.flags import NO_FLAG, flag
 from probe.errors import ProbeError
 
@@ -44,6 +44,10 @@ def start_hint(model: str, device: str, err: BaseException) -> str:
         f"vLLM could not start model {model!r} on {device}: {first}. The cause is in vLLM's log above. "
         f"If memory ran out: {memory}."
     )
+
+
+SUPPORTS = Supports("vllm")
+"""The vLLM engine renders both frames and has a think mode; vLLM gives no hidden states (no ``--layers``)."""
 
 
 @dataclass(frozen=True)
@@ -99,12 +103,14 @@ class VLLMSettings(EngineSettings):
     """How option tokens are asked for: token_ids (vLLM's ``logprob_token_ids``), top_k, or auto (token_ids if the
     installed vLLM has it)."""
 
+    SUPPORTS: ClassVar[Supports] = SUPPORTS
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         _choice("dtype", self.dtype, DTYPES)
         _choice("mamba_cache_dtype", self.mamba_cache_dtype, MAMBA_DTYPES)
         _choice("logprob_request", self.logprob_request, LOGPROB_REQUESTS)
         check_reasoning(self)
-        check_frame(self)
         for name in ("tensor_parallel_size", "data_parallel_size", "think_budget", "max_new_tokens", "max_logprobs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -27,7 +27,17 @@ from typing import Any
 
 import pandas as pd
 
-from engines.base import BatchesReplies, CallStats, ChunkSize, CountsTokens, Engine, Journaled, ReadsSlot, SamplesNext
+from engines.base import (
+    BatchesReplies,
+    CallStats,
+    ChunkSize,
+    CountsTokens,
+    Engine,
+    Journaled,
+    ReadsSlot,
+    RunFolder,
+    SamplesNext,
+)
 from experiments import Experiment, Spec, get_experiment
 from probe.lock import RunLock
 from probe.record import EngineRecord, Manifest, Plan
@@ -153,7 +163,7 @@ def _run_locked(
     take_lock()
     store = RunStore.open(Path(out), manifest, trials)
     if isinstance(engine, Journaled):  # engines that persist per call (api: a journal of paid responses)
-        engine.attach(store)
+        engine.attach(run_folder(store))
     bounds = chunk_bounds(len(trials), chunk_size)
     done = _verified_chunks(store, engine, log)
     todo = [k for k in range(len(bounds)) if k not in done]
@@ -223,6 +233,20 @@ def _manifest(
         n_trials=n_trials,
         chunk_size=chunk_size,
     )
+
+
+def run_folder(store: RunStore) -> RunFolder:
+    """What a journaled engine is told of the run ``store`` (its folder, the plan's draws, the trials still to do)."""
+    man = store.manifest()
+    plan = man.plan or Plan()
+
+    def pending() -> tuple[int, list[Trial]]:
+        trials = store.trials()
+        bounds = chunk_bounds(len(trials), man.chunk_size or 256)
+        done = store.verified_chunks()  # a damaged chunk is recomputed (its journaled calls are not re-sent)
+        return len(trials), [t for k, (lo, hi) in enumerate(bounds) if k not in done for t in trials[lo:hi]]
+
+    return RunFolder(root=Path(store.root), samples=plan.samples, temperature=plan.temperature, pending=pending)
 
 
 def _verified_chunks(store: RunStore, engine: Engine, log: Callable[[str], None]) -> set[int]:
