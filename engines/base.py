@@ -41,6 +41,20 @@ FRAMES: Final[tuple[str, ...]] = ("auto", "chat", "plain")
 """``--frame`` values: ``auto`` takes the chat template where the tokenizer has one, else the plain frame."""
 
 
+
+_LAYER_SPECS: dict[str, LayerSpec] = {}
+
+
+def parsed_layers(text: str) -> LayerSpec:
+    """:func:`probe.layers.parse_layers`, once per value: a spec is kept under the text given and under its canonical
+    text, so the settings' canonical text reads back the spec the first parse made."""
+    spec = _LAYER_SPECS.get(text)
+    if spec is None:
+        spec = parse_layers(text)
+        _LAYER_SPECS[text] = _LAYER_SPECS[spec.text] = spec
+    return spec
+
+
 @dataclass(frozen=True)
 class Supports:
     """What a backend supports of the settings every engine shares (its package's ``SUPPORTS``, its settings'
@@ -91,7 +105,7 @@ def check_shared(
         )
     if frame == "plain" and supports.plain is not None:
         raise ValueError(supports.plain.format(provider=provider))
-    spec = parse_layers(layers) if layers is not None else None
+    spec = parsed_layers(layers) if layers is not None else None
     if template is None:
         return frame, spec
     if frame == "chat" and not template:
@@ -177,13 +191,13 @@ class EngineSettings:
             provider=str(getattr(self, "provider", "")),
         )
         if spec is not None:
-            object.__setattr__(self, "layers", spec.text)
-        object.__setattr__(self, "_layer_spec", spec)
+            object.__setattr__(self, "layers", spec.text)  # the canonical form, which the run key records
 
     @property
     def layer_spec(self) -> LayerSpec | None:
-        """``layers`` as parsed when the settings were made (None: the final layer only)."""
-        return getattr(self, "_layer_spec", None)
+        """``layers`` as :func:`check_shared` parsed it (the one parse, cached per value; None: the final layer
+        only)."""
+        return None if self.layers is None else parsed_layers(self.layers)
 
 
 DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "bfloat16", "float16")

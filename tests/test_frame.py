@@ -86,7 +86,7 @@ def test_resolve_frame():
     assert render.resolve_frame(with_template, "plain", "m") == "plain"
     with pytest.raises(ValueError, match="--frame plain"):
         render.resolve_frame(without, "chat", "m")
-    with pytest.raises(ValueError, match="unknown frame 'text'"):
+    with pytest.raises(ValueError, match="frame must be one of auto, chat, plain, got 'text'"):
         render.resolve_frame(without, "text", "m")
     with pytest.raises(ValueError, match="plain frame has none"):
         render.render_ids(without, make_trial("Q?", ["A"]), think=True, frame="plain")

@@ -75,7 +75,7 @@ def test_larger_group_hand_worked():
 
 
 def test_larger_group_recovers_a_planted_size_preference():
-    # The sim plants no size effect (an engine change, see docs/papers.md); plant one in trial-level counts:
+    # Trial-level counts, drawn here (the sim's own plant is the next test's):
     # logit P(larger) = 1.2 * log(large / small), 400 answers per size pair, seeded.
     rng = np.random.default_rng(7)
     rows, planted = [], {}
@@ -96,6 +96,35 @@ def test_larger_group_recovers_a_planted_size_preference():
     for ratio, r in rate.items():  # pooled by ratio: the planted rate of that ratio
         assert r == pytest.approx(1 / (1 + ratio**-1.2), abs=0.05)
     assert rate[4.0] > rate[1.333] + 0.15
+
+
+def test_larger_group_recovers_the_sims_planted_size_preference(tmp_path):
+    """The synthetic subject's larger-group plant (``influence.size``) through a triage run's readouts: with the
+    scatter off, the readout rate of the larger group is exactly sigmoid(size * log(large / small)), in the
+    baseline arm and, shifted by the cue, in the cued arms; size 0 gives no preference."""
+    from analysis.influence.audit import analyze_sources
+    from probe.app.cli import main
+    from probe.runs import open_run
+
+    def larger_rates(size: float, name: str) -> pd.DataFrame:
+        yaml = f"seed: 0\ninfluence: {{size: {size}, sigma_prompt: 0.0, sigma_trial: 0.0, lean: {{'*': 0.0}}}}\n"
+        (tmp_path / f"{name}.yaml").write_text(yaml)
+        out = tmp_path / name
+        args = ["run", "influence-triage", "--model", "sim", "--sim-params", str(tmp_path / f"{name}.yaml")]
+        args += ["--factors", "gender", "--sizes", "1-4", "--influences", "survey", "--controls", "none"]
+        assert main([*args, "--out", str(out), "--quiet", "--no-report"]) == 0
+        audit = next(a for a in analyze_sources(open_run(out), "triage", n_boot=20) if a.source == "readout")
+        return p.larger_group(audit.cells)
+
+    planted = larger_rates(0.9, "sized")
+    base = planted[planted["arm"] == "base"]
+    assert len(base) == 6  # (small, large) of sizes 1-4
+    want = 1 / (1 + (base["large"] / base["small"]) ** -0.9)
+    assert base["rate"].to_numpy() == pytest.approx(want.to_numpy(), abs=1e-6)
+    by_ratio = p.larger_by_ratio(planted).query("arm == 'base'").set_index("ratio")["rate"]
+    assert by_ratio.is_monotonic_increasing and by_ratio[4.0] == pytest.approx(1 / (1 + 4**-0.9), abs=1e-6)
+    flat = larger_rates(0.0, "flat")
+    assert flat[flat["arm"] == "base"]["rate"].to_numpy() == pytest.approx(0.5, abs=1e-6)
 
 
 def test_larger_group_without_sizes_is_empty():

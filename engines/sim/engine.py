@@ -62,7 +62,7 @@ import argparse
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -186,6 +186,16 @@ SUPPORTS = Supports(
 """The synthetic subject renders no prompt (no frame to choose), has no think mode, and reads its planted layer
 profile at chosen layers (``--layers``)."""
 
+
+def _size_shift(size: float, factors: Mapping[str, object]) -> float:
+    """``size * log(n_b / n_a)``: the planted larger-group preference of a triage trial (0 without two sizes)."""
+    if not size:
+        return 0.0
+    try:
+        n_a, n_b = float(str(factors["n_a"])), float(str(factors["n_b"]))
+    except (KeyError, ValueError):
+        return 0.0
+    return size * math.log(n_b / n_a) if n_a > 0 and n_b > 0 else 0.0
 
 def _form_key(t: Trial) -> list[object]:
     return [t.item_id, sorted(t.factors.items())]
@@ -387,7 +397,7 @@ class SimEngine(Engine):
         e = plant.sigma_prompt * normal(seed, "influence-prompt", t.item_id, pair, f.get("order", ""))
         if plant.sigma_trial:
             e += plant.sigma_trial * normal(seed, "influence-trial", *_form_key(t))
-        return plant.lean_of(pair) + shift + e + self._ctx(t)
+        return plant.lean_of(pair) + shift + _size_shift(plant.size, f) + e + self._ctx(t)
 
     def cue_margin(self, t: Trial) -> float:
         """The readout log-odds of the benefit option of a Neutral or what-if trial (:class:`CuePlant`)."""

@@ -141,6 +141,9 @@ class InfluencePlant:
     """SD of each trial's own scatter (the arms of one prompt differ by it)."""
     negated: float = 0.5
     """A negated cue shifts toward the side it means to favour by this times that side's steerability."""
+    size: float = 0.0
+    """The larger-group preference (paper 000's I.9): a triage trial's log-odds of side B gain
+    ``size * log(n_b / n_a)``, so a positive value favours the larger group in every arm; 0 (default): none."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lean", _rate_map("influence.lean", self.lean))
@@ -156,6 +159,8 @@ class InfluencePlant:
                 raise SimParamsError(f"sim parameter influence.steer[{k}] must be [s_A, s_B] (two numbers), got {v!r}")
             steer[str(k)] = vals
         object.__setattr__(self, "steer", steer)
+        if not (isinstance(self.size, (int, float)) and math.isfinite(self.size)):
+            raise SimParamsError(f"sim parameter influence.size must be a finite number, got {self.size!r}")
         for name in ("sigma_prompt", "sigma_trial", "negated"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
@@ -387,6 +392,8 @@ class SimParams:
             "lean": dict(self.influence.lean),
             "steer": {k: list(v) for k, v in self.influence.steer.items()},
         }
+        if not self.influence.size:  # no size preference: recorded as before it existed (same run key)
+            del d["influence"]["size"]
         d["cue"] = {**asdict(self.cue), "favor": dict(self.cue.favor), "against": dict(self.cue.against)}
         if self.layers == LayerPlant():  # the default profile: recorded as before layers existed (same run key)
             del d["layers"]
