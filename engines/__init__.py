@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from engines.base import LOADING, THINK_SAMPLING, EngineSettings, LoadingSettings, check_shared
+from engines.base import LOADING, THINK_SAMPLING, EngineSettings, LoadingSettings
 from engines.flags import add_flags
 
 ENGINE_MODULES: dict[str, str] = {
@@ -135,21 +135,9 @@ def make_engine(args: argparse.Namespace) -> Any:
     """Build the engine the arguments ask for (not yet loaded; a server engine has run its canary).
 
     What the backend does not support of the shared settings (``--frame``, ``--think``, ``--layers``: its
-    ``SUPPORTS``) is refused first, by :func:`engines.base.check_shared`, before anything is loaded or written."""
+    ``SUPPORTS``) is refused as its settings are made (:func:`engines.base.check_shared`), before anything is loaded
+    or written; the synthetic subject, which has no settings class, checks them in its ``from_args``."""
     kind = engine_kind(args.model, getattr(args, "engine", "auto"))
     if kind == "api" and wants_server_readout(args.model, args):
         kind = "server"
-    module = engine_module(kind)
-    check_shared(
-        module.SUPPORTS,
-        frame=getattr(args, "frame", "auto"),
-        think=getattr(args, "think", False),
-        layers=getattr(args, "layers", None),
-        provider=_provider(args.model),
-    )
-    return module.from_args(args.model, args)
-
-
-def _provider(model: str) -> str:
-    """The provider an API model spec names (``openai:gpt-x`` -> openai), as the API engine's refusals say it."""
-    return model.split(":", 1)[0]
+    return engine_module(kind).from_args(args.model, args)

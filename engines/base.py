@@ -41,7 +41,6 @@ FRAMES: Final[tuple[str, ...]] = ("auto", "chat", "plain")
 """``--frame`` values: ``auto`` takes the chat template where the tokenizer has one, else the plain frame."""
 
 
-
 _LAYER_SPECS: dict[str, LayerSpec] = {}
 
 
@@ -84,8 +83,8 @@ def check_shared(
     """The one check of ``--frame``, ``--think``'s frame and ``--layers`` against what an engine supports: every
     refusal tied to them is raised here, in one line that says what to do.
 
-    Called by :func:`engines.make_engine` before anything is loaded or written, by every settings class as it is
-    made, and by a local engine at load with ``template`` (whether the tokenizer has a chat template), where
+    Called by every settings class as it is made (before anything is loaded or written), by the synthetic
+    subject's ``from_args``, and by a local engine at load with ``template`` (whether the tokenizer has a chat template), where
     ``auto`` is resolved. Returns the frame (``auto`` resolved where ``template`` is known) and ``layers`` parsed
     (:func:`probe.layers.parse_layers`, the one parse; None without ``--layers``).
     """

@@ -155,7 +155,9 @@ def test_think_mode_draws_are_refilled_and_draw_what_the_sample_paths_draw() -> 
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
     assert [(s.text, s.status) for s in a] == [(s.text, s.status) for s in b]
     lengths = sorted(len(s.token_ids) for s in b)
-    assert lengths[-1] >= 3 * max(1, lengths[0])  # widely different lengths, so refilling has rows to give (11 to 55 here)
+    assert lengths[-1] >= 3 * max(
+        1, lengths[0]
+    )  # widely different lengths, so refilling has rows to give (11 to 55 here)
     stats = refilled.run_stats()["think_draws"]
     assert (
         stats["traces"] == 24

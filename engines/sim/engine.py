@@ -197,6 +197,7 @@ def _size_shift(size: float, factors: Mapping[str, object]) -> float:
         return 0.0
     return size * math.log(n_b / n_a) if n_a > 0 and n_b > 0 else 0.0
 
+
 def _form_key(t: Trial) -> list[object]:
     return [t.item_id, sorted(t.factors.items())]
 
