@@ -38,7 +38,8 @@ PIP_NO_COMPILE ?= --no-compile
 # compiled: where PYTHONDONTWRITEBYTECODE is set (as on these machines), every test worker, every `probe` a test
 # starts and the test server recompiled torch and transformers (measured: `import torch` 6.1 s -> 2.9 s with
 # bytecode, `transformers serve` on the tiny model ready in 55 s -> 17.5 s). So the commands here let Python write
-# bytecode, into $(VENV)/pycache only (never beside the sources), once per module, on first import.
+# bytecode, into $(VENV)/pycache only (never beside the sources), once per module, on first import. (With
+# PIP_NO_COMPILE= the bytecode pip writes beside the packages is not read under this prefix: compiled again, once.)
 export PYTHONPYCACHEPREFIX ?= $(abspath $(VENV))/pycache
 unexport PYTHONDONTWRITEBYTECODE
 # vLLM brings its own CUDA build of torch, so its tests get a venv of their own (never .venv).
